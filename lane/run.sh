@@ -1,0 +1,93 @@
+#!/bin/bash
+# lane/run.sh — run a command as root inside a throwaway VM that holds a small soft-RoCE
+# fabric (see lane/README.md).
+#
+#   lane/run.sh [--hosts N] [--rwdir DIR]... [--no-fabric] [--] COMMAND [ARG]...
+#
+# The VM boots Debian's kernel under QEMU (TCG) with virtme-ng; it sees this machine's /
+# read-only over 9p at the same paths (writes under /tmp /etc /var /usr /opt go to a tmpfs
+# overlay and vanish). --rwdir DIR mounts DIR writable so results reach the host.
+# Before COMMAND, lane/guest-fabric.sh builds N hosts (default 3); COMMAND gets the
+# LANE_* variables it writes. Exit status: COMMAND's; 99 when the fabric could not be
+# built; 124 when LANE_TIMEOUT (default 1800 s) ran out.
+#
+# Environment: LANE_CPUS (2), LANE_MEM (1G), LANE_TIMEOUT, LANE_KVER, LANE_VERBOSE=1,
+#   LANE_ENV (more variable names to pass in; PATH, VIRTUAL_ENV, PYTHONPATH, CI, HOME,
+#   TERM and every LANE_* are passed), LANE_ACCEL=kvm (only where /dev/kvm runs stock kernels).
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LANE_VENV=${LANE_VENV:-/opt/fabricprobe-lane/venv}
+LANE_CACHE=${LANE_CACHE:-/var/cache/fabricprobe-lane}
+hosts=${LANE_HOSTS:-3}
+fabric=1
+rwdirs=()
+while (($#)); do
+  case $1 in
+    --hosts) hosts=$2; shift 2 ;;
+    --rwdir) rwdirs+=(--rwdir "$(realpath "$2")"); shift 2 ;;
+    --no-fabric) fabric=0; shift ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; break ;;
+    -*) echo "lane/run.sh: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+(($#)) || set -- sh -c 'rdma link show; ibv_devices'
+[[ $hosts =~ ^[0-9]+$ ]] && ((hosts >= 2 && hosts <= 8)) ||
+  { echo "lane/run.sh: --hosts must be 2..8" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "lane/run.sh: must run as root (QEMU and the guest fabric)" >&2; exit 2; }
+[ -x "$LANE_VENV/bin/vng" ] || { echo "lane/run.sh: run lane/install.sh first" >&2; exit 2; }
+
+kver=${LANE_KVER:-}
+if [ -z "$kver" ]; then
+  for d in $(ls -1d /lib/modules/*/ 2>/dev/null | sort -rV); do
+    v=$(basename "$d")
+    [ -e "/boot/vmlinuz-$v" ] && [ -n "$(find "$d" -name 'rdma_rxe.ko*' -print -quit)" ] &&
+      { kver=$v; break; }
+  done
+fi
+[ -n "$kver" ] || { echo "lane/run.sh: no kernel with rdma_rxe; run lane/install.sh" >&2; exit 2; }
+kernel=$LANE_CACHE/vmlinux-$kver
+[ -s "$kernel" ] || kernel=/boot/vmlinuz-$kver
+
+# The guest runs a script it reads from the host's /tmp (visible through the 9p root).
+work=$(mktemp -d /tmp/lane.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+{
+  echo '#!/bin/bash'
+  for v in PATH VIRTUAL_ENV PYTHONPATH CI HOME TERM ${LANE_ENV:-} $(compgen -e | grep '^LANE_' || true); do
+    [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
+  done
+  printf 'export LANE_HOSTS=%q LANE_BOOT_T0=%q\n' "$hosts" "$(date +%s.%N)"
+  printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
+  if ((fabric)); then
+    printf '%q || { echo "lane: building the fabric failed" >&2; exit 99; }\n' "$here/guest-fabric.sh"
+    echo '. /run/fabricprobe-lane.env'
+  fi
+  printf 'exec'; printf ' %q' "$@"; echo
+} > "$work/cmd.sh"
+
+args=(--run "$kernel" --force-9p --cpus "${LANE_CPUS:-2}" --memory "${LANE_MEM:-1G}"
+      --cwd / "${rwdirs[@]}" --exec "bash $work/cmd.sh")
+# vng uses KVM whenever /dev/kvm is usable; the /dev/kvm here runs only PVM guests and a
+# stock kernel hangs in it, so software emulation is the default.
+[ "${LANE_ACCEL:-tcg}" = kvm ] || args+=(--disable-kvm)
+# tsc=reliable: with 2 TCG vCPUs the guest would distrust the TSC and read the emulated
+# HPET on every clock_gettime (no vDSO), which distorts every latency figure.
+for a in ${LANE_APPEND-tsc=reliable mitigations=off}; do args+=(--append "$a"); done
+[ "${LANE_VERBOSE:-0}" = 1 ] && args+=(--verbose)
+export PATH="$LANE_CACHE/bin:$LANE_VENV/bin:$PATH"
+
+# A private mount namespace hides udev's driver rules and systemd-tmpfiles from the guest
+# (which sees this namespace's / through QEMU's 9p server); the host's mounts stay as
+# they are. QEMU reopens /proc/self/fd/1 and 2 itself, so both go through pipes to keep
+# a caller's `> log 2>&1` intact.
+set +e
+timeout -k 15 "${LANE_TIMEOUT:-1800}" unshare -m --propagation private bash -c '
+  cache=$1; shift
+  [ -d /usr/lib/udev/rules.d ] && mount --bind "$cache/udev" /usr/lib/udev/rules.d
+  [ -e /usr/bin/systemd-tmpfiles ] && mount --bind "$cache/empty" /usr/bin/systemd-tmpfiles
+  exec "$@"' _ "$LANE_CACHE" vng "${args[@]}" < /dev/null > >(cat) 2> >(cat >&2)
+rc=$?
+wait
+exit $rc

@@ -1,0 +1,181 @@
+"""Read RDMA devices, ports and GIDs from sysfs (`/sys/class/infiniband`).
+
+Every reader takes the sysfs root (normally `/sys`) so tests can point it at a fixture
+tree. Kernel ABI: Documentation/ABI/stable/sysfs-class-infiniband.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from probes.errors import SysfsError
+
+# One bounded read per file: a few drivers return EAGAIN forever or huge blobs.
+_MAX_READ = 4096
+# Errors that mean "this optional attribute is not offered here", not "broken".
+_ABSENT_ERRNOS = {errno.ENOENT, errno.EPERM, errno.EACCES, errno.EOPNOTSUPP, errno.EINVAL,
+                  errno.ENODEV, errno.EAGAIN}
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def read_small(path: Path) -> str:
+    """Read a small sysfs file with one bounded read; raises OSError as the kernel does."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return os.read(fd, _MAX_READ).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+
+
+def read_required(path: Path) -> str:
+    """Read a file that must exist; a failure is a SysfsError naming the path."""
+    try:
+        return read_small(path)
+    except OSError as e:
+        raise SysfsError(f"cannot read {path}: {e.strerror or e}") from e
+
+
+def read_optional(path: Path) -> str | None:
+    """Read a file that may be absent or unsupported; None when it is."""
+    try:
+        return read_small(path)
+    except OSError as e:
+        if e.errno in _ABSENT_ERRNOS or isinstance(e, IsADirectoryError):
+            return None
+        raise SysfsError(f"cannot read {path}: {e.strerror or e}") from e
+
+
+@dataclass(frozen=True)
+class Gid:
+    index: int
+    gid: str  # ports/N/gids/I, colon-separated 16 bytes
+    type: str | None  # ports/N/gid_attrs/types/I: "RoCE v2" or "IB/RoCE v1"
+    netdev: str | None  # ports/N/gid_attrs/ndevs/I
+
+    @property
+    def is_roce_v2(self) -> bool:
+        return self.type == "RoCE v2"
+
+    @property
+    def ipv4(self) -> str | None:
+        """The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), else None."""
+        parts = self.gid.split(":")
+        if len(parts) != 8 or parts[:6] != ["0000"] * 5 + ["ffff"]:
+            return None
+        raw = bytes.fromhex(parts[6] + parts[7])
+        return ".".join(str(b) for b in raw)
+
+
+@dataclass(frozen=True)
+class Port:
+    number: int
+    state: str  # ports/N/state, e.g. "4: ACTIVE" -> "ACTIVE"
+    phys_state: str | None  # ports/N/phys_state, e.g. "5: LinkUp" -> "LinkUp"
+    link_layer: str | None  # ports/N/link_layer: "Ethernet" or "InfiniBand"
+    rate: str | None  # ports/N/rate, e.g. "100 Gb/sec (4X EDR)"
+    gids: tuple[Gid, ...]
+
+    def netdevs(self) -> tuple[str, ...]:
+        return tuple(sorted({g.netdev for g in self.gids if g.netdev}))
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    name: str
+    node_type: str | None  # node_type, e.g. "1: CA"
+    fw_ver: str | None  # fw_ver
+    node_guid: str | None  # node_guid
+    driver: str | None  # basename of device/driver link; soft-RoCE has no device/ link
+    parent_netdev: str | None  # parent (rxe, siw) or None
+    ports: tuple[Port, ...]
+
+    def port(self, number: int) -> Port | None:
+        return next((p for p in self.ports if p.number == number), None)
+
+
+def _after_colon(text: str | None) -> str | None:
+    """`4: ACTIVE` -> `ACTIVE` (sysfs prints the numeric enum and its name)."""
+    if text is None:
+        return None
+    return text.split(":", 1)[1].strip() if ":" in text else text
+
+
+def _read_gids(port_dir: Path) -> tuple[Gid, ...]:
+    gids_dir = port_dir / "gids"
+    if not gids_dir.is_dir():
+        return ()
+    out = []
+    for entry in sorted(gids_dir.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+        if not entry.name.isdigit():
+            continue
+        gid = read_optional(entry)
+        if not gid or gid == ZERO_GID:
+            continue
+        gtype = read_optional(port_dir / "gid_attrs" / "types" / entry.name)
+        ndev = read_optional(port_dir / "gid_attrs" / "ndevs" / entry.name)
+        out.append(Gid(index=int(entry.name), gid=gid, type=gtype, netdev=ndev))
+    return tuple(out)
+
+
+def read_port(device_dir: Path, number: int) -> Port:
+    """Read /sys/class/infiniband/DEV/ports/N (state is required, the rest optional)."""
+    pdir = device_dir / "ports" / str(number)
+    return Port(
+        number=number,
+        state=_after_colon(read_required(pdir / "state")) or "",
+        phys_state=_after_colon(read_optional(pdir / "phys_state")),
+        link_layer=read_optional(pdir / "link_layer"),
+        rate=read_optional(pdir / "rate"),
+        gids=_read_gids(pdir),
+    )
+
+
+def read_device(sysfs_root: Path | str, name: str) -> RdmaDevice:
+    """Read one device from SYSFS/class/infiniband/NAME."""
+    ddir = Path(sysfs_root) / "class" / "infiniband" / name
+    if not ddir.is_dir():
+        raise SysfsError(f"no RDMA device {name!r}: {ddir} does not exist")
+    ports_dir = ddir / "ports"
+    if not ports_dir.is_dir():
+        raise SysfsError(f"cannot read {ports_dir}: no ports directory")
+    numbers = sorted(int(p.name) for p in ports_dir.iterdir() if p.name.isdigit())
+    driver_link = ddir / "device" / "driver"
+    driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else None
+    if driver is None and name.startswith("rxe"):
+        driver = "rdma_rxe"
+    return RdmaDevice(
+        name=name,
+        node_type=read_optional(ddir / "node_type"),
+        fw_ver=read_optional(ddir / "fw_ver"),
+        node_guid=read_optional(ddir / "node_guid"),
+        driver=driver,
+        parent_netdev=read_optional(ddir / "parent"),
+        ports=tuple(read_port(ddir, n) for n in numbers),
+    )
+
+
+def list_device_names(sysfs_root: Path | str) -> list[str]:
+    """Names under SYSFS/class/infiniband; empty when the class does not exist."""
+    cls = Path(sysfs_root) / "class" / "infiniband"
+    if not cls.is_dir():
+        return []
+    return sorted(p.name for p in cls.iterdir())
+
+
+def read_devices(sysfs_root: Path | str = "/sys") -> list[RdmaDevice]:
+    """Every RDMA device under SYSFS/class/infiniband, sorted by name."""
+    return [read_device(sysfs_root, n) for n in list_device_names(sysfs_root)]
+
+
+def find_gid(device: RdmaDevice, port: int = 1, ipv4: str | None = None) -> Gid | None:
+    """The RoCE v2 GID to use: the one mapping IPV4 when given, else the first IPv4 one."""
+    p = device.port(port)
+    if p is None:
+        return None
+    v2 = [g for g in p.gids if g.is_roce_v2]
+    if ipv4 is not None:
+        return next((g for g in v2 if g.ipv4 == ipv4), None)
+    return next((g for g in v2 if g.ipv4), v2[0] if v2 else None)
