@@ -1,0 +1,3 @@
+from fabricprobe.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""One module per `probe` command (or command group)."""

@@ -1,0 +1,172 @@
+"""Latency statistics kept as a mergeable HDR histogram with exact min, max and count.
+
+Values are recorded in nanoseconds. The histogram keeps two significant digits (1 %
+relative resolution) from 1 ns to 100 s in about 31 KiB, so an agent can hold one per
+(peer, transport, op, size) window; exact min/max/count ride beside it because the
+histogram only knows bucket edges. Percentiles always come from the histogram, never
+from an average. Every figure says whether it is an RTT or a one-way (RTT/2) value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from hdrh.histogram import HdrHistogram
+
+from probes.errors import ParseError
+
+LOWEST_NS = 1
+HIGHEST_NS = 100_000_000_000  # 100 s: anything slower is a loss, not a latency
+SIGNIFICANT_DIGITS = 2
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+
+Kind = Literal["rtt", "one_way"]
+
+
+class LatencySketch:
+    """Mergeable latency distribution (ns) with exact count, min, max, sum and loss."""
+
+    __slots__ = ("_hist", "count", "kind", "lost", "max_ns", "min_ns", "sum_ns")
+
+    def __init__(self, kind: Kind = "rtt") -> None:
+        self.kind: Kind = kind
+        self._hist = HdrHistogram(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
+        self.count = 0
+        self.lost = 0
+        self.min_ns: int | None = None
+        self.max_ns: int | None = None
+        self.sum_ns = 0
+
+    def record(self, value_ns: int) -> None:
+        """Add one sample; values are clamped into the histogram's range, min/max stay exact."""
+        v = int(value_ns)
+        if v < 0:
+            raise ValueError(f"negative latency {v} ns")
+        self._hist.record_value(min(max(v, LOWEST_NS), HIGHEST_NS))
+        self.count += 1
+        self.sum_ns += v
+        if self.min_ns is None or v < self.min_ns:
+            self.min_ns = v
+        if self.max_ns is None or v > self.max_ns:
+            self.max_ns = v
+
+    def record_many(self, values_ns: list[int]) -> None:
+        for v in values_ns:
+            self.record(v)
+
+    def record_lost(self, n: int = 1) -> None:
+        self.lost += n
+
+    def merge(self, other: LatencySketch) -> None:
+        """Fold OTHER into this sketch (same kind only: RTT and one-way never mix)."""
+        if other.kind != self.kind:
+            raise ValueError(f"cannot merge a {other.kind} sketch into a {self.kind} sketch")
+        if other.count:
+            self._hist.add(other._hist)
+        self.count += other.count
+        self.lost += other.lost
+        self.sum_ns += other.sum_ns
+        if other.min_ns is not None and (self.min_ns is None or other.min_ns < self.min_ns):
+            self.min_ns = other.min_ns
+        if other.max_ns is not None and (self.max_ns is None or other.max_ns > self.max_ns):
+            self.max_ns = other.max_ns
+
+    def percentile_ns(self, p: float) -> int | None:
+        """Value at percentile P (0-100), clamped into [min, max]; None when empty."""
+        if not self.count:
+            return None
+        if not 0.0 <= p <= 100.0:
+            raise ValueError(f"percentile {p} outside 0..100")
+        v = int(self._hist.get_value_at_percentile(p))
+        assert self.min_ns is not None and self.max_ns is not None
+        return max(self.min_ns, min(v, self.max_ns))
+
+    def buckets(self) -> list[tuple[int, int]]:
+        """(highest equivalent value in ns, count) for every non-empty histogram bucket."""
+        out = []
+        for item in self._hist.get_recorded_iterator():
+            out.append((int(item.value_iterated_to), int(item.count_at_value_iterated_to)))
+        return out
+
+    def summary(self) -> LatencySummary:
+        return LatencySummary(
+            kind=self.kind,
+            count=self.count,
+            lost=self.lost,
+            min_us=_us(self.min_ns),
+            p50_us=_us(self.percentile_ns(50.0)),
+            p90_us=_us(self.percentile_ns(90.0)),
+            p99_us=_us(self.percentile_ns(99.0)),
+            p999_us=_us(self.percentile_ns(99.9)),
+            max_us=_us(self.max_ns),
+            mean_us=_us(self.sum_ns / self.count) if self.count else None,
+        )
+
+    def encode(self) -> bytes:
+        """Portable form: `kind|count|lost|min|max|sum|<HdrHistogram base64>` as ASCII bytes."""
+        hist = self._hist.encode() if self.count else b""
+        head = "|".join(
+            str(x) if x is not None else ""
+            for x in (self.kind, self.count, self.lost, self.min_ns, self.max_ns, self.sum_ns)
+        )
+        return head.encode() + b"|" + hist
+
+    @classmethod
+    def decode(cls, blob: bytes) -> LatencySketch:
+        """Inverse of encode(); a malformed blob raises ParseError (it comes from a peer)."""
+        try:
+            kind, count, lost, mn, mx, total, hist = blob.split(b"|", 6)
+            sketch = cls(kind.decode())  # type: ignore[arg-type]
+            if sketch.kind not in ("rtt", "one_way"):
+                raise ValueError(f"unknown kind {sketch.kind!r}")
+            sketch.count, sketch.lost, sketch.sum_ns = int(count), int(lost), int(total)
+            sketch.min_ns = int(mn) if mn else None
+            sketch.max_ns = int(mx) if mx else None
+            if sketch.count < 0 or sketch.lost < 0:
+                raise ValueError("negative count")
+            if sketch.count:
+                decoded = HdrHistogram.decode(hist)
+                if decoded.get_total_count() != sketch.count:
+                    raise ValueError("histogram total does not match count")
+                sketch._hist.add(decoded)
+            elif hist:
+                raise ValueError("histogram present with zero count")
+        except (ValueError, TypeError, IndexError, UnicodeDecodeError) as e:
+            raise ParseError(f"malformed latency sketch: {e}") from e
+        except Exception as e:  # hdrh raises bare exceptions on corrupt payloads
+            raise ParseError(f"malformed latency sketch: {type(e).__name__}: {e}") from e
+        return sketch
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """Percentiles in microseconds; `kind` says whether they are RTT or one-way (RTT/2)."""
+
+    kind: Kind
+    count: int
+    lost: int
+    min_us: float | None
+    p50_us: float | None
+    p90_us: float | None
+    p99_us: float | None
+    p999_us: float | None
+    max_us: float | None
+    mean_us: float | None
+
+    @property
+    def loss_ratio(self) -> float:
+        total = self.count + self.lost
+        return self.lost / total if total else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["loss_ratio"] = self.loss_ratio
+        return d
+
+
+def _us(ns: float | None) -> float | None:
+    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
+        return None
+    return round(ns / 1000.0, 3)
