@@ -16,8 +16,15 @@ from probes.errors import SysfsError
 # One bounded read per file: a few drivers return EAGAIN forever or huge blobs.
 _MAX_READ = 4096
 # Errors that mean "this optional attribute is not offered here", not "broken".
-_ABSENT_ERRNOS = {errno.ENOENT, errno.EPERM, errno.EACCES, errno.EOPNOTSUPP, errno.EINVAL,
-                  errno.ENODEV, errno.EAGAIN}
+_ABSENT_ERRNOS = {
+    errno.ENOENT,
+    errno.EPERM,
+    errno.EACCES,
+    errno.EOPNOTSUPP,
+    errno.EINVAL,
+    errno.ENODEV,
+    errno.EAGAIN,
+}
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 

@@ -1,0 +1,32 @@
+#!/bin/bash
+# scripts/setup.sh — everything a fresh machine needs for the demo and the tests.
+# Idempotent: what is already there is left alone. Run as root (apt, QEMU).
+#   * Debian packages for the soft-RoCE VM lane, perftest/sockperf/qperf (lane/install.sh)
+#   * promtool (Debian's prometheus package) for checking the metrics exposition
+#   * .venv: the project (editable) with its dev extras, seeing Debian's pyverbs
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+t0=$SECONDS
+bash lane/install.sh
+if ! command -v promtool >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+# The project needs Python 3.11: Debian's python3-pyverbs extension is built for 3.11.
+py=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv .venv
+fi
+stamp=.venv/.fabricprobe-installed
+if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+# pyverbs comes from Debian (python3-pyverbs, matching the system's rdma-core). The venv
+# sees only that one package through a .pth file, not the rest of dist-packages.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p .venv/pyverbs-dist
+ln -sfn /usr/lib/python3/dist-packages/pyverbs .venv/pyverbs-dist/pyverbs
+echo "$PWD/.venv/pyverbs-dist" > "$site/distro-pyverbs.pth"
+.venv/bin/python -c 'import pyverbs' 2>/dev/null ||
+  echo "setup: note: pyverbs does not import on this host (no RDMA here); the lane VM has it"
+echo "setup: ready in $((SECONDS - t0)) s"

@@ -1,0 +1,39 @@
+"""Fixtures for tests that need real soft-RoCE: they run inside the VM lane (lane/run.sh),
+which describes its hosts in $LANE_FILE. Outside the lane these tests fail, never skip."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from probes.sysfs import read_required
+
+
+@dataclass(frozen=True)
+class LaneHost:
+    name: str
+    device: str
+    netdev: str
+    ip: str
+    gid_index: int
+
+    def hw_counter(self, name: str) -> int:
+        return int(
+            read_required(Path(f"/sys/class/infiniband/{self.device}/ports/1/hw_counters/{name}"))
+        )
+
+
+@pytest.fixture(scope="session")
+def lane_hosts() -> list[LaneHost]:
+    path = os.environ.get("LANE_FILE")
+    if not path or not Path(path).is_file():
+        pytest.fail(
+            "no soft-RoCE lane: run these tests through lane/run.sh (make test)", pytrace=False
+        )
+    hosts = [LaneHost(**h) for h in json.loads(Path(path).read_text())["hosts"]]
+    assert len(hosts) >= 3, f"the lane must have at least 3 hosts, it has {len(hosts)}"
+    return hosts
