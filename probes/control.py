@@ -1,0 +1,591 @@
+"""The probe control protocol: one small TCP connection per probe session.
+
+Every probe (TCP or RDMA) starts with a control connection from the prober to the
+responder (`probe serve`, default port 4793; 18515 is left to perftest). It carries
+length-prefixed JSON messages: a 4-byte big-endian length, then that many bytes of
+UTF-8 JSON holding one object with a string `kind`. Messages larger than
+MAX_MESSAGE_BYTES are refused before they are read. Every read and write has a
+deadline; a peer that is silent, closes early or sends garbage raises PeerError (bad
+content raises ProtocolError, which is both a PeerError and a ParseError).
+
+A session:
+
+    prober                                      responder
+    hello {version, session, params}   ---->
+                                       <----    ready {session, info}  |  error {reason}
+    (session-specific messages and/or a separate data path)
+    done {result}                      ---->
+                                       <----    done {result}          (then both close)
+
+Handler registry (responder side)
+---------------------------------
+A session kind (`tcp_lat`, `tcp_bw`, `rdma_rc_lat`, `rdma_rc_bw`, `rdma_ud`, ...) is a
+function registered under its name::
+
+    from probes.control import Session, register_session
+
+    @register_session("rdma_rc_lat")
+    def serve_rc_lat(session: Session) -> dict[str, object] | None:
+        peer = RdmaEndpoint.from_dict(session.params.get("endpoint"), where="params.endpoint")
+        qp = session.resources.enter_context(make_qp(...))    # released on every path
+        session.ready({"endpoint": RdmaEndpoint(...).as_dict()})
+        session.wait_done()            # keep the QP alive until the prober is finished
+        return {"echoed": n}           # optional; sent back in the responder's `done`
+
+The contract:
+
+* The handler is called in its own thread after `hello` was read and its version
+  checked; `session.params` is the hello's JSON object, not yet validated: validate it
+  with `require_int` / `require_str` / `RdmaEndpoint.from_dict` etc. A ParseError or
+  PeerError raised before `ready` is sent to the prober as an `error` reply.
+* Acquire resources through `session.resources` (a contextlib.ExitStack) and register
+  every socket with `session.track(sock)`: the responder closes them all when the
+  session ends, whatever the path, and shuts tracked sockets down (waking any blocked
+  call) when the responder stops or the session is aborted. Check `session.stopping`
+  in long loops.
+* Call `session.ready(info)` exactly once; `info` is the session-specific reply
+  (for RDMA: the responder's RdmaEndpoint as a dict).
+* Use `session.channel.send(...)` / `session.channel.recv(...)` for any further
+  messages and pass deadlines from `session.step_timeout`; never block without one.
+* Return an optional dict of responder-side figures. If the handler has not called
+  `session.wait_done()` itself, the responder waits for the prober's `done` (within
+  `step_timeout`) and replies `done` with that dict.
+
+Modules holding handlers are imported by the responder (see
+probes.responder.SESSION_MODULES); registering at import time is all they need.
+
+Prober side: `ControlClient(host, port).open(kind, params)` returns the responder's
+`ready` info; `client.done(result)` finishes the session and returns the responder's
+figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import re
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from probes.errors import ParseError, PeerError, ProbeError
+
+PROTOCOL_VERSION = 1
+DEFAULT_PORT = 4793  # 18515 belongs to perftest; pick one that does not clash with it
+MAX_MESSAGE_BYTES = 64 * 1024
+DEFAULT_TIMEOUT_S = 5.0
+
+_HEADER = struct.Struct("!I")
+_KIND_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+CORE_KINDS = frozenset({"hello", "ready", "error", "done"})
+
+
+class ProtocolError(PeerError, ParseError):
+    """The peer sent something that is not a valid control message."""
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+class Deadline:
+    """A point in time (monotonic) that a multi-step operation must finish by."""
+
+    __slots__ = ("_end", "seconds")
+
+    def __init__(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError(f"deadline must be positive, got {seconds}")
+        self.seconds = seconds
+        self._end = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        """Seconds left, never below zero."""
+        return max(0.0, self._end - time.monotonic())
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self._end
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: Deadline, what: str) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        left = deadline.remaining()
+        if left <= 0:
+            raise PeerError(f"no {what} from peer within {deadline.seconds:g} s")
+        sock.settimeout(left)
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except TimeoutError:
+            raise PeerError(f"no {what} from peer within {deadline.seconds:g} s") from None
+        except OSError as e:
+            raise PeerError(f"connection to peer failed while reading {what}: {e}") from e
+        if k == 0:
+            if got == 0 and what == "message header":
+                raise PeerError("peer closed the control connection")
+            raise PeerError(f"peer closed the connection mid-{what} (got {got} of {n} bytes)")
+        got += k
+    return bytes(buf)
+
+
+def encode_message(kind: str, body: dict[str, Any]) -> bytes:
+    """One framed message; raises ValueError for our own bad or oversize messages."""
+    if not _KIND_RE.match(kind):
+        raise ValueError(f"bad message kind {kind!r}")
+    if "kind" in body:
+        raise ValueError("message body must not carry its own 'kind'")
+    payload = json.dumps({"kind": kind, **body}, allow_nan=False, separators=(",", ":"))
+    data = payload.encode()
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"{kind} message is {len(data)} bytes, over {MAX_MESSAGE_BYTES}")
+    return _HEADER.pack(len(data)) + data
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def decode_payload(data: bytes) -> Message:
+    """Parse one message body (without its length prefix); bad content raises ProtocolError."""
+    try:
+        obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ProtocolError(f"peer sent a message that is not UTF-8 JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"peer sent a JSON {type(obj).__name__}, expected an object")
+    kind = obj.pop("kind", None)
+    if not isinstance(kind, str) or not _KIND_RE.match(kind):
+        raise ProtocolError(f"peer sent a message without a valid 'kind' (got {kind!r})")
+    return Message(kind, obj)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One control message: its kind and the remaining fields of the JSON object."""
+
+    kind: str
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+class Channel:
+    """A framed, deadline-bound message stream over a connected TCP socket."""
+
+    def __init__(self, sock: socket.socket, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.sock = sock
+        self.timeout = timeout
+
+    def send(
+        self, kind: str, body: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> None:
+        data = encode_message(kind, body or {})
+        t = timeout if timeout is not None else self.timeout
+        self.sock.settimeout(t)
+        try:
+            self.sock.sendall(data)
+        except TimeoutError:
+            raise PeerError(f"peer did not take the {kind} message within {t:g} s") from None
+        except OSError as e:
+            raise PeerError(f"connection to peer failed while sending {kind}: {e}") from e
+
+    def recv(self, *, timeout: float | None = None, expect: str | None = None) -> Message:
+        """Read one message within TIMEOUT; with EXPECT, anything else (or `error`) raises."""
+        deadline = Deadline(timeout if timeout is not None else self.timeout)
+        (length,) = _HEADER.unpack(_recv_exact(self.sock, _HEADER.size, deadline, "message header"))
+        if length == 0 or length > MAX_MESSAGE_BYTES:
+            raise ProtocolError(
+                f"peer announced a {length}-byte message (allowed 1..{MAX_MESSAGE_BYTES})"
+            )
+        msg = decode_payload(_recv_exact(self.sock, length, deadline, "message body"))
+        if expect is not None and msg.kind != expect:
+            if msg.kind == "error":
+                raise PeerError(f"peer refused: {_reason(msg)}")
+            raise ProtocolError(f"expected a {expect} message from peer, got {msg.kind}")
+        return msg
+
+    def send_error(self, reason: str) -> None:
+        """Best effort: tell the peer why we give up; a dead peer is not an error here."""
+        with contextlib.suppress(PeerError, ValueError):
+            self.send("error", {"reason": reason[:1000]}, timeout=min(self.timeout, 1.0))
+
+
+def _reason(msg: Message) -> str:
+    reason = msg.body.get("reason")
+    return reason if isinstance(reason, str) and reason else "no reason given"
+
+
+# --------------------------------------------------------------------------- field checks
+
+
+def require_int(obj: dict[str, Any], name: str, lo: int, hi: int, *, where: str = "") -> int:
+    """OBJ[NAME] as an int in LO..HI; anything else raises ProtocolError naming the field."""
+    v = obj.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ProtocolError(f"{where}{name}: expected an integer in {lo}..{hi}, got {v!r}")
+    return v
+
+
+def optional_int(
+    obj: dict[str, Any], name: str, lo: int, hi: int, default: int, *, where: str = ""
+) -> int:
+    return default if obj.get(name) is None else require_int(obj, name, lo, hi, where=where)
+
+
+def require_float(
+    obj: dict[str, Any], name: str, lo: float, hi: float, *, where: str = ""
+) -> float:
+    """OBJ[NAME] as a finite number in LO..HI (ints accepted)."""
+    v = obj.get(name)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+        raise ProtocolError(f"{where}{name}: expected a number in {lo:g}..{hi:g}, got {v!r}")
+    return float(v)
+
+
+def optional_float(
+    obj: dict[str, Any], name: str, lo: float, hi: float, default: float, *, where: str = ""
+) -> float:
+    return default if obj.get(name) is None else require_float(obj, name, lo, hi, where=where)
+
+
+def require_str(obj: dict[str, Any], name: str, max_len: int = 256, *, where: str = "") -> str:
+    v = obj.get(name)
+    if not isinstance(v, str) or not 0 < len(v) <= max_len:
+        raise ProtocolError(f"{where}{name}: expected a string of 1..{max_len} chars, got {v!r}")
+    return v
+
+
+def require_dict(obj: dict[str, Any], name: str, *, where: str = "") -> dict[str, Any]:
+    v = obj.get(name)
+    if not isinstance(v, dict):
+        raise ProtocolError(f"{where}{name}: expected an object, got {type(v).__name__}")
+    return v
+
+
+# --------------------------------------------------------------------------- RDMA endpoint
+
+IB_MTUS = (256, 512, 1024, 2048, 4096)
+_U24 = (1 << 24) - 1
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class RdmaEndpoint:
+    """What one side of an RDMA session must tell the other out of band.
+
+    `gid` is the 16-byte GID in IPv6 notation (RoCE v2 GIDs of IPv4 addresses are
+    IPv4-mapped, ::ffff:a.b.c.d); `lid` is 0 on RoCE; `rkey`/`addr` describe the
+    remote-writable buffer (0/0 for sessions that never use RDMA WRITE).
+    """
+
+    qpn: int  # 24-bit queue pair number
+    psn: int  # 24-bit initial packet sequence number
+    gid: str
+    gid_index: int
+    lid: int
+    rkey: int
+    addr: int
+    mtu: int  # path MTU in bytes (one of IB_MTUS)
+
+    def __post_init__(self) -> None:
+        _check_range("qpn", self.qpn, 1, _U24)
+        _check_range("psn", self.psn, 0, _U24)
+        _check_range("gid_index", self.gid_index, 0, 255)
+        _check_range("lid", self.lid, 0, 0xFFFF)
+        _check_range("rkey", self.rkey, 0, _U32)
+        _check_range("addr", self.addr, 0, _U64)
+        if self.mtu not in IB_MTUS:
+            raise ValueError(f"mtu: expected one of {IB_MTUS}, got {self.mtu!r}")
+        try:
+            canonical = str(ipaddress.IPv6Address(self.gid))
+        except (ipaddress.AddressValueError, TypeError) as e:
+            raise ValueError(f"gid: not a 16-byte GID in IPv6 notation: {self.gid!r}") from e
+        object.__setattr__(self, "gid", canonical)
+
+    @property
+    def gid_bytes(self) -> bytes:
+        return ipaddress.IPv6Address(self.gid).packed
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: object, *, where: str = "endpoint") -> RdmaEndpoint:
+        """Build from a peer's JSON object; anything malformed raises ProtocolError."""
+        if not isinstance(obj, dict):
+            raise ProtocolError(f"{where}: expected an object, got {type(obj).__name__}")
+        w = f"{where}."
+        try:
+            return cls(
+                qpn=require_int(obj, "qpn", 1, _U24, where=w),
+                psn=require_int(obj, "psn", 0, _U24, where=w),
+                gid=require_str(obj, "gid", 64, where=w),
+                gid_index=require_int(obj, "gid_index", 0, 255, where=w),
+                lid=require_int(obj, "lid", 0, 0xFFFF, where=w),
+                rkey=require_int(obj, "rkey", 0, _U32, where=w),
+                addr=require_int(obj, "addr", 0, _U64, where=w),
+                mtu=require_int(obj, "mtu", 256, 4096, where=w),
+            )
+        except ValueError as e:
+            raise ProtocolError(f"{w}{e}") from None
+
+
+def _check_range(name: str, v: object, lo: int, hi: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{name}: expected an integer in {lo}..{hi}, got {v!r}")
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """`host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address → (host, port).
+
+    Raises ValueError with a one-line reason for anything else.
+    """
+    t = text.strip()
+    if not t:
+        raise ValueError("empty address")
+    host, port_text = t, ""
+    if t.startswith("["):
+        end = t.find("]")
+        if end < 0 or (len(t) > end + 1 and t[end + 1] != ":"):
+            raise ValueError(f"bad address {text!r}: expected [IPv6]:PORT")
+        host, port_text = t[1:end], t[end + 2 :]
+        if len(t) > end + 1 and not port_text:
+            raise ValueError(f"bad address {text!r}: empty port")
+    elif t.count(":") == 1:
+        host, port_text = t.split(":")
+        if not port_text:
+            raise ValueError(f"bad address {text!r}: empty port")
+    if not host or any(c.isspace() for c in host) or "/" in host:
+        raise ValueError(f"bad address {text!r}: expected HOST or HOST:PORT")
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"bad address {text!r}: not an IPv6 address") from None
+    port = default_port
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ValueError(f"bad port in {text!r}: expected 1..65535")
+        port = int(port_text)
+    return host, port
+
+
+def connect(
+    host: str, port: int, *, bind: str | None = None, timeout: float = DEFAULT_TIMEOUT_S
+) -> socket.socket:
+    """A TCP connection to HOST:PORT from source address BIND, within TIMEOUT.
+
+    The source address picks the path when several hosts are addresses on one machine.
+    Refused or unreachable peers raise PeerError; the socket is never leaked.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise PeerError(f"cannot resolve {host}: {e.strerror}") from None
+    last: Exception | None = None
+    for family, stype, proto, _, sockaddr in infos:
+        sock = socket.socket(family, stype, proto)
+        try:
+            if bind:
+                sock.bind((bind, 0))
+            sock.settimeout(timeout)
+            sock.connect(sockaddr)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as e:
+            sock.close()
+            last = e
+    if isinstance(last, TimeoutError):
+        raise PeerError(f"{host}:{port} did not answer within {timeout:g} s")
+    where = f" from {bind}" if bind else ""
+    raise PeerError(f"cannot connect to {host}:{port}{where}: {_os_reason(last)}")
+
+
+def _os_reason(e: Exception | None) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) if e else "no address"
+
+
+# --------------------------------------------------------------------------- prober side
+
+
+class ControlClient:
+    """The prober's end of one control session; a context manager that always closes."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int = DEFAULT_PORT,
+        *,
+        bind: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.host, self.port, self.bind, self.timeout = host, port, bind, timeout
+        self._sock: socket.socket | None = None
+        self.channel: Channel | None = None
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self, session: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Connect, send hello and return the responder's `ready` info."""
+        self._sock = connect(self.host, self.port, bind=self.bind, timeout=self.timeout)
+        self.channel = Channel(self._sock, self.timeout)
+        self.channel.send(
+            "hello", {"version": PROTOCOL_VERSION, "session": session, "params": params}
+        )
+        msg = self.channel.recv(expect="ready")
+        if msg.body.get("session") != session:
+            raise ProtocolError(f"peer answered for session {msg.body.get('session')!r}")
+        return require_dict(msg.body, "info", where="ready.")
+
+    @property
+    def local_address(self) -> str:
+        if self._sock is None:
+            raise ProbeError("control session is not open")
+        return str(self._sock.getsockname()[0])
+
+    def done(
+        self, result: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Tell the responder we are finished; return the figures it sends back."""
+        if self.channel is None:
+            raise ProbeError("control session is not open")
+        self.channel.send("done", {"result": result or {}})
+        msg = self.channel.recv(expect="done", timeout=timeout)
+        res = msg.body.get("result", {})
+        return res if isinstance(res, dict) else {}
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            self.channel = None
+
+
+# --------------------------------------------------------------------------- responder side
+
+
+class Session:
+    """One responder-side session as a handler sees it (see the module docstring)."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        kind: str,
+        params: dict[str, Any],
+        peer: tuple[str, int],
+        local: tuple[str, int],
+        *,
+        step_timeout: float,
+    ) -> None:
+        self.channel = channel
+        self.kind = kind
+        self.params = params
+        self.peer = peer
+        self.local = local
+        self.step_timeout = step_timeout
+        self.resources = contextlib.ExitStack()
+        self.ready_sent = False
+        self.done_result: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+
+    @property
+    def stopping(self) -> bool:
+        """True once the responder is shutting down or the session was aborted."""
+        return self._stop.is_set()
+
+    def track(self, sock: socket.socket) -> socket.socket:
+        """Close SOCK when the session ends; shut it down on abort to wake blocked calls."""
+        with self._lock:
+            self._sockets.append(sock)
+        self.resources.callback(self._untrack, sock)
+        return sock
+
+    def _untrack(self, sock: socket.socket) -> None:
+        with self._lock:
+            if sock in self._sockets:
+                self._sockets.remove(sock)
+        sock.close()
+
+    def ready(self, info: dict[str, Any]) -> None:
+        if self.ready_sent:
+            raise ProbeError("ready was already sent for this session")
+        self.channel.send("ready", {"session": self.kind, "info": info})
+        self.ready_sent = True
+
+    def wait_done(self, timeout: float | None = None) -> dict[str, Any]:
+        """Block until the prober's `done` (or raise PeerError after TIMEOUT)."""
+        if self.done_result is None:
+            msg = self.channel.recv(expect="done", timeout=timeout or self.step_timeout)
+            res = msg.body.get("result", {})
+            self.done_result = res if isinstance(res, dict) else {}
+        return self.done_result
+
+    def abort(self) -> None:
+        """Wake every blocked call on the session's sockets (called from another thread)."""
+        self._stop.set()
+        with self._lock:
+            socks = [*self._sockets, self.channel.sock]
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+
+SessionHandler = Callable[[Session], "dict[str, Any] | None"]
+
+
+class Registry:
+    """Session kind → handler. The responder looks up each hello's session here."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, SessionHandler] = {}
+
+    def register(self, kind: str, handler: SessionHandler) -> None:
+        if not _KIND_RE.match(kind):
+            raise ValueError(f"bad session kind {kind!r}: use lower-case letters, digits, _")
+        if kind in self._handlers and self._handlers[kind] is not handler:
+            raise ValueError(f"session kind {kind!r} is already registered")
+        self._handlers[kind] = handler
+
+    def get(self, kind: str) -> SessionHandler | None:
+        return self._handlers.get(kind)
+
+    def kinds(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.kinds())
+
+
+HANDLERS = Registry()
+
+
+def register_session(
+    kind: str, registry: Registry = HANDLERS
+) -> Callable[[SessionHandler], SessionHandler]:
+    """Decorator: make a handler answer hello messages for session KIND."""
+
+    def deco(fn: SessionHandler) -> SessionHandler:
+        registry.register(kind, fn)
+        return fn
+
+    return deco

@@ -1,0 +1,667 @@
+"""TCP baseline probes: ping-pong RTT (TCP_NODELAY) and bulk throughput.
+
+They run against the same responder as the RDMA probes, so TCP and RDMA are measured
+on the same pair at the same time. The session starts on the control connection
+(probes.control): the prober's hello names `tcp_lat` or `tcp_bw`; the responder opens
+an ephemeral data listener on the address the control connection arrived at and
+answers `ready {data_port, token}`. The prober then opens one data connection per
+stream from the same source address and sends the 16-byte token first, so a stray
+connection cannot join the session. Keeping data apart from control leaves the data
+connection a pure byte stream and the control connection free for `done`.
+
+Timing: one sample is `perf_counter_ns()` before `sendall` to after the last byte of
+the echo. Buffers are allocated before the loop; data sockets are blocking with the
+per-step deadline set in the kernel (SO_RCVTIMEO/SO_SNDTIMEO), so each step is one
+system call, as in a C tool, and a silent peer still cannot hang the run. The cost of
+the loop itself is measured with null I/O and reported as `timer_overhead_ns` (two
+back-to-back clock reads) and `loop_overhead_ns` (the whole exchange loop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import secrets
+import socket
+import statistics
+import struct
+import threading
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from probes.control import (
+    DEFAULT_PORT,
+    DEFAULT_TIMEOUT_S,
+    ControlClient,
+    Deadline,
+    ProtocolError,
+    Session,
+    optional_float,
+    optional_int,
+    register_session,
+    require_int,
+    require_str,
+)
+from probes.errors import PeerError
+from probes.stats import LatencySketch, LatencySummary
+
+MIN_SIZE = 1
+MAX_SIZE = 1 << 20  # 1 MiB
+MAX_CHUNK = 16 << 20
+MAX_STREAMS = 64
+TOKEN_BYTES = 16
+DEFAULT_CHUNK = 128 << 10
+_ACK = struct.Struct("!Q")
+
+Progress = Callable[[int, int], None]  # (done, total) in iterations or milliseconds
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class TcpLatencyResult:
+    """A ping-pong run. Latency figures are RTTs; `one_way()` gives the RTT/2 estimate."""
+
+    peer: str
+    port: int
+    source: str
+    size: int
+    iters: int
+    warmup: int
+    summary: LatencySummary  # kind "rtt"
+    timer_overhead_ns: int
+    loop_overhead_ns: int
+    duration_s: float
+    error: str | None = None
+    sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
+
+    def one_way(self) -> LatencySummary:
+        return one_way_from_rtt(self.summary)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "transport": "tcp",
+            "op": "pingpong",
+            "peer": self.peer,
+            "port": self.port,
+            "source": self.source,
+            "size": self.size,
+            "iters": self.iters,
+            "warmup": self.warmup,
+            "rtt": self.summary.as_dict(),
+            "one_way": {**self.one_way().as_dict(), "derived_from": "rtt/2"},
+            "timer_overhead_ns": self.timer_overhead_ns,
+            "loop_overhead_ns": self.loop_overhead_ns,
+            "duration_s": round(self.duration_s, 6),
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class TcpThroughputResult:
+    """A bulk-send run; `bytes` counts only what the responder confirmed it received."""
+
+    peer: str
+    port: int
+    source: str
+    streams: int
+    chunk_size: int
+    bytes: int
+    bytes_sent: int
+    duration_s: float
+    error: str | None = None
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes / self.duration_s if self.duration_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "transport": "tcp",
+            "op": "stream",
+            "peer": self.peer,
+            "port": self.port,
+            "source": self.source,
+            "streams": self.streams,
+            "chunk_size": self.chunk_size,
+            "bytes": self.bytes,
+            "bytes_sent": self.bytes_sent,
+            "duration_s": round(self.duration_s, 6),
+            "bytes_per_second": round(self.bytes_per_second, 1),
+            "error": self.error,
+        }
+
+
+def one_way_from_rtt(rtt: LatencySummary) -> LatencySummary:
+    """The RTT/2 estimate of one-way latency, labelled as such (kind "one_way")."""
+    if rtt.kind != "rtt":
+        raise ValueError(f"expected an rtt summary, got {rtt.kind}")
+
+    def half(v: float | None) -> float | None:
+        return None if v is None else round(v / 2.0, 3)
+
+    return replace(
+        rtt,
+        kind="one_way",
+        min_us=half(rtt.min_us),
+        p50_us=half(rtt.p50_us),
+        p90_us=half(rtt.p90_us),
+        p99_us=half(rtt.p99_us),
+        p999_us=half(rtt.p999_us),
+        max_us=half(rtt.max_us),
+        mean_us=half(rtt.mean_us),
+    )
+
+
+def kernel_bypass_ratio(tcp: LatencySummary, rdma: LatencySummary) -> float | None:
+    """TCP median over RDMA median for the same kind of figure (RTT with RTT only)."""
+    if tcp.kind != rdma.kind:
+        raise ValueError(f"cannot compare a {tcp.kind} figure with a {rdma.kind} figure")
+    if not tcp.p50_us or not rdma.p50_us:
+        return None
+    return tcp.p50_us / rdma.p50_us
+
+
+# --------------------------------------------------------------------------- timing loop
+
+
+class _Stopped(Exception):
+    """The exchange loop ended early: DONE exchanges finished before index DONE failed."""
+
+    def __init__(self, done: int, cause: str | OSError) -> None:
+        super().__init__(done, cause)
+        self.done = done
+        self.cause = cause
+
+    def reason(self, timeout: float) -> str:
+        if isinstance(self.cause, str):
+            return self.cause
+        if _is_timeout(self.cause):
+            return f"peer did not answer within {timeout:g} s"
+        return f"data connection failed: {self.cause.strerror or self.cause}"
+
+
+def _exchange_loop(
+    send: Callable[[memoryview], object],
+    recv_into: Callable[[memoryview, int, int], int],
+    sbuf: bytearray,
+    rbuf: bytearray,
+    samples: array[int],
+    base: int,
+    n: int,
+    verify: bool,
+) -> None:
+    """Run N exchanges, RTTs into SAMPLES[BASE:]; any failure raises _Stopped."""
+    clock = time.perf_counter_ns
+    size = len(sbuf)
+    sview = memoryview(sbuf)
+    rview = memoryview(rbuf)
+    waitall = socket.MSG_WAITALL
+    i = 0
+    try:
+        for i in range(n):
+            sbuf[0] = (base + i) & 0xFF  # a fresh first byte: a stale echo fails verification
+            t0 = clock()
+            send(sview)
+            got = recv_into(rview, size, waitall)
+            while got < size:
+                if got == 0:
+                    raise _Stopped(base + i, "peer closed the data connection")
+                # MSG_WAITALL still returns short on a signal or a deadline; go on reading
+                k = recv_into(rview[got:], size - got, waitall)
+                if k == 0:
+                    raise _Stopped(base + i, "peer closed the data connection")
+                got += k
+            t1 = clock()
+            samples[base + i] = t1 - t0
+            if verify and rbuf != sbuf:
+                raise _Stopped(base + i, "echo payload did not match what was sent")
+    except OSError as e:
+        raise _Stopped(base + i, e) from None
+
+
+@dataclass(frozen=True)
+class TimerOverhead:
+    """What the measuring itself costs, in ns (medians)."""
+
+    pair_ns: int  # two back-to-back perf_counter_ns() calls
+    loop_ns: int  # one iteration of the exchange loop with null I/O
+
+
+def measure_timer_overhead(n: int = 20_000) -> TimerOverhead:
+    """Time the clock and the exchange loop with I/O replaced by no-ops."""
+    clock = time.perf_counter_ns
+    pairs = array("q", bytes(8 * n))
+    for i in range(n):
+        t0 = clock()
+        t1 = clock()
+        pairs[i] = t1 - t0
+    buf = bytearray(64)
+    samples = array("q", bytes(8 * n))
+
+    def null_send(view: memoryview) -> None:
+        return None
+
+    def null_recv(view: memoryview, k: int, flags: int) -> int:
+        return k
+
+    _exchange_loop(null_send, null_recv, buf, buf, samples, 0, n, True)
+    return TimerOverhead(int(statistics.median(pairs)), int(statistics.median(samples)))
+
+
+# --------------------------------------------------------------------------- sockets
+
+
+def set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
+    """Blocking socket whose recv/send give up after SECONDS (EAGAIN) inside the kernel."""
+    sock.settimeout(None)
+    sec = int(seconds)
+    usec = max(1, int((seconds - sec) * 1_000_000)) if seconds > 0 else 0
+    tv = struct.pack("@ll", sec, usec)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def _is_timeout(e: OSError) -> bool:
+    return isinstance(e, TimeoutError) or e.errno in (errno.EAGAIN, errno.EWOULDBLOCK)
+
+
+def _failure(e: OSError, timeout: float) -> str:
+    return _Stopped(0, e).reason(timeout)
+
+
+def _open_data(
+    ctrl: ControlClient, info: dict[str, Any], timeout: float
+) -> tuple[socket.socket, bytes]:
+    """Connect one data stream to the port in the responder's ready info and send the token."""
+    port = require_int(info, "data_port", 1, 65535, where="ready.info.")
+    token_hex = require_str(info, "token", 2 * TOKEN_BYTES, where="ready.info.")
+    try:
+        token = bytes.fromhex(token_hex)
+    except ValueError:
+        raise ProtocolError("ready.info.token: not hex") from None
+    assert ctrl.channel is not None
+    peer_ip = ctrl.channel.sock.getpeername()[0]
+    sock = socket.socket(ctrl.channel.sock.family, socket.SOCK_STREAM)
+    try:
+        sock.bind((ctrl.local_address, 0))
+        sock.settimeout(timeout)
+        sock.connect((peer_ip, port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(token)
+    except OSError as e:
+        sock.close()
+        raise PeerError(
+            f"cannot open the data connection to port {port}: {_failure(e, timeout)}"
+        ) from None
+    return sock, token
+
+
+# --------------------------------------------------------------------------- ping-pong
+
+
+def run_pingpong(
+    host: str,
+    port: int = DEFAULT_PORT,
+    *,
+    size: int = 64,
+    iters: int = 1000,
+    warmup: int = 100,
+    bind: str | None = None,
+    timeout: float = 2.0,
+    connect_timeout: float = DEFAULT_TIMEOUT_S,
+    verify: bool = True,
+    progress: Progress | None = None,
+) -> TcpLatencyResult:
+    """Measure TCP ping-pong RTT of SIZE-byte messages against a responder.
+
+    Raises PeerError if the session cannot start. Once it has started, a peer that
+    vanishes ends the run within TIMEOUT: finished samples are kept, the remaining
+    iterations are counted as lost and `error` says why.
+    """
+    if not MIN_SIZE <= size <= MAX_SIZE:
+        raise ValueError(f"size must be {MIN_SIZE}..{MAX_SIZE} bytes, got {size}")
+    if iters < 1 or warmup < 0:
+        raise ValueError("iters must be >= 1 and warmup >= 0")
+    if not timeout > 0:
+        raise ValueError("timeout must be positive")
+    overhead = measure_timer_overhead()
+    sketch = LatencySketch("rtt")
+    sbuf = bytearray(secrets.token_bytes(size))
+    rbuf = bytearray(size)
+    samples = array("q", bytes(8 * iters))
+    completed = 0
+    error: str | None = None
+    started = time.perf_counter()
+    with ControlClient(host, port, bind=bind, timeout=connect_timeout) as ctrl:
+        info = ctrl.open("tcp_lat", {"size": size, "timeout": timeout})
+        source = ctrl.local_address
+        data, _ = _open_data(ctrl, info, connect_timeout)
+        with data:
+            set_kernel_timeouts(data, timeout)
+            send, recv_into = data.sendall, data.recv_into
+            warming = True
+            try:
+                if warmup:
+                    scratch = array("q", bytes(8 * warmup))
+                    _exchange_loop(send, recv_into, sbuf, rbuf, scratch, 0, warmup, verify)
+                warming = False
+                step = max(1, min(iters // 100, 10_000)) if progress else iters
+                while completed < iters:
+                    n = min(step, iters - completed)
+                    _exchange_loop(send, recv_into, sbuf, rbuf, samples, completed, n, verify)
+                    completed += n
+                    if progress:
+                        progress(completed, iters)
+            except _Stopped as e:
+                completed = 0 if warming else e.done
+                error = e.reason(timeout)
+        duration = time.perf_counter() - started
+        if error is None:
+            with contextlib.suppress(PeerError):
+                ctrl.done({"completed": completed}, timeout=timeout)
+    for i in range(completed):
+        sketch.record(samples[i])
+    sketch.record_lost(iters - completed)
+    return TcpLatencyResult(
+        peer=host,
+        port=port,
+        source=source,
+        size=size,
+        iters=iters,
+        warmup=warmup,
+        summary=sketch.summary(),
+        timer_overhead_ns=overhead.pair_ns,
+        loop_overhead_ns=overhead.loop_ns,
+        duration_s=duration,
+        error=error,
+        sketch=sketch,
+    )
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+@dataclass
+class _Stream:
+    sock: socket.socket
+    sent: int = 0
+    acked: int = 0
+    end_s: float = 0.0
+    error: str | None = None
+
+
+def _send_stream(
+    st: _Stream,
+    chunk: memoryview,
+    start: threading.Event,
+    duration: float | None,
+    quota: int | None,
+    timeout: float,
+) -> None:
+    """Send for DURATION seconds or QUOTA bytes, then collect the responder's byte count."""
+    start.wait()
+    clock = time.perf_counter
+    stop_at = clock() + (duration or 0.0)
+    n = len(chunk)
+    try:
+        if quota is not None:
+            while st.sent < quota:
+                k = min(n, quota - st.sent)
+                st.sock.sendall(chunk if k == n else chunk[:k])
+                st.sent += k
+        else:
+            while clock() < stop_at:
+                st.sock.sendall(chunk)
+                st.sent += n
+        # The responder answers EOF with the byte count it received: only then are
+        # the bytes known to have crossed the network, not just our socket buffer.
+        st.sock.shutdown(socket.SHUT_WR)
+        ack = bytearray(_ACK.size)
+        got = 0
+        while got < len(ack):
+            k = st.sock.recv_into(memoryview(ack)[got:])
+            if k == 0:
+                raise _Stopped(0, "peer closed the data connection before confirming")
+            got += k
+        st.acked = _ACK.unpack(ack)[0]
+        st.end_s = clock()
+    except _Stopped as e:
+        st.error = e.reason(timeout)
+    except OSError as e:
+        st.error = _failure(e, timeout)
+
+
+def run_throughput(
+    host: str,
+    port: int = DEFAULT_PORT,
+    *,
+    duration: float | None = 5.0,
+    total_bytes: int | None = None,
+    streams: int = 1,
+    chunk_size: int = DEFAULT_CHUNK,
+    bind: str | None = None,
+    timeout: float = 2.0,
+    connect_timeout: float = DEFAULT_TIMEOUT_S,
+    progress: Progress | None = None,
+) -> TcpThroughputResult:
+    """Send bulk data for DURATION seconds (or TOTAL_BYTES) over STREAMS connections.
+
+    Throughput counts only bytes the responder confirmed. A peer that vanishes ends
+    the run within TIMEOUT of its last progress, with `error` set.
+    """
+    if (duration is None) == (total_bytes is None):
+        raise ValueError("give exactly one of duration and total_bytes")
+    if duration is not None and not 0 < duration <= 3600:
+        raise ValueError(f"duration must be in (0, 3600] s, got {duration}")
+    if total_bytes is not None and total_bytes < 1:
+        raise ValueError("total_bytes must be >= 1")
+    if not 1 <= streams <= MAX_STREAMS:
+        raise ValueError(f"streams must be 1..{MAX_STREAMS}, got {streams}")
+    if not MIN_SIZE <= chunk_size <= MAX_CHUNK:
+        raise ValueError(f"chunk size must be {MIN_SIZE}..{MAX_CHUNK} bytes, got {chunk_size}")
+    chunk = memoryview(bytearray(secrets.token_bytes(chunk_size)))
+    params = {"streams": streams, "chunk_size": chunk_size, "timeout": timeout}
+    with contextlib.ExitStack() as stack:
+        ctrl = stack.enter_context(ControlClient(host, port, bind=bind, timeout=connect_timeout))
+        info = ctrl.open("tcp_bw", params)
+        source = ctrl.local_address
+        lanes: list[_Stream] = []
+        for _ in range(streams):
+            sock, _token = _open_data(ctrl, info, connect_timeout)
+            stack.callback(sock.close)
+            set_kernel_timeouts(sock, timeout)
+            lanes.append(_Stream(sock))
+        go = threading.Event()
+        quotas = _split(total_bytes, streams)
+        threads = [
+            threading.Thread(
+                target=_send_stream,
+                args=(st, chunk, go, duration, quotas[i], timeout),
+                name=f"tcp-bw-{i}",
+                daemon=True,
+            )
+            for i, st in enumerate(lanes)
+        ]
+        for t in threads:
+            t.start()
+        started = time.perf_counter()
+        go.set()
+        _wait_streams(threads, lanes, duration, total_bytes, started, progress)
+        ends = [st.end_s for st in lanes if st.end_s]
+        elapsed = (max(ends) if ends else time.perf_counter()) - started
+        errors = [st.error for st in lanes if st.error]
+        if not errors:
+            with contextlib.suppress(PeerError):
+                ctrl.done({"bytes_sent": sum(st.sent for st in lanes)}, timeout=timeout)
+    return TcpThroughputResult(
+        peer=host,
+        port=port,
+        source=source,
+        streams=streams,
+        chunk_size=chunk_size,
+        bytes=sum(st.acked for st in lanes),
+        bytes_sent=sum(st.sent for st in lanes),
+        duration_s=elapsed,
+        error=errors[0] if errors else None,
+    )
+
+
+def _split(total: int | None, parts: int) -> list[int | None]:
+    if total is None:
+        return [None] * parts
+    share, extra = divmod(total, parts)
+    return [share + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _wait_streams(
+    threads: Sequence[threading.Thread],
+    lanes: Sequence[_Stream],
+    duration: float | None,
+    total_bytes: int | None,
+    started: float,
+    progress: Progress | None,
+) -> None:
+    """Join the sender threads, reporting progress; each one ends by its own deadlines."""
+    while alive := [t for t in threads if t.is_alive()]:
+        alive[0].join(0.1)
+        if progress:
+            if total_bytes is not None:
+                progress(min(total_bytes, sum(st.sent for st in lanes)), total_bytes)
+            elif duration is not None:
+                ms = int((time.perf_counter() - started) * 1000)
+                progress(min(ms, int(duration * 1000)), int(duration * 1000))
+
+
+# --------------------------------------------------------------------------- responder side
+
+
+def _data_listener(session: Session) -> socket.socket:
+    """An ephemeral listener on the address the control connection arrived at."""
+    family = socket.AF_INET6 if ":" in session.local[0] else socket.AF_INET
+    lsock = session.track(socket.socket(family, socket.SOCK_STREAM))
+    lsock.bind((session.local[0], 0))
+    lsock.listen(MAX_STREAMS)
+    return lsock
+
+
+def _accept_streams(
+    session: Session, lsock: socket.socket, token: bytes, count: int, timeout: float
+) -> list[socket.socket]:
+    """Accept COUNT data connections that present TOKEN, all within one deadline."""
+    deadline = Deadline(session.step_timeout)
+    peer_ip = session.peer[0]
+    out: list[socket.socket] = []
+    while len(out) < count:
+        if deadline.expired or session.stopping:
+            raise PeerError(f"only {len(out)} of {count} data connections arrived in time")
+        lsock.settimeout(max(0.01, deadline.remaining()))
+        try:
+            conn, addr = lsock.accept()
+        except TimeoutError:
+            continue
+        session.track(conn)
+        if addr[0] != peer_ip:
+            conn.close()  # not our prober: it may not join the session
+            continue
+        conn.settimeout(max(0.01, deadline.remaining()))
+        try:
+            got = conn.recv(TOKEN_BYTES, socket.MSG_WAITALL)
+        except OSError:
+            got = b""
+        if got != token:
+            conn.close()
+            continue
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        set_kernel_timeouts(conn, timeout)
+        out.append(conn)
+    lsock.close()
+    return out
+
+
+def _echo(conn: socket.socket, size: int, session: Session) -> int:
+    """Echo SIZE-byte messages until the prober closes; return how many were echoed."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    waitall = socket.MSG_WAITALL
+    echoed = 0
+    try:
+        while not session.stopping:
+            got = conn.recv_into(view, size, waitall)
+            while 0 < got < size:
+                k = conn.recv_into(view[got:], size - got, waitall)
+                if k == 0:
+                    return echoed
+                got += k
+            if got == 0:
+                return echoed
+            conn.sendall(view)
+            echoed += 1
+    except OSError as e:
+        if _is_timeout(e):
+            raise PeerError(f"prober idle for {session.step_timeout:g} s") from None
+        raise PeerError(f"data connection failed: {e.strerror or e}") from None
+    return echoed
+
+
+def _session_params(session: Session) -> tuple[float, str]:
+    timeout = optional_float(session.params, "timeout", 0.001, 600.0, 2.0, where="params.")
+    return timeout, secrets.token_hex(TOKEN_BYTES)
+
+
+@register_session("tcp_lat")
+def serve_tcp_lat(session: Session) -> dict[str, Any]:
+    """Responder side of a ping-pong: echo every SIZE-byte message back."""
+    size = require_int(session.params, "size", MIN_SIZE, MAX_SIZE, where="params.")
+    _timeout, token = _session_params(session)
+    lsock = _data_listener(session)
+    session.ready({"data_port": lsock.getsockname()[1], "token": token})
+    (conn,) = _accept_streams(session, lsock, bytes.fromhex(token), 1, session.step_timeout)
+    return {"echoed": _echo(conn, size, session)}
+
+
+def _sink(conn: socket.socket, chunk_size: int, out: list[int], idx: int, errs: list[str]) -> None:
+    """Read until EOF, then send back the byte count."""
+    buf = memoryview(bytearray(chunk_size))
+    total = 0
+    try:
+        while True:
+            k = conn.recv_into(buf)
+            if k == 0:
+                break
+            total += k
+        out[idx] = total
+        conn.sendall(_ACK.pack(total))
+    except OSError as e:
+        out[idx] = total
+        errs.append(f"stream {idx}: {'idle timeout' if _is_timeout(e) else e.strerror or e}")
+
+
+@register_session("tcp_bw")
+def serve_tcp_bw(session: Session) -> dict[str, Any]:
+    """Responder side of a throughput run: sink every stream, confirm bytes at EOF."""
+    streams = require_int(session.params, "streams", 1, MAX_STREAMS, where="params.")
+    chunk_size = optional_int(
+        session.params, "chunk_size", MIN_SIZE, MAX_CHUNK, DEFAULT_CHUNK, where="params."
+    )
+    _timeout, token = _session_params(session)
+    lsock = _data_listener(session)
+    session.ready({"data_port": lsock.getsockname()[1], "token": token})
+    conns = _accept_streams(session, lsock, bytes.fromhex(token), streams, session.step_timeout)
+    received = [0] * streams
+    errs: list[str] = []
+    threads = [
+        threading.Thread(target=_sink, args=(c, min(chunk_size, 1 << 20), received, i, errs))
+        for i, c in enumerate(conns)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()  # each sink ends by EOF, its idle deadline, or abort()
+    if errs:
+        raise PeerError("; ".join(errs))
+    return {"bytes": sum(received), "streams": streams}
