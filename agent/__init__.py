@@ -1,0 +1,1 @@
+"""The per-host agent: registers, probes its peers, samples counters, streams windows."""

@@ -1,0 +1,1 @@
+"""The collector: agent API, assignments, window store and Prometheus export."""

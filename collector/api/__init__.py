@@ -1,0 +1,1 @@
+"""Generated agent API code (scripts/gen-proto.sh) and the .proto it comes from."""

@@ -1,0 +1,207 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Gid(_message.Message):
+    __slots__ = ("index", "gid", "type", "netdev")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    NETDEV_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    gid: str
+    type: str
+    netdev: str
+    def __init__(self, index: _Optional[int] = ..., gid: _Optional[str] = ..., type: _Optional[str] = ..., netdev: _Optional[str] = ...) -> None: ...
+
+class RdmaPort(_message.Message):
+    __slots__ = ("number", "state", "link_layer", "gids")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LINK_LAYER_FIELD_NUMBER: _ClassVar[int]
+    GIDS_FIELD_NUMBER: _ClassVar[int]
+    number: int
+    state: str
+    link_layer: str
+    gids: _containers.RepeatedCompositeFieldContainer[Gid]
+    def __init__(self, number: _Optional[int] = ..., state: _Optional[str] = ..., link_layer: _Optional[str] = ..., gids: _Optional[_Iterable[_Union[Gid, _Mapping]]] = ...) -> None: ...
+
+class RdmaDevice(_message.Message):
+    __slots__ = ("name", "driver", "ports")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    driver: str
+    ports: _containers.RepeatedCompositeFieldContainer[RdmaPort]
+    def __init__(self, name: _Optional[str] = ..., driver: _Optional[str] = ..., ports: _Optional[_Iterable[_Union[RdmaPort, _Mapping]]] = ...) -> None: ...
+
+class HostInfo(_message.Message):
+    __slots__ = ("host", "addresses", "devices", "topology", "probe_port", "probe_kinds", "version")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
+    PROBE_KINDS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    devices: _containers.RepeatedCompositeFieldContainer[RdmaDevice]
+    topology: str
+    probe_port: int
+    probe_kinds: _containers.RepeatedScalarFieldContainer[str]
+    version: str
+    def __init__(self, host: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ..., devices: _Optional[_Iterable[_Union[RdmaDevice, _Mapping]]] = ..., topology: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_kinds: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("host",)
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    host: HostInfo
+    def __init__(self, host: _Optional[_Union[HostInfo, _Mapping]] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("report_interval_ms", "assignments")
+    REPORT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    report_interval_ms: int
+    assignments: Assignments
+    def __init__(self, report_interval_ms: _Optional[int] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ...) -> None: ...
+
+class ProbeTarget(_message.Message):
+    __slots__ = ("dst", "address", "port", "kind", "size", "interval_ms", "count", "device", "gid")
+    DST_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    dst: str
+    address: str
+    port: int
+    kind: str
+    size: int
+    interval_ms: int
+    count: int
+    device: str
+    gid: str
+    def __init__(self, dst: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., kind: _Optional[str] = ..., size: _Optional[int] = ..., interval_ms: _Optional[int] = ..., count: _Optional[int] = ..., device: _Optional[str] = ..., gid: _Optional[str] = ...) -> None: ...
+
+class AssignmentsRequest(_message.Message):
+    __slots__ = ("host", "known_generation")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    known_generation: int
+    def __init__(self, host: _Optional[str] = ..., known_generation: _Optional[int] = ...) -> None: ...
+
+class Assignments(_message.Message):
+    __slots__ = ("host", "generation", "targets", "probe_budget")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    generation: int
+    targets: _containers.RepeatedCompositeFieldContainer[ProbeTarget]
+    probe_budget: int
+    def __init__(self, host: _Optional[str] = ..., generation: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., probe_budget: _Optional[int] = ...) -> None: ...
+
+class ProbeWindow(_message.Message):
+    __slots__ = ("dst", "transport", "op", "size", "rtt_sketch", "bytes_moved", "busy_seconds", "failures")
+    DST_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    RTT_SKETCH_FIELD_NUMBER: _ClassVar[int]
+    BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    dst: str
+    transport: str
+    op: str
+    size: int
+    rtt_sketch: bytes
+    bytes_moved: int
+    busy_seconds: float
+    failures: int
+    def __init__(self, dst: _Optional[str] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., rtt_sketch: _Optional[bytes] = ..., bytes_moved: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., failures: _Optional[int] = ...) -> None: ...
+
+class CounterReading(_message.Message):
+    __slots__ = ("kind", "device", "port", "netdev", "priority", "name", "value", "width")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    NETDEV_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    device: str
+    port: int
+    netdev: str
+    priority: int
+    name: str
+    value: int
+    width: int
+    def __init__(self, kind: _Optional[str] = ..., device: _Optional[str] = ..., port: _Optional[int] = ..., netdev: _Optional[str] = ..., priority: _Optional[int] = ..., name: _Optional[str] = ..., value: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
+
+class AgentStats(_message.Message):
+    __slots__ = ("cpu_seconds", "rss_bytes", "probes", "probe_rate", "spool_depth", "spool_bytes", "spool_dropped")
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    PROBE_RATE_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    cpu_seconds: float
+    rss_bytes: int
+    probes: int
+    probe_rate: float
+    spool_depth: int
+    spool_bytes: int
+    spool_dropped: int
+    def __init__(self, cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., probes: _Optional[int] = ..., probe_rate: _Optional[float] = ..., spool_depth: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_dropped: _Optional[int] = ...) -> None: ...
+
+class WindowReport(_message.Message):
+    __slots__ = ("host", "epoch", "seq", "window_start_unix_ns", "window_end_unix_ns", "probes", "counters", "agent", "assignment_generation")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    epoch: int
+    seq: int
+    window_start_unix_ns: int
+    window_end_unix_ns: int
+    probes: _containers.RepeatedCompositeFieldContainer[ProbeWindow]
+    counters: _containers.RepeatedCompositeFieldContainer[CounterReading]
+    agent: AgentStats
+    assignment_generation: int
+    def __init__(self, host: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[CounterReading, _Mapping]]] = ..., agent: _Optional[_Union[AgentStats, _Mapping]] = ..., assignment_generation: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("epoch", "seq", "duplicate", "assignment_generation")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    seq: int
+    duplicate: bool
+    assignment_generation: int
+    def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., assignment_generation: _Optional[int] = ...) -> None: ...

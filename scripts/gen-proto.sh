@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Regenerate the gRPC/protobuf Python code of collector/api/ from fabricprobe.proto.
+#   scripts/gen-proto.sh            # write next to the .proto
+#   scripts/gen-proto.sh OUT_DIR    # write into OUT_DIR/collector/api (the staleness test)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${1:-$root}"
+python="${PYTHON:-$root/.venv/bin/python}"
+mkdir -p "$out/collector/api"
+cd "$root"
+"$python" -m grpc_tools.protoc -I . \
+  --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
+  collector/api/fabricprobe.proto
+# grpcio-tools writes no type hints for the service module; keep mypy out of it
+# (callers see its classes as untyped) rather than checking generated code.
+grpc_py="$out/collector/api/fabricprobe_pb2_grpc.py"
+{ echo "# mypy: ignore-errors"; cat "$grpc_py"; } > "$grpc_py.tmp" && mv "$grpc_py.tmp" "$grpc_py"

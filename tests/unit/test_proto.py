@@ -1,0 +1,29 @@
+"""The generated API code must match what scripts/gen-proto.sh makes from the .proto."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATED = ("fabricprobe_pb2.py", "fabricprobe_pb2.pyi", "fabricprobe_pb2_grpc.py")
+
+
+def test_generated_code_is_current(tmp_path: Path) -> None:
+    subprocess.run([str(ROOT / "scripts" / "gen-proto.sh"), str(tmp_path)], check=True)
+    stale = [
+        name
+        for name in GENERATED
+        if (tmp_path / "collector" / "api" / name).read_bytes()
+        != (ROOT / "collector" / "api" / name).read_bytes()
+    ]
+    assert not stale, f"stale generated code {stale}: run scripts/gen-proto.sh and commit"
+
+
+def test_api_round_trip() -> None:
+    from collector.api import fabricprobe_pb2 as pb
+
+    msg = pb.WindowReport(host="h1", epoch=7, seq=3)
+    msg.probes.add(dst="h2", transport="tcp", op="pingpong", size=64, rtt_sketch=b"x")
+    again = pb.WindowReport.FromString(msg.SerializeToString())
+    assert again.probes[0].dst == "h2" and again.seq == 3
