@@ -6,6 +6,8 @@ import click
 
 from fabricprobe import __version__
 from fabricprobe.commands.rxe import rxe
+from fabricprobe.commands.serve import serve
+from fabricprobe.commands.tcp import tcp
 
 
 @click.group(
@@ -24,3 +26,5 @@ def main() -> None:
 
 
 main.add_command(rxe)
+main.add_command(serve)
+main.add_command(tcp)

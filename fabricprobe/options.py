@@ -8,6 +8,8 @@ from typing import Any, NoReturn
 
 import click
 
+from probes.control import DEFAULT_PORT, parse_hostport
+
 sysfs_option = click.option(
     "--sysfs",
     "sysfs_root",
@@ -28,3 +30,83 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+# --- shared by the probe commands (tcp, lat, bw, serve) ------------------------------
+
+
+class OneLineCommand(click.Command):
+    """A command whose bad arguments end in one line on stderr and exit 2 (no usage dump)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            fail(e.format_message())
+
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20}
+_SIZE_UNITS |= {"g": 1 << 30, "gib": 1 << 30, "b": 1}
+
+
+def parse_size(text: str) -> int:
+    """`64`, `4K`, `4KiB`, `1M`, `1MiB`, `2G` → bytes (binary units); ValueError otherwise."""
+    t = text.strip().lower()
+    digits = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(digits) :]
+    if not digits.isdigit() or unit not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size (examples: 64, 4K, 1M)")
+    return int(digits) * _SIZE_UNITS[unit]
+
+
+class SizeParam(click.ParamType):
+    """A byte count with optional K/M/G (binary) suffix, bounded to LO..HI."""
+
+    name = "size"
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            n = value
+        else:
+            try:
+                n = parse_size(str(value))
+            except ValueError as e:
+                self.fail(str(e), param, ctx)
+        if not self.lo <= n <= self.hi:
+            self.fail(f"{n} bytes is outside {self.lo}..{self.hi}", param, ctx)
+        return n
+
+
+def resolve_peer(peer: str, port: int | None) -> tuple[str, int]:
+    """PEER (`host`, `host:port`, `[v6]:port`) and --port → (host, port), or exit 2."""
+    try:
+        host, peer_port = parse_hostport(peer, 0)
+    except ValueError as e:
+        fail(str(e))
+    if peer_port and port and peer_port != port:
+        fail(f"port given twice: {peer} and --port {port}")
+    return host, peer_port or port or DEFAULT_PORT
+
+
+port_option = click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Responder's control port (default 4793; or give PEER as HOST:PORT).",
+)
+bind_option = click.option(
+    "--bind",
+    metavar="ADDR",
+    default=None,
+    help="Source address to probe from; it picks the path when hosts share a machine.",
+)
+timeout_option = click.option(
+    "--timeout",
+    type=click.FloatRange(0.001, 600, min_open=False),
+    default=2.0,
+    show_default=True,
+    help="Deadline in seconds for each step; a silent peer ends the run as loss.",
+)

@@ -306,6 +306,8 @@ class RdmaEndpoint:
         if self.mtu not in IB_MTUS:
             raise ValueError(f"mtu: expected one of {IB_MTUS}, got {self.mtu!r}")
         try:
+            if not isinstance(self.gid, str):
+                raise TypeError("not a string")
             canonical = str(ipaddress.IPv6Address(self.gid))
         except (ipaddress.AddressValueError, TypeError) as e:
             raise ValueError(f"gid: not a 16-byte GID in IPv6 notation: {self.gid!r}") from e
@@ -347,10 +349,13 @@ def _check_range(name: str, v: object, lo: int, hi: int) -> None:
 # --------------------------------------------------------------------------- addresses
 
 
-def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+def parse_hostport(
+    text: str, default_port: int = DEFAULT_PORT, *, allow_port_zero: bool = False
+) -> tuple[str, int]:
     """`host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address → (host, port).
 
-    Raises ValueError with a one-line reason for anything else.
+    Raises ValueError with a one-line reason for anything else. Port 0 (any free
+    port) is only accepted for addresses to listen on.
     """
     t = text.strip()
     if not t:
@@ -376,8 +381,9 @@ def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, in
             raise ValueError(f"bad address {text!r}: not an IPv6 address") from None
     port = default_port
     if port_text:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise ValueError(f"bad port in {text!r}: expected 1..65535")
+        lo = 0 if allow_port_zero else 1
+        if not port_text.isdigit() or not lo <= int(port_text) < 65536:
+            raise ValueError(f"bad port in {text!r}: expected {lo}..65535")
         port = int(port_text)
     return host, port
 

@@ -140,6 +140,7 @@ class Responder:
         finally:
             sel.close()
             self._listener.close()
+            self._listener = None
             self._drain()
             self._wake_r.close()
             self._wake_w.close()

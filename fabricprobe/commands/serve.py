@@ -1,0 +1,74 @@
+"""`probe serve`: the responder that `probe tcp`, `probe lat` and `probe bw` probe."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from types import FrameType
+
+import click
+
+from fabricprobe.options import OneLineCommand, fail
+from probes.control import DEFAULT_PORT, parse_hostport
+from probes.errors import ProbeError
+from probes.responder import Responder, load_session_modules, log
+
+
+@click.command(
+    cls=OneLineCommand,
+    epilog="""\b
+Examples:
+  probe serve                              # every address, port 4793
+  probe serve --listen 10.0.0.2:4793       # one host's address on a shared machine
+  probe serve --listen [::1]:5000 --max-sessions 4 --idle-timeout 10""",
+)
+@click.option(
+    "--listen",
+    default=f"0.0.0.0:{DEFAULT_PORT}",
+    show_default=True,
+    metavar="ADDR[:PORT]",
+    help="Address and port to accept probe sessions on (port 0 picks a free one).",
+)
+@click.option(
+    "--max-sessions",
+    type=click.IntRange(1, 1024),
+    default=16,
+    show_default=True,
+    help="Sessions served at once; more are refused with 'busy', never queued.",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(0.01, 3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds a session may wait for its prober before it is ended.",
+)
+def serve(listen: str, max_sessions: int, idle_timeout: float) -> None:
+    """Answer probe sessions from peers until SIGINT or SIGTERM.
+
+    Logs one line per session on stderr: the prober, the session kind, how it ended.
+    """
+    try:
+        host, port = parse_hostport(listen, DEFAULT_PORT, allow_port_zero=True)
+    except ValueError as e:
+        fail(f"--listen: {e}")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s probe serve: %(message)s"
+    )
+    load_session_modules()
+    responder = Responder(host, port, max_sessions=max_sessions, idle_timeout=idle_timeout)
+    try:
+        bound = responder.start()
+    except ProbeError as e:
+        fail(str(e), 1)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        responder.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    kinds = ", ".join(responder.registry.kinds())
+    log.info("listening on %s:%d (sessions: %s)", bound[0], bound[1], kinds)
+    responder.serve_forever()
+    log.info("stopped after %d sessions", responder.served)

@@ -1,0 +1,268 @@
+"""`probe tcp`: the TCP baseline (ping-pong RTT or throughput) against `probe serve`."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from fabricprobe.options import (
+    OneLineCommand,
+    SizeParam,
+    bind_option,
+    fail,
+    json_option,
+    port_option,
+    print_json,
+    resolve_peer,
+    timeout_option,
+)
+from probes import tcp as tcp_lib
+from probes.errors import PeerError
+from probes.stats import LatencySummary
+
+DEFAULT_ITERS = 10_000
+DEFAULT_WARMUP = 100
+DEFAULT_DURATION = 5.0
+PROGRESS_MIN_ITERS = 2_000  # shorter runs finish before a bar would be any use
+
+
+@click.command(
+    cls=OneLineCommand,
+    epilog="""\b
+Examples:
+  probe tcp 10.0.0.2                          # 10,000 ping-pongs of 64 B, RTT table
+  probe tcp 10.0.0.2:4793 --size 4K --iters 100000 --bind 10.0.0.1
+  probe tcp 10.0.0.2 --bw --duration 10 --streams 4
+  probe tcp 10.0.0.2 --json | jq .rtt.p99_us""",
+)
+@click.argument("peer")
+@port_option
+@click.option(
+    "--size",
+    type=SizeParam(tcp_lib.MIN_SIZE, tcp_lib.MAX_CHUNK),
+    default=None,
+    help="Message size: 1 B..1 MiB for RTT (default 64); send size for --bw (default 128K).",
+)
+@click.option(
+    "--iters",
+    type=click.IntRange(1, 100_000_000),
+    default=None,
+    help=f"Measured ping-pongs (default {DEFAULT_ITERS:,}).",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(0, 1_000_000),
+    default=None,
+    help=f"Unrecorded ping-pongs first (default {DEFAULT_WARMUP}).",
+)
+@click.option("--bw", is_flag=True, help="Measure throughput instead of RTT.")
+@click.option(
+    "--duration",
+    type=click.FloatRange(0.01, 3600),
+    default=None,
+    help=f"--bw: seconds to send (default {DEFAULT_DURATION:g}).",
+)
+@click.option(
+    "--bytes",
+    "total_bytes",
+    type=SizeParam(1, 1 << 40),
+    default=None,
+    help="--bw: send this many bytes instead of for a duration.",
+)
+@click.option(
+    "--streams",
+    type=click.IntRange(1, tcp_lib.MAX_STREAMS),
+    default=None,
+    help="--bw: parallel connections (default 1).",
+)
+@bind_option
+@timeout_option
+@json_option
+def tcp(
+    peer: str,
+    port: int | None,
+    size: int | None,
+    iters: int | None,
+    warmup: int | None,
+    bw: bool,
+    duration: float | None,
+    total_bytes: int | None,
+    streams: int | None,
+    bind: str | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """TCP baseline against PEER running `probe serve`: ping-pong RTT, or --bw throughput.
+
+    Latency figures are round-trip times (RTT); the one-way column is RTT/2, an
+    estimate that assumes a symmetric path.
+    """
+    host, port = resolve_peer(peer, port)
+    _check_args(bw, size, iters, warmup, duration, total_bytes, streams)
+    _check_addresses(host, port, bind)
+    if bw:
+        if total_bytes is None and duration is None:
+            duration = DEFAULT_DURATION
+        unit = "bytes" if total_bytes else "ms"
+        with _progress(not as_json, "TCP throughput", unit) as progress:
+            try:
+                bres = tcp_lib.run_throughput(
+                    host,
+                    port,
+                    duration=duration,
+                    total_bytes=total_bytes,
+                    streams=streams or 1,
+                    chunk_size=size or tcp_lib.DEFAULT_CHUNK,
+                    bind=bind,
+                    timeout=timeout,
+                    progress=progress,
+                )
+            except PeerError as e:
+                fail(str(e), 1)
+        if as_json:
+            print_json(bres.as_dict())
+        else:
+            _print_throughput(bres)
+        error = bres.error
+    else:
+        n = iters or DEFAULT_ITERS
+        show = not as_json and n >= PROGRESS_MIN_ITERS
+        with _progress(show, "TCP ping-pong", "iterations") as progress:
+            try:
+                lres = tcp_lib.run_pingpong(
+                    host,
+                    port,
+                    size=size or 64,
+                    iters=n,
+                    warmup=DEFAULT_WARMUP if warmup is None else warmup,
+                    bind=bind,
+                    timeout=timeout,
+                    progress=progress,
+                )
+            except PeerError as e:
+                fail(str(e), 1)
+        if as_json:
+            print_json(lres.as_dict())
+        else:
+            _print_latency(lres)
+        error = lres.error
+    if error:
+        fail(f"run ended early: {error}", 1)
+
+
+def _check_args(
+    bw: bool,
+    size: int | None,
+    iters: int | None,
+    warmup: int | None,
+    duration: float | None,
+    total_bytes: int | None,
+    streams: int | None,
+) -> None:
+    """Reject option combinations that do not fit the chosen mode (exit 2)."""
+    if bw:
+        if iters is not None or warmup is not None:
+            fail("--iters and --warmup are for RTT runs, not --bw")
+        if duration is not None and total_bytes is not None:
+            fail("give --duration or --bytes, not both")
+        return
+    for name, value in (("--duration", duration), ("--bytes", total_bytes), ("--streams", streams)):
+        if value is not None:
+            fail(f"{name} needs --bw")
+    if size is not None and size > tcp_lib.MAX_SIZE:
+        fail(f"--size {size} is over the ping-pong limit of {tcp_lib.MAX_SIZE} bytes (1 MiB)")
+
+
+def _check_addresses(host: str, port: int, bind: str | None) -> None:
+    if bind is not None:
+        try:
+            ipaddress.ip_address(bind)
+        except ValueError:
+            fail(f"--bind {bind!r} is not an IP address")
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        fail(f"cannot resolve peer {host!r}: {e.strerror}")
+
+
+@contextmanager
+def _progress(show: bool, label: str, unit: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A transient progress bar on stderr (a no-op when not shown or not a terminal)."""
+    console = Console(stderr=True)
+    if not show or not console.is_terminal:
+        yield None
+        return
+    columns = (
+        TextColumn(f"{label} [dim]{unit}[/]"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.3f}"
+
+
+def _print_latency(res: tcp_lib.TcpLatencyResult) -> None:
+    rtt: LatencySummary = res.summary
+    one_way = res.one_way()
+    console = Console()
+    console.print(
+        f"TCP ping-pong to {res.peer}:{res.port} from {res.source}: "
+        f"{res.size:,} B messages, {res.iters:,} measured (+{res.warmup:,} warm-up)",
+        highlight=False,
+    )
+    table = Table()
+    table.add_column("figure")
+    table.add_column("RTT (µs)", justify="right")
+    table.add_column("one-way = RTT/2 (µs)", justify="right")
+    for name, a, b in (
+        ("min", rtt.min_us, one_way.min_us),
+        ("p50", rtt.p50_us, one_way.p50_us),
+        ("p90", rtt.p90_us, one_way.p90_us),
+        ("p99", rtt.p99_us, one_way.p99_us),
+        ("p99.9", rtt.p999_us, one_way.p999_us),
+        ("max", rtt.max_us, one_way.max_us),
+        ("mean", rtt.mean_us, one_way.mean_us),
+    ):
+        table.add_row(name, _fmt(a), _fmt(b))
+    console.print(table)
+    console.print(f"count {rtt.count:,}  lost {rtt.lost:,} ({rtt.loss_ratio:.3%})", highlight=False)
+    console.print(
+        f"timer overhead: {res.timer_overhead_ns} ns per clock pair, "
+        f"{res.loop_overhead_ns} ns per loop iteration (inside every RTT)",
+        highlight=False,
+    )
+
+
+def _print_throughput(res: tcp_lib.TcpThroughputResult) -> None:
+    console = Console()
+    console.print(
+        f"TCP throughput to {res.peer}:{res.port} from {res.source}: "
+        f"{res.streams} stream(s), {res.chunk_size:,} B sends",
+        highlight=False,
+    )
+    table = Table()
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_row("bytes confirmed by peer", f"{res.bytes:,}")
+    table.add_row("bytes sent", f"{res.bytes_sent:,}")
+    table.add_row("duration (s)", f"{res.duration_s:.3f}")
+    table.add_row("throughput (Gbit/s)", f"{res.bytes_per_second * 8 / 1e9:.3f}")
+    table.add_row("throughput (MiB/s)", f"{res.bytes_per_second / (1 << 20):,.1f}")
+    console.print(table)
