@@ -1,0 +1,195 @@
+"""Probe assignments: who probes whom, how and how often.
+
+Small fleets get a full mesh. Past the per-host budget of k peers, the plan follows
+Pingmesh and R-Pingmesh: every host probes peers under its own ToR (a ring-offset
+mesh, the whole ToR when it fits) and spends the rest of its budget on hosts under
+other ToRs, spread so that the hosts of one ToR together reach every other ToR. Each
+host gets at most k peers, so a plan costs O(N·k), never O(N²).
+
+Plans are recomputed when hosts join or leave; a host's generation grows only when
+its own targets changed, so agents re-read their assignments only when they must.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+# Probe kinds in the order they are handed out; a pair gets each kind both ends offer.
+DEFAULT_KINDS: tuple[str, ...] = ("tcp_lat", "rdma_rc_lat", "rdma_ud")
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """What the planner needs of one host."""
+
+    name: str
+    topology: str = ""  # ToR label; "" puts the host in one shared group
+    address: str = ""
+    port: int = 0
+    kinds: frozenset[str] = frozenset({"tcp_lat"})
+    device: str = ""  # RDMA device peers should probe
+    gid: str = ""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One probe a host runs: KIND against DST, COUNT exchanges every INTERVAL_MS."""
+
+    dst: str
+    address: str
+    port: int
+    kind: str
+    size: int
+    interval_ms: int
+    count: int
+    device: str = ""
+    gid: str = ""
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """How dense the plan is and how often each target is probed."""
+
+    budget: int = 16  # peers per host
+    intra_share: float = 0.5  # share of the budget spent under the host's own ToR
+    interval_ms: int = 10_000  # one burst per target per interval
+    count: int = 10  # exchanges per burst
+    sizes: tuple[int, ...] = (64,)
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    bursts_per_second: int = 20  # rate budget handed to each agent
+
+    def __post_init__(self) -> None:
+        if self.budget < 1:
+            raise ValueError("budget must be >= 1")
+        if not 0.0 <= self.intra_share <= 1.0:
+            raise ValueError("intra_share must be within 0..1")
+        if self.interval_ms < 100 or self.count < 1 or not self.sizes:
+            raise ValueError("interval_ms >= 100, count >= 1 and at least one size")
+
+
+def plan_peers(hosts: Iterable[HostSpec], cfg: PlanConfig) -> dict[str, list[str]]:
+    """Peer names for every host (see the module docstring); deterministic for one input."""
+    specs = sorted(hosts, key=lambda h: h.name)
+    names = [h.name for h in specs]
+    n = len(names)
+    if n - 1 <= cfg.budget:
+        return {a: [b for b in names if b != a] for a in names}
+    groups: dict[str, list[str]] = {}
+    for h in specs:
+        groups.setdefault(h.topology, []).append(h.name)
+    tors = sorted(groups)
+    tor_index = {t: i for i, t in enumerate(tors)}
+    t_count = len(tors)
+    plan: dict[str, list[str]] = {}
+    for tor, members in groups.items():
+        m = len(members)
+        ti = tor_index[tor]
+        q_in = cfg.budget if t_count == 1 else round(cfg.budget * cfg.intra_share)
+        q_in = min(m - 1, q_in)
+        q_out = 0 if t_count == 1 else cfg.budget - q_in
+        for r, name in enumerate(members):
+            peers = [members[(r + j) % m] for j in range(1, q_in + 1)]
+            chosen = set(peers)
+            for j in range(q_out):
+                # Host r of this ToR takes other-ToR slots r*q_out .. r*q_out+q_out-1, so
+                # the ToR's hosts walk through all the other ToRs between them.
+                slot = r * q_out + j
+                other = tors[(ti + 1 + slot % (t_count - 1)) % t_count]
+                pool = groups[other]
+                pick = pool[(slot // (t_count - 1) + r) % len(pool)]
+                if pick not in chosen:
+                    chosen.add(pick)
+                    peers.append(pick)
+            plan[name] = peers
+    return plan
+
+
+def targets_for(src: HostSpec, peers: Iterable[HostSpec], cfg: PlanConfig) -> list[Target]:
+    """The probes SRC runs against PEERS: every kind both ends offer, at every size."""
+    out = []
+    for peer in peers:
+        for kind in cfg.kinds:
+            if kind not in src.kinds or kind not in peer.kinds:
+                continue
+            for size in cfg.sizes:
+                out.append(
+                    Target(
+                        dst=peer.name,
+                        address=peer.address,
+                        port=peer.port,
+                        kind=kind,
+                        size=size,
+                        interval_ms=cfg.interval_ms,
+                        count=cfg.count,
+                        device=peer.device if kind.startswith("rdma") else "",
+                        gid=peer.gid if kind.startswith("rdma") else "",
+                    )
+                )
+    return out
+
+
+@dataclass
+class _Assigned:
+    generation: int
+    targets: tuple[Target, ...] = field(default_factory=tuple)
+
+
+class Planner:
+    """Keeps the fleet, replans on join/leave, and hands out versioned assignments."""
+
+    def __init__(self, cfg: PlanConfig | None = None) -> None:
+        self.cfg = cfg or PlanConfig()
+        self._lock = threading.Lock()
+        self._hosts: dict[str, HostSpec] = {}
+        self._assigned: dict[str, _Assigned] = {}
+        self._dirty = False
+        self.replans = 0
+
+    def upsert(self, host: HostSpec) -> None:
+        with self._lock:
+            if self._hosts.get(host.name) != host:
+                self._hosts[host.name] = host
+                self._dirty = True
+
+    def remove(self, names: Iterable[str]) -> None:
+        with self._lock:
+            for name in names:
+                if self._hosts.pop(name, None) is not None:
+                    self._dirty = True
+
+    def hosts(self) -> list[str]:
+        with self._lock:
+            return sorted(self._hosts)
+
+    def assignments(self, host: str) -> tuple[int, tuple[Target, ...]]:
+        """(generation, targets) for HOST; replans first if the fleet changed."""
+        with self._lock:
+            if self._dirty:
+                self._replan()
+            a = self._assigned.get(host)
+            return (a.generation, a.targets) if a else (0, ())
+
+    def generation(self, host: str) -> int:
+        return self.assignments(host)[0]
+
+    def _replan(self) -> None:
+        plan = plan_peers(self._hosts.values(), self.cfg)
+        for name, peers in plan.items():
+            targets = tuple(
+                targets_for(self._hosts[name], (self._hosts[p] for p in peers), self.cfg)
+            )
+            old = self._assigned.get(name)
+            if old is None:
+                self._assigned[name] = _Assigned(1, targets)
+            elif old.targets != targets:
+                old.generation += 1
+                old.targets = targets
+        for name in set(self._assigned) - set(plan):
+            gone = self._assigned[name]
+            if gone.targets:  # keep the generation so a returning host sees a newer one
+                gone.targets = ()
+                gone.generation += 1
+        self._dirty = False
+        self.replans += 1

@@ -1,0 +1,299 @@
+"""Map the window store to Prometheus metric families (a custom prometheus_client collector).
+
+Reading is apart from exporting: WindowStore holds the figures, this module only names
+them. Every family is built fresh on each scrape; describe() lists them without
+touching the store, so registering the collector is free. Names follow
+collector/metrics.toml, which a test holds to what collect() really yields.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from collector.store import PathStats, StoreSnapshot, WindowStore
+from probes.stats import LatencySketch
+
+# RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
+# soft-RoCE loopback (tens of µs), a real RoCE fabric (a few µs) and a congested
+# TCP path (ms to s) each land in several buckets.
+RTT_BUCKETS_S: tuple[float, ...] = tuple(
+    m * 10.0**e for e in range(-6, 2) for m in (1.0, 2.0, 5.0) if m * 10.0**e <= 10.0
+)
+_RTT_BUCKETS_NS = [round(b * 1e9) for b in RTT_BUCKETS_S]
+
+PATH_LABELS = ["src", "dst", "transport", "op", "size"]
+RDMA_LABELS = ["src", "device", "port", "counter"]
+PFC_LABELS = ["src", "netdev", "priority"]
+NETDEV_LABELS = ["src", "netdev", "counter"]
+
+# ethtool PFC fields (agent.counters) -> metric name stem; durations are µs on the wire.
+PFC_FAMILIES: dict[str, tuple[str, str]] = {
+    "rx_pause": ("pfc_rx_pause_frames", "PFC pause (XOFF) frames received per priority."),
+    "tx_pause": ("pfc_tx_pause_frames", "PFC pause (XOFF) frames sent per priority."),
+    "rx_pause_transitions": (
+        "pfc_rx_pause_transitions",
+        "Received pause-to-resume transitions per priority.",
+    ),
+    "tx_pause_transitions": (
+        "pfc_tx_pause_transitions",
+        "Sent pause-to-resume transitions per priority.",
+    ),
+    "rx_discards": ("pfc_rx_discards", "Packets dropped for lack of buffer per priority."),
+}
+PFC_DURATIONS: dict[str, tuple[str, str]] = {
+    "rx_pause_duration_us": (
+        "pfc_rx_pause_seconds",
+        "Time this port was paused by its peer per priority.",
+    ),
+    "tx_pause_duration_us": (
+        "pfc_tx_pause_seconds",
+        "Time this port held its peer paused per priority.",
+    ),
+}
+
+
+def sketch_histogram(sketch: LatencySketch) -> tuple[list[tuple[str, float]], float]:
+    """Cumulative (le, count) buckets in seconds and the sum in seconds of SKETCH."""
+    counts = [0] * (len(_RTT_BUCKETS_NS) + 1)
+    for value_ns, n in sketch.buckets():
+        counts[bisect.bisect_left(_RTT_BUCKETS_NS, value_ns)] += n
+    out: list[tuple[str, float]] = []
+    running = 0
+    for le, n in zip(RTT_BUCKETS_S, counts, strict=False):
+        running += n
+        out.append((_fmt(le), float(running)))
+    out.append(("+Inf", float(sketch.count)))
+    return out, sketch.sum_ns / 1e9
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.0e}".replace("e-0", "e-").replace("e+0", "e")
+
+
+def _path_labels(key: tuple[str, str, str, str, int]) -> list[str]:
+    return [key[0], key[1], key[2], key[3], str(key[4])]
+
+
+class FabricCollector(Collector):
+    """prometheus_client collector over a WindowStore."""
+
+    def __init__(self, store: WindowStore) -> None:
+        self.store = store
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families().values()
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        with self.store.lock:
+            snap = self.store.snapshot()
+            fams = self._families()
+            self._fill(snap, fams)
+        dur = GaugeMetricFamily(
+            "fabricprobe_collector_scrape_duration_seconds",
+            "Time the collector took to build this scrape.",
+        )
+        dur.add_metric([], time.perf_counter() - started)
+        yield from fams.values()
+        yield dur
+
+    # -- families -----------------------------------------------------------------------
+
+    def _families(self) -> dict[str, Any]:
+        p = "fabricprobe_"
+        f: dict[str, Any] = {
+            "rtt": HistogramMetricFamily(
+                p + "rtt_seconds", "Probe round-trip time per path.", labels=PATH_LABELS
+            ),
+            "sent": CounterMetricFamily(
+                p + "probe_exchanges", "Probe exchanges attempted per path.", labels=PATH_LABELS
+            ),
+            "lost": CounterMetricFamily(
+                p + "probe_lost", "Probe exchanges with no answer per path.", labels=PATH_LABELS
+            ),
+            "failures": CounterMetricFamily(
+                p + "probe_failures",
+                "Probe bursts that could not start (peer down or refusing) per path.",
+                labels=PATH_LABELS,
+            ),
+            "loss": GaugeMetricFamily(
+                p + "loss_ratio",
+                "Lost over attempted exchanges, newest window.",
+                labels=PATH_LABELS,
+            ),
+            "bw": GaugeMetricFamily(
+                p + "bandwidth_bytes_per_second",
+                "Throughput confirmed by the peer, newest window.",
+                labels=PATH_LABELS,
+            ),
+            "bytes": CounterMetricFamily(
+                p + "bandwidth_bytes", "Bytes confirmed by the peer per path.", labels=PATH_LABELS
+            ),
+            "ratio": GaugeMetricFamily(
+                p + "rdma_tcp_rtt_ratio",
+                "Median RDMA RTT over median TCP RTT on the same pair and size, newest window.",
+                labels=["src", "dst", "op", "size"],
+            ),
+            "rdma": CounterMetricFamily(
+                p + "rdma_port_stat",
+                "RDMA port counter (counters/, hw_counters/) increase, wraps and resets counted.",
+                labels=RDMA_LABELS,
+            ),
+            "rdma_rate": GaugeMetricFamily(
+                p + "rdma_port_stat_per_second",
+                "RDMA port counter rate between the two newest readings.",
+                labels=RDMA_LABELS,
+            ),
+            "netdev": CounterMetricFamily(
+                p + "netdev_stat",
+                "Network device counter from ethtool -S (discards, ECN marks, link pause).",
+                labels=NETDEV_LABELS,
+            ),
+            "netdev_rate": GaugeMetricFamily(
+                p + "netdev_stat_per_second",
+                "Network device counter rate between the two newest readings.",
+                labels=NETDEV_LABELS,
+            ),
+        }
+        for field_name, (stem, doc) in PFC_FAMILIES.items():
+            f["pfc:" + field_name] = CounterMetricFamily(p + stem, doc, labels=PFC_LABELS)
+        for field_name, (stem, doc) in PFC_DURATIONS.items():
+            f["pfc:" + field_name] = CounterMetricFamily(p + stem, doc, labels=PFC_LABELS)
+        f |= {
+            "up": GaugeMetricFamily(
+                p + "host_up", "1 when the agent reported recently, 0 when stale.", labels=["src"]
+            ),
+            "info": GaugeMetricFamily(
+                p + "host_info",
+                "Agent attributes (value 1).",
+                labels=["src", "topology", "version"],
+            ),
+            "last": GaugeMetricFamily(
+                p + "host_last_report_timestamp_seconds",
+                "When the agent's last report arrived.",
+                labels=["src"],
+            ),
+            "cpu": CounterMetricFamily(
+                p + "agent_cpu_seconds", "Agent process CPU time.", labels=["src"]
+            ),
+            "rss": GaugeMetricFamily(
+                p + "agent_resident_memory_bytes", "Agent resident memory.", labels=["src"]
+            ),
+            "probes": CounterMetricFamily(
+                p + "agent_probes", "Probe bursts the agent ran.", labels=["src"]
+            ),
+            "probe_rate": GaugeMetricFamily(
+                p + "agent_probe_rate",
+                "Probe bursts per second over the agent's newest window.",
+                labels=["src"],
+            ),
+            "spool": GaugeMetricFamily(
+                p + "agent_spool_windows",
+                "Windows waiting in the agent's spool.",
+                labels=["src"],
+            ),
+            "spool_bytes": GaugeMetricFamily(
+                p + "agent_spool_bytes", "Bytes held in the agent's spool.", labels=["src"]
+            ),
+            "spool_dropped": CounterMetricFamily(
+                p + "agent_spool_dropped",
+                "Windows dropped because the agent's spool was full.",
+                labels=["src"],
+            ),
+            "reports": CounterMetricFamily(
+                p + "collector_reports", "Window reports merged by the collector."
+            ),
+            "dups": CounterMetricFamily(
+                p + "collector_duplicate_reports",
+                "Window reports received again and dropped (replays).",
+            ),
+            "rejected": CounterMetricFamily(
+                p + "collector_rejected_reports", "Window reports refused as malformed."
+            ),
+            "merges": CounterMetricFamily(
+                p + "collector_sketch_merges", "Latency sketches merged by the collector."
+            ),
+            "hosts": GaugeMetricFamily(p + "collector_hosts", "Agents known to the collector."),
+        }
+        return f
+
+    def _fill(self, snap: StoreSnapshot, f: dict[str, Any]) -> None:
+        for key, st in snap.paths.items():
+            self._fill_path(_path_labels(key), st, f)
+        self._fill_ratios(snap, f)
+        for ckey, track in snap.counters.items():
+            src, kind, device, port, netdev, prio, name = ckey
+            if kind == "rdma":
+                labels = [src, device, str(port), name]
+                f["rdma"].add_metric(labels, float(track.total))
+                if track.rate is not None:
+                    f["rdma_rate"].add_metric(labels, track.rate)
+            elif kind == "netdev":
+                labels = [src, netdev, name]
+                f["netdev"].add_metric(labels, float(track.total))
+                if track.rate is not None:
+                    f["netdev_rate"].add_metric(labels, track.rate)
+            elif kind == "pfc" and ("pfc:" + name) in f:
+                scale = 1e-6 if name in PFC_DURATIONS else 1.0
+                f["pfc:" + name].add_metric([src, netdev, str(prio)], track.total * scale)
+        for name, (h, stale) in snap.hosts.items():
+            f["up"].add_metric([name], 0.0 if stale else 1.0)
+            f["info"].add_metric([name, h.info.topology, h.info.version], 1.0)
+            f["last"].add_metric([name], h.last_report_ns / 1e9)
+            a = h.agent
+            if a is not None:
+                f["cpu"].add_metric([name], a.cpu_seconds)
+                f["rss"].add_metric([name], float(a.rss_bytes))
+                f["probes"].add_metric([name], float(a.probes))
+                f["probe_rate"].add_metric([name], a.probe_rate)
+                f["spool"].add_metric([name], float(a.spool_depth))
+                f["spool_bytes"].add_metric([name], float(a.spool_bytes))
+                f["spool_dropped"].add_metric([name], float(a.spool_dropped))
+        f["reports"].add_metric([], float(snap.reports_total))
+        f["dups"].add_metric([], float(snap.duplicates_total))
+        f["rejected"].add_metric([], float(snap.rejected_total))
+        f["merges"].add_metric([], float(snap.merges_total))
+        f["hosts"].add_metric([], float(len(snap.hosts)))
+
+    @staticmethod
+    def _fill_path(labels: list[str], st: PathStats, f: dict[str, Any]) -> None:
+        rtt = st.rtt
+        if rtt.count or rtt.lost:
+            buckets, total = sketch_histogram(rtt)
+            f["rtt"].add_metric(labels, buckets, total)
+            f["sent"].add_metric(labels, float(rtt.count + rtt.lost))
+            f["lost"].add_metric(labels, float(rtt.lost))
+        if st.last_rtt is not None:
+            f["loss"].add_metric(labels, st.last_rtt.summary().loss_ratio)
+        f["failures"].add_metric(labels, float(st.failures))
+        if st.bytes_moved:
+            f["bytes"].add_metric(labels, float(st.bytes_moved))
+        if st.last_bytes_per_second is not None:
+            f["bw"].add_metric(labels, st.last_bytes_per_second)
+
+    @staticmethod
+    def _fill_ratios(snap: StoreSnapshot, f: dict[str, Any]) -> None:
+        tcp_p50: dict[tuple[str, str, int], float] = {}
+        for (src, dst, transport, op, size), st in snap.paths.items():
+            if transport == "tcp" and op == "pingpong" and st.last_rtt is not None:
+                v = st.last_rtt.percentile_ns(50.0)
+                if v:
+                    tcp_p50[(src, dst, size)] = float(v)
+        for (src, dst, transport, op, size), st in snap.paths.items():
+            if transport != "rdma" or st.last_rtt is None or op == "stream":
+                continue
+            tcp = tcp_p50.get((src, dst, size))
+            rdma = st.last_rtt.percentile_ns(50.0)
+            if tcp and rdma:
+                f["ratio"].add_metric([src, dst, op, str(size)], rdma / tcp)

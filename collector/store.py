@@ -1,0 +1,307 @@
+"""The collector's memory: probe windows merged per path, counter totals and rates, hosts.
+
+Plain Python, no gRPC and no prometheus_client: the servicer hands reports in, the
+exporter reads a consistent snapshot out. Windows are merged per
+(src, dst, transport, op, size); a report is taken once per (host, epoch, seq), so a
+window replayed from an agent's spool after an outage is acknowledged but not
+counted twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from collector.api import fabricprobe_pb2 as pb
+from probes.counters import counter_delta
+from probes.errors import ParseError
+from probes.stats import LatencySketch
+
+PathKey = tuple[str, str, str, str, int]  # src, dst, transport, op, size
+# src, kind, device, port, netdev, priority, name
+CounterKey = tuple[str, str, str, int, str, int, str]
+
+COUNTER_KINDS = frozenset({"rdma", "pfc", "netdev"})
+MAX_NAME = 128
+
+
+class ReportError(ValueError):
+    """A report that cannot be taken; the message says what was wrong with it."""
+
+
+@dataclass
+class PathStats:
+    """Everything known about one probed path, over all windows seen."""
+
+    rtt: LatencySketch = field(default_factory=LatencySketch)  # all windows merged
+    last_rtt: LatencySketch | None = None  # the newest window only
+    last_end_ns: int = 0
+    bytes_moved: int = 0
+    busy_seconds: float = 0.0
+    last_bytes_per_second: float | None = None
+    failures: int = 0
+    windows: int = 0
+
+
+@dataclass
+class CounterTrack:
+    """One counter of one host: the last reading, a wrap/reset-corrected total, a rate."""
+
+    width: int
+    last_value: int
+    last_ns: int
+    total: int = 0  # increase since the collector first saw it, wraps and resets counted
+    rate: float | None = None  # per second between the two newest readings
+    wraps: int = 0
+    resets: int = 0
+
+
+@dataclass
+class HostState:
+    """What the collector knows of one agent."""
+
+    info: pb.HostInfo
+    registered_ns: int
+    last_report_ns: int = 0  # collector clock (time.time_ns) when the last report arrived
+    last_window_end_ns: int = 0
+    agent: pb.AgentStats | None = None
+    reports: int = 0
+    duplicates: int = 0
+    seen: dict[int, _SeqSet] = field(default_factory=dict)  # epoch -> seqs taken
+
+
+class _SeqSet:
+    """Sequence numbers taken for one epoch: a contiguous floor plus a bounded set above."""
+
+    __slots__ = ("above", "floor")
+    MAX_ABOVE = 100_000
+
+    def __init__(self) -> None:
+        self.floor = 0  # every seq <= floor was taken
+        self.above: set[int] = set()
+
+    def __contains__(self, seq: int) -> bool:
+        return seq <= self.floor or seq in self.above
+
+    def add(self, seq: int) -> None:
+        self.above.add(seq)
+        while self.floor + 1 in self.above:
+            self.floor += 1
+            self.above.discard(self.floor)
+        if len(self.above) > self.MAX_ABOVE:  # a gap that will never fill: move past it
+            self.floor = min(self.above)
+            self.above.discard(self.floor)
+
+
+@dataclass(frozen=True)
+class TakeResult:
+    duplicate: bool
+    probes: int
+    counters: int
+
+
+class WindowStore:
+    """Thread-safe store of hosts, path windows and counters (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        stale_after: float = 30.0,
+        forget_after: float = 600.0,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.stale_after = stale_after
+        self.forget_after = forget_after
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.hosts: dict[str, HostState] = {}
+        self.paths: dict[PathKey, PathStats] = {}
+        self.counters: dict[CounterKey, CounterTrack] = {}
+        self.reports_total = 0
+        self.duplicates_total = 0
+        self.rejected_total = 0
+        self.merges_total = 0
+
+    # -- hosts --------------------------------------------------------------------------
+
+    def register(self, info: pb.HostInfo) -> HostState:
+        """Add or refresh a host; its sequence history survives a re-registration."""
+        if not info.host:
+            raise ReportError("host name is empty")
+        with self.lock:
+            state = self.hosts.get(info.host)
+            now = self.clock()
+            if state is None:
+                state = HostState(info=info, registered_ns=now, last_report_ns=now)
+                self.hosts[info.host] = state
+            else:
+                state.info = info
+                state.last_report_ns = max(state.last_report_ns, now)
+            return state
+
+    def is_stale(self, state: HostState, now_ns: int | None = None) -> bool:
+        now = self.clock() if now_ns is None else now_ns
+        return (now - state.last_report_ns) / 1e9 > self.stale_after
+
+    def live_hosts(self) -> list[HostState]:
+        """Hosts that reported (or registered) within stale_after seconds."""
+        with self.lock:
+            now = self.clock()
+            return [h for h in self.hosts.values() if not self.is_stale(h, now)]
+
+    def forget_idle(self) -> list[str]:
+        """Drop hosts silent for forget_after seconds, with their series; return their names."""
+        with self.lock:
+            now = self.clock()
+            gone = [
+                name
+                for name, h in self.hosts.items()
+                if (now - h.last_report_ns) / 1e9 > self.forget_after
+            ]
+            for name in gone:
+                del self.hosts[name]
+            if gone:
+                dead = set(gone)
+                self.paths = {k: v for k, v in self.paths.items() if k[0] not in dead}
+                self.counters = {k: v for k, v in self.counters.items() if k[0] not in dead}
+            return gone
+
+    # -- reports ------------------------------------------------------------------------
+
+    def take(self, report: pb.WindowReport) -> TakeResult:
+        """Merge one report. Raises ReportError for a malformed one (nothing is merged)."""
+        sketches = self._validate(report)
+        with self.lock:
+            state = self.hosts.get(report.host)
+            if state is None:
+                self.rejected_total += 1
+                raise ReportError(f"host {report.host!r} has not registered")
+            seqs = state.seen.setdefault(report.epoch, _SeqSet())
+            if report.seq in seqs:
+                state.duplicates += 1
+                self.duplicates_total += 1
+                return TakeResult(duplicate=True, probes=0, counters=0)
+            seqs.add(report.seq)
+            if len(state.seen) > 4:  # old agent lifetimes: keep the newest few
+                for epoch in sorted(state.seen)[:-4]:
+                    del state.seen[epoch]
+            now = self.clock()
+            state.last_report_ns = now
+            state.reports += 1
+            self.reports_total += 1
+            newest = report.window_end_unix_ns >= state.last_window_end_ns
+            if newest:
+                state.last_window_end_ns = report.window_end_unix_ns
+                if report.HasField("agent"):
+                    state.agent = report.agent
+            for w, sketch in zip(report.probes, sketches, strict=True):
+                self._merge_probe(report.host, report.window_end_unix_ns, w, sketch)
+            for c in report.counters:
+                self._merge_counter(report.host, report.window_end_unix_ns, c)
+            return TakeResult(False, len(report.probes), len(report.counters))
+
+    def _validate(self, report: pb.WindowReport) -> list[LatencySketch | None]:
+        if not report.host:
+            raise ReportError("report without a host name")
+        if report.seq < 1:
+            raise ReportError("seq must start at 1")
+        if report.window_end_unix_ns < report.window_start_unix_ns:
+            raise ReportError("window ends before it starts")
+        sketches: list[LatencySketch | None] = []
+        for w in report.probes:
+            if not w.dst or len(w.dst) > MAX_NAME or w.transport not in ("tcp", "rdma"):
+                raise ReportError(f"bad probe window dst={w.dst!r} transport={w.transport!r}")
+            if not w.op or len(w.op) > 32:
+                raise ReportError(f"bad probe op {w.op!r}")
+            if w.rtt_sketch:
+                try:
+                    sketches.append(LatencySketch.decode(w.rtt_sketch))
+                except ParseError as e:
+                    raise ReportError(f"probe window to {w.dst}: {e}") from None
+            else:
+                sketches.append(None)
+        for c in report.counters:
+            if c.kind not in COUNTER_KINDS or not c.name or len(c.name) > MAX_NAME:
+                raise ReportError(f"bad counter kind={c.kind!r} name={c.name[:40]!r}")
+            if c.width not in (32, 64):
+                raise ReportError(f"counter {c.name}: width must be 32 or 64")
+        return sketches
+
+    def _merge_probe(
+        self, src: str, end_ns: int, w: pb.ProbeWindow, sketch: LatencySketch | None
+    ) -> None:
+        key: PathKey = (src, w.dst, w.transport, w.op, int(w.size))
+        stats = self.paths.get(key)
+        if stats is None:
+            stats = self.paths[key] = PathStats()
+        stats.windows += 1
+        stats.failures += w.failures
+        if sketch is not None:
+            if sketch.kind == "rtt":
+                stats.rtt.merge(sketch)
+                self.merges_total += 1
+            if end_ns >= stats.last_end_ns:
+                stats.last_rtt = sketch
+        if w.bytes_moved:
+            stats.bytes_moved += w.bytes_moved
+            stats.busy_seconds += w.busy_seconds
+            if end_ns >= stats.last_end_ns and w.busy_seconds > 0:
+                stats.last_bytes_per_second = w.bytes_moved / w.busy_seconds
+        stats.last_end_ns = max(stats.last_end_ns, end_ns)
+
+    def _merge_counter(self, src: str, end_ns: int, c: pb.CounterReading) -> None:
+        key: CounterKey = (src, c.kind, c.device, int(c.port), c.netdev, int(c.priority), c.name)
+        track = self.counters.get(key)
+        if track is None:
+            self.counters[key] = CounterTrack(int(c.width), int(c.value), end_ns)
+            return
+        if end_ns <= track.last_ns:
+            return  # a replayed older reading: the totals already passed it
+        d = counter_delta(track.last_value, int(c.value), track.width)
+        track.total += d.delta
+        track.wraps += d.wrapped
+        track.resets += d.reset
+        track.rate = d.delta / ((end_ns - track.last_ns) / 1e9)
+        track.last_value, track.last_ns, track.width = int(c.value), end_ns, int(c.width)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def snapshot(self) -> StoreSnapshot:
+        """A copy of what the exporter needs, taken under the lock."""
+        with self.lock:
+            now = self.clock()
+            return StoreSnapshot(
+                now_ns=now,
+                hosts={name: (h, self.is_stale(h, now)) for name, h in self.hosts.items()},
+                paths=dict(self.paths),
+                counters=dict(self.counters),
+                reports_total=self.reports_total,
+                duplicates_total=self.duplicates_total,
+                rejected_total=self.rejected_total,
+                merges_total=self.merges_total,
+            )
+
+    def seqs_taken(self, host: str) -> dict[int, set[int]]:
+        """epoch -> every seq taken for HOST (tests and diagnostics)."""
+        with self.lock:
+            state = self.hosts.get(host)
+            if state is None:
+                return {}
+            return {e: set(range(1, s.floor + 1)) | set(s.above) for e, s in state.seen.items()}
+
+
+@dataclass(frozen=True)
+class StoreSnapshot:
+    now_ns: int
+    hosts: dict[str, tuple[HostState, bool]]  # name -> (state, stale)
+    paths: dict[PathKey, PathStats]
+    counters: dict[CounterKey, CounterTrack]
+    reports_total: int
+    duplicates_total: int
+    rejected_total: int
+    merges_total: int
+
+    def counters_of(self, kind: str) -> Iterable[tuple[CounterKey, CounterTrack]]:
+        return ((k, t) for k, t in self.counters.items() if k[1] == kind)
