@@ -39,7 +39,7 @@ log = logging.getLogger("fabricprobe.responder")
 # Modules whose import registers session handlers. A module that does not exist is
 # skipped quietly (RDMA sessions are optional); one that fails to import (no pyverbs)
 # is skipped with a warning, and its session kinds are refused as unknown.
-SESSION_MODULES: tuple[str, ...] = ("probes.tcp", "probes.rdma_sessions")
+SESSION_MODULES: tuple[str, ...] = ("probes.tcp", "probes.rdma.rc")
 
 
 def load_session_modules(names: Iterable[str] = SESSION_MODULES) -> list[str]:
