@@ -1,25 +1,32 @@
-"""The verbs resource ladder for probes: Context + PD -> CQ, MR, QP -> RTS.
+"""The verbs resource ladder for probes: Context + PD -> CQs, MR, QP -> RTS.
 
-`RcEndpoint` owns one RC queue pair with its own CQ and one registered buffer; it is a
-context manager and `close()` releases QP, MR, CQ, PD and context in that order (and is
-idempotent), so a probe that fails half-way leaks nothing. Polling always has a
-deadline and the timeout says how many completions were missing.
+`RcEndpoint` owns one RC queue pair with a send CQ, a receive CQ and one registered
+buffer split in two halves (send half, receive half). It is a context manager and
+`close()` releases QP, MR, CQs, PD and context in that order (idempotent), so a probe
+that fails half-way leaks nothing. Polling always has a deadline; the timeout names how
+many completions were missing.
+
+Hot-path rules (Python's per-call cost is what separates a probe from perftest): work
+requests are built once and re-posted, the buffer is read and written through a
+zero-copy ctypes view of the registered memory, and nothing is allocated per
+iteration except what pyverbs' own poll returns.
 """
 
 from __future__ import annotations
 
+import ctypes
 import random
 import time
-from dataclasses import dataclass
 from typing import Any
 
+from probes.control import IB_MTUS, RdmaEndpoint
 from probes.errors import NotSupported, PeerError, ProbeError
 
 try:  # Debian 12's rdma-core 44 names the module `enums`; newer releases `libibverbs_enums`
     import pyverbs.enums as e
 except ImportError:  # pragma: no cover - depends on the installed rdma-core
     import pyverbs.libibverbs_enums as e
-from pyverbs.addr import AHAttr, GlobalRoute
+from pyverbs.addr import GID, AHAttr, GlobalRoute
 from pyverbs.cq import CQ
 from pyverbs.device import Context
 from pyverbs.mr import MR
@@ -29,9 +36,12 @@ from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
 PORT = 1
-# ibv_mtu enum value -> bytes
-MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 _UNSUPPORTED = {95, 93}  # EOPNOTSUPP, EPROTONOSUPPORT
+
+
+def mtu_enum(mtu_bytes: int) -> int:
+    """Path MTU in bytes -> ibv_mtu (IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5)."""
+    return IB_MTUS.index(mtu_bytes) + 1
 
 
 class VerbsError(ProbeError):
@@ -49,20 +59,6 @@ def _verbs(what: str, err: PyverbsRDMAError) -> ProbeError:
     return VerbsError(f"{what}: {err}", code)
 
 
-@dataclass(frozen=True)
-class EndpointInfo:
-    """What a peer needs to reach this queue pair (exchanged out of band)."""
-
-    qpn: int
-    psn: int
-    gid: str
-    gid_index: int
-    rkey: int
-    addr: int
-    size: int
-    mtu: int  # ibv_mtu enum value (1..5)
-
-
 def roce_v2_gid_index(ctx: Any, device: str, port: int = PORT) -> int:
     """Index of the first IPv4-mapped RoCE v2 GID of DEVICE (what rdma_cm would pick)."""
     attr = ctx.query_port(port)
@@ -78,7 +74,7 @@ def roce_v2_gid_index(ctx: Any, device: str, port: int = PORT) -> int:
 
 
 class RcEndpoint:
-    """One RC QP with its CQ and a registered buffer of `size` bytes (x2: send + recv halves)."""
+    """One RC QP, its two CQs and a registered buffer of 2 x `size` bytes."""
 
     def __init__(
         self,
@@ -88,38 +84,33 @@ class RcEndpoint:
         gid_index: int | None = None,
         port: int = PORT,
         remote_access: bool = False,
+        inline: int = 0,
     ) -> None:
-        if size < 1 or size > 1 << 30:
+        if not 1 <= size <= 1 << 30:
             raise ValueError(f"buffer size {size} outside 1..1 GiB")
         self.device, self.size, self.depth, self.port = device, size, depth, port
         self._closed = False
         self.ctx: Any = None
         self.pd: Any = None
-        self.cq: Any = None
+        self.send_cq: Any = None
+        self.recv_cq: Any = None
         self.mr: Any = None
         self.qp: Any = None
         try:
             self.ctx = Context(name=device)
             self.pd = PD(self.ctx)
-            self.cq = CQ(self.ctx, depth * 2, None, None, 0)
+            self.send_cq = CQ(self.ctx, depth, None, None, 0)
+            self.recv_cq = CQ(self.ctx, depth, None, None, 0)
             access = e.IBV_ACCESS_LOCAL_WRITE
             if remote_access:
                 access |= e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
             self.mr = MR(self.pd, size * 2, access)
-            cap = QPCap(
-                max_send_wr=depth,
-                max_recv_wr=depth,
-                max_send_sge=1,
-                max_recv_sge=1,
-                max_inline_data=0,
-            )
-            init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap)
-            self.qp = QP(self.pd, init, QPAttr())  # pyverbs leaves an RC QP in INIT
-            self.gid_index = (
-                gid_index if gid_index is not None else roce_v2_gid_index(self.ctx, device, port)
-            )
-            self.gid = str(self.ctx.query_gid(port, self.gid_index))
-            self.active_mtu = int(self.ctx.query_port(port).active_mtu)
+            self.qp, self.inline = self._create_qp(inline, access)
+            if gid_index is None:
+                gid_index = roce_v2_gid_index(self.ctx, device, port)
+            self.gid_index = gid_index
+            self.gid = str(self.ctx.query_gid(port, gid_index))
+            self.active_mtu = IB_MTUS[int(self.ctx.query_port(port).active_mtu) - 1]
         except PyverbsRDMAError as err:
             self.close()
             raise _verbs(f"{device}: creating RC resources", err) from err
@@ -127,16 +118,45 @@ class RcEndpoint:
             self.close()
             raise
         self.psn = random.randrange(1 << 24)
-        self._recv_wr: Any = None
-        self._send_wr: Any = None
+        # zero-copy views of the registered memory: [0, size) is sent, [size, 2 size) received
+        whole = (ctypes.c_char * (size * 2)).from_address(self.mr.buf)
+        self.view = memoryview(whole).cast("B")
+        self.send_buf = self.view[:size]
+        self.recv_buf = self.view[size:]
+        self._recv_wr = RecvWR(wr_id=2, num_sge=1, sg=[SGE(self.mr.buf + size, size, self.mr.lkey)])
+
+    def _create_qp(self, inline: int, access: int) -> tuple[Any, int]:
+        """Create the QP (left in INIT with ACCESS flags) asking for INLINE bytes of inline
+        data; fall back to none. Access flags are set at INIT: RTR/RTS do not change them."""
+        for want in (inline, 0) if inline else (0,):
+            cap = QPCap(
+                max_send_wr=self.depth,
+                max_recv_wr=self.depth,
+                max_send_sge=1,
+                max_recv_sge=1,
+                max_inline_data=want,
+            )
+            init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.send_cq, rcq=self.recv_cq, cap=cap)
+            try:
+                attr = QPAttr()
+                attr.qp_access_flags = access
+                return QP(self.pd, init, attr), want
+            except PyverbsRDMAError:
+                if want == 0:
+                    raise
+        raise AssertionError("unreachable")
 
     # -- lifetime ---------------------------------------------------------------------
     def close(self) -> None:
-        """Release QP, MR, CQ, PD, context (children first). Safe to call twice."""
+        """Release QP, MR, CQs, PD, context (children first). Safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        for res in (self.qp, self.mr, self.cq, self.pd, self.ctx):
+        for attr in ("send_buf", "recv_buf", "view"):
+            v = getattr(self, attr, None)
+            if v is not None:
+                v.release()
+        for res in (self.qp, self.mr, self.send_cq, self.recv_cq, self.pd, self.ctx):
             if res is not None:
                 res.close()
 
@@ -147,97 +167,101 @@ class RcEndpoint:
         self.close()
 
     # -- connection -------------------------------------------------------------------
-    def info(self) -> EndpointInfo:
-        return EndpointInfo(
+    def endpoint(self) -> RdmaEndpoint:
+        """What the peer needs to reach this QP and write into the receive half."""
+        return RdmaEndpoint(
             qpn=self.qp.qp_num,
             psn=self.psn,
-            gid=self.gid,
+            gid=_ipv6(self.gid),
             gid_index=self.gid_index,
+            lid=0,
             rkey=self.mr.rkey,
-            addr=self.mr.buf,
-            size=self.size,
+            addr=self.mr.buf + self.size,
             mtu=self.active_mtu,
         )
 
-    def connect(self, remote: EndpointInfo) -> None:
-        """INIT -> RTR -> RTS towards REMOTE; path MTU is the smaller active MTU."""
+    def connect(self, remote: RdmaEndpoint) -> None:
+        """INIT -> RTR -> RTS towards REMOTE; the path MTU is the smaller active MTU."""
         attr = QPAttr()
-        attr.path_mtu = min(self.active_mtu, remote.mtu)
+        attr.path_mtu = mtu_enum(min(self.active_mtu, remote.mtu))
         attr.dest_qp_num = remote.qpn
         attr.rq_psn = remote.psn
         attr.sq_psn = self.psn
         attr.max_dest_rd_atomic = 1
         attr.max_rd_atomic = 1
-        attr.min_rnr_timer = 12  # 0.64 ms
-        attr.timeout = 14  # 4.096 us * 2^14 = 67 ms per retry
+        attr.min_rnr_timer = 1  # 0.01 ms: a responder that is late to re-post is retried soon
+        attr.timeout = 14  # 4.096 us * 2^14 = 67 ms per transport retry
         attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
-        route = GlobalRoute(dgid=_gid(remote.gid), sgid_index=self.gid_index, hop_limit=64)
+        attr.rnr_retry = 7  # 7 = retry forever on RNR; the probe's own deadline bounds it
+        route = GlobalRoute(
+            dgid=GID(_sysfs_gid(remote.gid)), sgid_index=self.gid_index, hop_limit=64
+        )
         attr.ah_attr = AHAttr(gr=route, is_global=1, port_num=self.port)
         try:
             self.qp.to_rts(attr)
         except PyverbsRDMAError as err:
             raise _verbs(f"{self.device}: QP {self.qp.qp_num} to RTS", err) from err
 
-    # -- data path --------------------------------------------------------------------
-    def write_payload(self, data: bytes, offset: int = 0) -> None:
-        self.mr.write(data, len(data), offset)
-
-    def read_payload(self, length: int, offset: int = 0) -> bytes:
-        return bytes(self.mr.read(length, offset))
-
-    def post_recv(self, length: int | None = None, wr_id: int = 2) -> None:
-        """Post one receive into the second half of the buffer."""
-        sge = SGE(self.mr.buf + self.size, length or self.size, self.mr.lkey)
-        self.qp.post_recv(RecvWR(wr_id=wr_id, num_sge=1, sg=[sge]))
-
-    def post_send(self, length: int | None = None, wr_id: int = 1, signaled: bool = True) -> None:
-        sge = SGE(self.mr.buf, length or self.size, self.mr.lkey)
+    # -- work requests (built once, posted many times) ----------------------------------
+    def send_wr(self, length: int, signaled: bool = True) -> Any:
         flags = e.IBV_SEND_SIGNALED if signaled else 0
-        self.qp.post_send(
-            SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND, num_sge=1, sg=[sge], send_flags=flags)
-        )
-
-    def post_write(
-        self,
-        remote: EndpointInfo,
-        length: int,
-        wr_id: int = 3,
-        signaled: bool = True,
-        remote_offset: int = 0,
-    ) -> None:
+        if length <= self.inline:
+            flags |= e.IBV_SEND_INLINE
         sge = SGE(self.mr.buf, length, self.mr.lkey)
+        return SendWR(wr_id=1, opcode=e.IBV_WR_SEND, num_sge=1, sg=[sge], send_flags=flags)
+
+    def write_wr(self, remote: RdmaEndpoint, length: int, signaled: bool = True) -> Any:
         flags = e.IBV_SEND_SIGNALED if signaled else 0
-        wr = SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge], send_flags=flags)
-        wr.set_wr_rdma(remote.rkey, remote.addr + remote_offset)
+        if length <= self.inline:
+            flags |= e.IBV_SEND_INLINE
+        sge = SGE(self.mr.buf, length, self.mr.lkey)
+        wr = SendWR(wr_id=3, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge], send_flags=flags)
+        wr.set_wr_rdma(remote.rkey, remote.addr)
+        return wr
+
+    def post(self, wr: Any) -> None:
         self.qp.post_send(wr)
 
-    def poll(self, want: int, deadline: float, opcode: int | None = None) -> list[Any]:
-        """Poll until WANT completions (of OPCODE, if given) arrived or DEADLINE passed.
+    def post_recv(self) -> None:
+        self.qp.post_recv(self._recv_wr)
 
-        Completions of other opcodes are consumed and dropped. An error completion raises
-        PeerError (the usual cause is a peer that vanished: retry exceeded)."""
-        got: list[Any] = []
-        while len(got) < want:
-            n, wcs = self.cq.poll(max(1, want - len(got)))
-            for wc in wcs[:n]:
-                if wc.status != e.IBV_WC_SUCCESS:
-                    raise PeerError(
-                        f"{self.device}: completion error status {wc.status} "
-                        f"(opcode {wc.opcode}, wr_id {wc.wr_id})"
-                    )
-                if opcode is None or wc.opcode == opcode:
-                    got.append(wc)
-            if n == 0 and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{self.device}: {want - len(got)} of {want} completions "
-                    "missing at the deadline"
-                )
+    def poll(self, cq: Any, want: int, deadline: float) -> int:
+        """Poll CQ until WANT completions arrived or DEADLINE (monotonic) passed.
+
+        Returns how many arrived (fewer than WANT only at the deadline). An error
+        completion raises PeerError: usually a peer that vanished (retries exceeded)."""
+        got = 0
+        while got < want:
+            n, wcs = cq.poll(want - got)
+            if n:
+                for wc in wcs[:n]:
+                    if wc.status != e.IBV_WC_SUCCESS:
+                        raise PeerError(
+                            f"{self.device}: completion error status {wc.status} "
+                            f"(opcode {wc.opcode})"
+                        )
+                got += n
+            elif time.monotonic() > deadline:
+                break
         return got
 
+    def poll_or_raise(self, cq: Any, want: int, deadline: float) -> None:
+        got = self.poll(cq, want, deadline)
+        if got < want:
+            raise TimeoutError(
+                f"{self.device}: {want - got} of {want} completions missing at the deadline"
+            )
 
-def _gid(text: str) -> Any:
-    from pyverbs.addr import GID
 
-    return GID(text)
+def _ipv6(sysfs_gid: str) -> str:
+    """sysfs/pyverbs GID text (8 groups of 4 hex digits) -> IPv6 notation."""
+    import ipaddress
+
+    return str(ipaddress.IPv6Address(bytes.fromhex(sysfs_gid.replace(":", ""))))
+
+
+def _sysfs_gid(ipv6: str) -> str:
+    import ipaddress
+
+    raw = ipaddress.IPv6Address(ipv6).packed.hex()
+    return ":".join(raw[i : i + 4] for i in range(0, 32, 4))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from probes.rdma.verbs import RcEndpoint, e
+from probes.rdma.verbs import RcEndpoint
 
 MESSAGES = 1000
 SIZE = 64
@@ -25,16 +25,17 @@ def test_rc_send_recv_1000_verified(lane_hosts) -> None:
         RcEndpoint(a.device, SIZE, gid_index=a.gid_index) as qa,
         RcEndpoint(b.device, SIZE, gid_index=b.gid_index) as qb,
     ):
-        qa.connect(qb.info())
-        qb.connect(qa.info())
+        qa.connect(qb.endpoint())
+        qb.connect(qa.endpoint())
+        send = qa.send_wr(SIZE)
         for seq in range(MESSAGES):
             deadline = time.monotonic() + 10
-            qb.post_recv(SIZE)
-            qa.write_payload(payload(seq))
-            qa.post_send(SIZE)
-            qb.poll(1, deadline, e.IBV_WC_RECV)
-            qa.poll(1, deadline, e.IBV_WC_SEND)
-            assert qb.read_payload(SIZE, offset=SIZE) == payload(seq), f"payload {seq} differs"
+            qb.post_recv()
+            qa.send_buf[:] = payload(seq)
+            qa.post(send)
+            qb.poll_or_raise(qb.recv_cq, 1, deadline)
+            qa.poll_or_raise(qa.send_cq, 1, deadline)
+            assert bytes(qb.recv_buf) == payload(seq), f"payload {seq} differs"
             verified += 1
     after = {h.name: {c: h.hw_counter(c) for c in COUNTERS} for h in (a, b)}
     delta = {h: {c: after[h][c] - before[h][c] for c in COUNTERS} for h in after}

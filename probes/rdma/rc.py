@@ -1,0 +1,450 @@
+"""RC probes: ping-pong latency (SEND/RECV, or RDMA WRITE with memory polling as perftest's
+write_lat does) and bandwidth (WRITE or SEND with several operations in flight).
+
+A probe is a session on the responder (`probe serve`): the prober's hello carries its
+RdmaEndpoint and the run's shape; the responder builds its QP on the device that owns
+the address the control connection arrived at, connects, pre-posts its receives and
+answers `ready` with its own RdmaEndpoint. Then the data moves over RDMA only, and the
+control connection carries `done`. Every wait has a deadline: a peer that vanishes
+ends the run with the completed samples kept and the rest counted as lost.
+
+Each latency sample is an RTT measured by the prober; one-way figures are RTT/2 and are
+labelled so. The cost of the loop that takes the samples is measured in the same
+process and reported with every result (`loop_overhead_ns`).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probes.control import (
+    DEFAULT_PORT,
+    DEFAULT_TIMEOUT_S,
+    ControlClient,
+    RdmaEndpoint,
+    Session,
+    register_session,
+    require_dict,
+    require_int,
+    require_str,
+)
+from probes.errors import PeerError, ProbeError
+from probes.rdma.verbs import RcEndpoint
+from probes.stats import LatencySketch, LatencySummary
+from probes.sysfs import device_for_address
+
+LAT_OPS = ("send", "write")
+BW_OPS = ("write", "send")
+MIN_SIZE, MAX_SIZE = 1, 1 << 20
+MAX_ITERS = 10_000_000
+DEPTH = 64  # queue depth: bounds memory and what is in flight
+SIGNAL_EVERY = 16  # unsignaled sends between signaled ones (the SQ is drained at each)
+Progress = Callable[[int, int], None]
+# Where the responder looks for the device that owns the address a probe arrived at.
+RESPONDER_SYSFS_ROOT = "/sys"
+
+
+@dataclass(frozen=True)
+class RcLatencyResult:
+    peer: str
+    device: str
+    op: str
+    size: int
+    iters: int
+    summary: LatencySummary  # RTT
+    loop_overhead_ns: int
+    duration_s: float
+    error: str | None = None
+    sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "transport": "rdma",
+            "qp_type": "rc",
+            "op": self.op,
+            "peer": self.peer,
+            "device": self.device,
+            "size": self.size,
+            "iters": self.iters,
+            "rtt": self.summary.as_dict(),
+            "one_way": {**_halve(self.summary).as_dict(), "derived_from": "rtt/2"},
+            "loop_overhead_ns": self.loop_overhead_ns,
+            "duration_s": round(self.duration_s, 6),
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class RcBandwidthResult:
+    peer: str
+    device: str
+    op: str
+    size: int
+    iters: int
+    completed: int
+    duration_s: float
+    error: str | None = None
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.completed * self.size / self.duration_s if self.duration_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "transport": "rdma",
+            "qp_type": "rc",
+            "op": self.op,
+            "peer": self.peer,
+            "device": self.device,
+            "size": self.size,
+            "iters": self.iters,
+            "completed": self.completed,
+            "lost": self.iters - self.completed,
+            "duration_s": round(self.duration_s, 6),
+            "bytes_per_second": round(self.bytes_per_second, 1),
+            "error": self.error,
+        }
+
+
+def _halve(s: LatencySummary) -> LatencySummary:
+    def h(v: float | None) -> float | None:
+        return None if v is None else round(v / 2, 3)
+
+    return LatencySummary(
+        "one_way",
+        s.count,
+        s.lost,
+        h(s.min_us),
+        h(s.p50_us),
+        h(s.p90_us),
+        h(s.p99_us),
+        h(s.p999_us),
+        h(s.max_us),
+        h(s.mean_us),
+    )
+
+
+def check_shape(op: str, size: int, iters: int, ops: tuple[str, ...]) -> None:
+    if op not in ops:
+        raise ValueError(f"op must be one of {', '.join(ops)}, not {op!r}")
+    if not MIN_SIZE <= size <= MAX_SIZE:
+        raise ValueError(f"size {size} outside {MIN_SIZE}..{MAX_SIZE} bytes")
+    if not 1 <= iters <= MAX_ITERS:
+        raise ValueError(f"iterations {iters} outside 1..{MAX_ITERS}")
+
+
+def _marker(i: int) -> int:
+    """Non-zero byte that changes every iteration (the WRITE poller waits for it)."""
+    return i % 255 + 1
+
+
+# ------------------------------------------------------------------------- the loops
+# Both sides run the same loops; `first` says who starts. Each returns the number of
+# completed round trips and records RTTs into SKETCH when given.
+
+
+def _send_pingpong(
+    ep: RcEndpoint,
+    size: int,
+    total: int,
+    first: bool,
+    step_s: float,
+    sketch: LatencySketch | None,
+    warmup: int,
+    progress: Progress | None = None,
+) -> int:
+    send_cq, recv_cq = ep.send_cq, ep.recv_cq
+    signaled, quiet = ep.send_wr(size, True), ep.send_wr(size, False)
+    clock, mono = time.perf_counter_ns, time.monotonic
+    record = sketch.record if sketch is not None else None
+    for i in range(total):
+        wr = signaled if i % SIGNAL_EVERY == SIGNAL_EVERY - 1 else quiet
+        deadline = mono() + step_s
+        t0 = clock()
+        if first:
+            ep.post(wr)
+            if not ep.poll(recv_cq, 1, deadline):
+                return i
+        else:
+            if not ep.poll(recv_cq, 1, deadline):
+                return i
+            ep.post(wr)
+        t1 = clock()
+        ep.post_recv()
+        if wr is signaled:
+            ep.poll_or_raise(send_cq, 1, deadline)
+        if record is not None and i >= warmup:
+            record(t1 - t0)
+        if progress is not None and i & 0x3FF == 0:
+            progress(i, total)
+    return total
+
+
+def _write_pingpong(
+    ep: RcEndpoint,
+    remote: RdmaEndpoint,
+    size: int,
+    total: int,
+    first: bool,
+    step_s: float,
+    sketch: LatencySketch | None,
+    warmup: int,
+    progress: Progress | None = None,
+) -> int:
+    signaled, quiet = ep.write_wr(remote, size, True), ep.write_wr(remote, size, False)
+    last = size - 1
+    sbuf, rbuf = ep.send_buf, ep.recv_buf
+    clock, mono = time.perf_counter_ns, time.monotonic
+    record = sketch.record if sketch is not None else None
+    for i in range(total):
+        mark = _marker(i)
+        wr = signaled if i % SIGNAL_EVERY == SIGNAL_EVERY - 1 else quiet
+        deadline = mono() + step_s
+        t0 = clock()
+        if not first:
+            while rbuf[last] != mark:  # the peer's WRITE lands in our memory
+                if mono() > deadline:
+                    return i
+        sbuf[last] = mark
+        ep.post(wr)
+        if first:
+            while rbuf[last] != mark:
+                if mono() > deadline:
+                    return i
+        t1 = clock()
+        if wr is signaled:
+            ep.poll_or_raise(ep.send_cq, 1, deadline)
+        if record is not None and i >= warmup:
+            record(t1 - t0)
+        if progress is not None and i & 0x3FF == 0:
+            progress(i, total)
+    return total
+
+
+def loop_overhead_ns(samples: int = 2000) -> int:
+    """Median cost of one iteration of the timing loop with no I/O: two clock reads,
+    a monotonic deadline, the branch and the sketch record. Reported beside every figure."""
+    clock, mono = time.perf_counter_ns, time.monotonic
+    sketch = LatencySketch()
+    costs = []
+    for _ in range(samples):
+        a = clock()
+        _ = mono() + 1.0
+        t0 = clock()
+        t1 = clock()
+        sketch.record(t1 - t0 + 1)
+        costs.append(clock() - a)
+    costs.sort()
+    return costs[len(costs) // 2]
+
+
+# ------------------------------------------------------------------------- prober side
+
+
+def source_address(peer: str, port: int, bind: str | None) -> str:
+    """The local address the kernel would use towards PEER (a UDP connect sends nothing)."""
+    if bind:
+        return bind
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, port))
+        return str(s.getsockname()[0])
+
+
+def _local_device(sysfs_root: str | Path, source: str, device: str | None) -> tuple[str, int]:
+    dev, gid = device_for_address(sysfs_root, source)
+    if device is not None and device != dev.name:
+        raise ProbeError(f"{source} belongs to {dev.name}, not {device}")
+    return dev.name, gid.index
+
+
+def rc_latency(
+    peer: str,
+    *,
+    op: str = "send",
+    size: int = 2,
+    iters: int = 1000,
+    warmup: int = 100,
+    port: int = DEFAULT_PORT,
+    bind: str | None = None,
+    device: str | None = None,
+    sysfs_root: str | Path = "/sys",
+    timeout: float = DEFAULT_TIMEOUT_S,
+    step_s: float = 2.0,
+    progress: Progress | None = None,
+) -> RcLatencyResult:
+    """RC ping-pong against PEER's responder; RTT samples into a sketch."""
+    check_shape(op, size, iters, LAT_OPS)
+    total = iters + warmup
+    dev, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), device)
+    with ControlClient(peer, port, bind=bind, timeout=timeout) as ctl:
+        with RcEndpoint(
+            dev, size, DEPTH, gid_index, remote_access=op == "write", inline=size
+        ) as ep:
+            for _ in range(DEPTH if op == "send" else 0):
+                ep.post_recv()
+            info = ctl.open(
+                "rdma_rc_lat",
+                {
+                    "op": op,
+                    "size": size,
+                    "iters": total,
+                    "step_s": step_s,
+                    "endpoint": ep.endpoint().as_dict(),
+                },
+            )
+            remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
+            ep.connect(remote)
+            sketch = LatencySketch("rtt")
+            error = None
+            t0 = time.perf_counter()
+            try:
+                if op == "send":
+                    done = _send_pingpong(ep, size, total, True, step_s, sketch, warmup, progress)
+                else:
+                    done = _write_pingpong(
+                        ep, remote, size, total, True, step_s, sketch, warmup, progress
+                    )
+            except (PeerError, TimeoutError) as err:
+                done, error = sketch.count + warmup, str(err)
+            duration = time.perf_counter() - t0
+            measured = max(0, done - warmup)
+            sketch.record_lost(iters - measured)
+            if done < total and error is None:
+                error = f"peer stopped answering after {done} of {total} round trips"
+            if error is None:
+                ctl.done({"completed": done})
+    return RcLatencyResult(
+        peer, dev, op, size, iters, sketch.summary(), loop_overhead_ns(), duration, error, sketch
+    )
+
+
+def rc_bandwidth(
+    peer: str,
+    *,
+    op: str = "write",
+    size: int = 65536,
+    iters: int = 1000,
+    outstanding: int = 16,
+    port: int = DEFAULT_PORT,
+    bind: str | None = None,
+    device: str | None = None,
+    sysfs_root: str | Path = "/sys",
+    timeout: float = DEFAULT_TIMEOUT_S,
+    step_s: float = 5.0,
+    progress: Progress | None = None,
+) -> RcBandwidthResult:
+    """Stream ITERS operations of SIZE bytes with OUTSTANDING in flight; bytes/s."""
+    check_shape(op, size, iters, BW_OPS)
+    if not 1 <= outstanding <= DEPTH:
+        raise ValueError(f"outstanding {outstanding} outside 1..{DEPTH}")
+    dev, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), device)
+    with ControlClient(peer, port, bind=bind, timeout=timeout) as ctl:
+        with RcEndpoint(dev, size, DEPTH, gid_index) as ep:
+            info = ctl.open(
+                "rdma_rc_bw",
+                {
+                    "op": op,
+                    "size": size,
+                    "iters": iters,
+                    "step_s": step_s,
+                    "endpoint": ep.endpoint().as_dict(),
+                },
+            )
+            remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
+            ep.connect(remote)
+            wr = ep.write_wr(remote, size) if op == "write" else ep.send_wr(size)
+            posted = completed = 0
+            error = None
+            t0 = time.perf_counter()
+            try:
+                while completed < iters:
+                    while posted < iters and posted - completed < outstanding:
+                        ep.post(wr)
+                        posted += 1
+                    got = ep.poll(ep.send_cq, 1, time.monotonic() + step_s)
+                    if not got:
+                        error = f"{posted - completed} operations unfinished at the deadline"
+                        break
+                    completed += got
+                    if progress is not None and completed & 0xFF == 0:
+                        progress(completed, iters)
+            except PeerError as err:
+                error = str(err)
+            duration = time.perf_counter() - t0
+            if error is None:
+                ctl.done({"completed": completed})
+    return RcBandwidthResult(peer, dev, op, size, iters, completed, duration, error)
+
+
+# ------------------------------------------------------------------------- responder side
+
+
+def _session_endpoint(session: Session, size: int, remote_access: bool) -> RcEndpoint:
+    dev, gid_index = _local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
+    return session.resources.enter_context(
+        RcEndpoint(dev, size, DEPTH, gid_index, remote_access=remote_access, inline=size)
+    )
+
+
+def _session_shape(
+    session: Session, ops: tuple[str, ...]
+) -> tuple[str, int, int, float, RdmaEndpoint]:
+    p = session.params
+    op = require_str(p, "op", 16, where="params.")
+    size = require_int(p, "size", MIN_SIZE, MAX_SIZE, where="params.")
+    iters = require_int(p, "iters", 1, MAX_ITERS, where="params.")
+    step_s = float(p.get("step_s", 2.0))
+    if not 0.01 <= step_s <= 60:
+        raise ValueError(f"params.step_s {step_s} outside 0.01..60")
+    if op not in ops:
+        raise PeerError(f"params.op must be one of {ops}, not {op!r}")
+    remote = RdmaEndpoint.from_dict(
+        require_dict(p, "endpoint", where="params."), where="params.endpoint"
+    )
+    return op, size, iters, step_s, remote
+
+
+@register_session("rdma_rc_lat")
+def serve_rc_latency(session: Session) -> dict[str, Any]:
+    op, size, iters, step_s, remote = _session_shape(session, LAT_OPS)
+    ep = _session_endpoint(session, size, remote_access=op == "write")
+    for _ in range(DEPTH if op == "send" else 0):
+        ep.post_recv()
+    ep.connect(remote)
+    session.ready({"endpoint": ep.endpoint().as_dict()})
+    try:
+        if op == "send":
+            done = _send_pingpong(ep, size, iters, False, step_s, None, 0)
+        else:
+            done = _write_pingpong(ep, remote, size, iters, False, step_s, None, 0)
+    except (PeerError, TimeoutError):
+        done = -1
+    return {"answered": done}
+
+
+@register_session("rdma_rc_bw")
+def serve_rc_bandwidth(session: Session) -> dict[str, Any]:
+    op, size, iters, step_s, remote = _session_shape(session, BW_OPS)
+    ep = _session_endpoint(session, size, remote_access=op == "write")
+    posted = min(DEPTH, iters) if op == "send" else 0
+    for _ in range(posted):
+        ep.post_recv()
+    ep.connect(remote)
+    session.ready({"endpoint": ep.endpoint().as_dict()})
+    received = 0
+    if op == "send":  # keep receives posted until every SEND has landed
+        while received < iters and not session.stopping:
+            got = ep.poll(ep.recv_cq, 1, time.monotonic() + step_s)
+            if not got:
+                break
+            received += got
+            for _ in range(got):
+                if posted < iters:
+                    ep.post_recv()
+                    posted += 1
+    return {"received": received}
