@@ -1,0 +1,101 @@
+"""What a RoCE check returns, and the report that collects them."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.Enum):
+    """Outcome of one check; the order is by severity."""
+
+    PASS = "PASS"
+    SKIP = "SKIP"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+    @property
+    def rank(self) -> int:
+        return ["PASS", "SKIP", "WARN", "FAIL"].index(self.value)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check on one device port: the verdict, what it read, and how to fix it."""
+
+    check: str  # short id: "device", "gid", "mtu", "pfc", "trust", "ecn", "rdma_cm", ...
+    title: str  # what was checked, for the table
+    status: Status
+    message: str  # one line: what is right or wrong
+    device: str | None = None
+    port: int | None = None
+    netdev: str | None = None
+    evidence: tuple[str, ...] = ()  # "source: value" lines that were read
+    fix: str | None = None  # the command(s) that fix a WARN/FAIL, or enable a SKIP
+    needs_root: bool = False  # SKIP because reading the input needs root
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "title": self.title,
+            "status": self.status.value,
+            "message": self.message,
+            "device": self.device,
+            "port": self.port,
+            "netdev": self.netdev,
+            "evidence": list(self.evidence),
+            "fix": self.fix,
+            "needs_root": self.needs_root,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every check result of one `probe validate` run."""
+
+    results: tuple[CheckResult, ...]
+    policy: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, results: Iterable[CheckResult], policy: dict[str, Any] | None = None) -> Report:
+        return cls(tuple(results), policy or {})
+
+    def count(self, status: Status) -> int:
+        return sum(1 for r in self.results if r.status is status)
+
+    @property
+    def failed(self) -> bool:
+        return self.count(Status.FAIL) > 0
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing failed, 1 on any FAIL (2 is left for bad usage)."""
+        return 1 if self.failed else 0
+
+    @property
+    def skipped_for_root(self) -> tuple[CheckResult, ...]:
+        return tuple(r for r in self.results if r.status is Status.SKIP and r.needs_root)
+
+    def summary(self) -> str:
+        """One line: counts, and which checks were skipped for want of root."""
+        parts = [
+            f"{self.count(s)} {s.value.lower()}"
+            for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP)
+        ]
+        line = ", ".join(parts)
+        root = sorted({r.check for r in self.skipped_for_root})
+        if root:
+            line += f"; needed root and skipped: {', '.join(root)}"
+        verdict = "FAIL" if self.failed else ("WARN" if self.count(Status.WARN) else "OK")
+        return f"{verdict}: {line}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": not self.failed,
+            "summary": {s.value.lower(): self.count(s) for s in Status},
+            "needs_root": sorted({r.check for r in self.skipped_for_root}),
+            "policy": self.policy,
+            "results": [r.to_dict() for r in self.results],
+        }

@@ -1,0 +1,103 @@
+"""Run every RoCE check on the chosen devices and collect a Report."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from probes.errors import SysfsError
+from probes.roce.checks import PORT_CHECKS, Target, check_counters, check_device_port
+from probes.roce.host import HostView
+from probes.roce.live import Measure, check_live
+from probes.roce.policy import Policy
+from probes.roce.result import CheckResult, Report, Status
+
+TITLE_PRESENT = "RDMA device present"
+
+
+def _rxe_hint(view: HostView, netdev: str | None) -> str:
+    nd = netdev or view.candidate_netdev() or "IF"
+    return f"probe rxe up --netdev {nd}  # soft-RoCE (as root), or install the NIC's RDMA driver"
+
+
+def _targets(
+    view: HostView, devices: Sequence[str], netdev: str | None
+) -> tuple[list[Target], list[CheckResult]]:
+    """Ports to validate, and FAIL results for devices that are missing or unreadable."""
+    present = view.device_names()
+    problems: list[CheckResult] = []
+    if not present:
+        problems.append(
+            CheckResult(
+                "device",
+                TITLE_PRESENT,
+                Status.FAIL,
+                f"no RDMA device on this host ({view.sysfs_root}/class/infiniband is empty "
+                "or absent): nothing can use RoCE",
+                evidence=(f"{view.sysfs_root}/class/infiniband: no devices",),
+                fix=_rxe_hint(view, netdev),
+            )
+        )
+        return [], problems
+    names = list(devices) or present
+    targets: list[Target] = []
+    for name in names:
+        if name not in present:
+            problems.append(
+                CheckResult(
+                    "device",
+                    TITLE_PRESENT,
+                    Status.FAIL,
+                    f"no RDMA device {name!r} (present: {', '.join(present)})",
+                    device=name,
+                    evidence=(f"{view.sysfs_root}/class/infiniband/{name}: absent",),
+                    fix="rdma link show  # lists the devices; pass one with --device",
+                )
+            )
+            continue
+        try:
+            dev = view.device(name)
+        except SysfsError as e:
+            problems.append(CheckResult("device", TITLE_PRESENT, Status.FAIL, str(e), device=name))
+            continue
+        for port in dev.ports:
+            nd = netdev or view.netdev_of(dev, port.number)
+            if netdev and not devices and view.netdev_of(dev, port.number) not in (netdev, None):
+                continue  # --netdev alone selects the ports on that netdev
+            targets.append(Target(dev, port, nd))
+    if netdev and not devices and not targets and not problems:
+        problems.append(
+            CheckResult(
+                "device",
+                TITLE_PRESENT,
+                Status.FAIL,
+                f"no RDMA device on netdev {netdev} (devices: {', '.join(present)})",
+                netdev=netdev,
+                fix=_rxe_hint(view, netdev),
+            )
+        )
+    return targets, problems
+
+
+def validate(
+    view: HostView,
+    policy: Policy,
+    *,
+    devices: Sequence[str] = (),
+    netdev: str | None = None,
+    window: float = 2.0,
+    peer: str | None = None,
+    measure: Measure | None = None,
+    measure_unavailable: str = "",
+) -> Report:
+    """Validate DEVICES (all when empty) against POLICY; never raises for host problems."""
+    targets, results = _targets(view, devices, netdev)
+    for t in targets:
+        first = check_device_port(view, t, policy)
+        results.append(first)
+        if first.status is Status.SKIP:  # not a RoCE port
+            continue
+        results.extend(check(view, t, policy) for check in PORT_CHECKS)
+        results.append(check_counters(view, t, policy, window))
+    if peer is not None:
+        results.append(check_live(peer, measure, policy, measure_unavailable))
+    return Report.of(results, policy.to_dict())
