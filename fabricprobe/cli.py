@@ -5,9 +5,11 @@ from __future__ import annotations
 import click
 
 from fabricprobe import __version__
+from fabricprobe.commands.rdma import bw, lat
 from fabricprobe.commands.rxe import rxe
 from fabricprobe.commands.serve import serve
 from fabricprobe.commands.tcp import tcp
+from fabricprobe.commands.validate import validate
 
 
 @click.group(
@@ -25,6 +27,9 @@ def main() -> None:
     """
 
 
+main.add_command(lat)
+main.add_command(bw)
 main.add_command(rxe)
 main.add_command(serve)
 main.add_command(tcp)
+main.add_command(validate)

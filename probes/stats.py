@@ -10,7 +10,7 @@ from an average. Every figure says whether it is an RTT or a one-way (RTT/2) val
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from hdrh.histogram import HdrHistogram
@@ -170,3 +170,24 @@ def _us(ns: float | None) -> float | None:
     if ns is None or (isinstance(ns, float) and math.isnan(ns)):
         return None
     return round(ns / 1000.0, 3)
+
+
+def one_way_from_rtt(rtt: LatencySummary) -> LatencySummary:
+    """The RTT/2 estimate of one-way latency, labelled as such (kind "one_way")."""
+    if rtt.kind != "rtt":
+        raise ValueError(f"expected an rtt summary, got {rtt.kind}")
+
+    def half(v: float | None) -> float | None:
+        return None if v is None else round(v / 2.0, 3)
+
+    return replace(
+        rtt,
+        kind="one_way",
+        min_us=half(rtt.min_us),
+        p50_us=half(rtt.p50_us),
+        p90_us=half(rtt.p90_us),
+        p99_us=half(rtt.p99_us),
+        p999_us=half(rtt.p999_us),
+        max_us=half(rtt.max_us),
+        mean_us=half(rtt.mean_us),
+    )

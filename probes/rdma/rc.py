@@ -35,7 +35,7 @@ from probes.control import (
 )
 from probes.errors import PeerError, ProbeError
 from probes.rdma.verbs import RcEndpoint
-from probes.stats import LatencySketch, LatencySummary
+from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 from probes.sysfs import device_for_address
 
 LAT_OPS = ("send", "write")
@@ -72,7 +72,7 @@ class RcLatencyResult:
             "size": self.size,
             "iters": self.iters,
             "rtt": self.summary.as_dict(),
-            "one_way": {**_halve(self.summary).as_dict(), "derived_from": "rtt/2"},
+            "one_way": {**one_way_from_rtt(self.summary).as_dict(), "derived_from": "rtt/2"},
             "loop_overhead_ns": self.loop_overhead_ns,
             "duration_s": round(self.duration_s, 6),
             "error": self.error,
@@ -109,24 +109,6 @@ class RcBandwidthResult:
             "bytes_per_second": round(self.bytes_per_second, 1),
             "error": self.error,
         }
-
-
-def _halve(s: LatencySummary) -> LatencySummary:
-    def h(v: float | None) -> float | None:
-        return None if v is None else round(v / 2, 3)
-
-    return LatencySummary(
-        "one_way",
-        s.count,
-        s.lost,
-        h(s.min_us),
-        h(s.p50_us),
-        h(s.p90_us),
-        h(s.p99_us),
-        h(s.p999_us),
-        h(s.max_us),
-        h(s.mean_us),
-    )
 
 
 def check_shape(op: str, size: int, iters: int, ops: tuple[str, ...]) -> None:
