@@ -10,6 +10,7 @@ from fabricprobe.commands.rxe import rxe
 from fabricprobe.commands.serve import serve
 from fabricprobe.commands.tcp import tcp
 from fabricprobe.commands.validate import validate
+from fabricprobe.commands.validate import validate
 
 
 @click.group(
@@ -32,4 +33,5 @@ main.add_command(bw)
 main.add_command(rxe)
 main.add_command(serve)
 main.add_command(tcp)
+main.add_command(validate)
 main.add_command(validate)

@@ -1,0 +1,199 @@
+"""`probe validate`: is this host's RoCEv2 configuration going to deliver, and how to fix it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from fabricprobe.options import OneLineCommand, fail, json_option, print_json, sysfs_option
+from probes.errors import ProbeError
+from probes.roce import HostView, Policy, PolicyError, ReplayRunner, Report, Status, load_policy
+from probes.roce.live import LiveMeasurement, Measure, PathFigures
+from probes.roce.validate import validate as run_validation
+
+_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
+
+# Shapes of the live check: short, so validate stays quick.
+LIVE_ITERS = 2000
+LIVE_BW_SECONDS = 2.0
+LIVE_RDMA_BW_ITERS = 4000
+LIVE_RDMA_BW_SIZE = 65536
+
+
+def probe_measure(sysfs_root: str, device: str | None) -> tuple[Measure | None, str]:
+    """A live measurement built on the probe libraries, or (None, why not)."""
+    try:
+        from probes import tcp as tcp_lib
+        from probes.control import DEFAULT_PORT, parse_hostport
+    except ImportError as e:  # pragma: no cover - the library ships with the package
+        return None, f"the TCP probe library is missing ({e})"
+
+    def measure(peer: str) -> LiveMeasurement:
+        host, port = parse_hostport(peer, DEFAULT_PORT)
+        try:
+            lat = tcp_lib.run_pingpong(host, port, iters=LIVE_ITERS)
+            bw = tcp_lib.run_throughput(host, port, duration=LIVE_BW_SECONDS)
+            tcp: PathFigures | None = PathFigures(
+                lat.summary.p50_us,
+                lat.summary.p99_us,
+                bw.bytes_per_second * 8 / 1e9,
+                lat.error or bw.error,
+            )
+        except (ProbeError, OSError) as e:
+            tcp = PathFigures(error=str(e))
+        try:
+            from probes.rdma import rc
+        except ImportError as e:
+            return LiveMeasurement(peer, None, tcp, f"RDMA probes need pyverbs ({e})")
+        try:
+            rl = rc.rc_latency(
+                host, port=port, iters=LIVE_ITERS, device=device, sysfs_root=sysfs_root
+            )
+            rb = rc.rc_bandwidth(
+                host,
+                port=port,
+                size=LIVE_RDMA_BW_SIZE,
+                iters=LIVE_RDMA_BW_ITERS,
+                device=device,
+                sysfs_root=sysfs_root,
+            )
+            rdma = PathFigures(
+                rl.summary.p50_us,
+                rl.summary.p99_us,
+                rb.bytes_per_second * 8 / 1e9,
+                rl.error or rb.error,
+            )
+        except (ProbeError, OSError, ValueError) as e:
+            rdma = PathFigures(error=str(e))
+        return LiveMeasurement(peer, rdma, tcp)
+
+    return measure, ""
+
+
+def render(report: Report, console: Console, verbose: bool) -> None:
+    """The results table and one summary line."""
+    table = Table(show_lines=False, pad_edge=False, expand=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("device", no_wrap=True)
+    table.add_column("result", overflow="fold")
+    for r in report.results:
+        where = f"{r.device}/{r.port}" if r.device and r.port else (r.device or r.netdev or "-")
+        body = Text(r.message)
+        if r.fix and r.status is not Status.PASS:
+            body.append(f"\nfix: {r.fix}", style="cyan")
+        if r.needs_root:
+            body.append("\n(needs root)", style="dim")
+        if verbose and r.evidence:
+            body.append("\n" + "\n".join(f"  {e}" for e in r.evidence), style="dim")
+        table.add_row(Text(r.status.value, style=_STYLE[r.status]), r.check, where, body)
+    console.print(table)
+    worst = Status.FAIL if report.failed else (Status.WARN if report.count(Status.WARN) else None)
+    console.print(Text(report.summary(), style=_STYLE[worst] if worst else "green"))
+
+
+@click.command(
+    cls=OneLineCommand,
+    epilog="""\b
+Examples:
+  probe validate                          # every RDMA device, default policy
+  probe validate --device mlx5_0 --window 10
+  probe validate --priority 5 --dscp 34   # a fabric that puts RoCE on priority 5
+  probe validate --policy roce.toml --json | jq '.results[] | select(.status=="FAIL")'
+  probe validate --peer 10.0.0.2          # add a live RDMA/TCP check (peer runs probe serve)
+
+\b
+Exit status: 0 when nothing FAILs, 1 on any FAIL, 2 on bad usage.
+Checks that need root say so and are skipped when run unprivileged.""",
+)
+@click.option("--device", "devices", multiple=True, metavar="DEV", help="RDMA device (repeatable).")
+@click.option("--netdev", metavar="IF", help="Netdev under the device (default: from its GIDs).")
+@click.option("--policy", "policy_file", type=click.Path(dir_okay=False), help="TOML policy file.")
+@click.option("--priority", type=click.IntRange(0, 7), help="RoCE priority (default 3).")
+@click.option("--dscp", type=click.IntRange(0, 63), help="RoCE DSCP (default 26).")
+@click.option(
+    "--window",
+    type=click.FloatRange(0, 600),
+    default=2.0,
+    show_default=True,
+    help="Seconds between the two counter samples (0: skip the counter check).",
+)
+@click.option("--peer", metavar="HOST[:PORT]", help="Also measure RDMA and TCP to this host.")
+@json_option
+@sysfs_option
+@click.option(
+    "--configfs",
+    "configfs_root",
+    type=click.Path(file_okay=False),
+    help="configfs root for rdma_cm defaults (default: SYSFS/kernel/config).",
+)
+@click.option(
+    "--replay",
+    "replay_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="Answer tool commands from captures in DIR/commands.toml (repeatable, later wins).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Show the evidence each check read.")
+def validate(
+    devices: tuple[str, ...],
+    netdev: str | None,
+    policy_file: str | None,
+    priority: int | None,
+    dscp: int | None,
+    window: float,
+    peer: str | None,
+    as_json: bool,
+    sysfs_root: str,
+    configfs_root: str | None,
+    replay_dirs: tuple[str, ...],
+    verbose: bool,
+) -> None:
+    """Check this host's RoCEv2 configuration and say how to fix what is wrong.
+
+    Each check reads sysfs, configfs and the DCB tools (dcb, mlnx_qos, lldptool) and
+    returns PASS, WARN, FAIL or SKIP with what it read and the command that fixes it.
+    """
+    try:
+        policy = load_policy(policy_file) if policy_file else Policy()
+        policy = policy.with_overrides(priority=priority, dscp=dscp)
+    except PolicyError as e:
+        fail(str(e))
+    view = HostView(
+        sysfs_root=Path(sysfs_root),
+        configfs_root=Path(configfs_root) if configfs_root else None,
+    )
+    if replay_dirs:
+        try:
+            view.runner = ReplayRunner(*replay_dirs)
+        except ProbeError as e:
+            fail(str(e))
+        view.sleep = lambda s: None  # captures do not change with time
+        ticks = iter(range(1_000_000))
+        view.clock = lambda: float(next(ticks)) * window
+    measure, why = (None, "")
+    if peer is not None:
+        measure, why = probe_measure(sysfs_root, devices[0] if devices else None)
+    start = time.monotonic()
+    report = run_validation(
+        view,
+        policy,
+        devices=devices,
+        netdev=netdev,
+        window=window,
+        peer=peer,
+        measure=measure,
+        measure_unavailable=why,
+    )
+    if as_json:
+        data = report.to_dict()
+        data["duration_s"] = round(time.monotonic() - start, 3)
+        print_json(data)
+    else:
+        render(report, Console(), verbose)
+    raise SystemExit(report.exit_code)
