@@ -10,7 +10,6 @@ from fabricprobe.commands.rxe import rxe
 from fabricprobe.commands.serve import serve
 from fabricprobe.commands.tcp import tcp
 from fabricprobe.commands.validate import validate
-from fabricprobe.commands.validate import validate
 
 
 @click.group(
@@ -33,5 +32,4 @@ main.add_command(bw)
 main.add_command(rxe)
 main.add_command(serve)
 main.add_command(tcp)
-main.add_command(validate)
 main.add_command(validate)
