@@ -1,0 +1,308 @@
+"""The agent: answers probes, probes its assigned peers, samples counters and streams one
+report per window to the collector through a bounded on-disk spool.
+
+Threads: the responder (peers' probes), the scheduler and its probe workers, the window
+clock (cuts a window at each aligned boundary, samples counters, spools the report) and
+the sender (registers, sends spooled windows oldest first, deletes them on ack, follows
+assignment changes). The sender is the only one that talks to the collector, so a
+collector outage only makes the spool deeper.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+import psutil
+
+from agent.client import CollectorClient, channel_credentials
+from agent.config import AgentConfig
+from agent.counters import CounterSampler, netdevs_of
+from agent.identity import discover_addresses, discover_devices, host_info
+from agent.probing import (
+    RUNNERS,
+    ProbeContext,
+    ProbeSpec,
+    Scheduler,
+    load_runner_modules,
+)
+from agent.spool import Spool, SpoolKey
+from agent.window import WindowAggregator
+from collector.api import fabricprobe_pb2 as pb
+from probes.control import parse_hostport
+from probes.ethtool import Runner, run_command
+from probes.responder import Responder, load_session_modules
+
+log = logging.getLogger("fabricprobe.agent")
+
+SEND_BATCH = 64
+MAX_BACKOFF_S = 10.0
+
+
+def build_client(cfg: AgentConfig) -> CollectorClient:
+    """A client with the credentials the configuration asks for."""
+    token = None
+    if cfg.token_file:
+        with open(cfg.token_file) as f:
+            token = f.read().strip()
+    creds = None
+    if cfg.ca_file:
+        creds = channel_credentials(cfg.ca_file, cfg.cert_file, cfg.key_file)
+    return CollectorClient(
+        cfg.collector, credentials=creds, token=token, server_name=cfg.server_name
+    )
+
+
+class Agent:
+    """One host's agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        *,
+        client: CollectorClient | None = None,
+        ethtool_runner: Runner = run_command,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.clock = clock
+        self.epoch = clock()
+        self.seq = 0
+        self.window_s = cfg.window_s
+        self.spool = Spool(
+            cfg.spool_dir, max_windows=cfg.spool_max_windows, max_bytes=cfg.spool_max_bytes
+        )
+        self.devices = discover_devices(cfg.sysfs_root)
+        self.sampler = CounterSampler(
+            cfg.sysfs_root, self.devices, netdevs_of(self.devices), ethtool_runner, cfg.ethtool
+        )
+        listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
+        self.responder = Responder(listen_host, listen_port, max_sessions=32, idle_timeout=10.0)
+        specific = listen_host not in ("0.0.0.0", "::")
+        self.addresses = list(cfg.addresses) or (
+            [listen_host] if specific else discover_addresses(self.devices)
+        )
+        self.source = self.addresses[0] if (cfg.addresses or specific) and self.addresses else None
+        self.aggregator = WindowAggregator()
+        self.scheduler = Scheduler(
+            ProbeContext(bind=self.source, timeout=cfg.probe_timeout, sysfs_root=cfg.sysfs_root),
+            self.aggregator.add,
+            jitter=cfg.jitter,
+            workers=cfg.probe_workers,
+        )
+        self.client = client or build_client(cfg)
+        self.generation = 0
+        self.registered = False
+        self.acked = 0
+        self.rejected = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._proc = psutil.Process()
+        self._last_bursts = 0
+        self._last_cut = time.monotonic()
+        self._threads: list[threading.Thread] = []
+        self._window_start = clock()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        load_session_modules()
+        load_runner_modules()
+        self.responder.start()
+        self._threads = [
+            threading.Thread(target=self.responder.serve_forever, name="responder", daemon=True),
+            threading.Thread(target=self._window_loop, name="windows", daemon=True),
+            threading.Thread(target=self._send_loop, name="sender", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        self.scheduler.start()
+        log.info(
+            "agent started host=%s collector=%s probe_port=%d addresses=%s devices=%s spool=%s",
+            self.cfg.host,
+            self.cfg.collector,
+            self.responder.port,
+            self.addresses,
+            [d.name for d in self.devices],
+            self.cfg.spool_dir,
+        )
+
+    def stop(self) -> None:
+        """Ask the agent to finish; safe from a signal handler."""
+        self._stop.set()
+        self._wake.set()
+
+    def close(self, flush_timeout: float = 2.0) -> None:
+        """Stop probing, spool the last window, try to send it, stop answering probes."""
+        self.stop()
+        self.scheduler.stop()
+        for t in self._threads[1:]:
+            t.join()
+        self.cut_window()
+        deadline = time.monotonic() + flush_timeout
+        while self.spool.depth and self.registered and time.monotonic() < deadline:
+            if not self._send_batch():
+                break
+        self.responder.stop()
+        self._threads[0].join()
+        self.client.close()
+        log.info(
+            "agent stopped host=%s acked=%d spooled=%d", self.cfg.host, self.acked, self.spool.depth
+        )
+
+    def run(self) -> None:
+        """start(), then block until stop(), then close()."""
+        self.start()
+        self._stop.wait()
+        self.close()
+
+    # -- windows ------------------------------------------------------------------------
+
+    def _window_loop(self) -> None:
+        while not self._stop.is_set():
+            now = self.clock() / 1e9
+            boundary = (int(now / self.window_s) + 1) * self.window_s
+            if self._stop.wait(max(0.0, boundary - now)):
+                return
+            self.cut_window()
+
+    def cut_window(self) -> SpoolKey:
+        """Close the current window into a report and spool it."""
+        end = self.clock()
+        now = time.monotonic()
+        bursts = self.aggregator.bursts
+        rate = (bursts - self._last_bursts) / max(now - self._last_cut, 1e-3)
+        self._last_bursts, self._last_cut = bursts, now
+        self.seq += 1
+        cpu = self._proc.cpu_times()
+        report = pb.WindowReport(
+            host=self.cfg.host,
+            epoch=self.epoch,
+            seq=self.seq,
+            window_start_unix_ns=self._window_start,
+            window_end_unix_ns=end,
+            probes=self.aggregator.cut(),
+            counters=self.sampler.sample(),
+            agent=pb.AgentStats(
+                cpu_seconds=cpu.user + cpu.system,
+                rss_bytes=self._proc.memory_info().rss,
+                probes=bursts,
+                probe_rate=rate,
+                spool_depth=self.spool.depth,
+                spool_bytes=self.spool.size_bytes,
+                spool_dropped=self.spool.dropped,
+            ),
+            assignment_generation=self.generation,
+        )
+        self._window_start = end
+        key = SpoolKey(self.epoch, self.seq)
+        self.spool.put(key, report.SerializeToString())
+        self._wake.set()
+        return key
+
+    # -- collector ----------------------------------------------------------------------
+
+    def host_info(self) -> pb.HostInfo:
+        return host_info(
+            self.cfg.host,
+            self.addresses,
+            self.devices,
+            self.cfg.topology,
+            self.responder.port,
+            list(RUNNERS),
+        )
+
+    def register(self) -> None:
+        resp = self.client.register(self.host_info())
+        if resp.report_interval_ms:
+            self.window_s = resp.report_interval_ms / 1000.0
+        self.apply(resp.assignments)
+        self.registered = True
+        log.info(
+            "registered host=%s generation=%d targets=%d window_s=%g",
+            self.cfg.host,
+            self.generation,
+            len(resp.assignments.targets),
+            self.window_s,
+        )
+
+    def apply(self, a: pb.Assignments) -> None:
+        specs = [
+            ProbeSpec(
+                dst=t.dst,
+                address=t.address,
+                port=t.port,
+                kind=t.kind,
+                size=t.size,
+                count=t.count,
+                interval_s=t.interval_ms / 1000.0,
+                device=t.device,
+                gid=t.gid,
+            )
+            for t in a.targets
+            if t.dst != self.cfg.host
+        ]
+        self.scheduler.set_targets(specs, budget=float(a.probe_budget) or None)
+        self.generation = a.generation
+
+    def _send_loop(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                if not self.registered:
+                    self.register()
+                if not self.spool.depth:
+                    self._wake.wait(1.0)
+                    self._wake.clear()
+                    continue
+                ok = self._send_batch()
+            except grpc.RpcError as e:
+                log.warning("collector %s: %s", self.cfg.collector, _rpc_reason(e))
+                ok = False
+            if ok:
+                backoff = 0.2
+            else:
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _send_batch(self) -> bool:
+        """Send up to SEND_BATCH spooled windows; False when the collector cut us short."""
+        keys: list[SpoolKey] = []
+        reports: list[pb.WindowReport] = []
+        for key in self.spool.pending(SEND_BATCH):
+            data = self.spool.read(key)
+            if data is not None:
+                keys.append(key)
+                reports.append(pb.WindowReport.FromString(data))
+        if not reports:
+            return True
+        acks, err = self.client.send(reports)
+        for ack in acks:
+            self.spool.ack(SpoolKey(ack.epoch, ack.seq))
+            self.acked += 1
+        if acks and max(a.assignment_generation for a in acks) > self.generation:
+            self.apply(self.client.assignments(self.cfg.host, self.generation))
+        if err is None:
+            return True
+        code = err.code()
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            self.registered = False  # the collector restarted and forgot us
+        elif code == grpc.StatusCode.INVALID_ARGUMENT and len(acks) < len(keys):
+            bad = keys[len(acks)]
+            self.spool.ack(bad)  # it will never be taken: do not block the ones behind it
+            self.rejected += 1
+            log.error("collector refused window %s: %s", bad, _rpc_reason(err))
+            return True
+        log.warning("collector %s: %s", self.cfg.collector, _rpc_reason(err))
+        return False
+
+
+def _rpc_reason(e: grpc.RpcError) -> str:
+    try:
+        return f"{e.code().name}: {e.details()}"
+    except Exception:
+        return str(e)

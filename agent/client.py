@@ -1,0 +1,83 @@
+"""The agent's end of the collector API: register, poll assignments, send windows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+
+from collector.api import fabricprobe_pb2 as pb
+from collector.api import fabricprobe_pb2_grpc as pb_grpc
+
+MAX_MESSAGE_BYTES = 4 << 20
+
+
+def channel_credentials(
+    ca_file: str, cert_file: str = "", key_file: str = ""
+) -> grpc.ChannelCredentials:
+    """TLS to the collector, with a client certificate when CERT_FILE/KEY_FILE are given."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=Path(ca_file).read_bytes(),
+        private_key=Path(key_file).read_bytes() if key_file else None,
+        certificate_chain=Path(cert_file).read_bytes() if cert_file else None,
+    )
+
+
+class CollectorClient:
+    """Thin wrapper over the generated stub: one channel, deadlines on every call.
+
+    gRPC errors are left to the caller (grpc.RpcError with a status code).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        server_name: str = "",
+        timeout: float = 10.0,
+    ) -> None:
+        opts: list[tuple[str, object]] = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 5000),
+        ]
+        if server_name:
+            opts.append(("grpc.ssl_target_name_override", server_name))
+        if credentials is None:
+            self.channel = grpc.insecure_channel(target, options=opts)
+        else:
+            self.channel = grpc.secure_channel(target, credentials, options=opts)
+        self.stub = pb_grpc.CollectorStub(self.channel)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.timeout = timeout
+
+    def register(self, info: pb.HostInfo) -> pb.RegisterResponse:
+        return self.stub.Register(
+            pb.RegisterRequest(host=info), timeout=self.timeout, metadata=self.metadata
+        )
+
+    def assignments(self, host: str, known: int) -> pb.Assignments:
+        return self.stub.GetAssignments(
+            pb.AssignmentsRequest(host=host, known_generation=known),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+
+    def send(self, reports: Iterable[pb.WindowReport]) -> tuple[list[pb.Ack], grpc.RpcError | None]:
+        """Stream REPORTS on one Report call: the acks received, and the error that cut the
+        stream short (None when every report was answered)."""
+        acks: list[pb.Ack] = []
+        call = self.stub.Report(iter(list(reports)), timeout=self.timeout, metadata=self.metadata)
+        try:
+            for ack in call:
+                acks.append(ack)
+        except grpc.RpcError as e:
+            return acks, e
+        return acks, None
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,0 +1,100 @@
+"""Agent settings: defaults, overridden by a TOML file's [agent] table, then by flags.
+
+Example file::
+
+    [agent]
+    host = "gpu-node-17"
+    collector = "collector.example:4794"
+    topology = "tor-a12"
+    probe_listen = "0.0.0.0:4793"
+    spool_dir = "/var/lib/fabricprobe/spool"
+    spool_max_windows = 8640      # a day of 10 s windows
+    spool_max_bytes = 67108864    # 64 MiB
+    token_file = "/etc/fabricprobe/token"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_WINDOWS
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names it."""
+
+
+@dataclass
+class AgentConfig:
+    host: str = field(default_factory=socket.gethostname)
+    collector: str = "127.0.0.1:4794"
+    topology: str = ""
+    addresses: list[str] = field(default_factory=list)  # empty: discover
+    probe_listen: str = "0.0.0.0:4793"
+    window_s: float = 10.0  # until the collector says otherwise
+    spool_dir: str = "/var/lib/fabricprobe/spool"
+    spool_max_windows: int = DEFAULT_MAX_WINDOWS
+    spool_max_bytes: int = DEFAULT_MAX_BYTES
+    sysfs_root: str = "/sys"
+    ethtool: bool = True
+    jitter: float = 0.2
+    probe_timeout: float = 1.0
+    probe_workers: int = 4
+    insecure: bool = False  # plain text to the collector: only when asked for
+    token_file: str = ""
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""  # TLS name to expect from the collector, if not its address
+
+    def validate(self) -> None:
+        if not self.host or any(c.isspace() for c in self.host):
+            raise ConfigError(f"host: {self.host!r} is not a host name")
+        if not 0.1 <= self.window_s <= 3600:
+            raise ConfigError("window_s: must be within 0.1..3600")
+        if not 0 <= self.jitter < 1:
+            raise ConfigError("jitter: must be within 0..1")
+        if self.spool_max_windows < 1 or self.spool_max_bytes < 4096:
+            raise ConfigError("spool bounds: at least 1 window and 4096 bytes")
+        if not (self.insecure or self.token_file or self.ca_file):
+            raise ConfigError(
+                "no credentials: give --token-file or --ca-file (TLS), or --insecure for plain text"
+            )
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ConfigError("cert_file and key_file go together")
+
+
+def load_toml(path: str | Path, section: str) -> dict[str, Any]:
+    """The [SECTION] table of a TOML file; ConfigError for a file that cannot be used."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    table = data.get(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [{section}] is not a table")
+    return table
+
+
+def apply(obj: Any, values: dict[str, Any], where: str) -> None:
+    """Set dataclass fields of OBJ from VALUES (dashes or underscores), checking types."""
+    known = {f.name: f for f in dataclasses.fields(obj)}
+    for raw_key, value in values.items():
+        key = raw_key.replace("-", "_")
+        if key not in known:
+            raise ConfigError(f"{where}: unknown setting {raw_key!r}")
+        current = getattr(obj, key)
+        if isinstance(current, bool) and not isinstance(value, bool):
+            raise ConfigError(f"{where}: {raw_key} must be true or false")
+        if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, type(current)):
+            raise ConfigError(f"{where}: {raw_key} must be a {type(current).__name__}")
+        setattr(obj, key, value)

@@ -1,0 +1,147 @@
+"""Counter sampling: RDMA port counters and `ethtool -S` turned into report readings.
+
+The readers live in probes.counters and probes.ethtool; this module only maps what
+they return to CounterReading messages (raw values and their wrap width: the collector
+computes rates). A counter the hardware does not offer is left out, never sent as 0.
+A netdev whose driver has no ethtool statistics (veth, virtio_net) is asked once and
+then left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from collector.api import fabricprobe_pb2 as pb
+from probes.counters import PortCounters, counter_width, read_port_counters
+from probes.errors import NotSupported, ParseError, ProbeError
+from probes.ethtool import PfcStats, Runner, parse_pfc_stats, read_ethtool_stats, run_command
+from probes.sysfs import RdmaDevice
+
+log = logging.getLogger("fabricprobe.agent")
+
+PFC_FIELDS = (
+    "rx_pause",
+    "tx_pause",
+    "rx_pause_duration_us",
+    "tx_pause_duration_us",
+    "rx_pause_transitions",
+    "tx_pause_transitions",
+    "rx_discards",
+)
+NETDEV_FIELDS = (
+    "rx_discards_phy",
+    "rx_ecn_mark",
+    "tx_pause_storm_warning_events",
+    "tx_pause_storm_error_events",
+    "continuous_pause_events",
+    "rx_link_pause",
+    "tx_link_pause",
+)
+
+
+def port_readings(pc: PortCounters, driver: str | None) -> list[pb.CounterReading]:
+    """counters/ and hw_counters/ values of one port, under the kernel's names."""
+    values: dict[str, int] = {}
+    if pc.pma is not None:
+        values.update(pc.pma.values)
+    if pc.hw is not None:
+        values.update(pc.hw.values)
+    return [
+        pb.CounterReading(
+            kind="rdma",
+            device=pc.device,
+            port=pc.port,
+            priority=-1,
+            name=name,
+            value=value,
+            width=counter_width(name, driver),
+        )
+        for name, value in sorted(values.items())
+    ]
+
+
+def pfc_readings(netdev: str, pfc: PfcStats) -> list[pb.CounterReading]:
+    """Per-priority pause frames, durations, transitions and discards, plus the netdev-wide
+    discard, ECN-mark and pause-storm counters."""
+    out = []
+    for prio in pfc.priorities:
+        for name in PFC_FIELDS:
+            value = getattr(prio, name)
+            if value is not None:
+                out.append(
+                    pb.CounterReading(
+                        kind="pfc",
+                        netdev=netdev,
+                        priority=prio.priority,
+                        name=name,
+                        value=value,
+                        width=64,
+                    )
+                )
+    for name in NETDEV_FIELDS:
+        value = getattr(pfc, name)
+        if value is not None:
+            out.append(
+                pb.CounterReading(
+                    kind="netdev", netdev=netdev, priority=-1, name=name, value=value, width=64
+                )
+            )
+    return out
+
+
+@dataclass
+class CounterSampler:
+    """Reads every port of DEVICES and every NETDEV once per call to sample()."""
+
+    sysfs_root: str
+    devices: list[RdmaDevice]
+    netdevs: list[str]
+    runner: Runner = run_command
+    ethtool: bool = True
+    errors: int = 0
+    _no_stats: set[str] = field(default_factory=set)
+    _warned: set[str] = field(default_factory=set)
+
+    def sample(self) -> list[pb.CounterReading]:
+        out: list[pb.CounterReading] = []
+        for dev in self.devices:
+            for port in dev.ports:
+                try:
+                    pc = read_port_counters(self.sysfs_root, dev.name, port.number)
+                except (ProbeError, OSError) as e:
+                    self._warn(f"{dev.name}/{port.number}", e)
+                    continue
+                out.extend(port_readings(pc, dev.driver))
+        if self.ethtool:
+            for netdev in self.netdevs:
+                if netdev in self._no_stats:
+                    continue
+                try:
+                    stats = read_ethtool_stats(netdev, self.runner)
+                except NotSupported:
+                    self._no_stats.add(netdev)
+                    continue
+                except (ProbeError, ParseError, OSError) as e:
+                    self._warn(netdev, e)
+                    continue
+                out.extend(pfc_readings(netdev, parse_pfc_stats(stats)))
+        return out
+
+    def _warn(self, what: str, e: Exception) -> None:
+        self.errors += 1
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("counters of %s not read: %s", what, e)
+
+
+def netdevs_of(devices: Iterable[RdmaDevice]) -> list[str]:
+    """Network devices under the RDMA devices (GID netdevs and soft-RoCE parents)."""
+    names: set[str] = set()
+    for d in devices:
+        if d.parent_netdev:
+            names.add(d.parent_netdev)
+        for p in d.ports:
+            names.update(p.netdevs())
+    return sorted(names)

@@ -1,0 +1,62 @@
+"""Per-window aggregation: probe outcomes merged into one sketch per path and window."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from agent.probing import ProbeOutcome, ProbeSpec
+from collector.api import fabricprobe_pb2 as pb
+from probes.stats import LatencySketch
+
+PathKey = tuple[str, str, str, int]  # dst, transport, op, size
+
+
+@dataclass
+class _PathWindow:
+    rtt: LatencySketch = field(default_factory=LatencySketch)
+    bytes_moved: int = 0
+    busy_seconds: float = 0.0
+    failures: int = 0
+
+
+class WindowAggregator:
+    """Collects outcomes from the probe threads; cut() hands over the window and starts anew."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: dict[PathKey, _PathWindow] = {}
+        self.bursts = 0
+
+    def add(self, spec: ProbeSpec, outcome: ProbeOutcome) -> None:
+        key = (spec.dst, outcome.transport, outcome.op, spec.size)
+        with self._lock:
+            w = self._paths.get(key)
+            if w is None:
+                w = self._paths[key] = _PathWindow()
+            if outcome.rtt is not None:
+                w.rtt.merge(outcome.rtt)
+            w.bytes_moved += outcome.bytes_moved
+            w.busy_seconds += outcome.busy_seconds
+            w.failures += int(outcome.failed)
+            self.bursts += 1
+
+    def cut(self) -> list[pb.ProbeWindow]:
+        """The window's probe results as messages; the aggregator is empty afterwards."""
+        with self._lock:
+            paths, self._paths = self._paths, {}
+        out = []
+        for (dst, transport, op, size), w in sorted(paths.items()):
+            out.append(
+                pb.ProbeWindow(
+                    dst=dst,
+                    transport=transport,
+                    op=op,
+                    size=size,
+                    rtt_sketch=w.rtt.encode() if (w.rtt.count or w.rtt.lost) else b"",
+                    bytes_moved=w.bytes_moved,
+                    busy_seconds=w.busy_seconds,
+                    failures=w.failures,
+                )
+            )
+        return out
