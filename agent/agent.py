@@ -136,6 +136,10 @@ class Agent:
         self._stop.set()
         self._wake.set()
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stop() was called (or TIMEOUT); True once stopping."""
+        return self._stop.wait(timeout)
+
     def close(self, flush_timeout: float = 2.0) -> None:
         """Stop probing, spool the last window, try to send it, stop answering probes."""
         self.stop()

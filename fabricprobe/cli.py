@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from fabricprobe import __version__
+from fabricprobe.commands.agent import agent
+from fabricprobe.commands.collector import collector
 from fabricprobe.commands.rdma import bw, lat
 from fabricprobe.commands.rxe import rxe
 from fabricprobe.commands.serve import serve
@@ -33,3 +35,5 @@ main.add_command(rxe)
 main.add_command(serve)
 main.add_command(tcp)
 main.add_command(validate)
+main.add_command(agent)
+main.add_command(collector)

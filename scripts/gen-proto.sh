@@ -15,3 +15,6 @@ cd "$root"
 # (callers see its classes as untyped) rather than checking generated code.
 grpc_py="$out/collector/api/fabricprobe_pb2_grpc.py"
 { echo "# mypy: ignore-errors"; cat "$grpc_py"; } > "$grpc_py.tmp" && mv "$grpc_py.tmp" "$grpc_py"
+# The stub is generated too: keep lint and the formatter out of it.
+pyi="$out/collector/api/fabricprobe_pb2.pyi"
+{ echo "# ruff: noqa"; echo "# fmt: off"; cat "$pyi"; } > "$pyi.tmp" && mv "$pyi.tmp" "$pyi"

@@ -1,3 +1,5 @@
+# ruff: noqa
+# fmt: off
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

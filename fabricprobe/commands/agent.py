@@ -1,0 +1,92 @@
+"""`probe agent`: answer probes, probe assigned peers, sample counters, report windows."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from types import FrameType
+from typing import Any
+
+import click
+
+from agent.agent import Agent
+from agent.config import AgentConfig, ConfigError, apply, load_toml
+from collector.logs import setup_logging
+from fabricprobe.options import fail, sysfs_option
+from probes.errors import ProbeError
+
+log = logging.getLogger("fabricprobe.agent")
+
+
+@click.command(
+    epilog="""\b
+Examples:
+  probe agent --collector collector.example:4794 --topology tor-a12 \\
+      --ca-file ca.pem --cert-file host.pem --key-file host.key
+  probe agent --config /etc/fabricprobe/agent.toml
+  probe agent --collector 127.0.0.1:4794 --insecure --listen 127.0.0.2:4793 \\
+      --host h2 --spool-dir /tmp/h2-spool   # one of several agents on a laptop""",
+)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file.")
+@click.option("--collector", metavar="HOST:PORT", help="Collector's agent API [127.0.0.1:4794].")
+@click.option("--host", help="This host's name, its identity [the system host name].")
+@click.option("--topology", help="Topology label, e.g. the ToR switch.")
+@click.option(
+    "--listen", "probe_listen", metavar="ADDR:PORT", help="Responder address [0.0.0.0:4793]."
+)
+@click.option(
+    "--address", "addresses", multiple=True, help="Address peers probe (repeat) [discovered]."
+)
+@click.option("--spool-dir", type=click.Path(file_okay=False), help="Spool directory.")
+@click.option("--spool-max-windows", type=click.IntRange(1), help="Spool bound in windows [8640].")
+@click.option("--spool-max-bytes", type=click.IntRange(4096), help="Spool bound in bytes [64 MiB].")
+@click.option("--no-ethtool", "no_ethtool", is_flag=True, help="Do not run `ethtool -S`.")
+@click.option("--insecure", is_flag=True, default=None, help="Plain text to the collector.")
+@click.option(
+    "--token-file", type=click.Path(dir_okay=False), help="File holding this host's token."
+)
+@click.option("--ca-file", type=click.Path(dir_okay=False), help="CA of the collector (TLS).")
+@click.option("--cert-file", type=click.Path(dir_okay=False), help="Client certificate (PEM).")
+@click.option("--key-file", type=click.Path(dir_okay=False), help="Client key (PEM).")
+@click.option("--log-format", type=click.Choice(["json", "text"]), default="json")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info")
+@sysfs_option
+def agent(
+    config_file: str | None,
+    addresses: tuple[str, ...],
+    no_ethtool: bool,
+    sysfs_root: str,
+    log_format: str,
+    log_level: str,
+    **flags: Any,
+) -> None:
+    """Run this host's agent until SIGTERM or SIGINT, then spool and flush the last window."""
+    cfg = AgentConfig()
+    try:
+        if config_file:
+            apply(cfg, load_toml(config_file, "agent"), config_file)
+        given = {k: v for k, v in flags.items() if v is not None}
+        if addresses:
+            given["addresses"] = list(addresses)
+        if no_ethtool:
+            given["ethtool"] = False
+        if sysfs_root != "/sys":
+            given["sysfs_root"] = sysfs_root
+        apply(cfg, given, "flags")
+        cfg.validate()
+    except ConfigError as e:
+        fail(str(e))
+    setup_logging(log_level, log_format)
+    try:
+        the_agent = Agent(cfg)
+        the_agent.start()
+    except (ProbeError, OSError, ValueError) as e:
+        fail(f"cannot start: {e}", 1)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        the_agent.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    the_agent.wait()
+    the_agent.close()
