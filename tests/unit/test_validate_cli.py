@@ -1,0 +1,187 @@
+"""`probe validate` from the command line: exit codes 0/1/2, --json, table and summary."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import fabricprobe.commands.validate as validate_cmd
+from fabricprobe.cli import main
+from probes.roce import LiveMeasurement, PathFigures
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SYS = FIXTURES / "sys"
+TOOLS = FIXTURES / "tools"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, ["validate", *args], env={"COLUMNS": "300"})
+    if res.exception and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return res.exit_code, res.stdout, res.stderr
+
+
+def fixture_args(kind: str, *tools: str) -> list[str]:
+    out = ["--sysfs", str(SYS / kind)]
+    for t in tools:
+        out += ["--replay", str(TOOLS / t)]
+    return out
+
+
+def sys_with_overlay(tmp_path: Path, overlay: str) -> Path:
+    root = tmp_path / "sys"
+    shutil.copytree(SYS / "mlx5", root, symlinks=True)
+    shutil.copytree(SYS / "overlays" / overlay, root, symlinks=True, dirs_exist_ok=True)
+    return root
+
+
+def test_good_host_exits_0() -> None:
+    code, out, _ = run(*fixture_args("mlx5", "mlx5"))
+    assert code == 0
+    assert "PASS" in out and "FAIL" not in out
+    assert out.strip().splitlines()[-1].startswith("OK: 8 pass, 0 warn, 0 fail, 0 skip")
+
+
+def test_misconfigured_host_exits_1_with_fix() -> None:
+    code, out, _ = run(*fixture_args("mlx5", "mlx5", "pfc_wrong_priority"), "--window", "0")
+    assert code == 1
+    assert "PFC is off on RoCE priority 3" in out
+    assert "fix: dcb pfc set dev ens1f0np0 prio-pfc all:off 3:on" in out
+    assert out.strip().splitlines()[-1].startswith("FAIL:")
+
+
+def test_pause_storm_over_a_window() -> None:
+    code, out, _ = run(*fixture_args("mlx5", "mlx5", "pause_storm"), "--window", "2")
+    assert code == 1
+    assert "pause storm" in out
+
+
+def test_json_is_valid_and_complete(tmp_path: Path) -> None:
+    root = sys_with_overlay(tmp_path, "ecn_off")
+    code, out, _ = run("--sysfs", str(root), "--replay", str(TOOLS / "mlx5"), "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["ok"] is False
+    assert doc["summary"]["fail"] == 1
+    failed = [r for r in doc["results"] if r["status"] == "FAIL"]
+    assert [r["check"] for r in failed] == ["ecn"]
+    assert failed[0]["fix"].startswith("echo 1 > ")
+    assert doc["policy"]["dscp"] == 26
+
+
+def test_no_rdma_device_exits_1_and_names_soft_roce(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    (root / "class/net/enp0s3").mkdir(parents=True)
+    (root / "class/net/enp0s3/operstate").write_text("up\n")
+    code, out, _ = run("--sysfs", str(root))
+    assert code == 1
+    assert "no RDMA device" in out
+    assert "probe rxe up --netdev enp0s3" in out
+    code, out, _ = run("--sysfs", str(root), "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["results"][0]["status"] == "FAIL"
+    assert "probe rxe up --netdev enp0s3" in doc["results"][0]["fix"]
+
+
+def test_rxe_host_exits_0_with_skips() -> None:
+    code, out, _ = run(*fixture_args("rxe", "rxe"), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    skipped = {r["check"] for r in doc["results"] if r["status"] == "SKIP"}
+    assert skipped == {"pfc", "trust", "ecn"}
+
+
+def test_priority_and_dscp_flags_override_the_policy_file(tmp_path: Path) -> None:
+    policy = tmp_path / "roce.toml"
+    policy.write_text("[roce]\npriority = 4\ndscp = 34\n")
+    code, out, _ = run(*fixture_args("mlx5", "mlx5"), "--policy", str(policy), "--json")
+    assert code == 1
+    assert json.loads(out)["policy"]["priority"] == 4
+    code, out, _ = run(
+        *fixture_args("mlx5", "mlx5"), "--policy", str(policy), "--priority", "3", "--dscp", "26"
+    )
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--priority", "8"], "--priority"),
+        (["--dscp", "64"], "--dscp"),
+        (["--window", "-1"], "--window"),
+        (["--bogus"], "No such option"),
+        (["--priority", "6"], "cnp_priority must differ"),
+    ],
+)
+def test_bad_usage_exits_2(args: list[str], message: str) -> None:
+    code, _, err = run(*fixture_args("mlx5", "mlx5"), *args)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_bad_policy_file_exits_2(tmp_path: Path) -> None:
+    policy = tmp_path / "roce.toml"
+    policy.write_text("[roce]\nmtu = 9000\n")
+    code, _, err = run(*fixture_args("mlx5", "mlx5"), "--policy", str(policy))
+    assert code == 2 and "mtu must be one of" in err
+    code, _, err = run(*fixture_args("mlx5", "mlx5"), "--policy", str(tmp_path / "nope.toml"))
+    assert code == 2 and "cannot read policy file" in err
+
+
+def test_bad_capture_dir_exits_2(tmp_path: Path) -> None:
+    code, _, err = run("--sysfs", str(SYS / "mlx5"), "--replay", str(tmp_path))
+    assert code == 2 and "commands.toml" in err
+
+
+def test_peer_without_a_measurer_is_a_skip(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        validate_cmd, "probe_measure", lambda sysfs, dev: (None, "probes.tcp is not installed")
+    )
+    code, out, _ = run(*fixture_args("mlx5", "mlx5"), "--window", "0", "--peer", "10.0.0.2")
+    assert code == 0
+    assert "live check not available: probes.tcp is not installed" in out
+
+
+def test_peer_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake(sysfs: str, dev: str | None) -> tuple[object, str]:
+        def measure(peer: str) -> LiveMeasurement:
+            return LiveMeasurement(
+                peer, PathFigures(3.9, 6.1, 370.0), PathFigures(22.0, 48.0, 41.0)
+            )
+
+        return measure, ""
+
+    monkeypatch.setattr(validate_cmd, "probe_measure", fake)
+    code, out, _ = run(
+        *fixture_args("mlx5", "mlx5"), "--window", "0", "--peer", "10.0.0.2", "--json"
+    )
+    assert code == 0
+    live = [r for r in json.loads(out)["results"] if r["check"] == "live"]
+    assert live[0]["status"] == "PASS" and "3.9" in live[0]["message"]
+
+
+def test_verbose_shows_evidence() -> None:
+    code, out, _ = run(*fixture_args("mlx5", "mlx5"), "--window", "0", "-v")
+    assert code == 0
+    assert "ibv_devinfo port 1: active_mtu 4096" in out
+
+
+def test_help_smoke() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fabricprobe", "validate", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0
+    assert "probe validate --device mlx5_0" in proc.stdout
+    assert "Exit status: 0 when nothing FAILs" in proc.stdout
