@@ -77,6 +77,8 @@ def agent(
     except ConfigError as e:
         fail(str(e))
     setup_logging(log_level, log_format)
+    if log_level != "debug":  # one line per answered probe is too much for a fleet
+        logging.getLogger("fabricprobe.responder").setLevel(logging.WARNING)
     try:
         the_agent = Agent(cfg)
         the_agent.start()

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -137,3 +141,82 @@ def test_collector_restart_loses_no_window(tmp_path: Path) -> None:
     missing = set(range(1, agent.seq + 1)) - taken
     assert not missing, f"windows lost across the restart: {sorted(missing)}"
     assert agent.spool.depth == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def test_real_processes_and_sigterm(tmp_path: Path) -> None:
+    api, metrics = free_port(), free_port()
+    probe = [sys.executable, "-m", "fabricprobe"]
+    coll = subprocess.Popen(
+        [
+            *probe,
+            "collector",
+            "--listen",
+            f"127.0.0.1:{api}",
+            "--metrics-listen",
+            f"127.0.0.1:{metrics}",
+            "--insecure",
+            "--report-interval",
+            "1",
+            "--probe-interval",
+            "0.5",
+        ],
+        stderr=subprocess.PIPE,
+    )
+    agents = []
+    try:
+        wait_for(lambda: _port_open(api), what="collector listening")
+        for addr in HOSTS[:2]:
+            name = "proc-" + addr.rsplit(".", 1)[1]
+            agents.append(
+                subprocess.Popen(
+                    [
+                        *probe,
+                        "agent",
+                        "--collector",
+                        f"127.0.0.1:{api}",
+                        "--insecure",
+                        "--host",
+                        name,
+                        "--listen",
+                        f"{addr}:0",
+                        "--spool-dir",
+                        str(tmp_path / name),
+                        "--sysfs",
+                        str(tmp_path / "none"),
+                        "--no-ethtool",
+                    ],
+                    stderr=subprocess.PIPE,
+                )
+            )
+
+        def both_ways() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            return text.count("fabricprobe_rtt_seconds_count{") >= 2
+
+        wait_for(both_ways, what="both directions in /metrics")
+    finally:
+        for p in [*agents, coll]:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    for p in [*agents, coll]:
+        assert p.returncode == 0
+        assert p.stderr is not None
+        lines = p.stderr.read().decode().splitlines()
+        assert lines and all(json.loads(line)["msg"] for line in lines)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -1,0 +1,120 @@
+"""TCP probe runner against a real responder, the scheduler, the rate budget, windows."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from agent.probing import (
+    RUNNERS,
+    ProbeContext,
+    ProbeOutcome,
+    ProbeSpec,
+    RateBudget,
+    Scheduler,
+    tcp_pingpong,
+)
+from agent.window import WindowAggregator
+from probes.responder import Responder, load_session_modules
+from probes.stats import LatencySketch
+
+
+@pytest.fixture
+def responder() -> Iterator[Responder]:
+    load_session_modules()
+    with Responder("127.0.0.1", 0, idle_timeout=2.0) as r:
+        yield r
+
+
+def spec(port: int, **kw: object) -> ProbeSpec:
+    base: dict[str, object] = dict(
+        dst="peer",
+        address="127.0.0.1",
+        port=port,
+        kind="tcp_lat",
+        size=64,
+        count=5,
+        interval_s=0.05,
+    )
+    base.update(kw)
+    return ProbeSpec(**base)  # type: ignore[arg-type]
+
+
+def test_tcp_lat_is_registered() -> None:
+    assert RUNNERS["tcp_lat"] is tcp_pingpong
+
+
+def test_tcp_pingpong_measures_rtt(responder: Responder) -> None:
+    out = tcp_pingpong(spec(responder.port, size=1024), ProbeContext(bind="127.0.0.1", timeout=1))
+    assert out.error is None and not out.failed
+    assert out.rtt is not None and out.rtt.count == 5 and out.rtt.lost == 0
+    assert (out.transport, out.op) == ("tcp", "pingpong")
+
+
+def test_dead_peer_is_a_failed_burst_with_every_exchange_lost() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens here once closed
+    out = tcp_pingpong(spec(port), ProbeContext(bind=None, timeout=0.5))
+    assert out.failed and out.error
+    assert out.rtt is not None and out.rtt.lost == 5 and out.rtt.count == 0
+
+
+def test_rate_budget() -> None:
+    now = [0.0]
+    b = RateBudget(2.0, clock=lambda: now[0])
+    assert b.wait_time() == 0.0
+    assert b.wait_time() == pytest.approx(0.5)
+    now[0] += 0.5
+    assert b.wait_time() == 0.0
+
+
+def test_scheduler_runs_targets_within_budget_and_skips_unknown_kinds() -> None:
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def fake(s: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+        with lock:
+            seen.append(s.dst)
+        sk = LatencySketch()
+        sk.record(1000)
+        return ProbeOutcome("tcp", "pingpong", rtt=sk)
+
+    agg = WindowAggregator()
+    sched = Scheduler(ProbeContext(None, 1.0), agg.add, budget=1000, runners={"tcp_lat": fake})
+    sched.set_targets([spec(1, dst="a"), spec(1, dst="b"), spec(1, dst="c", kind="rdma_ud")])
+    assert sorted(s.dst for s in sched.targets()) == ["a", "b"]
+    sched.start()
+    time.sleep(0.6)
+    sched.stop()
+    assert seen.count("a") >= 4 and seen.count("b") >= 4 and "c" not in seen
+    windows = {w.dst: w for w in agg.cut()}
+    assert set(windows) == {"a", "b"}
+    assert LatencySketch.decode(windows["a"].rtt_sketch).count == seen.count("a")
+    assert agg.cut() == []
+
+    slow = Scheduler(ProbeContext(None, 1.0), agg.add, budget=5, runners={"tcp_lat": fake})
+    seen.clear()
+    slow.set_targets([spec(1, dst=f"p{i}", interval_s=0.01) for i in range(10)])
+    slow.start()
+    time.sleep(1.0)
+    slow.stop()
+    assert 3 <= len(seen) <= 8  # ~5 bursts/s (plus the first token), not 10 x 100/s
+
+
+def test_runner_crash_is_a_failed_burst() -> None:
+    def broken(s: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+        raise RuntimeError("bug")
+
+    agg = WindowAggregator()
+    sched = Scheduler(ProbeContext(None, 1.0), agg.add, runners={"tcp_lat": broken})
+    sched.set_targets([spec(1, interval_s=0.05)])
+    sched.start()
+    time.sleep(0.2)
+    sched.stop()
+    (w,) = agg.cut()
+    assert w.failures >= 1

@@ -1,0 +1,126 @@
+"""The agent API over real gRPC on loopback: register, assignments, reports and acks,
+identity checks, clear errors, health and reflection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc  # type: ignore[import-untyped]
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from agent.client import CollectorClient
+from collector.api import fabricprobe_pb2 as pb
+from collector.auth import TokenAuth, read_token_file
+from collector.service import ApiConfig, CollectorServer, ServerConfig
+from probes.stats import LatencySketch
+
+TOKENS = {"h1": "token-for-h1-0123456789", "h2": "token-for-h2-0123456789"}
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[CollectorServer]:
+    f = tmp_path / "tokens"
+    f.write_text("".join(f"{h} {t}\n" for h, t in TOKENS.items()) + "# comment\n")
+    s = CollectorServer(
+        ServerConfig(listen="127.0.0.1:0", metrics_listen="", api=ApiConfig(report_burst=5)),
+        TokenAuth(read_token_file(f)),
+    )
+    s.start()
+    yield s
+    s.stop(0)
+
+
+def client(server: CollectorServer, host: str) -> CollectorClient:
+    return CollectorClient(f"127.0.0.1:{server.port}", token=TOKENS.get(host, "x" * 20))
+
+
+def info(host: str) -> pb.HostInfo:
+    return pb.HostInfo(
+        host=host, addresses=["127.0.0.9"], probe_port=4793, probe_kinds=["tcp_lat"], topology="t1"
+    )
+
+
+def window(host: str, seq: int) -> pb.WindowReport:
+    sk = LatencySketch()
+    sk.record(25_000)
+    r = pb.WindowReport(host=host, epoch=1, seq=seq, window_start_unix_ns=0, window_end_unix_ns=seq)
+    r.probes.add(dst="h2", transport="tcp", op="pingpong", size=64, rtt_sketch=sk.encode())
+    return r
+
+
+def test_register_assign_report_ack(server: CollectorServer) -> None:
+    c1, c2 = client(server, "h1"), client(server, "h2")
+    c2.register(info("h2"))
+    resp = c1.register(info("h1"))
+    assert resp.report_interval_ms == 10_000
+    a = c1.assignments("h1", 0)
+    assert [(t.dst, t.kind) for t in a.targets] == [("h2", "tcp_lat")]
+    assert a.generation >= 1 and a.targets[0].address == "127.0.0.9"
+    acks, err = c1.send([window("h1", 1), window("h1", 2), window("h1", 1)])
+    assert err is None
+    assert [(x.seq, x.duplicate) for x in acks] == [(1, False), (2, False), (1, True)]
+    assert server.store.paths[("h1", "h2", "tcp", "pingpong", 64)].rtt.count == 2
+
+
+def test_a_host_reports_only_as_itself(server: CollectorServer) -> None:
+    c1 = client(server, "h1")
+    with pytest.raises(grpc.RpcError) as e:
+        c1.register(info("h2"))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "only as itself" in e.value.details()
+    c1.register(info("h1"))
+    acks, err = c1.send([window("h2", 1)])
+    assert not acks and err.code() == grpc.StatusCode.PERMISSION_DENIED
+    bad = CollectorClient(f"127.0.0.1:{server.port}", token="not-a-known-token-xyz")
+    with pytest.raises(grpc.RpcError) as e:
+        bad.register(info("h1"))
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    anon = CollectorClient(f"127.0.0.1:{server.port}")
+    with pytest.raises(grpc.RpcError) as e:
+        anon.assignments("h1", 0)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_misuse_gets_clear_errors(server: CollectorServer) -> None:
+    c1 = client(server, "h1")
+    acks, err = c1.send([window("h1", 1)])
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION  # not registered yet
+    c1.register(info("h1"))
+    broken = window("h1", 1)
+    broken.probes[0].rtt_sketch = b"garbage"
+    acks, err = c1.send([window("h1", 1), broken])
+    assert len(acks) == 1 and err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed latency sketch" in err.details()
+    with pytest.raises(grpc.RpcError) as e:
+        c1.register(pb.HostInfo(host="h1", addresses=["a"] * 100))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_report_rate_and_message_size_are_limited(server: CollectorServer) -> None:
+    c1 = client(server, "h1")
+    c1.register(info("h1"))
+    acks, err = c1.send([window("h1", s) for s in range(1, 20)])
+    assert err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert 4 <= len(acks) <= 6
+    huge = window("h1", 100)
+    huge.probes[0].op = "x" * (5 << 20)
+    acks, err = c1.send([huge])
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # over the 4 MiB message limit
+
+
+def test_health_and_reflection(server: CollectorServer) -> None:
+    ch = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    h = health_pb2_grpc.HealthStub(ch)
+    resp = h.Check(health_pb2.HealthCheckRequest(service="fabricprobe.v1.Collector"), timeout=5)
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    r = reflection_pb2_grpc.ServerReflectionStub(ch)
+    answers = list(
+        r.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+    )
+    names = {s.name for s in answers[0].list_services_response.service}
+    assert "fabricprobe.v1.Collector" in names and "grpc.health.v1.Health" in names
