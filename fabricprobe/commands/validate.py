@@ -10,7 +10,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fabricprobe.options import OneLineCommand, fail, json_option, print_json, sysfs_option
+from fabricprobe.options import (
+    OneLineCommand,
+    bind_option,
+    fail,
+    json_option,
+    print_json,
+    sysfs_option,
+)
 from probes.errors import ProbeError
 from probes.roce import HostView, Policy, PolicyError, ReplayRunner, Report, Status, load_policy
 from probes.roce.live import LiveMeasurement, Measure, PathFigures
@@ -25,8 +32,14 @@ LIVE_RDMA_BW_ITERS = 4000
 LIVE_RDMA_BW_SIZE = 65536
 
 
-def probe_measure(sysfs_root: str, device: str | None) -> tuple[Measure | None, str]:
-    """A live measurement built on the probe libraries, or (None, why not)."""
+def probe_measure(
+    sysfs_root: str, device: str | None, bind: str | None = None
+) -> tuple[Measure | None, str]:
+    """A live measurement built on the probe libraries, or (None, why not).
+
+    BIND is the source address: the validated netdev's, so both transports take the path
+    through the device under test.
+    """
     try:
         from probes import tcp as tcp_lib
         from probes.control import DEFAULT_PORT, parse_hostport
@@ -36,8 +49,8 @@ def probe_measure(sysfs_root: str, device: str | None) -> tuple[Measure | None, 
     def measure(peer: str) -> LiveMeasurement:
         host, port = parse_hostport(peer, DEFAULT_PORT)
         try:
-            lat = tcp_lib.run_pingpong(host, port, iters=LIVE_ITERS)
-            bw = tcp_lib.run_throughput(host, port, duration=LIVE_BW_SECONDS)
+            lat = tcp_lib.run_pingpong(host, port, iters=LIVE_ITERS, bind=bind)
+            bw = tcp_lib.run_throughput(host, port, duration=LIVE_BW_SECONDS, bind=bind)
             tcp: PathFigures | None = PathFigures(
                 lat.summary.p50_us,
                 lat.summary.p99_us,
@@ -52,13 +65,14 @@ def probe_measure(sysfs_root: str, device: str | None) -> tuple[Measure | None, 
             return LiveMeasurement(peer, None, tcp, f"RDMA probes need pyverbs ({e})")
         try:
             rl = rc.rc_latency(
-                host, port=port, iters=LIVE_ITERS, device=device, sysfs_root=sysfs_root
+                host, port=port, iters=LIVE_ITERS, bind=bind, device=device, sysfs_root=sysfs_root
             )
             rb = rc.rc_bandwidth(
                 host,
                 port=port,
                 size=LIVE_RDMA_BW_SIZE,
                 iters=LIVE_RDMA_BW_ITERS,
+                bind=bind,
                 device=device,
                 sysfs_root=sysfs_root,
             )
@@ -73,6 +87,20 @@ def probe_measure(sysfs_root: str, device: str | None) -> tuple[Measure | None, 
         return LiveMeasurement(peer, rdma, tcp)
 
     return measure, ""
+
+
+def _source_for(view: HostView, device: str | None, netdev: str | None) -> str | None:
+    """The first IPv4 address of the netdev under test, to probe the peer from."""
+    if netdev is None and device is not None:
+        try:
+            dev = view.device(device)
+        except ProbeError:
+            return None
+        netdev = view.netdev_of(dev, 1)
+    if netdev is None:
+        return None
+    addrs, _ = view.addresses(netdev)
+    return addrs.ipv4[0] if addrs and addrs.ipv4 else None
 
 
 def render(report: Report, console: Console, verbose: bool) -> None:
@@ -124,6 +152,7 @@ Checks that need root say so and are skipped when run unprivileged.""",
     help="Seconds between the two counter samples (0: skip the counter check).",
 )
 @click.option("--peer", metavar="HOST[:PORT]", help="Also measure RDMA and TCP to this host.")
+@bind_option
 @json_option
 @sysfs_option
 @click.option(
@@ -148,6 +177,7 @@ def validate(
     dscp: int | None,
     window: float,
     peer: str | None,
+    bind: str | None,
     as_json: bool,
     sysfs_root: str,
     configfs_root: str | None,
@@ -178,7 +208,8 @@ def validate(
         view.clock = lambda: float(next(ticks)) * window
     measure, why = (None, "")
     if peer is not None:
-        measure, why = probe_measure(sysfs_root, devices[0] if devices else None)
+        device = devices[0] if len(devices) == 1 else None
+        measure, why = probe_measure(sysfs_root, device, bind or _source_for(view, device, netdev))
     start = time.monotonic()
     report = run_validation(
         view,

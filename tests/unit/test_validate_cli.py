@@ -143,7 +143,9 @@ def test_bad_capture_dir_exits_2(tmp_path: Path) -> None:
 
 def test_peer_without_a_measurer_is_a_skip(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        validate_cmd, "probe_measure", lambda sysfs, dev: (None, "probes.tcp is not installed")
+        validate_cmd,
+        "probe_measure",
+        lambda sysfs, dev, bind: (None, "probes.tcp is not installed"),
     )
     code, out, _ = run(*fixture_args("mlx5", "mlx5"), "--window", "0", "--peer", "10.0.0.2")
     assert code == 0
@@ -151,7 +153,11 @@ def test_peer_without_a_measurer_is_a_skip(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_peer_measured(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fake(sysfs: str, dev: str | None) -> tuple[object, str]:
+    seen: list[tuple[str | None, str | None]] = []
+
+    def fake(sysfs: str, dev: str | None, bind: str | None) -> tuple[object, str]:
+        seen.append((dev, bind))
+
         def measure(peer: str) -> LiveMeasurement:
             return LiveMeasurement(
                 peer, PathFigures(3.9, 6.1, 370.0), PathFigures(22.0, 48.0, 41.0)
@@ -160,10 +166,11 @@ def test_peer_measured(monkeypatch: pytest.MonkeyPatch) -> None:
         return measure, ""
 
     monkeypatch.setattr(validate_cmd, "probe_measure", fake)
-    code, out, _ = run(
-        *fixture_args("mlx5", "mlx5"), "--window", "0", "--peer", "10.0.0.2", "--json"
-    )
+    args = ["--device", "mlx5_0", "--window", "0", "--peer", "10.0.0.2", "--json"]
+    code, out, _ = run(*fixture_args("mlx5", "mlx5"), *args)
     assert code == 0
+    # the live probes go out from the address of the netdev under test
+    assert seen == [("mlx5_0", "192.168.10.11")]
     live = [r for r in json.loads(out)["results"] if r["check"] == "live"]
     assert live[0]["status"] == "PASS" and "3.9" in live[0]["message"]
 
