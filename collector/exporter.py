@@ -8,7 +8,6 @@ collector/metrics.toml, which a test holds to what collect() really yields.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,8 +20,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from collector.sketchwire import MergedSketch
 from collector.store import PathStats, StoreSnapshot, WindowStore
-from probes.stats import LatencySketch
 
 # RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
 # soft-RoCE loopback (tens of µs), a real RoCE fabric (a few µs) and a congested
@@ -63,16 +62,10 @@ PFC_DURATIONS: dict[str, tuple[str, str]] = {
 }
 
 
-def sketch_histogram(sketch: LatencySketch) -> tuple[list[tuple[str, float]], float]:
+def sketch_histogram(sketch: MergedSketch) -> tuple[list[tuple[str, float]], float]:
     """Cumulative (le, count) buckets in seconds and the sum in seconds of SKETCH."""
-    counts = [0] * (len(_RTT_BUCKETS_NS) + 1)
-    for value_ns, n in sketch.buckets():
-        counts[bisect.bisect_left(_RTT_BUCKETS_NS, value_ns)] += n
-    out: list[tuple[str, float]] = []
-    running = 0
-    for le, n in zip(RTT_BUCKETS_S, counts, strict=False):
-        running += n
-        out.append((_fmt(le), float(running)))
+    cum = sketch.cumulative(_RTT_BUCKETS_NS)
+    out = [(_fmt(le), float(n)) for le, n in zip(RTT_BUCKETS_S, cum, strict=False)]
     out.append(("+Inf", float(sketch.count)))
     return out, sketch.sum_ns / 1e9
 
@@ -275,7 +268,7 @@ class FabricCollector(Collector):
             f["sent"].add_metric(labels, float(rtt.count + rtt.lost))
             f["lost"].add_metric(labels, float(rtt.lost))
         if st.last_rtt is not None:
-            f["loss"].add_metric(labels, st.last_rtt.summary().loss_ratio)
+            f["loss"].add_metric(labels, st.last_rtt.loss_ratio)
         f["failures"].add_metric(labels, float(st.failures))
         if st.bytes_moved:
             f["bytes"].add_metric(labels, float(st.bytes_moved))

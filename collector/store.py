@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from collector.api import fabricprobe_pb2 as pb
+from collector.sketchwire import MergedSketch, WireSketch, merged, parse_sketch
 from probes.counters import counter_delta
 from probes.errors import ParseError
-from probes.stats import LatencySketch
 
 PathKey = tuple[str, str, str, str, int]  # src, dst, transport, op, size
 # src, kind, device, port, netdev, priority, name
@@ -35,8 +35,8 @@ class ReportError(ValueError):
 class PathStats:
     """Everything known about one probed path, over all windows seen."""
 
-    rtt: LatencySketch = field(default_factory=LatencySketch)  # all windows merged
-    last_rtt: LatencySketch | None = None  # the newest window only
+    rtt: MergedSketch = field(default_factory=MergedSketch)  # all windows merged
+    last_rtt: MergedSketch | None = None  # the newest window only
     last_end_ns: int = 0
     bytes_moved: int = 0
     busy_seconds: float = 0.0
@@ -202,14 +202,14 @@ class WindowStore:
                 self._merge_counter(report.host, report.window_end_unix_ns, c)
             return TakeResult(False, len(report.probes), len(report.counters))
 
-    def _validate(self, report: pb.WindowReport) -> list[LatencySketch | None]:
+    def _validate(self, report: pb.WindowReport) -> list[WireSketch | None]:
         if not report.host:
             raise ReportError("report without a host name")
         if report.seq < 1:
             raise ReportError("seq must start at 1")
         if report.window_end_unix_ns < report.window_start_unix_ns:
             raise ReportError("window ends before it starts")
-        sketches: list[LatencySketch | None] = []
+        sketches: list[WireSketch | None] = []
         for w in report.probes:
             if not w.dst or len(w.dst) > MAX_NAME or w.transport not in ("tcp", "rdma"):
                 raise ReportError(f"bad probe window dst={w.dst!r} transport={w.transport!r}")
@@ -217,7 +217,7 @@ class WindowStore:
                 raise ReportError(f"bad probe op {w.op!r}")
             if w.rtt_sketch:
                 try:
-                    sketches.append(LatencySketch.decode(w.rtt_sketch))
+                    sketches.append(parse_sketch(w.rtt_sketch))
                 except ParseError as e:
                     raise ReportError(f"probe window to {w.dst}: {e}") from None
             else:
@@ -230,7 +230,7 @@ class WindowStore:
         return sketches
 
     def _merge_probe(
-        self, src: str, end_ns: int, w: pb.ProbeWindow, sketch: LatencySketch | None
+        self, src: str, end_ns: int, w: pb.ProbeWindow, sketch: WireSketch | None
     ) -> None:
         key: PathKey = (src, w.dst, w.transport, w.op, int(w.size))
         stats = self.paths.get(key)
@@ -243,7 +243,7 @@ class WindowStore:
                 stats.rtt.merge(sketch)
                 self.merges_total += 1
             if end_ns >= stats.last_end_ns:
-                stats.last_rtt = sketch
+                stats.last_rtt = merged(sketch)
         if w.bytes_moved:
             stats.bytes_moved += w.bytes_moved
             stats.busy_seconds += w.busy_seconds

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from collector.api import fabricprobe_pb2 as pb
 from collector.exporter import RTT_BUCKETS_S, FabricCollector, sketch_histogram
+from collector.sketchwire import merged, parse_sketch
 from collector.store import WindowStore
 from probes.stats import LatencySketch
 
@@ -137,7 +138,7 @@ def test_histogram_buckets_resolve_microseconds_to_seconds() -> None:
     assert RTT_BUCKETS_S[0] == pytest.approx(1e-6) and RTT_BUCKETS_S[-1] == pytest.approx(10.0)
     s = LatencySketch()
     s.record_many([1_500, 40_000, 3_000_000_000])
-    buckets, total = sketch_histogram(s)
+    buckets, total = sketch_histogram(merged(parse_sketch(s.encode())))
     le = dict(buckets)
     assert le["2e-6"] == 1 and le["5e-5"] == 2 and le["1e-3"] == 2 and le["5e0"] == 3
     assert le["+Inf"] == 3 and total == pytest.approx(3.0000415)
