@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 # Probe kinds in the order they are handed out; a pair gets each kind both ends offer.
 DEFAULT_KINDS: tuple[str, ...] = ("tcp_lat", "rdma_rc_lat", "rdma_ud")
@@ -33,8 +34,7 @@ class HostSpec:
     gid: str = ""
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """One probe a host runs: KIND against DST, COUNT exchanges every INTERVAL_MS."""
 
     dst: str
@@ -43,7 +43,7 @@ class Target:
     kind: str
     size: int
     interval_ms: int
-    count: int
+    exchanges: int  # exchanges per burst
     device: str = ""
     gid: str = ""
 
@@ -108,23 +108,18 @@ def plan_peers(hosts: Iterable[HostSpec], cfg: PlanConfig) -> dict[str, list[str
 
 def targets_for(src: HostSpec, peers: Iterable[HostSpec], cfg: PlanConfig) -> list[Target]:
     """The probes SRC runs against PEERS: every kind both ends offer, at every size."""
+    kinds = [(k, k.startswith("rdma")) for k in cfg.kinds if k in src.kinds]
+    interval, count = cfg.interval_ms, cfg.count
     out = []
     for peer in peers:
-        for kind in cfg.kinds:
-            if kind not in src.kinds or kind not in peer.kinds:
+        for kind, rdma in kinds:
+            if kind not in peer.kinds:
                 continue
+            device, gid = (peer.device, peer.gid) if rdma else ("", "")
             for size in cfg.sizes:
                 out.append(
                     Target(
-                        dst=peer.name,
-                        address=peer.address,
-                        port=peer.port,
-                        kind=kind,
-                        size=size,
-                        interval_ms=cfg.interval_ms,
-                        count=cfg.count,
-                        device=peer.device if kind.startswith("rdma") else "",
-                        gid=peer.gid if kind.startswith("rdma") else "",
+                        peer.name, peer.address, peer.port, kind, size, interval, count, device, gid
                     )
                 )
     return out
@@ -133,16 +128,23 @@ def targets_for(src: HostSpec, peers: Iterable[HostSpec], cfg: PlanConfig) -> li
 @dataclass
 class _Assigned:
     generation: int
-    targets: tuple[Target, ...] = field(default_factory=tuple)
+    peers: tuple[str, ...] = ()
+    versions: tuple[int, ...] = ()  # spec versions of the host and its peers, in order
 
 
 class Planner:
-    """Keeps the fleet, replans on join/leave, and hands out versioned assignments."""
+    """Keeps the fleet, replans on join/leave, and hands out versioned assignments.
+
+    A replan only computes peer lists (O(N·k)); a host's targets are expanded when
+    asked for. A host's generation grows when its peers, or any peer's address,
+    port or probe kinds, changed.
+    """
 
     def __init__(self, cfg: PlanConfig | None = None) -> None:
         self.cfg = cfg or PlanConfig()
         self._lock = threading.Lock()
         self._hosts: dict[str, HostSpec] = {}
+        self._versions: dict[str, int] = {}
         self._assigned: dict[str, _Assigned] = {}
         self._dirty = False
         self.replans = 0
@@ -151,6 +153,7 @@ class Planner:
         with self._lock:
             if self._hosts.get(host.name) != host:
                 self._hosts[host.name] = host
+                self._versions[host.name] = self._versions.get(host.name, 0) + 1
                 self._dirty = True
 
     def remove(self, names: Iterable[str]) -> None:
@@ -169,27 +172,40 @@ class Planner:
             if self._dirty:
                 self._replan()
             a = self._assigned.get(host)
-            return (a.generation, a.targets) if a else (0, ())
+            if a is None:
+                return 0, ()
+            src = self._hosts.get(host)
+            if src is None:
+                return a.generation, ()
+            # Expanded on each request, not kept: a fleet's worth of Target objects
+            # would only weigh on the garbage collector. Callers cache what they send.
+            return a.generation, tuple(
+                targets_for(src, (self._hosts[p] for p in a.peers), self.cfg)
+            )
 
     def generation(self, host: str) -> int:
-        return self.assignments(host)[0]
+        with self._lock:
+            if self._dirty:
+                self._replan()
+            a = self._assigned.get(host)
+            return a.generation if a else 0
 
     def _replan(self) -> None:
         plan = plan_peers(self._hosts.values(), self.cfg)
+        versions = self._versions
         for name, peers in plan.items():
-            targets = tuple(
-                targets_for(self._hosts[name], (self._hosts[p] for p in peers), self.cfg)
-            )
+            names = tuple(peers)
+            vers = (versions[name], *(versions[p] for p in peers))
             old = self._assigned.get(name)
             if old is None:
-                self._assigned[name] = _Assigned(1, targets)
-            elif old.targets != targets:
+                self._assigned[name] = _Assigned(1, names, vers)
+            elif old.peers != names or old.versions != vers:
                 old.generation += 1
-                old.targets = targets
+                old.peers, old.versions = names, vers
         for name in set(self._assigned) - set(plan):
             gone = self._assigned[name]
-            if gone.targets:  # keep the generation so a returning host sees a newer one
-                gone.targets = ()
+            if gone.peers:  # keep the generation so a returning host sees a newer one
+                gone.peers, gone.versions = (), ()
                 gone.generation += 1
         self._dirty = False
         self.replans += 1

@@ -93,6 +93,7 @@ class AgentApi:
         self.store, self.planner, self.cfg = store, planner, cfg
         self._buckets: dict[str, _Bucket] = {}
         self._lock = threading.Lock()
+        self._sent: dict[str, pb.Assignments] = {}  # host -> its current assignments
 
     def register(self, info: pb.HostInfo) -> pb.RegisterResponse:
         _check_host_info(info)
@@ -104,8 +105,14 @@ class AgentApi:
         )
 
     def assignments(self, host: str) -> pb.Assignments:
+        """HOST's assignments, built once per generation."""
+        gen = self.planner.generation(host)
+        with self._lock:
+            cached = self._sent.get(host)
+        if cached is not None and cached.generation == gen:
+            return cached
         gen, targets = self.planner.assignments(host)
-        return pb.Assignments(
+        msg = pb.Assignments(
             host=host,
             generation=gen,
             probe_budget=self.cfg.plan.bursts_per_second,
@@ -117,13 +124,16 @@ class AgentApi:
                     kind=t.kind,
                     size=t.size,
                     interval_ms=t.interval_ms,
-                    count=t.count,
+                    count=t.exchanges,
                     device=t.device,
                     gid=t.gid,
                 )
                 for t in targets
             ],
         )
+        with self._lock:
+            self._sent[host] = msg
+        return msg
 
     def report(self, report: pb.WindowReport) -> pb.Ack:
         """Take one report; raises RateLimited or ReportError."""
@@ -151,6 +161,9 @@ class AgentApi:
         gone = self.store.forget_idle()
         stale = [h for h in self.planner.hosts() if h not in self.store.hosts]
         self.planner.remove([*gone, *stale])
+        with self._lock:
+            for h in [*gone, *stale]:
+                self._sent.pop(h, None)
         return gone
 
 
