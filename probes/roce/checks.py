@@ -594,10 +594,11 @@ def check_rdma_cm(view: HostView, t: Target, policy: Policy) -> CheckResult:
             "rdma_cm",
             TITLE_RDMA_CM,
             Status.SKIP,
-            f"{what} ({root_dir}/rdma_cm absent): reading rdma_cm defaults needs root to set up",
+            f"{what} ({root_dir}/rdma_cm absent): rdma_cm defaults cannot be read"
+            + ("" if view.is_root else "; setting that up needs root"),
             [f"{root_dir}/rdma_cm: absent"],
             fix=fix + f"; mkdir {dev_dir}",
-            needs_root=True,
+            needs_root=not view.is_root,
         )
     ev = [f"{cm.path}/default_roce_mode: {cm.roce_mode}", f"{cm.path}/default_roce_tos: {cm.tos}"]
     mkdir = ""

@@ -414,3 +414,12 @@ def test_report_json_shape(tmp_path: Path) -> None:
     pfc = next(r for r in d["results"] if r["check"] == "pfc")
     assert pfc["status"] == "FAIL" and pfc["device"] == "mlx5_0" and pfc["port"] == 1
     assert isinstance(pfc["evidence"], list)
+
+
+def test_missing_configfs_as_root_is_not_a_privilege_skip(tmp_path: Path) -> None:
+    view = host(tmp_path, "irdma", ["irdma"])
+    view.is_root = True
+    report = validate(view, Policy(), window=0)
+    (cm,) = by_check(report, "rdma_cm")
+    assert cm.status is Status.SKIP and not cm.needs_root
+    assert "needed root" not in report.summary()
