@@ -150,9 +150,13 @@ def test_stray_data_connection_cannot_join(responder: Responder) -> None:
 def run_in_thread(
     fn: Callable[..., object], **kwargs: object
 ) -> tuple[threading.Thread, list[object]]:
+    """Start FN in a thread; return once it is measuring (its progress callback fired)."""
     out: list[object] = []
+    measuring = threading.Event()
+    kwargs["progress"] = lambda done, total: measuring.set()
     t = threading.Thread(target=lambda: out.append(fn(**kwargs)), daemon=True)
     t.start()
+    assert measuring.wait(20), "the run never started measuring"
     return t, out
 
 
@@ -163,7 +167,6 @@ def test_killed_responder_gives_a_result_with_loss(tmp_path: Path) -> None:
         t, out = run_in_thread(
             tcp.run_pingpong, host=LOOPBACK, port=port, iters=iters, warmup=10, timeout=1.0
         )
-        time.sleep(0.5)
         proc.kill()
         t.join(5)
         assert not t.is_alive(), "the run hung after the responder died"
@@ -183,7 +186,6 @@ def test_frozen_responder_ends_by_deadline(tmp_path: Path) -> None:
         t, out = run_in_thread(
             tcp.run_pingpong, host=LOOPBACK, port=port, iters=10_000_000, warmup=10, timeout=0.5
         )
-        time.sleep(0.5)
         proc.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
         t.join(5)
@@ -205,7 +207,6 @@ def test_frozen_responder_during_throughput(tmp_path: Path) -> None:
         t, out = run_in_thread(
             tcp.run_throughput, host=LOOPBACK, port=port, duration=30.0, streams=2, timeout=0.5
         )
-        time.sleep(0.5)
         proc.send_signal(signal.SIGSTOP)
         t.join(5)
         assert not t.is_alive(), "the throughput run hung on a silent responder"
@@ -224,7 +225,6 @@ def test_responder_stop_mid_run() -> None:
     t, out = run_in_thread(
         tcp.run_pingpong, host=r.address[0], port=r.address[1], iters=10_000_000, timeout=1.0
     )
-    time.sleep(0.3)
     r.__exit__(None, None, None)
     t.join(5)
     assert not t.is_alive()
