@@ -85,8 +85,9 @@ class Responder:
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._sessions: dict[threading.Thread, Session | None] = {}
+        self._sessions: dict[threading.Thread, Session | socket.socket] = {}
         self._thread: threading.Thread | None = None
+        self._refusals: set[threading.Thread] = set()
         self.served = 0
 
     # -- lifecycle --------------------------------------------------------------------
@@ -121,8 +122,9 @@ class Responder:
             self._wake_w.send(b"x")
 
     def active_sessions(self) -> int:
+        """Sessions running now, refusals in progress included."""
         with self._lock:
-            return len(self._sessions)
+            return len(self._sessions) + len(self._refusals)
 
     def serve_forever(self) -> None:
         """Accept sessions until stop(); then drain, abort, join and close everything."""
@@ -168,18 +170,30 @@ class Responder:
             return  # the prober gave up between select and accept
         peer = (str(addr[0]), int(addr[1]))
         with self._lock:
-            busy = len(self._sessions) >= self.max_sessions
-            if not busy:
-                t = threading.Thread(
-                    target=self._run_session, args=(conn, peer), name=f"session-{peer[0]}"
-                )
-                self._sessions[t] = None
-        if busy:
-            Channel(conn, 1.0).send_error(f"busy: {self.max_sessions} sessions running")
-            conn.close()
-            log.info("session ? from %s:%d: refused busy", *peer)
-            return
+            if len(self._sessions) < self.max_sessions:
+                t = threading.Thread(target=self._run_session, args=(conn, peer))
+                self._sessions[t] = conn
+            elif len(self._refusals) < self.max_sessions:
+                t = threading.Thread(target=self._refuse, args=(conn, peer))
+                self._refusals.add(t)
+            else:  # flooded: not even a polite refusal
+                conn.close()
+                return
         t.start()
+
+    def _refuse(self, conn: socket.socket, peer: tuple[str, int]) -> None:
+        """Say `busy` to a prober over the limit. Its hello is read first: closing a socket
+        with unread data sends a reset, which could destroy the error before it is read."""
+        try:
+            with conn:
+                channel = Channel(conn, 1.0)
+                with contextlib.suppress(ProbeError):
+                    channel.recv()
+                channel.send_error(f"busy: {self.max_sessions} sessions running")
+        finally:
+            with self._lock:
+                self._refusals.discard(threading.current_thread())
+        log.info("session ? from %s:%d: refused busy", *peer)
 
     def _drain(self) -> None:
         deadline = time.monotonic() + self.grace
@@ -187,10 +201,14 @@ class Responder:
             time.sleep(0.02)
         with self._lock:
             items = list(self._sessions.items())
+            refusals = list(self._refusals)
         for _, session in items:
-            if session is not None:
+            if isinstance(session, Session):
                 session.abort()
-        for t, _ in items:
+            else:  # still waiting for its hello
+                with contextlib.suppress(OSError):
+                    session.shutdown(socket.SHUT_RDWR)
+        for t in [*(t for t, _ in items), *refusals]:
             t.join()
 
     def _run_session(self, conn: socket.socket, peer: tuple[str, int]) -> None:

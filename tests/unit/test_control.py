@@ -7,7 +7,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -380,3 +380,21 @@ def _wait_idle(r: Responder, limit: float = 3.0) -> None:
     while r.active_sessions() and time.monotonic() < end:
         time.sleep(0.01)
     assert r.active_sessions() == 0
+
+
+def test_stop_does_not_wait_for_a_prober_that_never_said_hello() -> None:
+    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=0.1, registry=Registry())
+    r.__enter__()
+    sock = socket.create_connection(r.address, timeout=2)
+    with sock:
+        _wait_until(lambda: r.active_sessions() == 1)
+        t0 = time.monotonic()
+        r.__exit__(None, None, None)
+        assert time.monotonic() - t0 < 3.0
+
+
+def _wait_until(cond: Callable[[], bool], limit: float = 5.0) -> None:
+    end = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.01)
