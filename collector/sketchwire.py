@@ -79,67 +79,9 @@ def _varints(data: bytes, start: int, end: int) -> dict[int, int]:
 
 
 @dataclass
-class WireSketch:
-    """A latency sketch read from its wire form: exact figures plus non-empty HDR slots."""
-
-    kind: str
-    count: int
-    lost: int
-    min_ns: int | None
-    max_ns: int | None
-    sum_ns: int
-    slots: dict[int, int]
-
-
-def parse_sketch(blob: bytes) -> WireSketch:
-    """Read LatencySketch.encode() output; ParseError for anything malformed."""
-    if len(blob) > MAX_BLOB:
-        raise ParseError(f"latency sketch of {len(blob)} bytes is too large")
-    try:
-        kind, count, lost, mn, mx, total, hist = blob.split(b"|", 6)
-        sk = WireSketch(
-            kind=kind.decode(),
-            count=int(count),
-            lost=int(lost),
-            min_ns=int(mn) if mn else None,
-            max_ns=int(mx) if mx else None,
-            sum_ns=int(total),
-            slots={},
-        )
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ParseError(f"malformed latency sketch: {e}") from None
-    if sk.kind not in ("rtt", "one_way"):
-        raise ParseError(f"malformed latency sketch: unknown kind {sk.kind!r}")
-    if sk.count < 0 or sk.lost < 0 or sk.sum_ns < 0:
-        raise ParseError("malformed latency sketch: negative count")
-    if not sk.count:
-        if hist:
-            raise ParseError("malformed latency sketch: histogram present with zero count")
-        return sk
-    if sk.min_ns is None or sk.max_ns is None or sk.min_ns > sk.max_ns:
-        raise ParseError("malformed latency sketch: min/max missing or inverted")
-    try:
-        raw = base64.b64decode(hist, validate=True)
-        cookie, length = _EXT.unpack_from(raw)
-        if cookie & ~0xF0 != _COMPRESSED_BASE or length != len(raw) - _EXT.size:
-            raise ParseError("malformed latency sketch: bad histogram header")
-        payload = zlib.decompressobj().decompress(raw[_EXT.size :], _PAYLOAD.size + 9 * MAX_SLOTS)
-        p_cookie, p_len, offset, digits, lo, hi, _ = _PAYLOAD.unpack_from(payload)
-    except (binascii.Error, struct.error, zlib.error) as e:
-        raise ParseError(f"malformed latency sketch: {e}") from None
-    if p_cookie & ~0xF0 != _COOKIE_BASE or p_len != len(payload) - _PAYLOAD.size or offset:
-        raise ParseError("malformed latency sketch: bad histogram payload")
-    if (digits, lo, hi) != (SIGNIFICANT_DIGITS, LOWEST_NS, HIGHEST_NS):
-        raise ParseError(f"latency sketch with other HDR settings ({digits}, {lo}, {hi})")
-    sk.slots = _varints(payload, _PAYLOAD.size, len(payload))
-    if sum(sk.slots.values()) != sk.count:
-        raise ParseError("malformed latency sketch: histogram total does not match count")
-    return sk
-
-
-@dataclass
 class MergedSketch:
-    """Many WireSketches folded together (same kind), exact in count, min, max and sum."""
+    """One or many windows' sketches folded together (same kind); exact in count, lost,
+    min, max and sum; HDR slots {index: count} for everything else."""
 
     kind: str = "rtt"
     count: int = 0
@@ -149,7 +91,7 @@ class MergedSketch:
     sum_ns: int = 0
     slots: dict[int, int] = field(default_factory=dict)
 
-    def merge(self, sk: WireSketch | MergedSketch) -> None:
+    def merge(self, sk: MergedSketch) -> None:
         if sk.kind != self.kind:
             raise ValueError(f"cannot merge a {sk.kind} sketch into a {self.kind} sketch")
         self.count += sk.count
@@ -196,7 +138,57 @@ class MergedSketch:
         return self.lost / total if total else 0.0
 
 
-def merged(sk: WireSketch) -> MergedSketch:
+def parse_sketch(blob: bytes) -> MergedSketch:
+    """Read LatencySketch.encode() output; ParseError for anything malformed."""
+    if len(blob) > MAX_BLOB:
+        raise ParseError(f"latency sketch of {len(blob)} bytes is too large")
+    try:
+        kind, count, lost, mn, mx, total, hist = blob.split(b"|", 6)
+        sk = MergedSketch(
+            kind=kind.decode(),
+            count=int(count),
+            lost=int(lost),
+            min_ns=int(mn) if mn else None,
+            max_ns=int(mx) if mx else None,
+            sum_ns=int(total),
+            slots={},
+        )
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ParseError(f"malformed latency sketch: {e}") from None
+    if sk.kind not in ("rtt", "one_way"):
+        raise ParseError(f"malformed latency sketch: unknown kind {sk.kind!r}")
+    if sk.count < 0 or sk.lost < 0 or sk.sum_ns < 0:
+        raise ParseError("malformed latency sketch: negative count")
+    if not sk.count:
+        if hist:
+            raise ParseError("malformed latency sketch: histogram present with zero count")
+        return sk
+    if sk.min_ns is None or sk.max_ns is None or sk.min_ns > sk.max_ns:
+        raise ParseError("malformed latency sketch: min/max missing or inverted")
+    try:
+        raw = base64.b64decode(hist, validate=True)
+        cookie, length = _EXT.unpack_from(raw)
+        if cookie & ~0xF0 != _COMPRESSED_BASE or length != len(raw) - _EXT.size:
+            raise ParseError("malformed latency sketch: bad histogram header")
+        payload = zlib.decompressobj().decompress(raw[_EXT.size :], _PAYLOAD.size + 9 * MAX_SLOTS)
+        p_cookie, p_len, offset, digits, lo, hi, _ = _PAYLOAD.unpack_from(payload)
+    except (binascii.Error, struct.error, zlib.error) as e:
+        raise ParseError(f"malformed latency sketch: {e}") from None
+    if p_cookie & ~0xF0 != _COOKIE_BASE or p_len != len(payload) - _PAYLOAD.size or offset:
+        raise ParseError("malformed latency sketch: bad histogram payload")
+    if (digits, lo, hi) != (SIGNIFICANT_DIGITS, LOWEST_NS, HIGHEST_NS):
+        raise ParseError(f"latency sketch with other HDR settings ({digits}, {lo}, {hi})")
+    sk.slots = _varints(payload, _PAYLOAD.size, len(payload))
+    if sum(sk.slots.values()) != sk.count:
+        raise ParseError("malformed latency sketch: histogram total does not match count")
+    return sk
+
+
+def merged(sk: MergedSketch) -> MergedSketch:
+    """A copy of SK that can take further merges without changing SK."""
     m = MergedSketch(kind=sk.kind)
     m.merge(sk)
     return m
+
+
+WireSketch = MergedSketch  # one window as read from the wire

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from collector.api import fabricprobe_pb2 as pb
-from collector.sketchwire import MergedSketch, WireSketch, merged, parse_sketch
+from collector.sketchwire import MergedSketch, parse_sketch
 from probes.counters import counter_delta
 from probes.errors import ParseError
 
@@ -24,6 +24,7 @@ PathKey = tuple[str, str, str, str, int]  # src, dst, transport, op, size
 CounterKey = tuple[str, str, str, int, str, int, str]
 
 COUNTER_KINDS = frozenset({"rdma", "pfc", "netdev"})
+_WIDTHS = frozenset({32, 64})
 MAX_NAME = 128
 
 
@@ -202,14 +203,14 @@ class WindowStore:
                 self._merge_counter(report.host, report.window_end_unix_ns, c)
             return TakeResult(False, len(report.probes), len(report.counters))
 
-    def _validate(self, report: pb.WindowReport) -> list[WireSketch | None]:
+    def _validate(self, report: pb.WindowReport) -> list[MergedSketch | None]:
         if not report.host:
             raise ReportError("report without a host name")
         if report.seq < 1:
             raise ReportError("seq must start at 1")
         if report.window_end_unix_ns < report.window_start_unix_ns:
             raise ReportError("window ends before it starts")
-        sketches: list[WireSketch | None] = []
+        sketches: list[MergedSketch | None] = []
         for w in report.probes:
             if not w.dst or len(w.dst) > MAX_NAME or w.transport not in ("tcp", "rdma"):
                 raise ReportError(f"bad probe window dst={w.dst!r} transport={w.transport!r}")
@@ -222,15 +223,18 @@ class WindowStore:
                     raise ReportError(f"probe window to {w.dst}: {e}") from None
             else:
                 sketches.append(None)
+        kinds, widths = COUNTER_KINDS, _WIDTHS
         for c in report.counters:
-            if c.kind not in COUNTER_KINDS or not c.name or len(c.name) > MAX_NAME:
-                raise ReportError(f"bad counter kind={c.kind!r} name={c.name[:40]!r}")
-            if c.width not in (32, 64):
-                raise ReportError(f"counter {c.name}: width must be 32 or 64")
+            name = c.name
+            if c.kind not in kinds or not name or len(name) > MAX_NAME or c.width not in widths:
+                raise ReportError(
+                    f"bad counter kind={c.kind!r} name={name[:40]!r} width={c.width}"
+                    " (kinds rdma, pfc, netdev; width 32 or 64)"
+                )
         return sketches
 
     def _merge_probe(
-        self, src: str, end_ns: int, w: pb.ProbeWindow, sketch: WireSketch | None
+        self, src: str, end_ns: int, w: pb.ProbeWindow, sketch: MergedSketch | None
     ) -> None:
         key: PathKey = (src, w.dst, w.transport, w.op, int(w.size))
         stats = self.paths.get(key)
@@ -243,7 +247,7 @@ class WindowStore:
                 stats.rtt.merge(sketch)
                 self.merges_total += 1
             if end_ns >= stats.last_end_ns:
-                stats.last_rtt = merged(sketch)
+                stats.last_rtt = sketch  # parsed for this report alone: never merged into
         if w.bytes_moved:
             stats.bytes_moved += w.bytes_moved
             stats.busy_seconds += w.busy_seconds
@@ -252,19 +256,24 @@ class WindowStore:
         stats.last_end_ns = max(stats.last_end_ns, end_ns)
 
     def _merge_counter(self, src: str, end_ns: int, c: pb.CounterReading) -> None:
-        key: CounterKey = (src, c.kind, c.device, int(c.port), c.netdev, int(c.priority), c.name)
+        key: CounterKey = (src, c.kind, c.device, c.port, c.netdev, c.priority, c.name)
+        value = c.value
         track = self.counters.get(key)
         if track is None:
-            self.counters[key] = CounterTrack(int(c.width), int(c.value), end_ns)
+            self.counters[key] = CounterTrack(c.width, value, end_ns)
             return
         if end_ns <= track.last_ns:
             return  # a replayed older reading: the totals already passed it
-        d = counter_delta(track.last_value, int(c.value), track.width)
-        track.total += d.delta
-        track.wraps += d.wrapped
-        track.resets += d.reset
-        track.rate = d.delta / ((end_ns - track.last_ns) / 1e9)
-        track.last_value, track.last_ns, track.width = int(c.value), end_ns, int(c.width)
+        if value >= track.last_value:  # the common case, without the wrap/reset analysis
+            delta = value - track.last_value
+        else:
+            d = counter_delta(track.last_value, value, track.width)
+            delta = d.delta
+            track.wraps += d.wrapped
+            track.resets += d.reset
+        track.total += delta
+        track.rate = delta / ((end_ns - track.last_ns) / 1e9)
+        track.last_value, track.last_ns, track.width = value, end_ns, c.width
 
     # -- reading ------------------------------------------------------------------------
 
