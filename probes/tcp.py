@@ -194,8 +194,13 @@ def _exchange_loop(
     base: int,
     n: int,
     verify: bool,
+    deadline_ns: int,
 ) -> None:
-    """Run N exchanges, RTTs into SAMPLES[BASE:]; any failure raises _Stopped."""
+    """Run N exchanges, RTTs into SAMPLES[BASE:]; any failure raises _Stopped.
+
+    Each system call is bounded by the socket's kernel deadline; DEADLINE_NS bounds
+    the whole exchange when the echo arrives in pieces.
+    """
     clock = time.perf_counter_ns
     size = len(sbuf)
     sview = memoryview(sbuf)
@@ -212,6 +217,8 @@ def _exchange_loop(
                 if got == 0:
                     raise _Stopped(base + i, "peer closed the data connection")
                 # MSG_WAITALL still returns short on a signal or a deadline; go on reading
+                if clock() - t0 > deadline_ns:
+                    raise _Stopped(base + i, "echo incomplete at the deadline")
                 k = recv_into(rview[got:], size - got, waitall)
                 if k == 0:
                     raise _Stopped(base + i, "peer closed the data connection")
@@ -249,7 +256,7 @@ def measure_timer_overhead(n: int = 20_000) -> TimerOverhead:
     def null_recv(view: memoryview, k: int, flags: int) -> int:
         return k
 
-    _exchange_loop(null_send, null_recv, buf, buf, samples, 0, n, True)
+    _exchange_loop(null_send, null_recv, buf, buf, samples, 0, n, True, 1 << 62)
     return TimerOverhead(int(statistics.median(pairs)), int(statistics.median(samples)))
 
 
@@ -274,9 +281,7 @@ def _failure(e: OSError, timeout: float) -> str:
     return _Stopped(0, e).reason(timeout)
 
 
-def _open_data(
-    ctrl: ControlClient, info: dict[str, Any], timeout: float
-) -> tuple[socket.socket, bytes]:
+def _open_data(ctrl: ControlClient, info: dict[str, Any], timeout: float) -> socket.socket:
     """Connect one data stream to the port in the responder's ready info and send the token."""
     port = require_int(info, "data_port", 1, 65535, where="ready.info.")
     token_hex = require_str(info, "token", 2 * TOKEN_BYTES, where="ready.info.")
@@ -298,7 +303,7 @@ def _open_data(
         raise PeerError(
             f"cannot open the data connection to port {port}: {_failure(e, timeout)}"
         ) from None
-    return sock, token
+    return sock
 
 
 # --------------------------------------------------------------------------- ping-pong
@@ -340,20 +345,23 @@ def run_pingpong(
     with ControlClient(host, port, bind=bind, timeout=connect_timeout) as ctrl:
         info = ctrl.open("tcp_lat", {"size": size, "timeout": timeout})
         source = ctrl.local_address
-        data, _ = _open_data(ctrl, info, connect_timeout)
+        data = _open_data(ctrl, info, connect_timeout)
         with data:
             set_kernel_timeouts(data, timeout)
             send, recv_into = data.sendall, data.recv_into
+            limit = int(timeout * 1e9)
             warming = True
             try:
                 if warmup:
                     scratch = array("q", bytes(8 * warmup))
-                    _exchange_loop(send, recv_into, sbuf, rbuf, scratch, 0, warmup, verify)
+                    _exchange_loop(send, recv_into, sbuf, rbuf, scratch, 0, warmup, verify, limit)
                 warming = False
                 step = max(1, min(iters // 100, 10_000)) if progress else iters
                 while completed < iters:
                     n = min(step, iters - completed)
-                    _exchange_loop(send, recv_into, sbuf, rbuf, samples, completed, n, verify)
+                    _exchange_loop(
+                        send, recv_into, sbuf, rbuf, samples, completed, n, verify, limit
+                    )
                     completed += n
                     if progress:
                         progress(completed, iters)
@@ -472,7 +480,7 @@ def run_throughput(
         source = ctrl.local_address
         lanes: list[_Stream] = []
         for _ in range(streams):
-            sock, _token = _open_data(ctrl, info, connect_timeout)
+            sock = _open_data(ctrl, info, connect_timeout)
             stack.callback(sock.close)
             set_kernel_timeouts(sock, timeout)
             lanes.append(_Stream(sock))

@@ -137,7 +137,7 @@ def test_stray_data_connection_cannot_join(responder: Responder) -> None:
             stray.sendall(b"\x00" * tcp.TOKEN_BYTES)
             stray.settimeout(2)
             assert stray.recv(1) == b""  # closed by the responder
-        data, _ = tcp._open_data(c, info, 2.0)
+        data = tcp._open_data(c, info, 2.0)
         with data:
             data.sendall(b"12345678")
             assert data.recv(8, socket.MSG_WAITALL) == b"12345678"
