@@ -100,7 +100,7 @@ def api_path(args: argparse.Namespace, reports: list[bytes]) -> None:
     summary("api (in process, one thread)", args, len(reports), api.store.merges_total, wall, cpu)
 
 
-def _client(port: int, reports: list[bytes], batch: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _client(port: int, reports: list[bytes], batch: int, out: mp.Queue) -> None:
     import grpc  # type: ignore[import-untyped]
 
     from collector.api import fabricprobe_pb2_grpc as pb_grpc
@@ -120,7 +120,7 @@ def grpc_path(args: argparse.Namespace, reports: list[bytes]) -> None:
     for info in infos(args.agents):
         server.api.register(info)
     me = psutil.Process()
-    q: mp.Queue = mp.Queue()  # type: ignore[type-arg]
+    q: mp.Queue = mp.Queue()
     clients = [
         mp.Process(target=_client, args=(server.port, reports[i :: args.clients], 64, q))
         for i in range(args.clients)
