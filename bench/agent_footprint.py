@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Agent CPU and memory at the default schedule with 32 peers.
+
+Starts a collector and 32 peer agents in this process (each on its own 127.0.0.x
+address with its own responder), then one agent as a separate `probe agent` process.
+With a budget of 32 the plan is a full mesh, so the measured agent probes 32 peers and
+answers 32 peers' probes, at the default schedule (one 10-exchange burst per peer every
+10 s, 10 s windows). After a warm-up, its CPU time and RSS are sampled.
+Targets: at most 1 % of one core and 64 MB RSS.
+
+    python bench/agent_footprint.py                 # 60 s measurement
+    python bench/agent_footprint.py --seconds 30 --peers 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from agent.agent import Agent
+from agent.config import AgentConfig
+from collector.assign import PlanConfig
+from collector.service import ApiConfig, CollectorServer, ServerConfig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peers", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--warmup", type=float, default=15.0)
+    args = ap.parse_args()
+    logging.disable(logging.INFO)  # the peers' own log lines are not the figures
+    plan = PlanConfig(budget=args.peers)  # default schedule otherwise
+    server = CollectorServer(
+        ServerConfig(listen="127.0.0.1:0", metrics_listen="", api=ApiConfig(plan=plan))
+    )
+    server.start()
+    tmp = Path(tempfile.mkdtemp(prefix="fabricprobe-bench-"))
+    peers = []
+    for i in range(args.peers):
+        cfg = AgentConfig(
+            host=f"peer-{i:02d}",
+            collector=f"127.0.0.1:{server.port}",
+            probe_listen=f"127.0.0.{10 + i}:0",
+            spool_dir=str(tmp / f"peer-{i:02d}"),
+            sysfs_root=str(tmp / "none"),
+            ethtool=False,
+            insecure=True,
+        )
+        a = Agent(cfg)
+        a.start()
+        peers.append(a)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fabricprobe",
+            "agent",
+            "--collector",
+            f"127.0.0.1:{server.port}",
+            "--insecure",
+            "--host",
+            "measured",
+            "--listen",
+            "127.0.0.9:0",
+            "--spool-dir",
+            str(tmp / "measured"),
+            "--log-level",
+            "warning",
+        ],
+    )
+    try:
+        ps = psutil.Process(proc.pid)
+        print(f"warming up {args.warmup:g} s (registration, first windows)...")
+        time.sleep(args.warmup)
+        c0 = sum(ps.cpu_times()[:2])
+        t0 = time.monotonic()
+        rss_max = 0
+        while time.monotonic() - t0 < args.seconds:
+            rss_max = max(rss_max, ps.memory_info().rss)
+            time.sleep(1.0)
+        cpu = sum(ps.cpu_times()[:2]) - c0
+        wall = time.monotonic() - t0
+        host = server.store.hosts.get("measured")
+        bursts = host.agent.probes if host and host.agent else 0
+        targets = len(server.planner.assignments("measured")[1])
+        answered = sum(
+            1 for (src, dst, *_), p in server.store.paths.items() if dst == "measured" and p.windows
+        )
+        print(f"peers: {args.peers} (probes {targets} targets, probed by {answered} peers)")
+        print(f"agent CPU: {100 * cpu / wall:.2f} % of one core over {wall:.0f} s (target <= 1 %)")
+        print(f"agent RSS: max {rss_max / 2**20:.1f} MiB (target <= 64 MB)")
+        print(f"probe bursts run by the agent since start: {bursts}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        for a in peers:
+            a.close(flush_timeout=0.2)
+        server.stop(0)
+
+
+if __name__ == "__main__":
+    main()
