@@ -1,0 +1,151 @@
+"""Mutual TLS between agent and collector: the client certificate names the host."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc  # type: ignore[import-untyped]
+import pytest
+
+from agent.agent import Agent
+from agent.client import CollectorClient, channel_credentials
+from agent.config import AgentConfig
+from collector.api import fabricprobe_pb2 as pb
+from collector.auth import MutualTls
+from collector.service import CollectorServer, ServerConfig
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _issue(d: Path, name: str, subject: str, ext: str) -> None:
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-subj",
+        subject,
+        "-out",
+        f"{name}.csr",
+        cwd=d,
+    )
+    (d / f"{name}.ext").write_text(ext)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-out",
+        f"{name}.pem",
+        "-extfile",
+        f"{name}.ext",
+        cwd=d,
+    )
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("pki")
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=fabricprobe test CA",
+        cwd=d,
+    )
+    _issue(d, "collector", "/CN=collector", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for host in ("h1", "h2"):
+        _issue(d, host, f"/CN={host}", f"subjectAltName=DNS:{host}\n")
+    return d
+
+
+@pytest.fixture
+def server(pki: Path) -> Iterator[CollectorServer]:
+    auth = MutualTls.from_files(
+        str(pki / "collector.pem"), str(pki / "collector.key"), str(pki / "ca.pem")
+    )
+    s = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""), auth)
+    s.start()
+    yield s
+    s.stop(0)
+
+
+def client(pki: Path, server: CollectorServer, cert: str | None) -> CollectorClient:
+    creds = channel_credentials(
+        str(pki / "ca.pem"),
+        str(pki / f"{cert}.pem") if cert else "",
+        str(pki / f"{cert}.key") if cert else "",
+    )
+    return CollectorClient(f"127.0.0.1:{server.port}", credentials=creds, timeout=2)
+
+
+def test_certificate_names_the_host(pki: Path, server: CollectorServer) -> None:
+    c = client(pki, server, "h1")
+    assert c.register(pb.HostInfo(host="h1")).report_interval_ms
+    with pytest.raises(grpc.RpcError) as e:
+        c.register(pb.HostInfo(host="h2"))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "h1" in e.value.details()
+
+
+def test_no_client_certificate_is_refused(pki: Path, server: CollectorServer) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        client(pki, server, None).register(pb.HostInfo(host="h1"))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE  # the TLS handshake fails
+
+
+def test_plain_text_client_cannot_talk_to_a_tls_collector(server: CollectorServer) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        CollectorClient(f"127.0.0.1:{server.port}", timeout=2).register(pb.HostInfo(host="h1"))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_agent_over_mutual_tls(pki: Path, server: CollectorServer, tmp_path: Path) -> None:
+    cfg = AgentConfig(
+        host="h2",
+        collector=f"127.0.0.1:{server.port}",
+        probe_listen="127.0.0.5:0",
+        spool_dir=str(tmp_path / "spool"),
+        sysfs_root=str(tmp_path),
+        ethtool=False,
+        ca_file=str(pki / "ca.pem"),
+        cert_file=str(pki / "h2.pem"),
+        key_file=str(pki / "h2.key"),
+        window_s=0.5,
+    )
+    agent = Agent(cfg)
+    agent.start()
+    try:
+        agent.cut_window()
+        deadline = 50
+        while agent.acked < 1 and deadline:
+            agent.wait(0.1)
+            deadline -= 1
+        assert agent.acked >= 1 and "h2" in server.store.hosts
+    finally:
+        agent.close()
