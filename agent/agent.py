@@ -217,8 +217,12 @@ class Agent:
             self.devices,
             self.cfg.topology,
             self.responder.port,
-            list(RUNNERS),
+            self.probe_kinds(),
         )
+
+    def probe_kinds(self) -> list[str]:
+        """Kinds this host can run and answer: RDMA ones only with an RDMA device."""
+        return sorted(k for k in RUNNERS if self.devices or not k.startswith("rdma"))
 
     def register(self) -> None:
         resp = self.client.register(self.host_info())

@@ -118,3 +118,39 @@ def test_runner_crash_is_a_failed_burst() -> None:
     sched.stop()
     (w,) = agg.cut()
     assert w.failures >= 1
+
+
+def test_rdma_runner_maps_rc_latency(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+    import sys
+    import types
+
+    from probes.errors import PeerError
+
+    calls: list[dict[str, object]] = []
+
+    def fake_rc_latency(peer: str, **kw: object) -> object:
+        calls.append({"peer": peer, **kw})
+        if peer == "10.0.0.9":
+            raise PeerError("no responder")
+        sk = LatencySketch()
+        sk.record_many([3000, 4000])
+        return types.SimpleNamespace(sketch=sk, error=None)
+
+    fake = types.ModuleType("probes.rdma.rc")
+    fake.rc_latency = fake_rc_latency  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "probes.rdma.rc", fake)
+    monkeypatch.setattr("agent.probing.RUNNERS", dict(RUNNERS))
+    import agent.rdma_runners
+
+    mod = importlib.reload(agent.rdma_runners)
+    from agent import probing
+
+    runner = probing.RUNNERS["rdma_rc_lat"]
+    ctx = ProbeContext(bind="10.0.0.1", timeout=1.0, sysfs_root="/x")
+    out = runner(ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_lat", 64, 2, 10.0), ctx)
+    assert (out.transport, out.op, out.failed) == ("rdma", "send", False)
+    assert out.rtt is not None and out.rtt.count == 2
+    assert calls[0]["bind"] == "10.0.0.1" and calls[0]["timeout"] == mod.SETUP_TIMEOUT_S
+    down = runner(ProbeSpec("c", "10.0.0.9", 4793, "rdma_rc_lat", 64, 2, 10.0), ctx)
+    assert down.failed and down.rtt is not None and down.rtt.lost == 2

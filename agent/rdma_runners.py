@@ -1,0 +1,50 @@
+"""RDMA probe runners for the agent, registered when pyverbs and the RC probes load.
+
+`rdma_rc_lat` runs an RC SEND/RECV ping-pong burst (probes.rdma.rc.rc_latency) against
+the peer's responder. The source address picks the local RDMA device (the one whose
+RoCE v2 GID maps it), so on a shared machine each host probes from its own device.
+A UD runner (`rdma_ud`, probe + ACK in the R-Pingmesh manner) registers here the same
+way once its probe exists. Without pyverbs this module registers nothing, and the
+agent then advertises TCP probes only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from agent.probing import ProbeContext, ProbeOutcome, ProbeSpec, register_runner
+from probes.errors import ProbeError
+from probes.stats import LatencySketch
+
+log = logging.getLogger("fabricprobe.agent")
+
+# QP setup on both ends can take seconds on a loaded or emulated host.
+SETUP_TIMEOUT_S = 10.0
+
+try:
+    from probes.rdma.rc import rc_latency
+except ImportError as e:  # no pyverbs on this host: RDMA probes are not offered
+    log.debug("RDMA runners not loaded: %s", e)
+else:
+
+    @register_runner("rdma_rc_lat")
+    def rc_send_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+        """COUNT RC SEND/RECV round trips of SIZE bytes; RTTs into the burst's sketch."""
+        try:
+            res = rc_latency(
+                spec.address,
+                op="send",
+                size=spec.size,
+                iters=spec.count,
+                warmup=1,
+                port=spec.port,
+                bind=ctx.bind,
+                sysfs_root=ctx.sysfs_root,
+                timeout=max(ctx.timeout, SETUP_TIMEOUT_S),
+                step_s=ctx.timeout,
+            )
+        except (ProbeError, OSError, ValueError) as e:
+            lost = LatencySketch("rtt")
+            lost.record_lost(spec.count)
+            return ProbeOutcome("rdma", "send", rtt=lost, failed=True, error=str(e))
+        return ProbeOutcome("rdma", "send", rtt=res.sketch, error=res.error)
