@@ -76,7 +76,9 @@ class Agent:
         self.spool = Spool(
             cfg.spool_dir, max_windows=cfg.spool_max_windows, max_bytes=cfg.spool_max_bytes
         )
-        self.devices = discover_devices(cfg.sysfs_root)
+        self.devices = [
+            d for d in discover_devices(cfg.sysfs_root) if not cfg.devices or d.name in cfg.devices
+        ]
         self.sampler = CounterSampler(
             cfg.sysfs_root, self.devices, netdevs_of(self.devices), ethtool_runner, cfg.ethtool
         )

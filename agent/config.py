@@ -35,6 +35,9 @@ class AgentConfig:
     collector: str = "127.0.0.1:4794"
     topology: str = ""
     addresses: list[str] = field(default_factory=list)  # empty: discover
+    devices: list[str] = field(
+        default_factory=list
+    )  # RDMA devices that are this host's; empty: all
     probe_listen: str = "0.0.0.0:4793"
     window_s: float = 10.0  # until the collector says otherwise
     spool_dir: str = "/var/lib/fabricprobe/spool"

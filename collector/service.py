@@ -68,13 +68,20 @@ class ApiConfig:
 
 
 def host_spec(info: pb.HostInfo) -> HostSpec:
-    """The planner's view of a registering host: first address, first RoCE v2 GID."""
+    """The planner's view of a registering host: its first address, and the RoCE v2 GID
+    that maps one of its addresses (else its first RoCE v2 GID)."""
     device = gid = ""
+    mapped = {f"0000:0000:0000:0000:0000:ffff:{_v4_hex(a)}": a for a in info.addresses}
     for d in info.devices:
         for p in d.ports:
-            g = next((g for g in p.gids if g.type == "RoCE v2"), None)
-            if g is not None and not gid:
-                device, gid = d.name, g.gid
+            for g in p.gids:
+                if g.type != "RoCE v2":
+                    continue
+                if g.gid in mapped:
+                    device, gid = d.name, g.gid
+                    break
+                if not gid:
+                    device, gid = d.name, g.gid
     return HostSpec(
         name=info.host,
         topology=info.topology,
@@ -165,6 +172,15 @@ class AgentApi:
             for h in [*gone, *stale]:
                 self._sent.pop(h, None)
         return gone
+
+
+def _v4_hex(address: str) -> str:
+    """`10.0.0.2` -> `0a00:0002`, the tail of an IPv4-mapped GID as sysfs prints it."""
+    try:
+        raw = bytes(int(x) for x in address.split("."))
+    except ValueError:
+        return "-"
+    return f"{raw[:2].hex()}:{raw[2:].hex()}" if len(raw) == 4 else "-"
 
 
 def _check_host_info(info: pb.HostInfo) -> None:

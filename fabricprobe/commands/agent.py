@@ -37,6 +37,7 @@ Examples:
 @click.option(
     "--address", "addresses", multiple=True, help="Address peers probe (repeat) [discovered]."
 )
+@click.option("--device", "devices", multiple=True, help="RDMA device of this host (repeat) [all].")
 @click.option("--spool-dir", type=click.Path(file_okay=False), help="Spool directory.")
 @click.option("--spool-max-windows", type=click.IntRange(1), help="Spool bound in windows [8640].")
 @click.option("--spool-max-bytes", type=click.IntRange(4096), help="Spool bound in bytes [64 MiB].")
@@ -54,6 +55,7 @@ Examples:
 def agent(
     config_file: str | None,
     addresses: tuple[str, ...],
+    devices: tuple[str, ...],
     no_ethtool: bool,
     sysfs_root: str,
     log_format: str,
@@ -68,6 +70,8 @@ def agent(
         given = {k: v for k, v in flags.items() if v is not None}
         if addresses:
             given["addresses"] = list(addresses)
+        if devices:
+            given["devices"] = list(devices)
         if no_ethtool:
             given["ethtool"] = False
         if sysfs_root != "/sys":
