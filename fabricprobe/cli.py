@@ -1,20 +1,50 @@
-"""`probe`: the fabricprobe command line. Each command is a thin layer over library code."""
+"""`probe`: the fabricprobe command line. Each command is a thin layer over library code.
+
+Commands are imported only when they run (or when help lists them): the agent and the
+collector pull in gRPC, pandas and protobuf, which a responder or a one-shot probe on a
+busy host (or under emulation, where every import is slow) should not pay for.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from fabricprobe import __version__
-from fabricprobe.commands.agent import agent
-from fabricprobe.commands.collector import collector
-from fabricprobe.commands.rdma import bw, lat
-from fabricprobe.commands.rxe import rxe
-from fabricprobe.commands.serve import serve
-from fabricprobe.commands.tcp import tcp
-from fabricprobe.commands.validate import validate
+
+# command name -> "module:attribute", in the order `probe --help` lists them
+COMMANDS: dict[str, str] = {
+    "validate": "fabricprobe.commands.validate:validate",
+    "lat": "fabricprobe.commands.rdma:lat",
+    "bw": "fabricprobe.commands.rdma:bw",
+    "tcp": "fabricprobe.commands.tcp:tcp",
+    "serve": "fabricprobe.commands.serve:serve",
+    "agent": "fabricprobe.commands.agent:agent",
+    "collector": "fabricprobe.commands.collector:collector",
+    "rxe": "fabricprobe.commands.rxe:rxe",
+    "demo": "fabricprobe.commands.demo:demo",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        command = getattr(importlib.import_module(module), attr)
+        assert isinstance(command, click.Command)
+        return command
 
 
 @click.group(
+    cls=LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="Run `probe COMMAND --help` for the details and examples of each command.",
 )
@@ -24,16 +54,7 @@ def main() -> None:
 
     \b
     Examples:
-      probe rxe status           # RDMA devices, ports and GIDs on this host
-      probe rxe up --netdev eth0 # soft-RoCE for a laptop or CI
+      probe validate             # is this host's RoCEv2 configuration going to deliver?
+      probe lat 10.0.0.2 --tcp   # RDMA ping-pong against `probe serve`, TCP beside it
+      probe rxe status           # soft-RoCE devices, ports and GIDs on this host
     """
-
-
-main.add_command(lat)
-main.add_command(bw)
-main.add_command(rxe)
-main.add_command(serve)
-main.add_command(tcp)
-main.add_command(validate)
-main.add_command(agent)
-main.add_command(collector)

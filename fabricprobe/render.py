@@ -10,6 +10,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from probes.stats import LatencySummary, one_way_from_rtt
+from probes.sysfs import RdmaDevice
 
 
 @contextmanager
@@ -63,4 +64,34 @@ def latency_table(rtts: dict[str, LatencySummary]) -> Table:
     for s in rtts.values():
         counts += [f"{s.count:,} / {s.lost:,}", ""]
     table.add_row(*counts)
+    return table
+
+
+def devices_table(devices: list[RdmaDevice]) -> Table:
+    """One row per GID: device, port, state, netdev, GID index, GID and its type."""
+    table = Table("device", "port", "state", "phys", "netdev", "gid index", "gid", "type")
+    for d in devices:
+        for p in d.ports:
+            if not p.gids:
+                table.add_row(
+                    d.name,
+                    str(p.number),
+                    p.state,
+                    p.phys_state or "",
+                    d.parent_netdev or "",
+                    "",
+                    "(no GIDs)",
+                    "",
+                )
+            for g in p.gids:
+                table.add_row(
+                    d.name,
+                    str(p.number),
+                    p.state,
+                    p.phys_state or "",
+                    g.netdev or d.parent_netdev or "",
+                    str(g.index),
+                    g.gid,
+                    g.type or "?",
+                )
     return table

@@ -10,6 +10,7 @@ from an average. Every figure says whether it is an RTT or a one-way (RTT/2) val
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
@@ -52,7 +53,7 @@ class LatencySketch:
         if self.max_ns is None or v > self.max_ns:
             self.max_ns = v
 
-    def record_many(self, values_ns: list[int]) -> None:
+    def record_many(self, values_ns: Iterable[int]) -> None:
         for v in values_ns:
             self.record(v)
 

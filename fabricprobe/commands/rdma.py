@@ -102,7 +102,6 @@ def lat(
                 bind=bind,
                 device=device,
                 sysfs_root=sysfs_root,
-                timeout=timeout,
                 step_s=timeout,
                 progress=bar,
             )
@@ -208,7 +207,7 @@ def bw(
                 bind=bind,
                 device=device,
                 sysfs_root=sysfs_root,
-                timeout=timeout,
+                step_s=max(timeout, 5.0),
                 progress=bar,
             )
         except ValueError as e:
@@ -220,7 +219,13 @@ def bw(
     if with_tcp:
         try:
             t = tcp_lib.run_throughput(
-                host, port, total_bytes=size * iters, chunk_size=size, bind=bind, timeout=timeout
+                host,
+                port,
+                duration=None,
+                total_bytes=size * iters,
+                chunk_size=size,
+                bind=bind,
+                timeout=timeout,
             )
         except ProbeError as e:
             fail(f"TCP beside RDMA failed: {e}", 1)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from fabricprobe.options import fail, json_option, print_json, sysfs_option
+from fabricprobe.render import devices_table
 from probes import rxe as rxe_lib
 from probes.errors import ProbeError
 from probes.sysfs import RdmaDevice, read_devices
@@ -98,30 +98,4 @@ def _device_dict(d: RdmaDevice) -> dict[str, object]:
 
 
 def _print_devices(devices: list[RdmaDevice]) -> None:
-    table = Table("device", "port", "state", "phys", "netdev", "gid index", "gid", "type")
-    for d in devices:
-        for p in d.ports:
-            rows = p.gids or ()
-            if not rows:
-                table.add_row(
-                    d.name,
-                    str(p.number),
-                    p.state,
-                    p.phys_state or "",
-                    d.parent_netdev or "",
-                    "",
-                    "(no GIDs)",
-                    "",
-                )
-            for g in rows:
-                table.add_row(
-                    d.name,
-                    str(p.number),
-                    p.state,
-                    p.phys_state or "",
-                    g.netdev or d.parent_netdev or "",
-                    str(g.index),
-                    g.gid,
-                    g.type or "?",
-                )
-    Console(width=160).print(table)
+    Console(width=160).print(devices_table(devices))

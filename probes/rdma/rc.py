@@ -16,7 +16,9 @@ process and reported with every result (`loop_overhead_ns`).
 from __future__ import annotations
 
 import socket
+import statistics
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,6 @@ from typing import Any
 
 from probes.control import (
     DEFAULT_PORT,
-    DEFAULT_TIMEOUT_S,
     ControlClient,
     RdmaEndpoint,
     Session,
@@ -45,6 +46,9 @@ MAX_ITERS = 10_000_000
 DEPTH = 64  # queue depth: bounds memory and what is in flight
 SIGNAL_EVERY = 16  # unsignaled sends between signaled ones (the SQ is drained at each)
 Progress = Callable[[int, int], None]
+# Building a QP on both sides and connecting it can take seconds on a loaded host (or
+# under emulation); the hello -> ready exchange gets this long, the data steps `step_s`.
+SETUP_TIMEOUT_S = 30.0
 # Where the responder looks for the device that owns the address a probe arrived at.
 RESPONDER_SYSFS_ROOT = "/sys"
 
@@ -126,8 +130,16 @@ def _marker(i: int) -> int:
 
 
 # ------------------------------------------------------------------------- the loops
-# Both sides run the same loops; `first` says who starts. Each returns the number of
-# completed round trips and records RTTs into SKETCH when given.
+# Both sides run the same loops; `first` says who starts a round trip. The prober passes
+# SAMPLES (a preallocated array) and gets one RTT in ns per round trip; nothing else is
+# allocated or computed inside the timed part. A loop ends early only at a step's
+# deadline or on an error completion, and says how far it got and why.
+
+
+@dataclass(frozen=True)
+class LoopOutcome:
+    done: int  # completed round trips
+    error: str | None = None
 
 
 def _send_pingpong(
@@ -136,35 +148,37 @@ def _send_pingpong(
     total: int,
     first: bool,
     step_s: float,
-    sketch: LatencySketch | None,
-    warmup: int,
+    samples: array[int] | None,
     progress: Progress | None = None,
-) -> int:
+) -> LoopOutcome:
     send_cq, recv_cq = ep.send_cq, ep.recv_cq
     signaled, quiet = ep.send_wr(size, True), ep.send_wr(size, False)
-    clock, mono = time.perf_counter_ns, time.monotonic
-    record = sketch.record if sketch is not None else None
-    for i in range(total):
-        wr = signaled if i % SIGNAL_EVERY == SIGNAL_EVERY - 1 else quiet
-        deadline = mono() + step_s
-        t0 = clock()
-        if first:
-            ep.post(wr)
-            if not ep.poll(recv_cq, 1, deadline):
-                return i
-        else:
-            if not ep.poll(recv_cq, 1, deadline):
-                return i
-            ep.post(wr)
-        t1 = clock()
-        ep.post_recv()
-        if wr is signaled:
-            ep.poll_or_raise(send_cq, 1, deadline)
-        if record is not None and i >= warmup:
-            record(t1 - t0)
-        if progress is not None and i & 0x3FF == 0:
-            progress(i, total)
-    return total
+    clock, mono, poll, post = time.perf_counter_ns, time.monotonic, ep.poll, ep.post
+    i = 0
+    try:
+        for i in range(total):
+            wr = signaled if i % SIGNAL_EVERY == SIGNAL_EVERY - 1 else quiet
+            deadline = mono() + step_s
+            t0 = clock()
+            if first:
+                post(wr)
+                if not poll(recv_cq, 1, deadline):
+                    return LoopOutcome(i, f"no reply within {step_s} s")
+            else:
+                if not poll(recv_cq, 1, deadline):
+                    return LoopOutcome(i, f"no request within {step_s} s")
+                post(wr)
+            t1 = clock()
+            if samples is not None:
+                samples[i] = t1 - t0
+            ep.post_recv()
+            if wr is signaled:
+                ep.poll_or_raise(send_cq, 1, deadline)
+            if progress is not None and i & 0x3FF == 0:
+                progress(i, total)
+    except (PeerError, TimeoutError) as err:
+        return LoopOutcome(i, str(err))
+    return LoopOutcome(total)
 
 
 def _write_pingpong(
@@ -174,55 +188,52 @@ def _write_pingpong(
     total: int,
     first: bool,
     step_s: float,
-    sketch: LatencySketch | None,
-    warmup: int,
+    samples: array[int] | None,
     progress: Progress | None = None,
-) -> int:
+) -> LoopOutcome:
     signaled, quiet = ep.write_wr(remote, size, True), ep.write_wr(remote, size, False)
     last = size - 1
     sbuf, rbuf = ep.send_buf, ep.recv_buf
-    clock, mono = time.perf_counter_ns, time.monotonic
-    record = sketch.record if sketch is not None else None
-    for i in range(total):
-        mark = _marker(i)
-        wr = signaled if i % SIGNAL_EVERY == SIGNAL_EVERY - 1 else quiet
-        deadline = mono() + step_s
-        t0 = clock()
-        if not first:
-            while rbuf[last] != mark:  # the peer's WRITE lands in our memory
-                if mono() > deadline:
-                    return i
-        sbuf[last] = mark
-        ep.post(wr)
-        if first:
-            while rbuf[last] != mark:
-                if mono() > deadline:
-                    return i
-        t1 = clock()
-        if wr is signaled:
-            ep.poll_or_raise(ep.send_cq, 1, deadline)
-        if record is not None and i >= warmup:
-            record(t1 - t0)
-        if progress is not None and i & 0x3FF == 0:
-            progress(i, total)
-    return total
+    clock, mono, post = time.perf_counter_ns, time.monotonic, ep.post
+    i = 0
+    try:
+        for i in range(total):
+            mark = _marker(i)
+            wr = signaled if i % SIGNAL_EVERY == SIGNAL_EVERY - 1 else quiet
+            deadline = mono() + step_s
+            t0 = clock()
+            if not first:
+                while rbuf[last] != mark:  # the peer's WRITE lands in our memory
+                    if mono() > deadline:
+                        return LoopOutcome(i, f"no request within {step_s} s")
+            sbuf[last] = mark
+            post(wr)
+            if first:
+                while rbuf[last] != mark:
+                    if mono() > deadline:
+                        return LoopOutcome(i, f"no reply within {step_s} s")
+            t1 = clock()
+            if samples is not None:
+                samples[i] = t1 - t0
+            if wr is signaled:
+                ep.poll_or_raise(ep.send_cq, 1, deadline)
+            if progress is not None and i & 0x3FF == 0:
+                progress(i, total)
+    except (PeerError, TimeoutError) as err:
+        return LoopOutcome(i, str(err))
+    return LoopOutcome(total)
 
 
-def loop_overhead_ns(samples: int = 2000) -> int:
-    """Median cost of one iteration of the timing loop with no I/O: two clock reads,
-    a monotonic deadline, the branch and the sketch record. Reported beside every figure."""
-    clock, mono = time.perf_counter_ns, time.monotonic
-    sketch = LatencySketch()
-    costs = []
-    for _ in range(samples):
-        a = clock()
-        _ = mono() + 1.0
+def loop_overhead_ns(rounds: int = 2000) -> int:
+    """Median cost of what the timed part of a sample holds besides the verbs calls: the
+    two clock reads and a store into the sample array. Reported beside every figure."""
+    clock = time.perf_counter_ns
+    samples = array("q", bytes(8 * rounds))
+    for i in range(rounds):
         t0 = clock()
         t1 = clock()
-        sketch.record(t1 - t0 + 1)
-        costs.append(clock() - a)
-    costs.sort()
-    return costs[len(costs) // 2]
+        samples[i] = t1 - t0
+    return int(statistics.median(samples))
 
 
 # ------------------------------------------------------------------------- prober side
@@ -255,7 +266,7 @@ def rc_latency(
     bind: str | None = None,
     device: str | None = None,
     sysfs_root: str | Path = "/sys",
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float = SETUP_TIMEOUT_S,
     step_s: float = 2.0,
     progress: Progress | None = None,
 ) -> RcLatencyResult:
@@ -281,25 +292,21 @@ def rc_latency(
             )
             remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
             ep.connect(remote)
-            sketch = LatencySketch("rtt")
-            error = None
+            samples = array("q", bytes(8 * total))
             t0 = time.perf_counter()
-            try:
-                if op == "send":
-                    done = _send_pingpong(ep, size, total, True, step_s, sketch, warmup, progress)
-                else:
-                    done = _write_pingpong(
-                        ep, remote, size, total, True, step_s, sketch, warmup, progress
-                    )
-            except (PeerError, TimeoutError) as err:
-                done, error = sketch.count + warmup, str(err)
+            if op == "send":
+                out = _send_pingpong(ep, size, total, True, step_s, samples, progress)
+            else:
+                out = _write_pingpong(ep, remote, size, total, True, step_s, samples, progress)
             duration = time.perf_counter() - t0
-            measured = max(0, done - warmup)
-            sketch.record_lost(iters - measured)
-            if done < total and error is None:
-                error = f"peer stopped answering after {done} of {total} round trips"
-            if error is None:
-                ctl.done({"completed": done})
+            error = out.error
+            if out.done < total:
+                error = f"stopped after {out.done} of {total} round trips: {error}"
+            else:
+                ctl.done({"completed": out.done})
+    sketch = LatencySketch("rtt")
+    sketch.record_many(samples[warmup : out.done])
+    sketch.record_lost(iters - max(0, out.done - warmup))
     return RcLatencyResult(
         peer, dev, op, size, iters, sketch.summary(), loop_overhead_ns(), duration, error, sketch
     )
@@ -316,7 +323,7 @@ def rc_bandwidth(
     bind: str | None = None,
     device: str | None = None,
     sysfs_root: str | Path = "/sys",
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float = SETUP_TIMEOUT_S,
     step_s: float = 5.0,
     progress: Progress | None = None,
 ) -> RcBandwidthResult:
@@ -399,14 +406,11 @@ def serve_rc_latency(session: Session) -> dict[str, Any]:
         ep.post_recv()
     ep.connect(remote)
     session.ready({"endpoint": ep.endpoint().as_dict()})
-    try:
-        if op == "send":
-            done = _send_pingpong(ep, size, iters, False, step_s, None, 0)
-        else:
-            done = _write_pingpong(ep, remote, size, iters, False, step_s, None, 0)
-    except (PeerError, TimeoutError):
-        done = -1
-    return {"answered": done}
+    if op == "send":
+        out = _send_pingpong(ep, size, iters, False, step_s, None)
+    else:
+        out = _write_pingpong(ep, remote, size, iters, False, step_s, None)
+    return {"answered": out.done, "error": out.error}
 
 
 @register_session("rdma_rc_bw")

@@ -1,0 +1,273 @@
+"""The demo: fabricprobe end to end on a small soft-RoCE fabric (the VM lane's hosts).
+
+It answers, for every directed path of the fabric, the question the project exists for:
+what does this path cost an RDMA transfer, next to TCP on the same path, and which path
+is the slow one. Every figure printed is measured during the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fabricprobe import netem
+from fabricprobe.render import devices_table, fmt_us
+from probes import tcp as tcp_lib
+from probes.counters import counter_deltas, read_port_counters
+from probes.errors import ProbeError
+from probes.sysfs import read_device
+
+DEMO_PORT = 4793
+SHOWN_COUNTERS = (
+    "sent_pkts",
+    "rcvd_pkts",
+    "rdma_sends",
+    "rdma_recvs",
+    "duplicate_request",
+    "completer_retry_err",
+    "rcvd_seq_err",
+    "out_of_seq_request",
+)
+
+
+@dataclass(frozen=True)
+class FabricHost:
+    name: str
+    device: str
+    netdev: str
+    ip: str
+    gid_index: int
+
+
+def load_fabric(path: str | Path) -> list[FabricHost]:
+    """Hosts from a fabric file: {"hosts": [{name, device, netdev, ip, gid_index}, ...]}."""
+    try:
+        data = json.loads(Path(path).read_text())
+        hosts = [FabricHost(**h) for h in data["hosts"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ProbeError(f"cannot read the fabric description {path}: {e}") from e
+    if len(hosts) < 2:
+        raise ProbeError(f"{path}: a fabric needs at least two hosts")
+    return hosts
+
+
+@contextmanager
+def responder(hosts: list[FabricHost], port: int) -> Iterator[None]:
+    """One `probe serve` process answering on every host's address (the lane's hosts share
+    one machine; each probe's RDMA device is picked from the address it arrives at)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for h in hosts:
+            _wait_listening(h.ip, port, timeout=120)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _wait_listening(ip: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((ip, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ProbeError(f"responder on {ip}:{port} did not start") from None
+            time.sleep(0.2)
+
+
+def _counters(hosts: list[FabricHost], sysfs_root: str) -> dict[str, dict[str, int]]:
+    out = {}
+    for h in hosts:
+        pc = read_port_counters(sysfs_root, h.device, 1)
+        out[h.name] = dict(pc.hw.values) if pc.hw else {}
+    return out
+
+
+def run(
+    hosts: list[FabricHost],
+    console: Console,
+    iters: int = 300,
+    delay: str = "2ms",
+    sysfs_root: str = "/sys",
+    port: int = DEMO_PORT,
+) -> int:
+    """The whole demo; returns a process exit code."""
+    from probes.rdma import rc  # pyverbs: only where RDMA exists
+
+    t_start = time.monotonic()
+    console.rule(
+        f"[bold]fabricprobe demo[/]: a soft-RoCE fabric of {len(hosts)} hosts, every path measured"
+    )
+    console.print(devices_table([read_device(sysfs_root, h.device) for h in hosts]))
+    before = _counters(hosts, sysfs_root)
+    pairs = [(a, b) for a in hosts for b in hosts if a is not b]
+    failures = 0
+    with responder(hosts, port):
+        console.rule("1. latency of every path: RDMA (RC SEND and WRITE) beside TCP")
+        table = Table(
+            "path",
+            "RDMA send p50 / p99 RTT µs",
+            "RDMA write p50 / p99 RTT µs",
+            "TCP p50 / p99 RTT µs",
+            "TCP ÷ RDMA send (p50)",
+            "lost",
+        )
+        for a, b in pairs:
+            row = _path_row(rc, a, b, iters, port, sysfs_root)
+            failures += row[-1] != "0"
+            table.add_row(f"{a.name} → {b.name}", *row)
+        console.print(table)
+        timer = tcp_lib.measure_timer_overhead()
+        console.print(
+            f"timing loop cost inside each sample: RDMA {rc.loop_overhead_ns():,} ns, "
+            f"TCP {timer.loop_ns:,} ns (measured now, in this process)",
+            highlight=False,
+        )
+
+        a, b = hosts[0], hosts[1]
+        console.rule(f"2. bandwidth {a.name} → {b.name}: RDMA WRITE 64 KiB x 300, 16 in flight")
+        bw = rc.rc_bandwidth(
+            b.ip, op="write", size=65536, iters=300, port=port, bind=a.ip, sysfs_root=sysfs_root
+        )
+        tbw = tcp_lib.run_throughput(
+            b.ip, port, duration=None, total_bytes=65536 * 300, chunk_size=65536, bind=a.ip
+        )
+        console.print(
+            f"RDMA WRITE {bw.bytes_per_second / 1e6:,.2f} MB/s "
+            f"({bw.completed}/{bw.iters} completed); TCP, same bytes: "
+            f"{tbw.bytes_per_second / 1e6:,.2f} MB/s",
+            highlight=False,
+        )
+
+        if os.geteuid() == 0 and len(hosts) >= 3:
+            slow = hosts[2]
+            console.rule(
+                f"3. which path? {delay} of delay injected on {a.name} → {slow.name} "
+                "only (tc netem)"
+            )
+            netem.impair(a.netdev, slow.ip, delay=delay)
+            try:
+                ranked = []
+                for b2 in hosts[1:]:
+                    r = rc.rc_latency(
+                        b2.ip,
+                        op="send",
+                        size=64,
+                        iters=max(50, iters // 3),
+                        warmup=10,
+                        port=port,
+                        bind=a.ip,
+                        sysfs_root=sysfs_root,
+                    )
+                    ranked.append((r.summary.p50_us or 0.0, b2, r))
+            finally:
+                netem.clear(a.netdev)
+            ranked.sort(key=lambda x: -x[0])
+            t3 = Table("rank", "path", "RDMA send p50 RTT µs", "p99 RTT µs")
+            for i, (_, b2, r) in enumerate(ranked, 1):
+                t3.add_row(
+                    str(i),
+                    f"{a.name} → {b2.name}",
+                    fmt_us(r.summary.p50_us),
+                    fmt_us(r.summary.p99_us),
+                )
+            console.print(t3)
+            verdict = ranked[0][1] is slow
+            console.print(
+                ("[green]found[/]" if verdict else "[red]missed[/]")
+                + f": the slowest path is {a.name} → {ranked[0][1].name}"
+            )
+            failures += 0 if verdict else 1
+
+    console.rule("4. what the NICs counted during the demo (hw_counters deltas)")
+    after = _counters(hosts, sysfs_root)
+    ct = Table("counter", *[f"{h.name} ({h.device})" for h in hosts])
+    deltas = {h.name: counter_deltas(before[h.name], after[h.name]) for h in hosts}
+    for name in SHOWN_COUNTERS:
+        if any(name in deltas[h.name] for h in hosts):
+            ct.add_row(
+                name,
+                *[
+                    str(deltas[h.name][name].delta) if name in deltas[h.name] else "absent"
+                    for h in hosts
+                ],
+            )
+    console.print(ct)
+    console.print(
+        f"demo finished in {time.monotonic() - t_start:.1f} s"
+        + (f" with {failures} problem(s)" if failures else ""),
+        highlight=False,
+    )
+    return 1 if failures else 0
+
+
+def _path_row(
+    rc: Any, a: FabricHost, b: FabricHost, iters: int, port: int, sysfs_root: str
+) -> list[str]:
+    """RDMA SEND, RDMA WRITE and TCP ping-pong on one path; the last cell counts losses
+    and failed runs (a probe that fails is shown, never hidden)."""
+    cells, rtts, problems = [], {}, 0
+    runs = {
+        "send": lambda: rc.rc_latency(
+            b.ip,
+            op="send",
+            size=64,
+            iters=iters,
+            warmup=20,
+            port=port,
+            bind=a.ip,
+            sysfs_root=sysfs_root,
+        ),
+        "write": lambda: rc.rc_latency(
+            b.ip,
+            op="write",
+            size=64,
+            iters=iters,
+            warmup=20,
+            port=port,
+            bind=a.ip,
+            sysfs_root=sysfs_root,
+        ),
+        "tcp": lambda: tcp_lib.run_pingpong(b.ip, port, size=64, iters=iters, warmup=20, bind=a.ip),
+    }
+    for name, probe in runs.items():
+        try:
+            res = probe()
+        except ProbeError as e:
+            cells.append(f"failed: {e}")
+            problems += 1
+            continue
+        rtts[name] = res.summary
+        problems += res.summary.lost + (1 if res.error else 0)
+        cells.append(_pp(res.summary.p50_us, res.summary.p99_us))
+    ratio = (
+        tcp_lib.kernel_bypass_ratio(rtts["tcp"], rtts["send"])
+        if "tcp" in rtts and "send" in rtts
+        else None
+    )
+    return [*cells, "-" if ratio is None else f"{ratio:.2f}×", str(problems)]
+
+
+def _pp(p50: float | None, p99: float | None) -> str:
+    return f"{fmt_us(p50)} / {fmt_us(p99)}"
