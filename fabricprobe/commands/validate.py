@@ -20,6 +20,7 @@ from fabricprobe.options import (
 )
 from probes.errors import ProbeError
 from probes.roce import HostView, Policy, PolicyError, ReplayRunner, Report, Status, load_policy
+from probes.roce.host import is_soft
 from probes.roce.live import LiveMeasurement, Measure, PathFigures
 from probes.roce.validate import validate as run_validation
 
@@ -35,13 +36,15 @@ LIVE_RDMA_STEP_S = 30.0
 
 
 def probe_measure(
-    sysfs_root: str, device: str | None, bind: str | None = None
+    sysfs_root: str, device: str | None, bind: str | None = None, soft: bool = False
 ) -> tuple[Measure | None, str]:
     """A live measurement built on the probe libraries, or (None, why not).
 
     BIND is the source address: the validated netdev's, so both transports take the path
-    through the device under test.
+    through the device under test. SOFT (soft-RoCE) streams smaller writes with fewer in
+    flight: rxe retransmits on a timer and gives up on deep queues under emulation.
     """
+    bw_size, bw_outstanding = (4096, 4) if soft else (LIVE_RDMA_BW_SIZE, 16)
     try:
         from probes import tcp as tcp_lib
         from probes.control import DEFAULT_PORT, parse_hostport
@@ -69,24 +72,27 @@ def probe_measure(
             rl = rc.rc_latency(
                 host, port=port, iters=LIVE_ITERS, bind=bind, device=device, sysfs_root=sysfs_root
             )
+        except (ProbeError, OSError, ValueError) as e:
+            return LiveMeasurement(peer, PathFigures(error=str(e)), tcp)
+        p50, p99 = rl.summary.p50_us, rl.summary.p99_us
+        if rl.error:
+            return LiveMeasurement(peer, PathFigures(p50, p99, None, rl.error), tcp)
+        try:
             rb = rc.rc_bandwidth(
                 host,
                 port=port,
-                size=LIVE_RDMA_BW_SIZE,
+                size=bw_size,
                 iters=LIVE_RDMA_BW_ITERS,
+                outstanding=bw_outstanding,
                 step_s=LIVE_RDMA_STEP_S,
                 bind=bind,
                 device=device,
                 sysfs_root=sysfs_root,
             )
-            rdma = PathFigures(
-                rl.summary.p50_us,
-                rl.summary.p99_us,
-                rb.bytes_per_second * 8 / 1e9,
-                rl.error or rb.error,
-            )
+            gbps, err = rb.bytes_per_second * 8 / 1e9, rb.error
         except (ProbeError, OSError, ValueError) as e:
-            rdma = PathFigures(error=str(e))
+            gbps, err = None, str(e)
+        rdma = PathFigures(p50, p99, gbps, f"bandwidth run: {err}" if err else None)
         return LiveMeasurement(peer, rdma, tcp)
 
     return measure, ""
@@ -104,6 +110,14 @@ def _source_for(view: HostView, device: str | None, netdev: str | None) -> str |
         return None
     addrs, _ = view.addresses(netdev)
     return addrs.ipv4[0] if addrs and addrs.ipv4 else None
+
+
+def _soft(view: HostView, device: str | None) -> bool:
+    names = [device] if device else view.device_names()
+    try:
+        return bool(names) and all(is_soft(view.device(n)) for n in names)
+    except ProbeError:
+        return False
 
 
 def render(report: Report, console: Console, verbose: bool) -> None:
@@ -212,7 +226,8 @@ def validate(
     measure, why = (None, "")
     if peer is not None:
         device = devices[0] if len(devices) == 1 else None
-        measure, why = probe_measure(sysfs_root, device, bind or _source_for(view, device, netdev))
+        source = bind or _source_for(view, device, netdev)
+        measure, why = probe_measure(sysfs_root, device, source, _soft(view, device))
     start = time.monotonic()
     report = run_validation(
         view,
