@@ -151,3 +151,14 @@ def test_pfc_duration_is_exported_in_seconds() -> None:
         "fabricprobe_pfc_rx_pause_seconds_total", {"src": "a", "netdev": "eth0", "priority": "3"}
     )
     assert v == pytest.approx(0.001)  # 1000 µs between the two readings
+
+
+def test_stale_host_is_marked_down() -> None:
+    now = [100 * S]
+    store = WindowStore(stale_after=30, clock=lambda: now[0])
+    store.register(pb.HostInfo(host="a"))
+    reg = CollectorRegistry()
+    reg.register(FabricCollector(store))
+    assert reg.get_sample_value("fabricprobe_host_up", {"src": "a"}) == 1.0
+    now[0] += 31 * S
+    assert reg.get_sample_value("fabricprobe_host_up", {"src": "a"}) == 0.0
