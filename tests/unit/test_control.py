@@ -114,7 +114,7 @@ def test_silent_peer_hits_the_deadline(pair: tuple[socket.socket, socket.socket]
     t0 = time.monotonic()
     with pytest.raises(PeerError, match=r"within 0\.2 s"):
         Channel(b).recv(timeout=0.2)
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 2.0
 
 
 def test_slow_drip_cannot_stretch_the_deadline(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -134,7 +134,7 @@ def test_slow_drip_cannot_stretch_the_deadline(pair: tuple[socket.socket, socket
     t0 = time.monotonic()
     with pytest.raises(PeerError, match=r"within 0\.4 s"):
         Channel(b).recv(timeout=0.4)
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < 2.0
 
 
 def test_peer_closing_mid_message(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -342,7 +342,7 @@ def test_silent_prober_is_dropped_after_idle_timeout(responder: Responder) -> No
         sock.settimeout(3)
         t0 = time.monotonic()
         data = sock.recv(MAX_MESSAGE_BYTES)  # an error message, then EOF
-        assert b"error" in data and time.monotonic() - t0 < 2.0
+        assert b"error" in data and time.monotonic() - t0 < 4.0
     _wait_idle(responder)
 
 
@@ -366,7 +366,7 @@ def test_stop_aborts_running_sessions_and_joins() -> None:
     c.open("stuck", {})
     t0 = time.monotonic()
     r.__exit__(None, None, None)
-    assert time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 < 5.0
     assert r.active_sessions() == 0
     with pytest.raises(PeerError):
         c.done()
@@ -390,7 +390,7 @@ def test_stop_does_not_wait_for_a_prober_that_never_said_hello() -> None:
         _wait_until(lambda: r.active_sessions() == 1)
         t0 = time.monotonic()
         r.__exit__(None, None, None)
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 5.0
 
 
 def _wait_until(cond: Callable[[], bool], limit: float = 5.0) -> None:

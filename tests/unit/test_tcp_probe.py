@@ -168,7 +168,7 @@ def test_killed_responder_gives_a_result_with_loss(tmp_path: Path) -> None:
             tcp.run_pingpong, host=LOOPBACK, port=port, iters=iters, warmup=10, timeout=1.0
         )
         proc.kill()
-        t.join(5)
+        t.join(10)
         assert not t.is_alive(), "the run hung after the responder died"
     finally:
         proc.kill()
@@ -188,9 +188,9 @@ def test_frozen_responder_ends_by_deadline(tmp_path: Path) -> None:
         )
         proc.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
-        t.join(5)
+        t.join(10)
         assert not t.is_alive(), "the run hung on a silent responder"
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 6.0  # 0.5 s deadline, generous for a loaded CI host
     finally:
         proc.send_signal(signal.SIGCONT)
         proc.kill()
@@ -208,7 +208,7 @@ def test_frozen_responder_during_throughput(tmp_path: Path) -> None:
             tcp.run_throughput, host=LOOPBACK, port=port, duration=30.0, streams=2, timeout=0.5
         )
         proc.send_signal(signal.SIGSTOP)
-        t.join(5)
+        t.join(10)
         assert not t.is_alive(), "the throughput run hung on a silent responder"
     finally:
         proc.send_signal(signal.SIGCONT)
@@ -226,7 +226,7 @@ def test_responder_stop_mid_run() -> None:
         tcp.run_pingpong, host=r.address[0], port=r.address[1], iters=10_000_000, timeout=1.0
     )
     r.__exit__(None, None, None)
-    t.join(5)
+    t.join(10)
     assert not t.is_alive()
     (res,) = out
     assert isinstance(res, tcp.TcpLatencyResult)
@@ -241,7 +241,7 @@ def test_throughput_by_duration(responder: Responder, streams: int) -> None:
     res = tcp.run_throughput(*responder.address, duration=0.3, streams=streams)
     assert res.error is None and res.streams == streams
     assert res.bytes > 0 and res.bytes == res.bytes_sent
-    assert res.bytes_per_second > 0 and 0.25 < res.duration_s < 3.0
+    assert res.bytes_per_second > 0 and 0.25 < res.duration_s < 5.0
     assert res.as_dict()["bytes_per_second"] > 0
 
 
