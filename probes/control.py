@@ -388,6 +388,11 @@ def parse_hostport(
     return host, port
 
 
+def format_hostport(host: str, port: int) -> str:
+    """The inverse of parse_hostport: `host:port`, with IPv6 hosts in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def connect(
     host: str, port: int, *, bind: str | None = None, timeout: float = DEFAULT_TIMEOUT_S
 ) -> socket.socket:

@@ -29,6 +29,7 @@ from probes.control import (
     Channel,
     Registry,
     Session,
+    format_hostport,
     require_dict,
     require_str,
 )
@@ -39,7 +40,7 @@ log = logging.getLogger("fabricprobe.responder")
 # Modules whose import registers session handlers. A module that does not exist is
 # skipped quietly (RDMA sessions are optional); one that fails to import (no pyverbs)
 # is skipped with a warning, and its session kinds are refused as unknown.
-SESSION_MODULES: tuple[str, ...] = ("probes.tcp", "probes.rdma.rc")
+SESSION_MODULES: tuple[str, ...] = ("probes.tcp", "probes.rdma.rc", "probes.rdma.ud")
 
 
 def load_session_modules(names: Iterable[str] = SESSION_MODULES) -> list[str]:
@@ -193,7 +194,7 @@ class Responder:
         finally:
             with self._lock:
                 self._refusals.discard(threading.current_thread())
-        log.info("session ? from %s:%d: refused busy", *peer)
+        log.info("session ? from %s: refused busy", format_hostport(*peer))
 
     def _drain(self) -> None:
         deadline = time.monotonic() + self.grace
@@ -224,7 +225,8 @@ class Responder:
                 self.served += 1
         elapsed = time.monotonic() - started
         tail = f" ({detail})" if detail else ""
-        log.info("session %s from %s:%d: %s in %.3f s%s", kind, *peer, outcome, elapsed, tail)
+        who = format_hostport(*peer)
+        log.info("session %s from %s: %s in %.3f s%s", kind, who, outcome, elapsed, tail)
 
     def _session(
         self, channel: Channel, peer: tuple[str, int], me: threading.Thread
@@ -270,6 +272,6 @@ class Responder:
             bad_request = isinstance(e, ParseError) or not isinstance(e, PeerError)
             return kind, "refused" if before_ready and bad_request else "error", str(e)
         except Exception as e:  # a handler bug must not take the responder down
-            log.exception("session %s from %s:%d failed", kind, *peer)
+            log.exception("session %s from %s failed", kind, format_hostport(*peer))
             channel.send_error("internal error in responder")
             return kind, "error", f"internal error: {type(e).__name__}: {e}"

@@ -10,7 +10,7 @@ from types import FrameType
 import click
 
 from fabricprobe.options import OneLineCommand, fail
-from probes.control import DEFAULT_PORT, parse_hostport
+from probes.control import DEFAULT_PORT, format_hostport, parse_hostport
 from probes.errors import ProbeError
 from probes.responder import Responder, load_session_modules, log
 
@@ -69,6 +69,6 @@ def serve(listen: str, max_sessions: int, idle_timeout: float) -> None:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     kinds = ", ".join(responder.registry.kinds())
-    log.info("listening on %s:%d (sessions: %s)", bound[0], bound[1], kinds)
+    log.info("listening on %s (sessions: %s)", format_hostport(*bound), kinds)
     responder.serve_forever()
     log.info("stopped after %d sessions", responder.served)

@@ -24,6 +24,7 @@ from fabricprobe.options import (
     timeout_option,
 )
 from probes import tcp as tcp_lib
+from probes.control import format_hostport
 from probes.errors import PeerError
 from probes.stats import LatencySummary
 
@@ -223,7 +224,7 @@ def _print_latency(res: tcp_lib.TcpLatencyResult) -> None:
     one_way = res.one_way()
     console = Console()
     console.print(
-        f"TCP ping-pong to {res.peer}:{res.port} from {res.source}: "
+        f"TCP ping-pong to {format_hostport(res.peer, res.port)} from {res.source}: "
         f"{res.size:,} B messages, {res.iters:,} measured (+{res.warmup:,} warm-up)",
         highlight=False,
     )
@@ -253,7 +254,7 @@ def _print_latency(res: tcp_lib.TcpLatencyResult) -> None:
 def _print_throughput(res: tcp_lib.TcpThroughputResult) -> None:
     console = Console()
     console.print(
-        f"TCP throughput to {res.peer}:{res.port} from {res.source}: "
+        f"TCP throughput to {format_hostport(res.peer, res.port)} from {res.source}: "
         f"{res.streams} stream(s), {res.chunk_size:,} B sends",
         highlight=False,
     )
