@@ -308,3 +308,13 @@ def test_one_way_and_bypass_ratio() -> None:
         tcp.kernel_bypass_ratio(s, ow)
     with pytest.raises(ValueError):
         tcp.one_way_from_rtt(ow)
+
+
+def test_bind_picks_the_source_address(responder: Responder) -> None:
+    """Every 127/8 address is local on Linux: a stand-in for one host's lane address."""
+    res = tcp.run_pingpong(*responder.address, iters=20, warmup=0, bind="127.0.0.2")
+    assert res.error is None and res.source == "127.0.0.2"
+    bw = tcp.run_throughput(*responder.address, duration=0.05, streams=2, bind="127.0.0.2")
+    assert bw.error is None and bw.source == "127.0.0.2"
+    with pytest.raises(PeerError, match=r"from 192\.0\.2\.1"):
+        tcp.run_pingpong(*responder.address, iters=5, bind="192.0.2.1")  # not ours
