@@ -20,6 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from collector.rpcstats import RPC_BUCKETS_S, RpcStats
 from collector.sketchwire import MergedSketch
 from collector.store import PathStats, StoreSnapshot, WindowStore
 
@@ -81,11 +82,13 @@ def _path_labels(key: tuple[str, str, str, str, int]) -> list[str]:
 class FabricCollector(Collector):
     """prometheus_client collector over a WindowStore."""
 
-    def __init__(self, store: WindowStore) -> None:
+    def __init__(self, store: WindowStore, rpc: RpcStats | None = None) -> None:
         self.store = store
+        self.rpc = rpc or RpcStats()
 
     def describe(self) -> Iterator[Metric]:
         yield from self._families().values()
+        yield from self._rpc_families()
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
@@ -99,7 +102,32 @@ class FabricCollector(Collector):
         )
         dur.add_metric([], time.perf_counter() - started)
         yield from fams.values()
+        yield from self._rpc_families()
         yield dur
+
+    def _rpc_families(self) -> Iterator[Metric]:
+        buckets, sums, codes = self.rpc.snapshot()
+        hist = HistogramMetricFamily(
+            "fabricprobe_collector_rpc_duration_seconds",
+            "Time the collector took per API call.",
+            labels=["method"],
+        )
+        for method, counts in sorted(buckets.items()):
+            cum, running = [], 0
+            for le, n in zip(RPC_BUCKETS_S, counts, strict=False):
+                running += n
+                cum.append((f"{le:g}", float(running)))
+            cum.append(("+Inf", float(sum(counts))))
+            hist.add_metric([method], cum, sums[method])
+        yield hist
+        calls = CounterMetricFamily(
+            "fabricprobe_collector_rpcs",
+            "API calls finished, by method and status code.",
+            labels=["method", "code"],
+        )
+        for (method, code), n in sorted(codes.items()):
+            calls.add_metric([method, code], float(n))
+        yield calls
 
     # -- families -----------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from collector.api import fabricprobe_pb2_grpc as pb_grpc
 from collector.assign import HostSpec, PlanConfig, Planner
 from collector.auth import Authenticator, AuthError, Insecure
 from collector.exporter import FabricCollector
+from collector.rpcstats import RpcStats, TimingInterceptor
 from collector.store import ReportError, WindowStore
 
 log = logging.getLogger("fabricprobe.collector")
@@ -269,8 +270,9 @@ class CollectorServer:
         self.store = WindowStore(stale_after=cfg.stale_after, forget_after=cfg.forget_after)
         self.planner = Planner(cfg.api.plan)
         self.api = AgentApi(self.store, self.planner, cfg.api)
+        self.rpc_stats = RpcStats()
         self.registry = CollectorRegistry()
-        self.registry.register(FabricCollector(self.store))
+        self.registry.register(FabricCollector(self.store, self.rpc_stats))
         self.health = health.HealthServicer()
         self.port = 0
         self.metrics_port = 0
@@ -287,6 +289,7 @@ class CollectorServer:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.cfg.workers, thread_name_prefix="grpc"),
             options=opts,
+            interceptors=[TimingInterceptor(self.rpc_stats)],
             maximum_concurrent_rpcs=self.cfg.workers * 4,
         )
         pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api, self.auth), server)

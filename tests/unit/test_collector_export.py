@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from collector.api import fabricprobe_pb2 as pb
 from collector.exporter import RTT_BUCKETS_S, FabricCollector, sketch_histogram
+from collector.rpcstats import RpcStats
 from collector.sketchwire import merged, parse_sketch
 from collector.store import WindowStore
 from probes.stats import LatencySketch
@@ -90,9 +91,16 @@ def catalogue() -> dict[str, dict[str, object]]:
     return {m["name"]: m for m in data["metric"]}
 
 
+def rpc_stats() -> RpcStats:
+    rpc = RpcStats()
+    rpc.observe("Report", "OK", 0.002)
+    rpc.observe("Register", "PERMISSION_DENIED", 0.0001)
+    return rpc
+
+
 def emitted(store: WindowStore) -> dict[str, dict[str, object]]:
     out: dict[str, dict[str, object]] = {}
-    for fam in FabricCollector(store).collect():
+    for fam in FabricCollector(store, rpc_stats()).collect():
         name = fam.name + ("_total" if fam.type == "counter" else "")
         labels = sorted({k for s in fam.samples for k in s.labels if k != "le"})
         out[name] = {
@@ -127,7 +135,7 @@ def test_describe_touches_nothing_and_lists_the_catalogue() -> None:
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_exposition_passes_promtool() -> None:
     reg = CollectorRegistry()
-    reg.register(FabricCollector(full_store()))
+    reg.register(FabricCollector(full_store(), rpc_stats()))
     text = generate_latest(reg)
     res = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
     assert res.returncode == 0, res.stdout.decode() + res.stderr.decode()

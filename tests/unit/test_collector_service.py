@@ -82,6 +82,9 @@ def test_a_host_reports_only_as_itself(server: CollectorServer) -> None:
     with pytest.raises(grpc.RpcError) as e:
         anon.assignments("h1", 0)
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    codes = server.rpc_stats.snapshot()[2]
+    assert codes[("Register", "PERMISSION_DENIED")] == 1
+    assert codes[("Register", "OK")] == 1 and codes[("GetAssignments", "UNAUTHENTICATED")] == 1
 
 
 def test_misuse_gets_clear_errors(server: CollectorServer) -> None:

@@ -1,0 +1,99 @@
+"""Every RPC timed into a histogram and counted by status code (a server interceptor)."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+
+RPC_BUCKETS_S: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+
+class RpcStats:
+    """Per-method durations (histogram) and per-(method, code) counts; plain Python."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.buckets: dict[str, list[int]] = {}  # method -> counts per bucket, then +Inf
+        self.sums: dict[str, float] = {}
+        self.codes: dict[tuple[str, str], int] = {}
+
+    def observe(self, method: str, code: str, seconds: float) -> None:
+        with self._lock:
+            b = self.buckets.get(method)
+            if b is None:
+                b = self.buckets[method] = [0] * (len(RPC_BUCKETS_S) + 1)
+            b[bisect.bisect_left(RPC_BUCKETS_S, seconds)] += 1
+            self.sums[method] = self.sums.get(method, 0.0) + seconds
+            self.codes[(method, code)] = self.codes.get((method, code), 0) + 1
+
+    def snapshot(self) -> tuple[dict[str, list[int]], dict[str, float], dict[tuple[str, str], int]]:
+        with self._lock:
+            return (
+                {m: list(b) for m, b in self.buckets.items()},
+                dict(self.sums),
+                dict(self.codes),
+            )
+
+
+def _code(context: Any, failed: bool) -> str:
+    code = getattr(context, "code", lambda: None)()
+    if code is None:
+        return "UNKNOWN" if failed else "OK"
+    return str(code.name)
+
+
+class TimingInterceptor(grpc.ServerInterceptor):
+    """Wraps unary and bidirectional handlers so each call lands in RpcStats."""
+
+    def __init__(self, stats: RpcStats) -> None:
+        self.stats = stats
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None:
+            return None
+        method = str(details.method).rsplit("/", 1)[-1]
+        stats = self.stats
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            def unary(request: Any, context: Any) -> Any:
+                t0 = time.perf_counter()
+                failed = True
+                try:
+                    resp = inner(request, context)
+                    failed = False
+                    return resp
+                finally:
+                    stats.observe(method, _code(context, failed), time.perf_counter() - t0)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            inner_stream = handler.stream_stream
+
+            def stream(requests: Iterator[Any], context: Any) -> Iterator[Any]:
+                t0 = time.perf_counter()
+                failed = True
+                try:
+                    yield from inner_stream(requests, context)
+                    failed = False
+                finally:
+                    stats.observe(method, _code(context, failed), time.perf_counter() - t0)
+
+            return grpc.stream_stream_rpc_method_handler(
+                stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
