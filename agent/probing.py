@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from probes.control import ControlClient, ProtocolError, require_int, require_str
 from probes.errors import PeerError, ProbeError
 from probes.stats import LatencySketch
-from probes.tcp import TOKEN_BYTES, set_kernel_timeouts
+from probes.tcp import MAX_CHUNK, TOKEN_BYTES, run_throughput, set_kernel_timeouts
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -179,6 +179,33 @@ def tcp_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
         out.error = out.error or str(e)
     out.rtt.record_lost(spec.count - done)
     return out
+
+
+BW_MIN_BYTES = 1 << 20
+
+
+@register_runner("tcp_bw")
+def tcp_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+    """Bulk TCP send of SIZE x COUNT bytes (at least 1 MiB) in SIZE-byte chunks; the bytes
+    the peer confirmed and the time they took (session tcp_bw). Not planned by default:
+    add `tcp_bw` to the collector's probe kinds to measure bandwidth."""
+    total = max(spec.size * spec.count, BW_MIN_BYTES)
+    try:
+        res = run_throughput(
+            spec.address,
+            spec.port,
+            duration=None,
+            total_bytes=total,
+            chunk_size=min(max(spec.size, 1), MAX_CHUNK),
+            bind=ctx.bind,
+            timeout=ctx.timeout,
+            connect_timeout=ctx.timeout,
+        )
+    except (ProbeError, OSError, ValueError) as e:
+        return ProbeOutcome("tcp", "stream", failed=True, error=str(e))
+    return ProbeOutcome(
+        "tcp", "stream", bytes_moved=res.bytes, busy_seconds=res.duration_s, error=res.error
+    )
 
 
 # --------------------------------------------------------------------------- scheduler

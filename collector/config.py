@@ -10,6 +10,7 @@ Example file::
     probe_interval_s = 10.0
     probe_count = 10
     sizes = [64, 4096]
+    kinds = ["tcp_lat", "rdma_rc_lat", "rdma_ud", "tcp_bw"]  # tcp_bw is off by default
     stale_after_s = 30.0
     tls_cert = "/etc/fabricprobe/collector.pem"
     tls_key = "/etc/fabricprobe/collector.key"
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
 from agent.config import ConfigError
-from collector.assign import PlanConfig
+from collector.assign import DEFAULT_KINDS, PlanConfig
 from collector.auth import Authenticator, Insecure, MutualTls, TokenAuth, read_token_file
 from collector.service import ApiConfig, ServerConfig
 
@@ -38,6 +39,7 @@ class CollectorSettings:
     probe_interval_s: float = 10.0
     probe_count: int = 10
     sizes: list[int] = field(default_factory=lambda: [64])
+    kinds: list[str] = field(default_factory=lambda: list(DEFAULT_KINDS))  # + "tcp_bw"
     bursts_per_second: int = 20
     stale_after_s: float = 30.0
     forget_after_s: float = 600.0
@@ -58,6 +60,7 @@ class CollectorSettings:
                 interval_ms=int(self.probe_interval_s * 1000),
                 count=self.probe_count,
                 sizes=tuple(self.sizes),
+                kinds=tuple(self.kinds),
                 bursts_per_second=self.bursts_per_second,
             )
         except ValueError as e:

@@ -55,6 +55,15 @@ def test_tcp_pingpong_measures_rtt(responder: Responder) -> None:
     assert (out.transport, out.op) == ("tcp", "pingpong")
 
 
+def test_tcp_stream_reports_confirmed_bytes(responder: Responder) -> None:
+    out = RUNNERS["tcp_bw"](
+        spec(responder.port, kind="tcp_bw", size=65536, count=32),
+        ProbeContext(bind="127.0.0.1", timeout=2),
+    )
+    assert out.error is None and (out.transport, out.op) == ("tcp", "stream")
+    assert out.bytes_moved == 65536 * 32 and out.busy_seconds > 0
+
+
 def test_dead_peer_is_a_failed_burst_with_every_exchange_lost() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
