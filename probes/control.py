@@ -36,8 +36,10 @@ The contract:
 
 * The handler is called in its own thread after `hello` was read and its version
   checked; `session.params` is the hello's JSON object, not yet validated: validate it
-  with `require_int` / `require_str` / `RdmaEndpoint.from_dict` etc. A ParseError or
-  PeerError raised before `ready` is sent to the prober as an `error` reply.
+  with `require_int` / `require_str` / `RdmaEndpoint.from_dict` etc. Any ProbeError
+  the handler raises (ParseError, PeerError, NotSupported, ...) goes back to the
+  prober as an `error` reply (best effort) and into the session's log line; any other
+  exception is logged with its traceback and reported as an internal error.
 * Acquire resources through `session.resources` (a contextlib.ExitStack) and register
   every socket with `session.track(sock)`: the responder closes them all when the
   session ends, whatever the path, and shuts tracked sockets down (waking any blocked
