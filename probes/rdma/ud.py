@@ -1,0 +1,334 @@
+"""UD probing in the R-Pingmesh manner: a probe and two ACKs per sample, so that the
+responder's own processing time is subtracted from the network RTT.
+
+    prober                       responder
+    t1  probe(seq)   -------->   t2  (receive completion)
+                     <--------   ACK1(seq)  t3 (its send completion)
+    t4  ACK1 arrives <--------   ACK2(seq, t3 - t2)
+
+    network RTT = (t4 - t1) - (t3 - t2)
+
+UD is unreliable by design, so a probe or an ACK that does not arrive within the step
+deadline is counted as lost instead of being retransmitted: loss is part of what is
+measured. Timestamps: completion timestamps are the right source where the device
+has them (`completion_timestamp_mask` > 0); this implementation takes software
+timestamps (CLOCK_MONOTONIC when the poll returns) and every result says so, together
+with whether the device could have given hardware ones.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyverbs.addr import AH, GID, AHAttr, GlobalRoute
+from pyverbs.cq import CQ
+from pyverbs.device import Context
+from pyverbs.mr import MR
+from pyverbs.pd import PD
+from pyverbs.pyverbs_error import PyverbsRDMAError
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.wr import SGE, RecvWR, SendWR
+
+from probes.control import (
+    DEFAULT_PORT,
+    ControlClient,
+    RdmaEndpoint,
+    Session,
+    register_session,
+    require_dict,
+    require_int,
+)
+from probes.errors import PeerError, ProbeError
+from probes.rdma.rc import RESPONDER_SYSFS_ROOT, SETUP_TIMEOUT_S, _local_device, source_address
+from probes.rdma.verbs import PORT, _sysfs_gid, _verbs, e
+from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
+
+QKEY = 0x1F1F1F1F
+GRH_BYTES = 40  # every UD receive buffer starts with room for the global routing header
+MSG = struct.Struct("!IIIQ")  # magic, kind, seq, value (responder delay in ns for ACK2)
+MAGIC = 0xFB0DD0D0
+PROBE, ACK1, ACK2 = 1, 2, 3
+DEPTH = 32
+MAX_PROBES = 1_000_000
+
+
+@dataclass(frozen=True)
+class UdProbeResult:
+    peer: str
+    device: str
+    probes: int
+    summary: LatencySummary  # network RTT (responder delay subtracted)
+    raw_summary: LatencySummary  # t4 - t1, responder delay included
+    responder_delay_p50_us: float | None
+    timestamps: str  # "software" or "hardware"
+    hw_timestamps_supported: bool
+    duration_s: float
+    error: str | None = None
+    sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "transport": "rdma",
+            "qp_type": "ud",
+            "op": "probe",
+            "peer": self.peer,
+            "device": self.device,
+            "probes": self.probes,
+            "rtt": self.summary.as_dict(),
+            "one_way": {**one_way_from_rtt(self.summary).as_dict(), "derived_from": "rtt/2"},
+            "rtt_with_responder_delay": self.raw_summary.as_dict(),
+            "responder_delay_p50_us": self.responder_delay_p50_us,
+            "timestamps": self.timestamps,
+            "hw_timestamps_supported": self.hw_timestamps_supported,
+            "duration_s": round(self.duration_s, 6),
+            "error": self.error,
+        }
+
+
+class UdEndpoint:
+    """A UD QP with one CQ per direction and a small registered ring of slots."""
+
+    SLOT = GRH_BYTES + MSG.size
+
+    def __init__(self, device: str, gid_index: int, port: int = PORT) -> None:
+        self.device, self.gid_index, self.port = device, gid_index, port
+        self._closed = False
+        self._ahs: list[Any] = []
+        self.ctx: Any = None
+        self.pd: Any = None
+        self.send_cq: Any = None
+        self.recv_cq: Any = None
+        self.mr: Any = None
+        self.qp: Any = None
+        try:
+            self.ctx = Context(name=device)
+            self.pd = PD(self.ctx)
+            self.send_cq = CQ(self.ctx, DEPTH, None, None, 0)
+            self.recv_cq = CQ(self.ctx, DEPTH, None, None, 0)
+            # slots [0, DEPTH) receive; slot DEPTH is the send slot
+            self.mr = MR(self.pd, self.SLOT * (DEPTH + 1), e.IBV_ACCESS_LOCAL_WRITE)
+            cap = QPCap(max_send_wr=DEPTH, max_recv_wr=DEPTH, max_send_sge=1, max_recv_sge=1)
+            init = QPInitAttr(qp_type=e.IBV_QPT_UD, scq=self.send_cq, rcq=self.recv_cq, cap=cap)
+            attr = QPAttr()
+            attr.qkey = QKEY
+            attr.port_num = port
+            self.qp = QP(self.pd, init, attr)  # pyverbs takes a UD QP all the way to RTS
+            self.gid = str(self.ctx.query_gid(port, gid_index))
+            try:
+                self.hw_ts = int(self.ctx.query_device_ex().completion_timestamp_mask) > 0
+            except (PyverbsRDMAError, AttributeError):
+                self.hw_ts = False
+        except PyverbsRDMAError as err:
+            self.close()
+            raise _verbs(f"{device}: creating UD resources", err) from err
+        except BaseException:
+            self.close()
+            raise
+        self._recv = [
+            RecvWR(
+                wr_id=i, num_sge=1, sg=[SGE(self.mr.buf + i * self.SLOT, self.SLOT, self.mr.lkey)]
+            )
+            for i in range(DEPTH)
+        ]
+        for wr in self._recv:
+            self.qp.post_recv(wr)
+        self._send_sge = SGE(self.mr.buf + DEPTH * self.SLOT + GRH_BYTES, MSG.size, self.mr.lkey)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for res in (self.qp, *self._ahs, self.mr, self.send_cq, self.recv_cq, self.pd, self.ctx):
+            if res is not None:
+                res.close()
+
+    def __enter__(self) -> UdEndpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def endpoint(self) -> RdmaEndpoint:
+        from probes.rdma.verbs import _ipv6
+
+        return RdmaEndpoint(
+            qpn=self.qp.qp_num,
+            psn=0,
+            gid=_ipv6(self.gid),
+            gid_index=self.gid_index,
+            lid=0,
+            rkey=0,
+            addr=0,
+            mtu=1024,
+        )
+
+    def sender(self, remote: RdmaEndpoint) -> Any:
+        """A send WR towards REMOTE, built once (its address handle lives with us)."""
+        route = GlobalRoute(
+            dgid=GID(_sysfs_gid(remote.gid)), sgid_index=self.gid_index, hop_limit=64
+        )
+        ah = AH(self.pd, attr=AHAttr(gr=route, is_global=1, port_num=self.port))
+        self._ahs.append(ah)
+        wr = SendWR(
+            wr_id=DEPTH,
+            opcode=e.IBV_WR_SEND,
+            num_sge=1,
+            sg=[self._send_sge],
+            send_flags=e.IBV_SEND_SIGNALED,
+        )
+        wr.set_wr_ud(ah, remote.qpn, QKEY)
+        return wr
+
+    def send(self, wr: Any, kind: int, seq: int, value: int, deadline: float) -> int:
+        """Send one message and wait for its completion; returns the software timestamp
+        taken just before the post (a completion seen by a busy poller can be late: the
+        reply may already be back, so it would make t4 - t1 shorter than the truth)."""
+        self.mr.write(MSG.pack(MAGIC, kind, seq, value), MSG.size, DEPTH * self.SLOT + GRH_BYTES)
+        t = time.perf_counter_ns()
+        self.qp.post_send(wr)
+        while True:
+            n, wcs = self.send_cq.poll(1)
+            if n:
+                if wcs[0].status != e.IBV_WC_SUCCESS:
+                    raise PeerError(f"{self.device}: UD send completion status {wcs[0].status}")
+                return t
+            if time.monotonic() > deadline:
+                raise PeerError(f"{self.device}: UD send did not complete in time")
+
+    def receive(self, deadline: float) -> tuple[int, int, int, int] | None:
+        """Next valid message as (kind, seq, value, t_ns), or None at the deadline.
+        Malformed datagrams (wrong size or magic) are dropped and the slot re-posted."""
+        while True:
+            n, wcs = self.recv_cq.poll(1)
+            if n:
+                t = time.perf_counter_ns()
+                wc = wcs[0]
+                slot = wc.wr_id
+                msg = None
+                if wc.status == e.IBV_WC_SUCCESS and wc.byte_len == GRH_BYTES + MSG.size:
+                    magic, kind, seq, value = MSG.unpack(
+                        self.mr.read(MSG.size, slot * self.SLOT + GRH_BYTES)
+                    )
+                    if magic == MAGIC:
+                        msg = (kind, seq, value, t)
+                self.qp.post_recv(self._recv[slot])
+                if msg is not None:
+                    return msg
+            elif time.monotonic() > deadline:
+                return None
+
+
+def ud_probe(
+    peer: str,
+    *,
+    probes: int = 200,
+    interval_s: float = 0.0,
+    port: int = DEFAULT_PORT,
+    bind: str | None = None,
+    device: str | None = None,
+    sysfs_root: str | Path = "/sys",
+    timeout: float = SETUP_TIMEOUT_S,
+    step_s: float = 0.5,
+) -> UdProbeResult:
+    """Send PROBES UD probes (at most one per INTERVAL_S) and measure network RTT."""
+    if not 1 <= probes <= MAX_PROBES:
+        raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
+    if not 0 <= interval_s <= 60:
+        raise ValueError(f"interval {interval_s} outside 0..60 s")
+    dev, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), device)
+    net, raw = LatencySketch("rtt"), LatencySketch("rtt")
+    delays = []
+    error = None
+    with (
+        ControlClient(peer, port, bind=bind, timeout=timeout) as ctl,
+        UdEndpoint(dev, gid_index) as ep,
+    ):
+        info = ctl.open(
+            "rdma_ud", {"probes": probes, "step_s": step_s, "endpoint": ep.endpoint().as_dict()}
+        )
+        remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
+        wr = ep.sender(remote)
+        base = random.randrange(1 << 30)
+        t_start = time.perf_counter()
+        for i in range(probes):
+            seq = base + i
+            deadline = time.monotonic() + step_s
+            try:
+                t1 = ep.send(wr, PROBE, seq, 0, deadline)
+            except PeerError as err:
+                error = str(err)
+                net.record_lost(probes - i)
+                break
+            t4 = delay = None
+            while t4 is None or delay is None:
+                msg = ep.receive(deadline)
+                if msg is None:
+                    break
+                kind, mseq, value, t = msg
+                if mseq != seq:
+                    continue  # a late ACK of an earlier, already lost probe
+                if kind == ACK1:
+                    t4 = t
+                elif kind == ACK2:
+                    delay = value
+            if t4 is None or delay is None or delay > t4 - t1:
+                net.record_lost()
+            else:
+                raw.record(t4 - t1)
+                net.record(t4 - t1 - delay)
+                delays.append(delay)
+            if interval_s:
+                time.sleep(max(0.0, interval_s - (time.monotonic() - (deadline - step_s))))
+        duration = time.perf_counter() - t_start
+        if error is None:
+            ctl.done({"probes": probes})
+    delays.sort()
+    return UdProbeResult(
+        peer,
+        dev,
+        probes,
+        net.summary(),
+        raw.summary(),
+        round(delays[len(delays) // 2] / 1000, 3) if delays else None,
+        "software",
+        ep.hw_ts,
+        duration,
+        error,
+        net,
+    )
+
+
+@register_session("rdma_ud")
+def serve_ud(session: Session) -> dict[str, Any]:
+    p = session.params
+    probes = require_int(p, "probes", 1, MAX_PROBES, where="params.")
+    step_s = float(p.get("step_s", 0.5))
+    if not 0.01 <= step_s <= 60:
+        raise ProbeError(f"params.step_s {step_s} outside 0.01..60")
+    remote = RdmaEndpoint.from_dict(
+        require_dict(p, "endpoint", where="params."), where="params.endpoint"
+    )
+    dev, gid_index = _local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
+    ep = session.resources.enter_context(UdEndpoint(dev, gid_index))
+    wr = ep.sender(remote)
+    session.ready({"endpoint": ep.endpoint().as_dict()})
+    answered = 0
+    idle_deadline = time.monotonic() + max(step_s * 4, 2.0)
+    while answered < probes and not session.stopping:
+        msg = ep.receive(idle_deadline)
+        if msg is None:
+            break
+        kind, seq, _, t2 = msg
+        if kind != PROBE:
+            continue
+        deadline = time.monotonic() + step_s
+        t3 = ep.send(wr, ACK1, seq, 0, deadline)
+        ep.send(wr, ACK2, seq, t3 - t2, deadline)
+        answered += 1
+        idle_deadline = time.monotonic() + max(step_s * 4, 2.0)
+    return {"answered": answered}

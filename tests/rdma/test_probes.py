@@ -1,0 +1,123 @@
+"""RC and UD probes between lane hosts, against a real `probe serve` process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from probes.rdma.rc import rc_bandwidth, rc_latency
+from probes.rdma.ud import ud_probe
+
+PORT = 4793
+
+
+def _wait_listening(ip: str, port: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((ip, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def start_responder(hosts, port: int = PORT) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{port}"]
+    )
+    for h in hosts:
+        _wait_listening(h.ip, port)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def responder(lane_hosts) -> Iterator[None]:
+    proc = start_responder(lane_hosts)
+    yield
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("op", ["send", "write"])
+def test_rc_latency_counts_every_round_trip(lane_hosts, responder, op: str) -> None:
+    a, b = lane_hosts[0], lane_hosts[1]
+    res = rc_latency(b.ip, op=op, size=2, iters=300, warmup=20, port=PORT, bind=a.ip)
+    print(f"\nRC {op} {a.name}->{b.name}: {res.summary}")
+    assert res.error is None and res.device == a.device
+    assert res.summary.count == 300 and res.summary.lost == 0
+    assert 0 < res.summary.min_us <= res.summary.p50_us <= res.summary.max_us
+
+
+@pytest.mark.parametrize("op", ["write", "send"])
+def test_rc_bandwidth_completes_every_operation(lane_hosts, responder, op: str) -> None:
+    a, c = lane_hosts[0], lane_hosts[2]
+    res = rc_bandwidth(c.ip, op=op, size=65536, iters=200, port=PORT, bind=a.ip)
+    print(f"\nRC {op} bandwidth {a.name}->{c.name}: {res.bytes_per_second / 1e6:.2f} MB/s")
+    assert res.error is None and res.completed == 200 and res.bytes_per_second > 0
+
+
+def test_ud_probe_subtracts_the_responder_delay(lane_hosts, responder) -> None:
+    a, c = lane_hosts[0], lane_hosts[2]
+    res = ud_probe(c.ip, probes=200, port=PORT, bind=a.ip)
+    d = res.as_dict()
+    print(
+        f"\nUD {a.name}->{c.name}: network RTT p50 {d['rtt']['p50_us']} us, with responder "
+        f"delay {d['rtt_with_responder_delay']['p50_us']} us, delay p50 "
+        f"{d['responder_delay_p50_us']} us, timestamps {d['timestamps']}"
+    )
+    assert res.error is None
+    assert res.summary.count + res.summary.lost == 200 and res.summary.count >= 190
+    assert res.responder_delay_p50_us is not None and res.responder_delay_p50_us > 0
+    assert res.summary.p50_us < res.raw_summary.p50_us
+    assert d["timestamps"] == "software"
+
+
+def test_a_peer_that_vanishes_mid_run_gives_a_result_with_loss(lane_hosts) -> None:
+    a, b = lane_hosts[0], lane_hosts[1]
+    proc = start_responder(lane_hosts, port=PORT + 1)
+    result = {}
+    running = threading.Event()
+
+    def progress(done: int, total: int) -> None:
+        if done >= 1024:
+            running.set()
+
+    def run() -> None:
+        result["res"] = rc_latency(
+            b.ip,
+            op="send",
+            size=2,
+            iters=100_000,
+            warmup=0,
+            port=PORT + 1,
+            bind=a.ip,
+            step_s=2.0,
+            progress=progress,
+        )
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert running.wait(timeout=180), "the probe never got going"
+    proc.kill()
+    proc.wait()
+    t0 = time.monotonic()
+    t.join(timeout=60)
+    assert not t.is_alive(), "the probe hung after its peer vanished"
+    res = result["res"]
+    print(
+        f"\nvanished peer: {res.summary.count} done, {res.summary.lost} lost, "
+        f"ended {time.monotonic() - t0:.1f} s after the kill: {res.error}"
+    )
+    assert res.error is not None and res.summary.lost > 0
+    assert res.summary.count + res.summary.lost == 100_000
+    assert os.path.exists(f"/sys/class/infiniband/{a.device}")
