@@ -60,11 +60,11 @@ def latency_table(rtts: dict[str, LatencySummary]) -> Table:
         for name, s in rtts.items():
             row += [fmt_us(getattr(s, attr)), fmt_us(getattr(halves[name], attr))]
         table.add_row(*row)
-    counts = ["count / lost"]
-    for s in rtts.values():
-        counts += [f"{s.count:,} / {s.lost:,}", ""]
-    table.add_row(*counts)
     return table
+
+
+def loss_line(name: str, s: LatencySummary) -> str:
+    return f"{name}: count {s.count:,}  lost {s.lost:,} ({s.loss_ratio:.3%})"
 
 
 def devices_table(devices: list[RdmaDevice]) -> Table:

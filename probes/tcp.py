@@ -29,7 +29,7 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from probes.control import (
@@ -46,7 +46,7 @@ from probes.control import (
     require_str,
 )
 from probes.errors import PeerError
-from probes.stats import LatencySketch, LatencySummary
+from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
 MIN_SIZE = 1
 MAX_SIZE = 1 << 20  # 1 MiB
@@ -134,27 +134,6 @@ class TcpThroughputResult:
             "bytes_per_second": round(self.bytes_per_second, 1),
             "error": self.error,
         }
-
-
-def one_way_from_rtt(rtt: LatencySummary) -> LatencySummary:
-    """The RTT/2 estimate of one-way latency, labelled as such (kind "one_way")."""
-    if rtt.kind != "rtt":
-        raise ValueError(f"expected an rtt summary, got {rtt.kind}")
-
-    def half(v: float | None) -> float | None:
-        return None if v is None else round(v / 2.0, 3)
-
-    return replace(
-        rtt,
-        kind="one_way",
-        min_us=half(rtt.min_us),
-        p50_us=half(rtt.p50_us),
-        p90_us=half(rtt.p90_us),
-        p99_us=half(rtt.p99_us),
-        p999_us=half(rtt.p999_us),
-        max_us=half(rtt.max_us),
-        mean_us=half(rtt.mean_us),
-    )
 
 
 def kernel_bypass_ratio(tcp: LatencySummary, rdma: LatencySummary) -> float | None:

@@ -19,7 +19,7 @@ from fabricprobe.options import (
     sysfs_option,
     timeout_option,
 )
-from fabricprobe.render import latency_table, progress_bar
+from fabricprobe.render import latency_table, loss_line, progress_bar
 from probes import tcp as tcp_lib
 from probes.errors import ProbeError
 
@@ -134,6 +134,8 @@ def lat(
             highlight=False,
         )
         console.print(latency_table(rows))
+        for name, summary in rows.items():
+            console.print(loss_line(name, summary), highlight=False)
         console.print(
             f"timing loop cost: {res.loop_overhead_ns:,} ns per iteration "
             "(clock reads + bookkeeping, measured in this process)",

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from fabricprobe.options import (
@@ -23,10 +20,10 @@ from fabricprobe.options import (
     resolve_peer,
     timeout_option,
 )
+from fabricprobe.render import latency_table, loss_line, progress_bar
 from probes import tcp as tcp_lib
 from probes.control import format_hostport
 from probes.errors import PeerError
-from probes.stats import LatencySummary
 
 DEFAULT_ITERS = 10_000
 DEFAULT_WARMUP = 100
@@ -112,7 +109,7 @@ def tcp(
         if total_bytes is None and duration is None:
             duration = DEFAULT_DURATION
         unit = "bytes" if total_bytes else "ms"
-        with _progress(not as_json, "TCP throughput", unit) as progress:
+        with progress_bar(not as_json, "TCP throughput", unit) as progress:
             try:
                 bres = tcp_lib.run_throughput(
                     host,
@@ -135,7 +132,7 @@ def tcp(
     else:
         n = iters or DEFAULT_ITERS
         show = not as_json and n >= PROGRESS_MIN_ITERS
-        with _progress(show, "TCP ping-pong", "iterations") as progress:
+        with progress_bar(show, "TCP ping-pong", "iterations") as progress:
             try:
                 lres = tcp_lib.run_pingpong(
                     host,
@@ -193,57 +190,15 @@ def _check_addresses(host: str, port: int, bind: str | None) -> None:
         fail(f"cannot resolve peer {host!r}: {e.strerror}")
 
 
-@contextmanager
-def _progress(show: bool, label: str, unit: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A transient progress bar on stderr (a no-op when not shown or not a terminal)."""
-    console = Console(stderr=True)
-    if not show or not console.is_terminal:
-        yield None
-        return
-    columns = (
-        TextColumn(f"{label} [dim]{unit}[/]"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(label, total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        yield update
-
-
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:,.3f}"
-
-
 def _print_latency(res: tcp_lib.TcpLatencyResult) -> None:
-    rtt: LatencySummary = res.summary
-    one_way = res.one_way()
     console = Console()
     console.print(
         f"TCP ping-pong to {format_hostport(res.peer, res.port)} from {res.source}: "
         f"{res.size:,} B messages, {res.iters:,} measured (+{res.warmup:,} warm-up)",
         highlight=False,
     )
-    table = Table()
-    table.add_column("figure")
-    table.add_column("RTT (µs)", justify="right")
-    table.add_column("one-way = RTT/2 (µs)", justify="right")
-    for name, a, b in (
-        ("min", rtt.min_us, one_way.min_us),
-        ("p50", rtt.p50_us, one_way.p50_us),
-        ("p90", rtt.p90_us, one_way.p90_us),
-        ("p99", rtt.p99_us, one_way.p99_us),
-        ("p99.9", rtt.p999_us, one_way.p999_us),
-        ("max", rtt.max_us, one_way.max_us),
-        ("mean", rtt.mean_us, one_way.mean_us),
-    ):
-        table.add_row(name, _fmt(a), _fmt(b))
-    console.print(table)
-    console.print(f"count {rtt.count:,}  lost {rtt.lost:,} ({rtt.loss_ratio:.3%})", highlight=False)
+    console.print(latency_table({"tcp": res.summary}))
+    console.print(loss_line("tcp", res.summary), highlight=False)
     console.print(
         f"timer overhead: {res.timer_overhead_ns} ns per clock pair, "
         f"{res.loop_overhead_ns} ns per loop iteration (inside every RTT)",
