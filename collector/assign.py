@@ -13,10 +13,12 @@ its own targets changed, so agents re-read their assignments only when they must
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+MAX_REPLAN_WAIT_S = 5.0
 # Probe kinds in the order they are handed out; a pair gets each kind both ends offer.
 DEFAULT_KINDS: tuple[str, ...] = ("tcp_lat", "rdma_rc_lat", "rdma_ud")
 
@@ -140,8 +142,14 @@ class Planner:
     port or probe kinds, changed.
     """
 
-    def __init__(self, cfg: PlanConfig | None = None) -> None:
+    def __init__(self, cfg: PlanConfig | None = None, *, pace: float = 10.0) -> None:
         self.cfg = cfg or PlanConfig()
+        # A replan waits PACE times as long as the last one took, so a fleet registering
+        # at once (a collector restart) costs a few replans, not one per host; a small
+        # fleet, whose replans take microseconds, sees every change at once.
+        self.pace = pace
+        self._last_cost = 0.0
+        self._last_end = float("-inf")
         self._lock = threading.Lock()
         self._hosts: dict[str, HostSpec] = {}
         self._versions: dict[str, int] = {}
@@ -169,8 +177,7 @@ class Planner:
     def assignments(self, host: str) -> tuple[int, tuple[Target, ...]]:
         """(generation, targets) for HOST; replans first if the fleet changed."""
         with self._lock:
-            if self._dirty:
-                self._replan()
+            self._maybe_replan()
             a = self._assigned.get(host)
             if a is None:
                 return 0, ()
@@ -185,10 +192,19 @@ class Planner:
 
     def generation(self, host: str) -> int:
         with self._lock:
-            if self._dirty:
-                self._replan()
+            self._maybe_replan()
             a = self._assigned.get(host)
             return a.generation if a else 0
+
+    def _maybe_replan(self) -> None:
+        if not self._dirty:
+            return
+        now = time.monotonic()
+        if now - self._last_end < min(self.pace * self._last_cost, MAX_REPLAN_WAIT_S):
+            return  # hosts asking meanwhile get the current plan; their next ack says more
+        self._replan()
+        self._last_end = time.monotonic()
+        self._last_cost = self._last_end - now
 
     def _replan(self) -> None:
         plan = plan_peers(self._hosts.values(), self.cfg)

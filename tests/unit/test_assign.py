@@ -54,7 +54,7 @@ def test_targets_only_for_kinds_both_ends_offer() -> None:
 
 
 def test_generation_grows_only_for_hosts_whose_targets_change() -> None:
-    p = Planner(PlanConfig(budget=8))
+    p = Planner(PlanConfig(budget=8), pace=0)
     for h in fleet(1, 3):
         p.upsert(h)
     g = {n: p.generation(n) for n in p.hosts()}
@@ -67,6 +67,15 @@ def test_generation_grows_only_for_hosts_whose_targets_change() -> None:
     assert p.generation("h000-02") == 2
     p.upsert(HostSpec("h000-09", topology="tor000"))
     assert p.generation("h000-01") == 3
+
+
+def test_replans_are_paced_by_their_cost() -> None:
+    p = Planner(PlanConfig(budget=8), pace=1e9)  # every replan waits the 5 s cap
+    for h in fleet(1, 3):
+        p.upsert(h)
+    assert p.generation("h000-00") == 1  # the first replan is not held back
+    p.upsert(HostSpec("h000-07", topology="tor000"))
+    assert p.generation("h000-07") == 0 and p.replans == 1
 
 
 def test_bad_config_is_refused() -> None:
