@@ -80,13 +80,16 @@ def main() -> None:
         ps = psutil.Process(proc.pid)
         print(f"warming up {args.warmup:g} s (registration, first windows)...")
         time.sleep(args.warmup)
-        c0 = sum(ps.cpu_times()[:2])
+        t_start = ps.cpu_times()
+        c0 = t_start.user + t_start.system
         t0 = time.monotonic()
         rss_max = 0
         while time.monotonic() - t0 < args.seconds:
             rss_max = max(rss_max, ps.memory_info().rss)
             time.sleep(1.0)
-        cpu = sum(ps.cpu_times()[:2]) - c0
+        t_end = ps.cpu_times()
+        cpu = t_end.user + t_end.system - c0
+        user, system = t_end.user - t_start.user, t_end.system - t_start.system
         wall = time.monotonic() - t0
         host = server.store.hosts.get("measured")
         bursts = host.agent.probes if host and host.agent else 0
