@@ -98,7 +98,11 @@ def main() -> None:
             1 for (src, dst, *_), p in server.store.paths.items() if dst == "measured" and p.windows
         )
         print(f"peers: {args.peers} (probes {targets} targets, probed by {answered} peers)")
-        print(f"agent CPU: {100 * cpu / wall:.2f} % of one core over {wall:.0f} s (target <= 1 %)")
+        print(
+            f"agent CPU: {100 * cpu / wall:.2f} % of one core over {wall:.0f} s "
+            f"(user {100 * user / wall:.2f} %, kernel {100 * system / wall:.2f} %; "
+            "target <= 1 %)"
+        )
         print(f"agent RSS: max {rss_max / 2**20:.1f} MiB (target <= 64 MB)")
         print(f"probe bursts run by the agent since start: {bursts}")
     finally:
