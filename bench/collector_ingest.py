@@ -120,9 +120,10 @@ def grpc_path(args: argparse.Namespace, reports: list[bytes]) -> None:
     for info in infos(args.agents):
         server.api.register(info)
     me = psutil.Process()
-    q: mp.Queue = mp.Queue()
+    ctx = mp.get_context("spawn")  # never fork a process that runs a gRPC server
+    q: mp.Queue = ctx.Queue()
     clients = [
-        mp.Process(target=_client, args=(server.port, reports[i :: args.clients], 64, q))
+        ctx.Process(target=_client, args=(server.port, reports[i :: args.clients], 64, q))
         for i in range(args.clients)
     ]
     c0 = sum(me.cpu_times()[:2])
