@@ -20,7 +20,7 @@ import psutil
 
 from agent.client import CollectorClient, channel_credentials
 from agent.config import AgentConfig
-from agent.counters import CounterSampler, netdevs_of
+from agent.counters import ChangeFilter, CounterSampler, netdevs_of
 from agent.identity import discover_addresses, discover_devices, host_info
 from agent.probing import (
     RUNNERS,
@@ -89,6 +89,7 @@ class Agent:
             [listen_host] if specific else discover_addresses(self.devices)
         )
         self.source = self.addresses[0] if (cfg.addresses or specific) and self.addresses else None
+        self.changed = ChangeFilter(cfg.counters_keyframe_every)
         self.aggregator = WindowAggregator()
         self.scheduler = Scheduler(
             ProbeContext(bind=self.source, timeout=cfg.probe_timeout, sysfs_root=cfg.sysfs_root),
@@ -192,7 +193,7 @@ class Agent:
             window_start_unix_ns=self._window_start,
             window_end_unix_ns=end,
             probes=self.aggregator.cut(),
-            counters=self.sampler.sample(),
+            counters=self.changed(self.sampler.sample()),
             agent=pb.AgentStats(
                 cpu_seconds=cpu.user + cpu.system,
                 rss_bytes=self._proc.memory_info().rss,

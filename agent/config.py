@@ -45,6 +45,7 @@ class AgentConfig:
     spool_max_bytes: int = DEFAULT_MAX_BYTES
     sysfs_root: str = "/sys"
     ethtool: bool = True
+    counters_keyframe_every: int = 6  # windows between reports that carry every counter
     jitter: float = 0.2
     probe_timeout: float = 1.0
     probe_workers: int = 4
@@ -60,6 +61,8 @@ class AgentConfig:
             raise ConfigError(f"host: {self.host!r} is not a host name")
         if not 0.1 <= self.window_s <= 3600:
             raise ConfigError("window_s: must be within 0.1..3600")
+        if self.counters_keyframe_every < 1:
+            raise ConfigError("counters_keyframe_every: must be >= 1")
         if not 0 <= self.jitter < 1:
             raise ConfigError("jitter: must be within 0..1")
         if self.spool_max_windows < 1 or self.spool_max_bytes < 4096:

@@ -136,6 +136,39 @@ class CounterSampler:
             log.warning("counters of %s not read: %s", what, e)
 
 
+ReadingKey = tuple[str, str, int, str, int, str]  # kind, device, port, netdev, priority, name
+
+
+class ChangeFilter:
+    """Passes a reading only when its value changed since it was last passed, and every
+    reading once per KEYFRAME_EVERY windows.
+
+    Most counters of a healthy port (error counters, most priorities' pause counters)
+    do not move in a window; leaving them out keeps reports and the collector's work
+    small. The collector reads "absent from the newest window" as "unchanged", and the
+    periodic full window lets a restarted collector learn every value again.
+    """
+
+    def __init__(self, keyframe_every: int = 6) -> None:
+        if keyframe_every < 1:
+            raise ValueError("keyframe_every must be >= 1")
+        self.keyframe_every = keyframe_every
+        self._last: dict[ReadingKey, int] = {}
+        self._windows = 0
+
+    def __call__(self, readings: list[pb.CounterReading]) -> list[pb.CounterReading]:
+        keyframe = self._windows % self.keyframe_every == 0
+        self._windows += 1
+        out = []
+        last = self._last
+        for r in readings:
+            key = (r.kind, r.device, r.port, r.netdev, r.priority, r.name)
+            if keyframe or last.get(key) != r.value:
+                out.append(r)
+            last[key] = r.value
+        return out
+
+
 def netdevs_of(devices: Iterable[RdmaDevice]) -> list[str]:
     """Network devices under the RDMA devices (GID netdevs and soft-RoCE parents)."""
     names: set[str] = set()

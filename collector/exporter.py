@@ -253,18 +253,24 @@ class FabricCollector(Collector):
         for key, st in snap.paths.items():
             self._fill_path(_path_labels(key), st, f)
         self._fill_ratios(snap, f)
+        newest = {name: h.last_window_end_ns for name, (h, _) in snap.hosts.items()}
         for ckey, track in snap.counters.items():
             src, kind, device, port, netdev, prio, name = ckey
+            rate = track.rate
+            if rate is not None and track.last_ns < newest.get(src, 0):
+                # Agents send a counter only when it moved (and once a minute in full):
+                # absent from the host's newest window means unchanged.
+                rate = 0.0
             if kind == "rdma":
                 labels = [src, device, str(port), name]
                 f["rdma"].add_metric(labels, float(track.total))
-                if track.rate is not None:
-                    f["rdma_rate"].add_metric(labels, track.rate)
+                if rate is not None:
+                    f["rdma_rate"].add_metric(labels, rate)
             elif kind == "netdev":
                 labels = [src, netdev, name]
                 f["netdev"].add_metric(labels, float(track.total))
-                if track.rate is not None:
-                    f["netdev_rate"].add_metric(labels, track.rate)
+                if rate is not None:
+                    f["netdev_rate"].add_metric(labels, rate)
             elif kind == "pfc" and ("pfc:" + name) in f:
                 scale = 1e-6 if name in PFC_DURATIONS else 1.0
                 f["pfc:" + name].add_metric([src, netdev, str(prio)], track.total * scale)

@@ -84,3 +84,17 @@ def test_rxe_has_hw_counters_and_veth_is_asked_once() -> None:
 def test_unreadable_sysfs_is_skipped_not_fatal(tmp_path: Path) -> None:
     s = CounterSampler(str(tmp_path), [], [], ethtool=False)
     assert s.sample() == []
+
+
+def test_change_filter_sends_moved_counters_and_periodic_keyframes() -> None:
+    from agent.counters import ChangeFilter
+    from collector.api import fabricprobe_pb2 as pb
+
+    def r(name: str, v: int) -> pb.CounterReading:
+        return pb.CounterReading(kind="rdma", device="d", port=1, priority=-1, name=name, value=v)
+
+    f = ChangeFilter(keyframe_every=3)
+    assert [x.name for x in f([r("a", 1), r("b", 5)])] == ["a", "b"]  # first: everything
+    assert [x.name for x in f([r("a", 2), r("b", 5)])] == ["a"]
+    assert [x.name for x in f([r("a", 2), r("b", 5)])] == []
+    assert [x.name for x in f([r("a", 2), r("b", 5)])] == ["a", "b"]  # keyframe

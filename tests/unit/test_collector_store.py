@@ -106,3 +106,19 @@ def test_hosts_go_stale_then_are_forgotten(store: WindowStore) -> None:
     assert store.forget_idle() == []
     clock.now += 100 * S
     assert store.forget_idle() == ["a"] and not store.paths
+
+
+def test_rate_of_a_counter_absent_from_the_newest_window_is_zero(store: WindowStore) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from collector.exporter import FabricCollector
+
+    store.take(report("a", 1, 10, counters=[("rcvd_pkts", 100, 64)]))
+    store.take(report("a", 2, 20, counters=[("rcvd_pkts", 300, 64)]))
+    reg = CollectorRegistry()
+    reg.register(FabricCollector(store))
+    labels = {"src": "a", "device": "mlx5_0", "port": "1", "counter": "rcvd_pkts"}
+    assert reg.get_sample_value("fabricprobe_rdma_port_stat_per_second", labels) == 20.0
+    store.take(report("a", 3, 30))  # unchanged: the agent left it out
+    assert reg.get_sample_value("fabricprobe_rdma_port_stat_per_second", labels) == 0.0
+    assert reg.get_sample_value("fabricprobe_rdma_port_stat_total", labels) == 200.0
