@@ -11,8 +11,9 @@ Two paths are measured:
 
 * `api`  - serialized reports parsed and handed to the collector's AgentApi (what the
            servicer does after gRPC has read the bytes), single thread;
-* `grpc` - the same reports sent over loopback gRPC from a separate client process
-           (batches of 64 on Report streams); the figure is the server process's CPU.
+* `grpc` - the same reports sent over loopback gRPC from client processes, each Report
+           stream carrying --batch windows (1: an agent in steady state, one window per
+           stream; 64: an agent replaying its spool); the figure is the server's CPU.
 
     python bench/collector_ingest.py                      # both, 10,000 agents
     python bench/collector_ingest.py --agents 2000 --peers 32 --mode api
@@ -126,7 +127,7 @@ def grpc_path(args: argparse.Namespace, reports: list[bytes]) -> None:
     ctx = mp.get_context("spawn")  # never fork a process that runs a gRPC server
     q: mp.Queue = ctx.Queue()
     clients = [
-        ctx.Process(target=_client, args=(server.port, reports[i :: args.clients], 64, q))
+        ctx.Process(target=_client, args=(server.port, reports[i :: args.clients], args.batch, q))
         for i in range(args.clients)
     ]
     c0 = sum(me.cpu_times()[:2])
@@ -141,7 +142,7 @@ def grpc_path(args: argparse.Namespace, reports: list[bytes]) -> None:
     server.stop(0)
     assert acks == len(reports), (acks, len(reports))
     summary(
-        f"grpc (server process; {args.clients} client processes)",
+        f"grpc (server process; {args.clients} client processes, {args.batch} per stream)",
         args,
         acks,
         server.store.merges_total,
@@ -170,7 +171,8 @@ def main() -> None:
     ap.add_argument("--peers", type=int, default=PlanConfig().budget)
     ap.add_argument("--counters", type=int, default=35)
     ap.add_argument("--windows", type=int, default=2)
-    ap.add_argument("--clients", type=int, default=1)
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1, help="windows per Report stream")
     ap.add_argument("--mode", choices=["api", "grpc", "both"], default="both")
     args = ap.parse_args()
     print(
