@@ -12,8 +12,9 @@ Two paths are measured:
 * `api`  - serialized reports parsed and handed to the collector's AgentApi (what the
            servicer does after gRPC has read the bytes), single thread;
 * `grpc` - the same reports sent over loopback gRPC from client processes, each Report
-           stream carrying --batch windows (1: an agent in steady state, one window per
-           stream; 64: an agent replaying its spool); the figure is the server's CPU.
+           call carrying --batch windows (1: an agent in steady state, one window per
+           unary ReportWindow call; 64: an agent replaying its spool on a Report
+           stream); the figure is the server's CPU.
 
     python bench/collector_ingest.py                      # both, 10,000 agents
     python bench/collector_ingest.py --agents 2000 --peers 32 --mode api
@@ -113,7 +114,11 @@ def _client(port: int, reports: list[bytes], batch: int, out: mp.Queue) -> None:
     acks = 0
     for i in range(0, len(reports), batch):
         msgs = [pb.WindowReport.FromString(b) for b in reports[i : i + batch]]
-        acks += sum(1 for _ in stub.Report(iter(msgs), timeout=60))
+        if len(msgs) == 1:  # as an agent does in steady state
+            stub.ReportWindow(msgs[0], timeout=60)
+            acks += 1
+        else:
+            acks += sum(1 for _ in stub.Report(iter(msgs), timeout=60))
     out.put(acks)
 
 
@@ -142,7 +147,7 @@ def grpc_path(args: argparse.Namespace, reports: list[bytes]) -> None:
     server.stop(0)
     assert acks == len(reports), (acks, len(reports))
     summary(
-        f"grpc (server process; {args.clients} client processes, {args.batch} per stream)",
+        f"grpc (server process; {args.clients} client processes, {args.batch} per call)",
         args,
         acks,
         server.store.merges_total,
@@ -172,7 +177,7 @@ def main() -> None:
     ap.add_argument("--counters", type=int, default=35)
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--clients", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=1, help="windows per Report stream")
+    ap.add_argument("--batch", type=int, default=1, help="windows per call")
     ap.add_argument("--mode", choices=["api", "grpc", "both"], default="both")
     args = ap.parse_args()
     print(

@@ -228,19 +228,25 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self, request_iterator: Iterator[pb.WindowReport], context: grpc.ServicerContext
     ) -> Iterator[pb.Ack]:
         for report in request_iterator:
-            self._caller(context, report.host)
-            try:
-                ack = self.api.report(report)
-            except RateLimited as e:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-            except ReportError as e:
-                code = (
-                    grpc.StatusCode.FAILED_PRECONDITION
-                    if "not registered" in str(e)
-                    else grpc.StatusCode.INVALID_ARGUMENT
-                )
-                context.abort(code, f"report seq {report.seq}: {e}")
-            yield ack
+            yield self._take(report, context)
+
+    def ReportWindow(self, request: pb.WindowReport, context: grpc.ServicerContext) -> pb.Ack:
+        return self._take(request, context)
+
+    def _take(self, report: pb.WindowReport, context: grpc.ServicerContext) -> pb.Ack:
+        self._caller(context, report.host)
+        try:
+            return self.api.report(report)
+        except RateLimited as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except ReportError as e:
+            code = (
+                grpc.StatusCode.FAILED_PRECONDITION
+                if "not registered" in str(e)
+                else grpc.StatusCode.INVALID_ARGUMENT
+            )
+            context.abort(code, f"report seq {report.seq}: {e}")
+        raise AssertionError("context.abort returned")  # pragma: no cover
 
 
 @dataclass

@@ -50,6 +50,11 @@ class CollectorStub:
                 request_serializer=collector_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
                 response_deserializer=collector_dot_api_dot_fabricprobe__pb2.Ack.FromString,
                 _registered_method=True)
+        self.ReportWindow = channel.unary_unary(
+                '/fabricprobe.v1.Collector/ReportWindow',
+                request_serializer=collector_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
+                response_deserializer=collector_dot_api_dot_fabricprobe__pb2.Ack.FromString,
+                _registered_method=True)
 
 
 class CollectorServicer:
@@ -70,7 +75,16 @@ class CollectorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Report(self, request_iterator, context):
-        """One WindowReport per window, in sequence order; one Ack for each.
+        """One WindowReport per window, in sequence order; one Ack for each. Agents use it to
+        replay their spool after an outage.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportWindow(self, request, context):
+        """The same for a single window: what an agent sends in steady state, one window per
+        report interval (a unary call costs the collector a third of a one-message stream).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -91,6 +105,11 @@ def add_CollectorServicer_to_server(servicer, server):
             ),
             'Report': grpc.stream_stream_rpc_method_handler(
                     servicer.Report,
+                    request_deserializer=collector_dot_api_dot_fabricprobe__pb2.WindowReport.FromString,
+                    response_serializer=collector_dot_api_dot_fabricprobe__pb2.Ack.SerializeToString,
+            ),
+            'ReportWindow': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportWindow,
                     request_deserializer=collector_dot_api_dot_fabricprobe__pb2.WindowReport.FromString,
                     response_serializer=collector_dot_api_dot_fabricprobe__pb2.Ack.SerializeToString,
             ),
@@ -174,6 +193,33 @@ class Collector:
             request_iterator,
             target,
             '/fabricprobe.v1.Collector/Report',
+            collector_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
+            collector_dot_api_dot_fabricprobe__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportWindow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabricprobe.v1.Collector/ReportWindow',
             collector_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
             collector_dot_api_dot_fabricprobe__pb2.Ack.FromString,
             options,

@@ -93,7 +93,7 @@ def test_fleet_end_to_end_into_metrics(collector: CollectorServer, tmp_path: Pat
             assert f'fabricprobe_host_up{{src="{name}"}} 1.0' in text
             assert f'fabricprobe_agent_resident_memory_bytes{{src="{name}"}}' in text
             assert f'fabricprobe_agent_spool_windows{{src="{name}"}}' in text
-        assert 'fabricprobe_collector_rpcs_total{code="OK",method="Report"}' in text
+        assert 'fabricprobe_collector_rpcs_total{code="OK",method="ReportWindow"}' in text
         if shutil.which("promtool"):
             res = subprocess.run(
                 ["promtool", "check", "metrics"], input=text.encode(), capture_output=True

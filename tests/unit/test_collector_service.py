@@ -63,6 +63,10 @@ def test_register_assign_report_ack(server: CollectorServer) -> None:
     assert err is None
     assert [(x.seq, x.duplicate) for x in acks] == [(1, False), (2, False), (1, True)]
     assert server.store.paths[("h1", "h2", "tcp", "pingpong", 64)].rtt.count == 2
+    (one,), err = c1.send([window("h1", 3)])  # a single window goes as a unary call
+    assert err is None and (one.seq, one.duplicate) == (3, False)
+    codes = server.rpc_stats.snapshot()[2]
+    assert codes[("ReportWindow", "OK")] == 1 and codes[("Report", "OK")] == 1
 
 
 def test_a_host_reports_only_as_itself(server: CollectorServer) -> None:
