@@ -36,6 +36,10 @@ class WindowAggregator:
                 w = self._paths[key] = _PathWindow()
             if outcome.rtt is not None:
                 w.rtt.merge(outcome.rtt)
+            if outcome.rtt_ns:
+                w.rtt.record_many(outcome.rtt_ns)
+            if outcome.lost:
+                w.rtt.record_lost(outcome.lost)
             w.bytes_moved += outcome.bytes_moved
             w.busy_seconds += outcome.busy_seconds
             w.failures += int(outcome.failed)

@@ -51,7 +51,7 @@ def test_tcp_lat_is_registered() -> None:
 def test_tcp_pingpong_measures_rtt(responder: Responder) -> None:
     out = tcp_pingpong(spec(responder.port, size=1024), ProbeContext(bind="127.0.0.1", timeout=1))
     assert out.error is None and not out.failed
-    assert out.rtt is not None and out.rtt.count == 5 and out.rtt.lost == 0
+    assert len(out.rtt_ns) == 5 and out.lost == 0 and all(v > 0 for v in out.rtt_ns)
     assert (out.transport, out.op) == ("tcp", "pingpong")
 
 
@@ -70,7 +70,7 @@ def test_dead_peer_is_a_failed_burst_with_every_exchange_lost() -> None:
         port = s.getsockname()[1]  # nobody listens here once closed
     out = tcp_pingpong(spec(port), ProbeContext(bind=None, timeout=0.5))
     assert out.failed and out.error
-    assert out.rtt is not None and out.rtt.lost == 5 and out.rtt.count == 0
+    assert out.lost == 5 and not out.rtt_ns
 
 
 def test_rate_budget() -> None:
@@ -163,3 +163,13 @@ def test_rdma_runner_maps_rc_latency(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls[0]["bind"] == "10.0.0.1" and calls[0]["timeout"] == mod.SETUP_TIMEOUT_S
     down = runner(ProbeSpec("c", "10.0.0.9", 4793, "rdma_rc_lat", 64, 2, 10.0), ctx)
     assert down.failed and down.rtt is not None and down.rtt.lost == 2
+
+
+def test_window_takes_bare_rtts_and_loss() -> None:
+    agg = WindowAggregator()
+    s = spec(1)
+    agg.add(s, ProbeOutcome("tcp", "pingpong", rtt_ns=[1000, 2000], lost=1))
+    agg.add(s, ProbeOutcome("tcp", "pingpong", failed=True, lost=5))
+    (w,) = agg.cut()
+    sk = LatencySketch.decode(w.rtt_sketch)
+    assert (sk.count, sk.lost, w.failures) == (2, 6, 1)
