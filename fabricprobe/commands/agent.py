@@ -38,7 +38,11 @@ Examples:
     "--address", "addresses", multiple=True, help="Address peers probe (repeat) [discovered]."
 )
 @click.option("--device", "devices", multiple=True, help="RDMA device of this host (repeat) [all].")
-@click.option("--spool-dir", type=click.Path(file_okay=False), help="Spool directory.")
+@click.option(
+    "--spool-dir",
+    type=click.Path(file_okay=False),
+    help="Spool of unacknowledged windows [/var/lib/fabricprobe/spool].",
+)
 @click.option("--spool-max-windows", type=click.IntRange(1), help="Spool bound in windows [8640].")
 @click.option("--spool-max-bytes", type=click.IntRange(4096), help="Spool bound in bytes [64 MiB].")
 @click.option("--no-ethtool", "no_ethtool", is_flag=True, help="Do not run `ethtool -S`.")
@@ -49,8 +53,20 @@ Examples:
 @click.option("--ca-file", type=click.Path(dir_okay=False), help="CA of the collector (TLS).")
 @click.option("--cert-file", type=click.Path(dir_okay=False), help="Client certificate (PEM).")
 @click.option("--key-file", type=click.Path(dir_okay=False), help="Client key (PEM).")
-@click.option("--log-format", type=click.Choice(["json", "text"]), default="json")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info")
+@click.option(
+    "--log-format",
+    type=click.Choice(["json", "text"]),
+    default="json",
+    show_default=True,
+    help="Log lines on stderr: JSON objects, or text for people.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning"]),
+    default="info",
+    show_default=True,
+    help="Least severe level logged.",
+)
 @sysfs_option
 def agent(
     config_file: str | None,

@@ -42,8 +42,20 @@ Examples:
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="Server certificate (PEM).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="Server key (PEM).")
 @click.option("--client-ca", type=click.Path(dir_okay=False), help="CA of agent certificates.")
-@click.option("--log-format", type=click.Choice(["json", "text"]), default="json")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info")
+@click.option(
+    "--log-format",
+    type=click.Choice(["json", "text"]),
+    default="json",
+    show_default=True,
+    help="Log lines on stderr: JSON objects, or text for people.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning"]),
+    default="info",
+    show_default=True,
+    help="Least severe level logged.",
+)
 def collector(config_file: str | None, log_format: str, log_level: str, **flags: Any) -> None:
     """Take window reports from agents, plan their probes, and serve /metrics.
 
