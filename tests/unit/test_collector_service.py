@@ -131,3 +131,31 @@ def test_health_and_reflection(server: CollectorServer) -> None:
     )
     names = {s.name for s in answers[0].list_services_response.service}
     assert "fabricprobe.v1.Collector" in names and "grpc.health.v1.Health" in names
+
+
+def test_agent_with_its_token_file(server: CollectorServer, tmp_path: Path) -> None:
+    from agent.agent import Agent
+    from agent.config import AgentConfig
+
+    token = tmp_path / "token"
+    token.write_text(TOKENS["h2"] + "\n")
+    cfg = AgentConfig(
+        host="h2",
+        collector=f"127.0.0.1:{server.port}",
+        probe_listen="127.0.0.7:0",
+        spool_dir=str(tmp_path / "spool"),
+        sysfs_root=str(tmp_path),
+        ethtool=False,
+        token_file=str(token),
+    )
+    agent = Agent(cfg)
+    agent.start()
+    try:
+        agent.cut_window()
+        for _ in range(100):
+            if agent.acked:
+                break
+            agent.wait(0.05)
+        assert agent.acked >= 1 and server.store.hosts["h2"].reports >= 1
+    finally:
+        agent.close()
