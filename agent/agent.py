@@ -152,8 +152,11 @@ class Agent:
         self.cut_window()
         deadline = time.monotonic() + flush_timeout
         while self.spool.depth and self.registered and time.monotonic() < deadline:
-            if not self._send_batch():
-                break
+            try:
+                if not self._send_batch():
+                    break
+            except grpc.RpcError:
+                break  # the spool keeps what is left for the next start
         self.responder.stop()
         self._threads[0].join()
         self.client.close()
