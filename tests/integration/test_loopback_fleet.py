@@ -221,3 +221,29 @@ def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_agent_restart_replays_its_spool(tmp_path: Path) -> None:
+    dead = free_port()  # no collector here yet
+    cfg = agent_config(tmp_path, HOSTS[1], dead)
+    first = Agent(cfg)
+    first.start()
+    for _ in range(3):
+        first.cut_window()
+    first.close(flush_timeout=0.2)
+    old_epoch, old_seq = first.epoch, first.seq
+    assert first.spool.depth >= 3
+    server = CollectorServer(server_config(dead))
+    server.start()
+    second = Agent(agent_config(tmp_path, HOSTS[1], dead))
+    second.start()
+    try:
+        wait_for(
+            lambda: second.spool.depth == 0 and second.acked >= old_seq,
+            what="the previous lifetime's windows replayed",
+        )
+        taken = server.store.seqs_taken(cfg.host)
+        assert taken[old_epoch] == set(range(1, old_seq + 1))
+    finally:
+        second.close()
+        server.stop(0)
