@@ -186,13 +186,3 @@ def find_gid(device: RdmaDevice, port: int = 1, ipv4: str | None = None) -> Gid 
     if ipv4 is not None:
         return next((g for g in v2 if g.ipv4 == ipv4), None)
     return next((g for g in v2 if g.ipv4), v2[0] if v2 else None)
-
-
-def device_for_address(sysfs_root: Path | str, ipv4: str) -> tuple[RdmaDevice, Gid]:
-    """The RDMA device and RoCE v2 GID that carry IPV4: the address picks the path."""
-    for dev in read_devices(sysfs_root):
-        for port in dev.ports:
-            for gid in port.gids:
-                if gid.is_roce_v2 and gid.ipv4 == ipv4:
-                    return dev, gid
-    raise SysfsError(f"no RDMA device has a RoCE v2 GID for {ipv4}")

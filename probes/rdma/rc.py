@@ -35,9 +35,8 @@ from probes.control import (
     require_str,
 )
 from probes.errors import PeerError, ProbeError
-from probes.rdma.verbs import RcEndpoint
+from probes.rdma.verbs import RcEndpoint, device_for_address
 from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
-from probes.sysfs import device_for_address
 
 LAT_OPS = ("send", "write")
 BW_OPS = ("write", "send")
@@ -249,10 +248,10 @@ def source_address(peer: str, port: int, bind: str | None) -> str:
 
 
 def _local_device(sysfs_root: str | Path, source: str, device: str | None) -> tuple[str, int]:
-    dev, gid = device_for_address(sysfs_root, source)
-    if device is not None and device != dev.name:
-        raise ProbeError(f"{source} belongs to {dev.name}, not {device}")
-    return dev.name, gid.index
+    name, gid_index = device_for_address(source, sysfs_root)
+    if device is not None and device != name:
+        raise ProbeError(f"{source} belongs to {name}, not {device}")
+    return name, gid_index
 
 
 def rc_latency(

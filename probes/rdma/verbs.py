@@ -15,12 +15,15 @@ iteration except what pyverbs' own poll returns.
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 from probes.control import IB_MTUS, RdmaEndpoint
-from probes.errors import NotSupported, PeerError, ProbeError
+from probes.errors import NotSupported, PeerError, ProbeError, SysfsError
+from probes.sysfs import list_device_names
 
 try:  # Debian 12's rdma-core 44 names the module `enums`; newer releases `libibverbs_enums`
     import pyverbs.enums as e
@@ -71,6 +74,38 @@ def roce_v2_gid_index(ctx: Any, device: str, port: int = PORT) -> int:
         if gid.startswith("0000:0000:0000:0000:0000:ffff:") and gtype == e.IBV_GID_TYPE_ROCE_V2:
             return idx
     raise NotSupported(f"{device} port {port} has no RoCE v2 GID for an IPv4 address")
+
+
+# (sysfs root, IPv4) -> (device, gid index, when found): a responder or an agent resolves
+# the same few addresses over and over, and each miss opens every device.
+_GID_CACHE: dict[tuple[str, str], tuple[str, int, float]] = {}
+GID_CACHE_TTL_S = 30.0
+
+
+def device_for_address(ipv4: str, sysfs_root: str | Path = "/sys") -> tuple[str, int]:
+    """(device, gid_index) of the RoCE v2 GID that maps IPV4: the address picks the path.
+
+    Asks each device for its whole GID table in one call (ibv_query_gid_table) instead of
+    reading sysfs, where soft-RoCE alone has 1,024 GID files per port."""
+    key = (str(sysfs_root), ipv4)
+    hit = _GID_CACHE.get(key)
+    if hit is not None and time.monotonic() - hit[2] < GID_CACHE_TTL_S:
+        return hit[0], hit[1]
+    want = ipaddress.IPv4Address(ipv4)
+    for name in list_device_names(sysfs_root):
+        try:
+            with Context(name=name) as ctx:
+                size = ctx.query_port(PORT).gid_tbl_len
+                entries = ctx.query_gid_table(size)
+        except PyverbsRDMAError:
+            continue
+        for ent in entries:
+            gid = ipaddress.IPv6Address(_ipv6(ent.gid_str()))
+            if ent.gid_type == e.IBV_GID_TYPE_ROCE_V2 and gid.ipv4_mapped == want:
+                _GID_CACHE[key] = (name, ent.gid_index, time.monotonic())
+                return name, ent.gid_index
+    _GID_CACHE.pop(key, None)
+    raise SysfsError(f"no RDMA device has a RoCE v2 GID for {ipv4}")
 
 
 class RcEndpoint:
@@ -255,13 +290,9 @@ class RcEndpoint:
 
 def _ipv6(sysfs_gid: str) -> str:
     """sysfs/pyverbs GID text (8 groups of 4 hex digits) -> IPv6 notation."""
-    import ipaddress
-
     return str(ipaddress.IPv6Address(bytes.fromhex(sysfs_gid.replace(":", ""))))
 
 
 def _sysfs_gid(ipv6: str) -> str:
-    import ipaddress
-
     raw = ipaddress.IPv6Address(ipv6).packed.hex()
     return ":".join(raw[i : i + 4] for i in range(0, 32, 4))
