@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,21 @@ from agent.agent import Agent
 from agent.config import AgentConfig
 from collector.assign import PlanConfig
 from collector.service import ApiConfig, CollectorServer, ServerConfig
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per live thread name of PID (/proc/PID/task/*/stat, clock ticks)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def main() -> None:
@@ -80,6 +96,7 @@ def main() -> None:
         ps = psutil.Process(proc.pid)
         print(f"warming up {args.warmup:g} s (registration, first windows)...")
         time.sleep(args.warmup)
+        threads_start = thread_cpu(proc.pid)
         t_start = ps.cpu_times()
         c0 = t_start.user + t_start.system
         t0 = time.monotonic()
@@ -88,6 +105,7 @@ def main() -> None:
             rss_max = max(rss_max, ps.memory_info().rss)
             time.sleep(1.0)
         t_end = ps.cpu_times()
+        threads_end = thread_cpu(proc.pid)
         cpu = t_end.user + t_end.system - c0
         user, system = t_end.user - t_start.user, t_end.system - t_start.system
         wall = time.monotonic() - t0
@@ -105,6 +123,13 @@ def main() -> None:
         )
         print(f"agent RSS: max {rss_max / 2**20:.1f} MiB (target <= 64 MB)")
         print(f"probe bursts run by the agent since start: {bursts}")
+        used = {n: threads_end[n] - threads_start.get(n, 0.0) for n in threads_end}
+        top = sorted(used.items(), key=lambda kv: -kv[1])[:6]
+        shown = ", ".join(f"{n} {100 * v / wall:.2f} %" for n, v in top if v > 0)
+        print(
+            f"by long-lived thread: {shown}; threads that ended (probe sessions) "
+            f"{100 * (cpu - sum(used.values())) / wall:.2f} %"
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=20)
