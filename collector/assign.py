@@ -187,7 +187,12 @@ class Planner:
             # Expanded on each request, not kept: a fleet's worth of Target objects
             # would only weigh on the garbage collector. Callers cache what they send.
             return a.generation, tuple(
-                targets_for(src, (self._hosts[p] for p in a.peers), self.cfg)
+                targets_for(
+                    # a paced replan may still list a peer that has left: skip it
+                    src,
+                    (self._hosts[p] for p in a.peers if p in self._hosts),
+                    self.cfg,
+                )
             )
 
     def generation(self, host: str) -> int:

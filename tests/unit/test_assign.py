@@ -76,6 +76,8 @@ def test_replans_are_paced_by_their_cost() -> None:
     assert p.generation("h000-00") == 1  # the first replan is not held back
     p.upsert(HostSpec("h000-07", topology="tor000"))
     assert p.generation("h000-07") == 0 and p.replans == 1
+    p.remove(["h000-01"])  # not replanned yet: the others' targets skip the leaver
+    assert all(t.dst != "h000-01" for t in p.assignments("h000-00")[1])
 
 
 def test_bad_config_is_refused() -> None:
