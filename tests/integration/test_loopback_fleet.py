@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,10 @@ from agent.agent import Agent
 from agent.config import AgentConfig
 from collector.assign import PlanConfig
 from collector.service import ApiConfig, CollectorServer, ServerConfig
+from probes.ethtool import CommandResult
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
@@ -72,7 +74,15 @@ def scrape(server: CollectorServer) -> str:
 
 
 def test_fleet_end_to_end_into_metrics(collector: CollectorServer, tmp_path: Path) -> None:
-    agents = [Agent(agent_config(tmp_path, a, collector.port)) for a in HOSTS]
+    # the first host reads counters from a captured mlx5 sysfs tree and `ethtool -S` text
+    configs = [agent_config(tmp_path, a, collector.port) for a in HOSTS]
+    configs[0].sysfs_root, configs[0].ethtool = str(FIXTURES / "sys" / "mlx5"), True
+    ethtool_text = (FIXTURES / "ethtool" / "mlx5_core.txt").read_text()
+
+    def ethtool(argv: Sequence[str], timeout: float) -> CommandResult:
+        return CommandResult(0, ethtool_text)
+
+    agents = [Agent(configs[0], ethtool_runner=ethtool)] + [Agent(c) for c in configs[1:]]
     for a in agents:
         a.start()
     try:
@@ -94,6 +104,19 @@ def test_fleet_end_to_end_into_metrics(collector: CollectorServer, tmp_path: Pat
             assert f'fabricprobe_agent_resident_memory_bytes{{src="{name}"}}' in text
             assert f'fabricprobe_agent_spool_windows{{src="{name}"}}' in text
         assert 'fabricprobe_collector_rpcs_total{code="OK",method="ReportWindow"}' in text
+        first = names[0]
+        assert (
+            f'fabricprobe_pfc_rx_pause_frames_total{{netdev="ens1f0np0",priority="3",src="{first}"}}'
+            in text
+        )
+        assert (
+            'fabricprobe_rdma_port_stat_total{counter="out_of_buffer",device="mlx5_0",port="1",'
+            f'src="{first}"}}' in text
+        )
+        assert (
+            f'fabricprobe_netdev_stat_total{{counter="rx_ecn_mark",netdev="ens1f0np0",src="{first}"}}'
+            in text
+        )
         if shutil.which("promtool"):
             res = subprocess.run(
                 ["promtool", "check", "metrics"], input=text.encode(), capture_output=True
