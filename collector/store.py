@@ -173,7 +173,12 @@ class WindowStore:
 
     def take(self, report: pb.WindowReport) -> TakeResult:
         """Merge one report. Raises ReportError for a malformed one (nothing is merged)."""
-        sketches = self._validate(report)
+        try:
+            sketches = self._validate(report)
+        except ReportError:
+            with self.lock:
+                self.rejected_total += 1
+            raise
         with self.lock:
             state = self.hosts.get(report.host)
             if state is None:

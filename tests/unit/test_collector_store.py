@@ -94,6 +94,7 @@ def test_bad_reports_are_refused_whole(store: WindowStore) -> None:
     with pytest.raises(ReportError, match="seq"):
         store.take(report("a", 0, 10))
     assert store.reports_total == 0 and not store.paths
+    assert store.rejected_total == 3
 
 
 def test_hosts_go_stale_then_are_forgotten(store: WindowStore) -> None:
