@@ -24,7 +24,8 @@ unit:
 lane-test:
 	@mkdir -p test-results
 	@t0=$$SECONDS; rc=0; \
-	lane/run.sh --hosts $(LANE_HOSTS) --rwdir test-results -- \
+	LANE_TIMEOUT=$${LANE_TIMEOUT:-4500} LANE_ENV=FABRICPROBE_LEAK_RUNS \
+	  lane/run.sh --hosts $(LANE_HOSTS) --rwdir test-results -- \
 	  $(BIN)/python -m pytest -p no:cacheprovider -s -q tests/rdma \
 	  --junitxml=test-results/lane-junit.xml || rc=$$?; \
 	echo "lane: boot + fabric + RDMA tests took $$((SECONDS - t0)) s (exit $$rc)"; exit $$rc

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,3 +41,25 @@ def lane_hosts() -> list[LaneHost]:
     hosts = [LaneHost(**h) for h in json.loads(Path(path).read_text())["hosts"]]
     assert len(hosts) >= 3, f"the lane must have at least 3 hosts, it has {len(hosts)}"
     return hosts
+
+
+def wait_listening(ip: str, port: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((ip, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def start_responder(hosts: list[LaneHost], port: int) -> subprocess.Popen[bytes]:
+    """A real `probe serve` process answering on every lane host's address."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{port}"]
+    )
+    for h in hosts:
+        wait_listening(h.ip, port)
+    return proc

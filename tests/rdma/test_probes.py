@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,34 +12,14 @@ import pytest
 
 from probes.rdma.rc import rc_bandwidth, rc_latency
 from probes.rdma.ud import ud_probe
+from tests.rdma.conftest import start_responder
 
 PORT = 4793
 
 
-def _wait_listening(ip: str, port: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((ip, port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-def start_responder(hosts, port: int = PORT) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{port}"]
-    )
-    for h in hosts:
-        _wait_listening(h.ip, port)
-    return proc
-
-
 @pytest.fixture(scope="module")
 def responder(lane_hosts) -> Iterator[None]:
-    proc = start_responder(lane_hosts)
+    proc = start_responder(lane_hosts, PORT)
     yield
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
@@ -90,7 +67,7 @@ def test_ud_probe_subtracts_the_responder_delay(lane_hosts, responder) -> None:
 
 def test_a_peer_that_vanishes_mid_run_gives_a_result_with_loss(lane_hosts) -> None:
     a, b = lane_hosts[0], lane_hosts[1]
-    proc = start_responder(lane_hosts, port=PORT + 1)
+    proc = start_responder(lane_hosts, PORT + 1)
     result = {}
     running = threading.Event()
 

@@ -1,0 +1,76 @@
+"""Many consecutive probe runs leave no QP, CQ, MR, PD, context or file descriptor behind,
+in the prober or in the responder (`rdma res show` counts the whole VM)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from probes.rdma.rc import rc_latency
+from probes.rdma.ud import ud_probe
+from tests.rdma.conftest import start_responder
+
+PORT = 4795
+RUNS = int(os.environ.get("FABRICPROBE_LEAK_RUNS", "10000"))
+RESOURCE = re.compile(r"(\w+) (\d+)")
+
+
+def rdma_resources() -> dict[str, dict[str, int]]:
+    """{device: {pd, cq, qp, cm_id, mr, ctx, srq: count}} from `rdma res show`."""
+    out = subprocess.run(["rdma", "res", "show"], capture_output=True, text=True, check=True)
+    table = {}
+    for line in out.stdout.splitlines():
+        dev, _, rest = line.partition(": ")[2].partition(": ")
+        table[dev] = {k: int(v) for k, v in RESOURCE.findall(rest)}
+    return table
+
+
+def fds(pid: int | str = "self") -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.mark.timeout(4000)  # 10,000 runs take 20-35 minutes under emulation
+def test_consecutive_probe_runs_release_everything(lane_hosts) -> None:
+    a, b = lane_hosts[0], lane_hosts[1]
+    proc = start_responder(lane_hosts, PORT)
+    try:
+        # one run of each kind first: libraries, providers and caches load once per process
+        rc_latency(b.ip, op="send", size=2, iters=1, warmup=0, port=PORT, bind=a.ip)
+        ud_probe(b.ip, probes=1, port=PORT, bind=a.ip)
+        time.sleep(0.5)
+        before = (rdma_resources(), fds(), fds(proc.pid))
+        t0 = time.monotonic()
+        errors = 0
+        for i in range(RUNS):
+            if i % 10 == 9:
+                res = ud_probe(b.ip, probes=1, port=PORT, bind=a.ip)
+            else:
+                res = rc_latency(
+                    b.ip,
+                    op="write" if i % 2 else "send",
+                    size=2,
+                    iters=1,
+                    warmup=0,
+                    port=PORT,
+                    bind=a.ip,
+                )
+            errors += res.error is not None
+            if (i + 1) % 2000 == 0:
+                print(f"\n  {i + 1} runs in {time.monotonic() - t0:.0f} s", flush=True)
+        time.sleep(1.0)  # the responder finishes its last session after our `done`
+        after = (rdma_resources(), fds(), fds(proc.pid))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    print(
+        f"\n{RUNS} probe runs ({errors} with errors) in {time.monotonic() - t0:.0f} s; "
+        f"rdma res before {before[0]} after {after[0]}; fds prober {before[1]}->{after[1]}, "
+        f"responder {before[2]}->{after[2]}"
+    )
+    assert errors == 0
+    assert after == before
