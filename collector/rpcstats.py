@@ -54,12 +54,21 @@ class TimingInterceptor(grpc.ServerInterceptor):
 
     def __init__(self, stats: RpcStats) -> None:
         self.stats = stats
+        self._wrapped: dict[str, tuple[Any, Any]] = {}  # method -> (handler, its wrapper)
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
         if handler is None:
             return None
-        method = str(details.method).rsplit("/", 1)[-1]
+        # Called for every RPC: wrap each method's handler once, not once per call.
+        cached = self._wrapped.get(details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, str(details.method).rsplit("/", 1)[-1])
+        self._wrapped[details.method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Any, method: str) -> Any:
         stats = self.stats
         if handler.unary_unary is not None:
             inner = handler.unary_unary
