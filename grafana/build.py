@@ -1,0 +1,436 @@
+"""Write the Grafana dashboards and the Prometheus rules from one compact description.
+
+    python -m grafana.build            # rewrite grafana/*.json and grafana/rules.yml
+    python -m grafana.build --check    # exit 1 when the committed files are stale
+
+Every query here is held to collector/metrics.toml by tests/unit/test_grafana.py, and the
+rules file is checked with `promtool check rules`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PATH = "src, dst, transport, op, size"
+SEL = 'src=~"$src", dst=~"$dst", transport=~"$transport"'
+HOST_SEL = 'src=~"$src"'
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    exprs: tuple[tuple[str, str], ...]  # (PromQL, legend)
+    unit: str = "short"
+    kind: str = "timeseries"
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Row:
+    title: str
+    panels: tuple[Panel, ...]
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    rows: tuple[Row, ...]
+    variables: tuple[tuple[str, str], ...] = field(default=())  # (name, label_values query)
+
+
+def _quantile(q: float) -> str:
+    return f"fabricprobe:rtt_seconds:p{int(q * 100) if q < 0.999 else 999}"
+
+
+FABRIC = Dashboard(
+    uid="fabricprobe-fabric",
+    title="fabricprobe / fabric",
+    description="Per-path RTT, loss, bandwidth and the RoCE counters that explain them.",
+    variables=(
+        ("src", "label_values(fabricprobe_rtt_seconds_bucket, src)"),
+        ("dst", "label_values(fabricprobe_rtt_seconds_bucket, dst)"),
+        ("transport", "label_values(fabricprobe_rtt_seconds_bucket, transport)"),
+    ),
+    rows=(
+        Row(
+            "Paths",
+            (
+                Panel(
+                    "RTT p50 per path",
+                    (
+                        (
+                            f"{_quantile(0.5)}{{{SEL}}}",
+                            "{{src}} → {{dst}} {{transport}} {{op}} {{size}}",
+                        ),
+                    ),
+                    "s",
+                    description="Median probe round trip, from the merged HDR sketches.",
+                ),
+                Panel(
+                    "RTT p99 per path",
+                    (
+                        (
+                            f"{_quantile(0.99)}{{{SEL}}}",
+                            "{{src}} → {{dst}} {{transport}} {{op}} {{size}}",
+                        ),
+                    ),
+                    "s",
+                    description="Tail round trip; the figure KV transfers feel.",
+                ),
+                Panel(
+                    "Loss ratio",
+                    ((f"fabricprobe_loss_ratio{{{SEL}}}", "{{src}} → {{dst}} {{transport}}"),),
+                    "percentunit",
+                ),
+                Panel(
+                    "RDMA ÷ TCP median RTT",
+                    (
+                        (
+                            'fabricprobe_rdma_tcp_rtt_ratio{src=~"$src", dst=~"$dst"}',
+                            "{{src}} → {{dst}} {{op}} {{size}}",
+                        ),
+                    ),
+                    "short",
+                    description="Below 1: kernel bypass is paying off on this pair.",
+                ),
+                Panel(
+                    "Bandwidth",
+                    (
+                        (
+                            f"fabricprobe_bandwidth_bytes_per_second{{{SEL}}}",
+                            "{{src}} → {{dst}} {{transport}} {{op}}",
+                        ),
+                    ),
+                    "Bps",
+                ),
+            ),
+        ),
+        Row(
+            "Lossless Ethernet (PFC, ECN, retransmits)",
+            (
+                Panel(
+                    "Time paused by PFC, per priority",
+                    (
+                        (
+                            f"rate(fabricprobe_pfc_rx_pause_seconds_total{{{HOST_SEL}}}[5m])",
+                            "{{src}} {{netdev}} rx prio {{priority}}",
+                        ),
+                        (
+                            f"rate(fabricprobe_pfc_tx_pause_seconds_total{{{HOST_SEL}}}[5m])",
+                            "{{src}} {{netdev}} tx prio {{priority}}",
+                        ),
+                    ),
+                    "percentunit",
+                    description="Fraction of each second a priority was paused.",
+                ),
+                Panel(
+                    "PFC pause frames per second",
+                    (
+                        (
+                            f"rate(fabricprobe_pfc_rx_pause_frames_total{{{HOST_SEL}}}[5m])",
+                            "{{src}} {{netdev}} rx prio {{priority}}",
+                        ),
+                        (
+                            f"rate(fabricprobe_pfc_tx_pause_frames_total{{{HOST_SEL}}}[5m])",
+                            "{{src}} {{netdev}} tx prio {{priority}}",
+                        ),
+                    ),
+                    "short",
+                ),
+                Panel(
+                    "Retransmits and timeouts",
+                    (
+                        (
+                            f'fabricprobe_rdma_port_stat_per_second{{{HOST_SEL}, counter=~"'
+                            "roce_adp_retrans|local_ack_timeout_err|packet_seq_err|out_of_sequence|"
+                            'completer_retry_err|rcvd_seq_err|duplicate_request|to_retransmits"}',
+                            "{{src}} {{device}} {{counter}}",
+                        ),
+                    ),
+                    "short",
+                ),
+                Panel(
+                    "Congestion notification (ECN marks, CNPs)",
+                    (
+                        (
+                            f'fabricprobe_rdma_port_stat_per_second{{{HOST_SEL}, counter=~"'
+                            "np_ecn_marked_roce_packets|np_cnp_sent|rp_cnp_handled|rx_cnp_pkts|"
+                            'tx_cnp_pkts|rx_ecn_marked_pkts"}',
+                            "{{src}} {{device}} {{counter}}",
+                        ),
+                    ),
+                    "short",
+                ),
+                Panel(
+                    "Drops (out of buffer, discards)",
+                    (
+                        (
+                            f'fabricprobe_rdma_port_stat_per_second{{{HOST_SEL}, counter=~"'
+                            'out_of_buffer|rx_out_of_buffer|port_xmit_discards|rx_roce_discards"}',
+                            "{{src}} {{device}} {{counter}}",
+                        ),
+                        (
+                            f"rate(fabricprobe_pfc_rx_discards_total{{{HOST_SEL}}}[5m])",
+                            "{{src}} {{netdev}} prio {{priority}} discards",
+                        ),
+                    ),
+                    "short",
+                ),
+            ),
+        ),
+        Row(
+            "Agents and collector",
+            (
+                Panel(
+                    "Hosts up",
+                    (("sum(fabricprobe_host_up)", "up"), ("fabricprobe_collector_hosts", "known")),
+                    "short",
+                    "stat",
+                ),
+                Panel(
+                    "Agent CPU (cores)",
+                    ((f"rate(fabricprobe_agent_cpu_seconds_total{{{HOST_SEL}}}[5m])", "{{src}}"),),
+                    "short",
+                    description="Target: at most 1 % of a core at the default schedule.",
+                ),
+                Panel(
+                    "Agent resident memory",
+                    ((f"fabricprobe_agent_resident_memory_bytes{{{HOST_SEL}}}", "{{src}}"),),
+                    "bytes",
+                ),
+                Panel(
+                    "Agent spool depth",
+                    ((f"fabricprobe_agent_spool_windows{{{HOST_SEL}}}", "{{src}}"),),
+                    "short",
+                    description="Windows waiting for the collector; non-zero means an outage.",
+                ),
+                Panel(
+                    "Collector reports per second",
+                    (
+                        ("rate(fabricprobe_collector_reports_total[5m])", "merged"),
+                        ("rate(fabricprobe_collector_duplicate_reports_total[5m])", "duplicate"),
+                        ("rate(fabricprobe_collector_rejected_reports_total[5m])", "rejected"),
+                    ),
+                    "short",
+                ),
+                Panel(
+                    "Collector RPC p99",
+                    (
+                        (
+                            "histogram_quantile(0.99, sum by (method, le) "
+                            "(rate(fabricprobe_collector_rpc_duration_seconds_bucket[5m])))",
+                            "{{method}}",
+                        ),
+                    ),
+                    "s",
+                ),
+            ),
+        ),
+    ),
+)
+
+RECORDING = [
+    {
+        "record": _quantile(q),
+        "expr": f"histogram_quantile({q}, sum by ({PATH}, le) "
+        "(rate(fabricprobe_rtt_seconds_bucket[5m])))",
+    }
+    for q in (0.5, 0.99, 0.999)
+]
+
+ALERTS = [
+    {
+        "alert": "FabricprobeHostDown",
+        "expr": "fabricprobe_host_up == 0",
+        "for": "2m",
+        "labels": {"severity": "page"},
+        "annotations": {"summary": "agent on {{ $labels.src }} stopped reporting"},
+    },
+    {
+        "alert": "FabricprobePathLoss",
+        "expr": "fabricprobe_loss_ratio > 0.01",
+        "for": "5m",
+        "labels": {"severity": "page"},
+        "annotations": {
+            "summary": "{{ $labels.src }} -> {{ $labels.dst }} ({{ $labels.transport }}) "
+            "loses {{ $value | humanizePercentage }} of probes"
+        },
+    },
+    {
+        "alert": "FabricprobePathTailRegressed",
+        "expr": f"{_quantile(0.99)} > 3 * quantile_over_time(0.5, {_quantile(0.99)}[1d])",
+        "for": "10m",
+        "labels": {"severity": "ticket"},
+        "annotations": {
+            "summary": "{{ $labels.src }} -> {{ $labels.dst }} p99 RTT is over 3x its "
+            "own daily median"
+        },
+    },
+    {
+        "alert": "FabricprobePfcPauseStorm",
+        "expr": "rate(fabricprobe_pfc_rx_pause_seconds_total[5m]) > 0.1",
+        "for": "5m",
+        "labels": {"severity": "page"},
+        "annotations": {
+            "summary": "{{ $labels.src }} {{ $labels.netdev }} priority "
+            "{{ $labels.priority }} paused over 10 % of the time"
+        },
+    },
+    {
+        "alert": "FabricprobeRoceRetransmits",
+        "expr": 'fabricprobe_rdma_port_stat_per_second{counter=~"roce_adp_retrans|'
+        'local_ack_timeout_err|packet_seq_err|to_retransmits"} > 1',
+        "for": "10m",
+        "labels": {"severity": "ticket"},
+        "annotations": {
+            "summary": "{{ $labels.src }} {{ $labels.device }} {{ $labels.counter }} "
+            "at {{ $value }}/s: packets are being lost on a lossless fabric"
+        },
+    },
+    {
+        "alert": "FabricprobeAgentSpooling",
+        "expr": "fabricprobe_agent_spool_windows > 0",
+        "for": "10m",
+        "labels": {"severity": "ticket"},
+        "annotations": {"summary": "agent on {{ $labels.src }} cannot deliver its windows"},
+    },
+    {
+        "alert": "FabricprobeAgentFootprint",
+        "expr": "rate(fabricprobe_agent_cpu_seconds_total[15m]) > 0.01 or "
+        "fabricprobe_agent_resident_memory_bytes > 64 * 1024 * 1024",
+        "for": "15m",
+        "labels": {"severity": "ticket"},
+        "annotations": {
+            "summary": "agent on {{ $labels.src }} uses more than its budget "
+            "(1 % of a core, 64 MiB)"
+        },
+    },
+]
+
+
+def render_dashboard(d: Dashboard) -> dict[str, Any]:
+    panels: list[dict[str, Any]] = []
+    y = 0
+    pid = 1
+    for row in d.rows:
+        panels.append(
+            {
+                "type": "row",
+                "title": row.title,
+                "id": pid,
+                "collapsed": False,
+                "gridPos": {"x": 0, "y": y, "w": 24, "h": 1},
+                "panels": [],
+            }
+        )
+        pid += 1
+        y += 1
+        for i, p in enumerate(row.panels):
+            w = 8 if p.kind == "stat" else 12
+            panels.append(
+                {
+                    "type": p.kind,
+                    "title": p.title,
+                    "id": pid,
+                    "description": p.description,
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    "gridPos": {"x": (i % 2) * 12, "y": y + (i // 2) * 8, "w": w, "h": 8},
+                    "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
+                    "targets": [
+                        {
+                            "refId": chr(ord("A") + j),
+                            "expr": expr,
+                            "legendFormat": legend,
+                            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                        }
+                        for j, (expr, legend) in enumerate(p.exprs)
+                    ],
+                }
+            )
+            pid += 1
+        y += ((len(row.panels) + 1) // 2) * 8
+    variables: list[dict[str, Any]] = [
+        {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"}
+    ]
+    for name, query in d.variables:
+        variables.append(
+            {
+                "name": name,
+                "type": "query",
+                "query": query,
+                "refresh": 2,
+                "includeAll": True,
+                "multi": True,
+                "allValue": ".*",
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            }
+        )
+    return {
+        "uid": d.uid,
+        "title": d.title,
+        "description": d.description,
+        "tags": ["fabricprobe"],
+        "schemaVersion": 39,
+        "editable": True,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "templating": {"list": variables},
+        "panels": panels,
+    }
+
+
+def render_rules() -> str:
+    """The rules file as YAML (written by hand: the structure is fixed and small)."""
+    lines = [
+        "# Prometheus rules for fabricprobe; written by grafana/build.py.",
+        "groups:",
+        "  - name: fabricprobe-recording",
+        "    rules:",
+    ]
+    for r in RECORDING:
+        lines += [f"      - record: {r['record']}", f"        expr: {json.dumps(r['expr'])}"]
+    lines += ["  - name: fabricprobe-alerts", "    rules:"]
+    for a in ALERTS:
+        lines += [
+            f"      - alert: {a['alert']}",
+            f"        expr: {json.dumps(a['expr'])}",
+            f"        for: {a['for']}",
+            "        labels:",
+        ]
+        lines += [f"          {k}: {v}" for k, v in a["labels"].items()]
+        lines += ["        annotations:"]
+        lines += [f"          {k}: {json.dumps(v)}" for k, v in a["annotations"].items()]
+    return "\n".join(lines) + "\n"
+
+
+DASHBOARDS = (FABRIC,)
+
+
+def outputs() -> dict[Path, str]:
+    files = {
+        HERE / f"{d.uid}.json": json.dumps(render_dashboard(d), indent=2) + "\n" for d in DASHBOARDS
+    }
+    files[HERE / "rules.yml"] = render_rules()
+    return files
+
+
+def main(argv: list[str]) -> int:
+    stale = [p for p, text in outputs().items() if not p.exists() or p.read_text() != text]
+    if "--check" in argv:
+        for p in stale:
+            print(f"stale: {p} (run python -m grafana.build)")
+        return 1 if stale else 0
+    for p, text in outputs().items():
+        p.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

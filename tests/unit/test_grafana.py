@@ -1,0 +1,92 @@
+"""The dashboards and rules ask only for metrics and labels the collector really exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from grafana import build
+
+ROOT = Path(__file__).resolve().parents[2]
+METRIC = re.compile(r"\b(fabricprobe[a-z0-9_:]*)(\{[^}]*\})?")
+MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
+HIST_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def catalogue() -> dict[str, set[str]]:
+    """metric name as queried -> labels it carries."""
+    data = tomllib.loads((ROOT / "collector" / "metrics.toml").read_text())
+    out: dict[str, set[str]] = {}
+    for m in data["metric"]:
+        labels = set(m["labels"])
+        if m["type"] == "histogram":
+            for suffix in HIST_SUFFIXES:
+                out[m["name"] + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
+        else:
+            out[m["name"]] = labels
+    for r in build.RECORDING:  # recording rules keep the path labels
+        out[r["record"]] = {"src", "dst", "transport", "op", "size"}
+    return out
+
+
+def queries() -> list[str]:
+    exprs = [r["expr"] for r in build.RECORDING] + [a["expr"] for a in build.ALERTS]
+    for d in build.DASHBOARDS:
+        exprs += [e for row in d.rows for p in row.panels for e, _ in p.exprs]
+        exprs += [q for _, q in d.variables]
+    return exprs
+
+
+def test_committed_files_are_current() -> None:
+    assert build.main(["--check"]) == 0, "run: python -m grafana.build"
+
+
+@pytest.mark.parametrize("expr", queries())
+def test_every_query_uses_catalogued_metrics_and_labels(expr: str) -> None:
+    known = catalogue()
+    found = METRIC.findall(expr)
+    assert found, f"no fabricprobe metric in {expr!r}"
+    for name, selector in found:
+        assert name in known, f"{name} is not in collector/metrics.toml"
+        for label in MATCHER.findall(selector or ""):
+            assert label in known[name], f"{name} has no label {label!r}"
+    for group in re.findall(r"by \(([^)]*)\)", expr):
+        for label in (x.strip() for x in group.split(",")):
+            assert any(label in known[n] for n, _ in found), f"no metric here has {label!r}"
+
+
+def test_legends_name_labels_the_panel_queries_carry() -> None:
+    known = catalogue()
+    for d in build.DASHBOARDS:
+        for row in d.rows:
+            for p in row.panels:
+                for expr, legend in p.exprs:
+                    labels = set().union(*(known[n] for n, _ in METRIC.findall(expr)))
+                    for used in re.findall(r"\{\{(\w+)\}\}", legend):
+                        assert used in labels, f"{p.title}: legend uses {used!r}"
+
+
+def test_dashboards_are_valid_grafana_json() -> None:
+    for d in build.DASHBOARDS:
+        doc = json.loads((ROOT / "grafana" / f"{d.uid}.json").read_text())
+        ids = [p["id"] for p in doc["panels"]]
+        assert len(ids) == len(set(ids))
+        assert all(t["expr"] for p in doc["panels"] for t in p.get("targets", []))
+
+
+def test_promtool_accepts_the_rules() -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: scripts/setup.sh installs Debian's prometheus"
+    res = subprocess.run(
+        [promtool, "check", "rules", str(ROOT / "grafana" / "rules.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
