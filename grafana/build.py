@@ -236,7 +236,7 @@ FABRIC = Dashboard(
     ),
 )
 
-RECORDING = [
+RECORDING: list[dict[str, str]] = [
     {
         "record": _quantile(q),
         "expr": f"histogram_quantile({q}, sum by ({PATH}, le) "
@@ -245,7 +245,7 @@ RECORDING = [
     for q in (0.5, 0.99, 0.999)
 ]
 
-ALERTS = [
+ALERTS: list[dict[str, Any]] = [
     {
         "alert": "FabricprobeHostDown",
         "expr": "fabricprobe_host_up == 0",
