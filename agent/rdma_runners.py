@@ -1,11 +1,13 @@
 """RDMA probe runners for the agent, registered when pyverbs and the RC probes load.
 
 `rdma_rc_lat` runs an RC SEND/RECV ping-pong burst (probes.rdma.rc.rc_latency) against
-the peer's responder. The source address picks the local RDMA device (the one whose
-RoCE v2 GID maps it), so on a shared machine each host probes from its own device.
-A UD runner (`rdma_ud`, probe + ACK in the R-Pingmesh manner) registers here the same
-way once its probe exists. Without pyverbs this module registers nothing, and the
-agent then advertises TCP probes only.
+the peer's responder; `rdma_rc_bw` streams COUNT RDMA WRITEs of SIZE bytes
+(rc_bandwidth) and reports the bytes completed (planned, like `tcp_bw`, only on
+request). The source address picks the local RDMA device (the one whose RoCE v2 GID
+maps it), so on a shared machine each host probes from its own device. A UD runner
+(`rdma_ud`, probe + ACK in the R-Pingmesh manner) registers here the same way once its
+probe exists. Without pyverbs this module registers nothing, and the agent then
+advertises TCP probes only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ log = logging.getLogger("fabricprobe.agent")
 SETUP_TIMEOUT_S = 10.0
 
 try:
-    from probes.rdma.rc import rc_latency
+    from probes.rdma.rc import rc_bandwidth, rc_latency
 except ImportError as e:  # no pyverbs on this host: RDMA probes are not offered
     log.debug("RDMA runners not loaded: %s", e)
 else:
@@ -48,3 +50,28 @@ else:
             lost.record_lost(spec.count)
             return ProbeOutcome("rdma", "send", rtt=lost, failed=True, error=str(e))
         return ProbeOutcome("rdma", "send", rtt=res.sketch, error=res.error)
+
+    @register_runner("rdma_rc_bw")
+    def rc_write_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+        """COUNT RC RDMA WRITEs of SIZE bytes, several in flight; bytes completed and time."""
+        try:
+            res = rc_bandwidth(
+                spec.address,
+                op="write",
+                size=spec.size,
+                iters=spec.count,
+                port=spec.port,
+                bind=ctx.bind,
+                sysfs_root=ctx.sysfs_root,
+                timeout=max(ctx.timeout, SETUP_TIMEOUT_S),
+                step_s=ctx.timeout,
+            )
+        except (ProbeError, OSError, ValueError) as e:
+            return ProbeOutcome("rdma", "write_stream", failed=True, error=str(e))
+        return ProbeOutcome(
+            "rdma",
+            "write_stream",
+            bytes_moved=res.completed * res.size,
+            busy_seconds=res.duration_s,
+            error=res.error,
+        )

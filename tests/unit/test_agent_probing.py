@@ -146,8 +146,12 @@ def test_rdma_runner_maps_rc_latency(monkeypatch: pytest.MonkeyPatch) -> None:
         sk.record_many([3000, 4000])
         return types.SimpleNamespace(sketch=sk, error=None)
 
+    def fake_rc_bandwidth(peer: str, **kw: object) -> object:
+        return types.SimpleNamespace(completed=8, size=kw["size"], duration_s=0.5, error=None)
+
     fake = types.ModuleType("probes.rdma.rc")
     fake.rc_latency = fake_rc_latency  # type: ignore[attr-defined]
+    fake.rc_bandwidth = fake_rc_bandwidth  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "probes.rdma.rc", fake)
     monkeypatch.setattr("agent.probing.RUNNERS", dict(RUNNERS))
     import agent.rdma_runners
@@ -163,6 +167,10 @@ def test_rdma_runner_maps_rc_latency(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls[0]["bind"] == "10.0.0.1" and calls[0]["timeout"] == mod.SETUP_TIMEOUT_S
     down = runner(ProbeSpec("c", "10.0.0.9", 4793, "rdma_rc_lat", 64, 2, 10.0), ctx)
     assert down.failed and down.rtt is not None and down.rtt.lost == 2
+    bw = probing.RUNNERS["rdma_rc_bw"](
+        ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_bw", 65536, 8, 10.0), ctx
+    )
+    assert (bw.op, bw.bytes_moved, bw.busy_seconds) == ("write_stream", 8 * 65536, 0.5)
 
 
 def test_window_takes_bare_rtts_and_loss() -> None:
