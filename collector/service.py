@@ -172,6 +172,7 @@ class AgentApi:
         with self._lock:
             for h in [*gone, *stale]:
                 self._sent.pop(h, None)
+                self._buckets.pop(h, None)
         return gone
 
 
