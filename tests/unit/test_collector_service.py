@@ -159,3 +159,25 @@ def test_agent_with_its_token_file(server: CollectorServer, tmp_path: Path) -> N
         assert agent.acked >= 1 and server.store.hosts["h2"].reports >= 1
     finally:
         agent.close()
+
+
+def test_silent_hosts_are_forgotten_and_the_fleet_replanned() -> None:
+    from collector.assign import Planner
+    from collector.service import AgentApi
+    from collector.store import WindowStore
+
+    now = [0]
+    store = WindowStore(stale_after=30, forget_after=60, clock=lambda: now[0])
+    api = AgentApi(store, Planner(pace=0), ApiConfig())
+    for h in ("h1", "h2", "h3"):
+        api.register(info(h))
+    before = api.assignments("h1")
+    assert {t.dst for t in before.targets} == {"h2", "h3"}
+    now[0] = 50 * 10**9
+    api.report(window("h1", 1))  # h1 keeps reporting; h2 and h3 fall silent
+    api.report(window("h2", 1))
+    now[0] = 100 * 10**9
+    assert api.expire() == ["h3"]
+    after = api.assignments("h1")
+    assert after.generation > before.generation
+    assert {t.dst for t in after.targets} == {"h2"}
