@@ -189,6 +189,3 @@ def merged(sk: MergedSketch) -> MergedSketch:
     m = MergedSketch(kind=sk.kind)
     m.merge(sk)
     return m
-
-
-WireSketch = MergedSketch  # one window as read from the wire
