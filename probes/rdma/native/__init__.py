@@ -1,0 +1,329 @@
+"""A native engine for the RC probes: the hot loops in C (fastpath.c), driven from Python.
+
+Why: under emulation each Python-level verbs call costs more than the fabric round trip
+it times, and pyverbs exposes no raw pointers, so a compiled loop has to own its verbs
+resources. `NativeRcEndpoint` mirrors `probes.rdma.verbs.RcEndpoint` as rc.py uses it
+(same constructor, `endpoint()`, `connect()`, `close()`, context manager) and adds whole
+loops: `send_pingpong`, `write_pingpong`, `bandwidth`. Each call runs one loop in C with
+the GIL released, so a responder and a prober can share a process as two threads.
+
+Build with scripts/build-native.sh; `available()` says whether the extension imports.
+Loops return the iterations completed (fewer at a per-step deadline); a completion error
+raises `CompletionError` (a PeerError) that carries the status name and `completed`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import random
+import threading
+from array import array
+from typing import Any
+
+from probes.control import IB_MTUS, RdmaEndpoint
+from probes.errors import NotSupported, PeerError, ProbeError
+
+PORT = 1
+BW_OPS = ("write", "send")
+_UNSUPPORTED = {95, 93}  # EOPNOTSUPP, EPROTONOSUPPORT
+# enum ibv_wc_status, in the order of <infiniband/verbs.h>
+WC_STATUS = (
+    "IBV_WC_SUCCESS",
+    "IBV_WC_LOC_LEN_ERR",
+    "IBV_WC_LOC_QP_OP_ERR",
+    "IBV_WC_LOC_EEC_OP_ERR",
+    "IBV_WC_LOC_PROT_ERR",
+    "IBV_WC_WR_FLUSH_ERR",
+    "IBV_WC_MW_BIND_ERR",
+    "IBV_WC_BAD_RESP_ERR",
+    "IBV_WC_LOC_ACCESS_ERR",
+    "IBV_WC_REM_INV_REQ_ERR",
+    "IBV_WC_REM_ACCESS_ERR",
+    "IBV_WC_REM_OP_ERR",
+    "IBV_WC_RETRY_EXC_ERR",
+    "IBV_WC_RNR_RETRY_EXC_ERR",
+    "IBV_WC_LOC_RDD_VIOL_ERR",
+    "IBV_WC_REM_INV_RD_REQ_ERR",
+    "IBV_WC_REM_ABORT_ERR",
+    "IBV_WC_INV_EECN_ERR",
+    "IBV_WC_INV_EEC_STATE_ERR",
+    "IBV_WC_FATAL_ERR",
+    "IBV_WC_RESP_TIMEOUT_ERR",
+    "IBV_WC_GENERAL_ERR",
+    "IBV_WC_TM_ERR",
+    "IBV_WC_TM_RNDV_INCOMPLETE",
+)
+
+
+class NativeError(ProbeError):
+    """A verbs call in the native engine failed; `errno` tells unsupported from broken.
+    `completed` counts the loop iterations done before it, when a loop failed."""
+
+    def __init__(self, message: str, errno: int | None = None, completed: int = 0) -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.completed = completed
+
+
+class NativeUnsupported(NotSupported):
+    """The device has no such feature (EOPNOTSUPP, EPROTONOSUPPORT, no RoCE v2 GID)."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
+class CompletionError(PeerError):
+    """A work completion with an error status: usually a peer that vanished (retries
+    exceeded). `completed` counts the iterations finished before it."""
+
+    def __init__(self, message: str, status: int, completed: int) -> None:
+        super().__init__(message)
+        self.status = status
+        self.status_name = WC_STATUS[status] if 0 <= status < len(WC_STATUS) else str(status)
+        self.completed = completed
+
+
+def _load() -> Any:
+    """The compiled cffi module (untyped: Any), or NativeError saying how to build it."""
+    try:
+        return importlib.import_module("probes.rdma.native._fastpath")
+    except ImportError as err:
+        raise NativeError(
+            f"the native RC engine is not built ({err}); run scripts/build-native.sh"
+        ) from err
+
+
+def available() -> bool:
+    """True when the extension is built and imports (libibverbs loads) here."""
+    try:
+        _load()
+    except NativeError:
+        return False
+    return True
+
+
+class NativeRcEndpoint:
+    """One RC QP, its two CQs and a registered buffer of 2 x `size` bytes, owned in C.
+
+    The receive half has `depth` receives posted from the start; the loops re-post
+    them. `close()` (idempotent, safe from another thread) stops a running loop first.
+    """
+
+    def __init__(
+        self,
+        device: str,
+        size: int,
+        depth: int = 64,
+        gid_index: int | None = None,
+        remote_access: bool = False,
+        inline: int = 0,
+        port: int = PORT,
+    ) -> None:
+        if not 1 <= size <= 1 << 30:
+            raise ValueError(f"buffer size {size} outside 1..1 GiB")
+        if not 2 <= depth <= 1 << 14:
+            raise ValueError(f"queue depth {depth} outside 2..16384")
+        mod = _load()
+        self._ffi, self._lib = mod.ffi, mod.lib
+        self.device, self.size, self.depth, self.port = device, size, depth, port
+        self.psn = random.randrange(1 << 24)
+        self._busy = threading.Lock()  # one loop at a time; close() waits for it
+        self._state = threading.Lock()  # guards _ep between close() calls in two threads
+        self._remote: RdmaEndpoint | None = None
+        ep = self._lib.fp_new()
+        if ep == self._ffi.NULL:
+            raise MemoryError("fp_new")
+        self._ep: Any = self._ffi.gc(ep, self._lib.fp_free)  # freed even if never closed
+        rc = self._lib.fp_open(
+            self._ep,
+            device.encode(),
+            size,
+            depth,
+            port,
+            -1 if gid_index is None else gid_index,
+            int(remote_access),
+            inline,
+            self.psn,
+        )
+        if rc != 0:
+            err = self._error()
+            self._release()
+            raise err
+        info = self._ffi.new("struct fp_info *")
+        self._lib.fp_info(self._ep, info)
+        self.qpn = int(info.qpn)
+        self.gid_index = int(info.gid_index)
+        self.active_mtu = int(info.active_mtu)
+        self.inline = int(info.inline_size)
+        self.rkey = int(info.rkey)
+        self.recv_addr = int(info.addr)
+        self.gid = str(ipaddress.IPv6Address(bytes(self._ffi.buffer(info.gid, 16))))
+
+    # -- errors ------------------------------------------------------------------------
+    def _error(self, completed: int = 0) -> ProbeError:
+        """The endpoint's last error as the matching exception."""
+        message = self._ffi.string(self._lib.fp_error(self._ep)).decode(errors="replace")
+        status = int(self._lib.fp_wc_status(self._ep))
+        if status:
+            name = WC_STATUS[status] if status < len(WC_STATUS) else str(status)
+            return CompletionError(
+                f"{self.device}: {message} [{name}] after {completed} iterations",
+                status,
+                completed,
+            )
+        errno = int(self._lib.fp_errno(self._ep)) or None
+        if errno in _UNSUPPORTED:
+            return NativeUnsupported(f"{self.device}: not supported here ({message})", errno)
+        return NativeError(message, errno, completed)
+
+    # -- lifetime ----------------------------------------------------------------------
+    def _release(self) -> None:
+        ep, self._ep = self._ep, None
+        if ep is not None:
+            self._ffi.release(ep)  # fp_free: QP, MR, CQs, PD, context, then the struct
+
+    def close(self) -> None:
+        """Stop a running loop, then release QP, MR, CQs, PD, context. Safe to call twice."""
+        with self._state:
+            if self._ep is None:
+                return
+            self._lib.fp_stop(self._ep)
+        with self._busy, self._state:
+            self._release()
+
+    def __enter__(self) -> NativeRcEndpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- connection --------------------------------------------------------------------
+    def endpoint(self) -> RdmaEndpoint:
+        """What the peer needs to reach this QP and write into the receive half."""
+        return RdmaEndpoint(
+            qpn=self.qpn,
+            psn=self.psn,
+            gid=self.gid,
+            gid_index=self.gid_index,
+            lid=0,
+            rkey=self.rkey,
+            addr=self.recv_addr,
+            mtu=self.active_mtu,
+        )
+
+    def connect(self, remote: RdmaEndpoint) -> None:
+        """INIT -> RTR -> RTS towards REMOTE; the path MTU is the smaller active MTU."""
+        if remote.mtu not in IB_MTUS:
+            raise ValueError(f"remote mtu {remote.mtu} is not one of {IB_MTUS}")
+        with self._busy:
+            ep = self._open_ep()
+            gid = self._ffi.new("uint8_t[16]", remote.gid_bytes)
+            if self._lib.fp_connect(ep, remote.qpn, remote.psn, gid, remote.mtu) != 0:
+                raise self._error()
+            self._remote = remote
+
+    def _open_ep(self) -> Any:
+        if self._ep is None:
+            raise NativeError(f"{self.device}: endpoint is closed")
+        return self._ep
+
+    # -- the loops ---------------------------------------------------------------------
+    def _finish(self, done: int, wanted: int) -> int:
+        """Raise the kept error when a loop ended short of WANTED because of one."""
+        ep = self._ep
+        if done < wanted and (self._lib.fp_wc_status(ep) or self._lib.fp_errno(ep)):
+            raise self._error(done)
+        return done
+
+    def _rtt_buffer(self, out: array[int] | None, total: int) -> Any:
+        if out is None:
+            return self._ffi.NULL
+        if out.typecode != "q" or len(out) < total:
+            raise ValueError(f"out must be array('q') of at least {total} items")
+        return self._ffi.from_buffer("int64_t[]", out)
+
+    def _check_loop(self, size: int, total: int, step_s: float) -> int:
+        if not 1 <= size <= self.size:
+            raise ValueError(f"message size {size} outside 1..{self.size}")
+        if total < 0:
+            raise ValueError(f"iterations {total} < 0")
+        if not step_s > 0:
+            raise ValueError(f"step_s {step_s} must be > 0")
+        return int(step_s * 1e9)
+
+    def send_pingpong(
+        self, size: int, total: int, first: bool, step_s: float, out: array[int] | None = None
+    ) -> int:
+        """SEND/RECV ping-pong of TOTAL round trips; FIRST starts (the prober) and writes
+        each RTT in ns into OUT. Returns round trips done (fewer only at a deadline)."""
+        step_ns = self._check_loop(size, total, step_s)
+        with self._busy:
+            ep, rtt = self._open_ep(), self._rtt_buffer(out, total)
+            done = int(self._lib.fp_send_pingpong(ep, size, total, int(first), step_ns, rtt))
+            return self._finish(done, total)
+
+    def write_pingpong(
+        self,
+        remote: RdmaEndpoint,
+        size: int,
+        total: int,
+        first: bool,
+        step_s: float,
+        out: array[int] | None = None,
+    ) -> int:
+        """RDMA WRITE ping-pong polling the last byte of the receive half (perftest's
+        write_lat method); needs remote_access on both ends. As send_pingpong otherwise."""
+        step_ns = self._check_loop(size, total, step_s)
+        with self._busy:
+            ep, rtt = self._open_ep(), self._rtt_buffer(out, total)
+            done = int(
+                self._lib.fp_write_pingpong(
+                    ep, remote.addr, remote.rkey, size, total, int(first), step_ns, rtt
+                )
+            )
+            return self._finish(done, total)
+
+    def bandwidth(
+        self,
+        op: str,
+        size: int,
+        iters: int,
+        outstanding: int,
+        step_s: float,
+        first: bool = True,
+    ) -> tuple[int, int]:
+        """Stream ITERS WRITEs or SENDs of SIZE bytes, OUTSTANDING in flight, to the
+        connected peer; returns (completed, elapsed_ns). With first=False and op "send"
+        this is the receiving side (counting receives); a WRITE's target runs no loop."""
+        if op not in BW_OPS:
+            raise ValueError(f"op must be one of {', '.join(BW_OPS)}, not {op!r}")
+        step_ns = self._check_loop(size, iters, step_s)
+        if not first and op == "write":
+            raise ValueError("the target of RDMA WRITEs runs no loop")
+        if not 1 <= outstanding <= self.depth:
+            raise ValueError(f"outstanding {outstanding} outside 1..{self.depth}")
+        elapsed = self._ffi.new("int64_t *")
+        with self._busy:
+            ep = self._open_ep()
+            if not first:
+                done = int(self._lib.fp_receive(ep, iters, step_ns, elapsed))
+            else:
+                remote = self._remote
+                if remote is None:
+                    raise NativeError(f"{self.device}: endpoint is not connected")
+                done = int(
+                    self._lib.fp_bandwidth(
+                        ep,
+                        int(op == "write"),
+                        remote.addr,
+                        remote.rkey,
+                        size,
+                        iters,
+                        outstanding,
+                        step_ns,
+                        elapsed,
+                    )
+                )
+            return self._finish(done, iters), int(elapsed[0])

@@ -1,0 +1,82 @@
+"""Build the native engine: fastpath.c as the cffi extension `probes.rdma.native._fastpath`.
+
+API mode (compiled against libibverbs' headers, linked with -libverbs), built in a
+scratch directory so that only the finished `_fastpath*.so` lands beside this file.
+Run it through scripts/build-native.sh, which installs what the build needs first.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+MODULE = "probes.rdma.native._fastpath"
+
+# What Python sees of fastpath.c; the endpoint itself stays opaque.
+CDEF = """
+struct fp_info {
+    uint32_t qpn, psn, rkey, gid_index, active_mtu, inline_size;
+    uint64_t addr;
+    uint8_t gid[16];
+};
+typedef struct fp_ep fp_ep;
+
+fp_ep *fp_new(void);
+void fp_free(fp_ep *ep);
+void fp_close(fp_ep *ep);
+void fp_stop(fp_ep *ep);
+const char *fp_error(const fp_ep *ep);
+int fp_errno(const fp_ep *ep);
+int fp_wc_status(const fp_ep *ep);
+
+int fp_open(fp_ep *ep, const char *device, uint32_t size, uint32_t depth, uint32_t port,
+            int gid_index, int remote_access, uint32_t inline_want, uint32_t psn);
+int fp_info(const fp_ep *ep, struct fp_info *out);
+int fp_connect(fp_ep *ep, uint32_t qpn, uint32_t psn, const uint8_t *gid, uint32_t mtu);
+
+int64_t fp_send_pingpong(fp_ep *ep, uint32_t size, int64_t total, int first,
+                         int64_t step_ns, int64_t *rtt_ns);
+int64_t fp_write_pingpong(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t size,
+                          int64_t total, int first, int64_t step_ns, int64_t *rtt_ns);
+int64_t fp_bandwidth(fp_ep *ep, int write, uint64_t raddr, uint32_t rkey, uint32_t size,
+                     int64_t iters, uint32_t outstanding, int64_t step_ns,
+                     int64_t *elapsed_ns);
+int64_t fp_receive(fp_ep *ep, int64_t iters, int64_t step_ns, int64_t *elapsed_ns);
+"""
+
+
+def builder() -> Any:
+    """The cffi FFI builder for the extension (cffi has no type hints: Any)."""
+    cffi = importlib.import_module("cffi")
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    ffi.set_source(
+        MODULE,
+        (HERE / "fastpath.c").read_text(),
+        libraries=["ibverbs"],
+        extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter"],
+    )
+    return ffi
+
+
+def build(dest: Path = HERE) -> Path:
+    """Compile in a scratch directory and copy the extension into DEST; returns its path."""
+    with tempfile.TemporaryDirectory(prefix="fastpath-build.") as tmp:
+        built = Path(builder().compile(tmpdir=tmp))
+        target = dest / built.name
+        shutil.copy2(built, target)
+    return target
+
+
+def main() -> int:
+    print(f"build-native: {build()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

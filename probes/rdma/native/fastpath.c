@@ -1,0 +1,570 @@
+/*
+ * fastpath.c — the RC probes' hot loops, in C against libibverbs.
+ *
+ * Why C: under the lane's emulation each Python-level verbs call costs more than the
+ * fabric's own latency, and pyverbs exposes no raw pointers, so this file owns its verbs
+ * resources (context, PD, send CQ, receive CQ, one MR, one RC QP) and runs a whole loop
+ * per call from Python (cffi releases the GIL for the duration).
+ *
+ * The MR holds 2 x size bytes: [0, size) is sent from, [size, 2 size) is received and
+ * RDMA-written into. `depth` receives are posted from the start and one is re-posted
+ * after each that completes. Sends are signaled every `signal_every` (and the last one of
+ * a loop); a signaled completion retires the unsignaled WRs posted before it.
+ *
+ * Every loop takes a per-step deadline (CLOCK_MONOTONIC), allocates nothing, and returns
+ * the number of iterations completed: fewer only at a deadline, on a completion error
+ * (kept in the endpoint for the message) or when fp_stop() asked it to end.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <infiniband/verbs.h>
+
+#define SIGNAL_EVERY 16
+#define CLOCK_EVERY 64 /* empty polls between two clock reads */
+#define POLL_BATCH 16
+
+struct fp_info {
+    uint32_t qpn, psn, rkey, gid_index, active_mtu, inline_size;
+    uint64_t addr; /* the receive half, where the peer's RDMA WRITEs land */
+    uint8_t gid[16];
+};
+
+typedef struct fp_ep {
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_cq *send_cq, *recv_cq;
+    struct ibv_mr *mr;
+    struct ibv_qp *qp;
+    uint8_t *buf;
+    uint32_t size, depth, port, psn, gid_index, active_mtu, inline_size, signal_every;
+    union ibv_gid gid;
+    struct ibv_sge recv_sge;
+    struct ibv_recv_wr recv_wr;
+    int connected;
+    int stop;           /* set by fp_stop() from another thread; read with __atomic */
+    int sq_used;        /* send WRs posted and not yet retired by a completion */
+    int since_signal;   /* unsignaled WRs posted since the last signaled one */
+    int wc_status;      /* last completion error (enum ibv_wc_status), 0 if none */
+    int err_no;         /* errno of the last failed call, 0 if none */
+    char err[256];
+} fp_ep;
+
+/* ------------------------------------------------------------------------ helpers */
+
+static inline int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Keep ERR (an errno, or EIO when the library left none) and a message; returns -1. */
+static int fail(fp_ep *ep, int err, const char *fmt, ...)
+{
+    va_list ap;
+    ep->err_no = err ? err : EIO;
+    va_start(ap, fmt);
+    int n = vsnprintf(ep->err, sizeof ep->err, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof ep->err)
+        snprintf(ep->err + n, sizeof ep->err - n, ": %s", strerror(ep->err_no));
+    return -1;
+}
+
+static int wc_fail(fp_ep *ep, const struct ibv_wc *wc, const char *cq)
+{
+    ep->wc_status = wc->status;
+    snprintf(ep->err, sizeof ep->err,
+             "QP %u: %s completion error: %s (status %d, opcode %d, vendor_err 0x%x)",
+             ep->qp->qp_num, cq, ibv_wc_status_str(wc->status), wc->status, wc->opcode,
+             wc->vendor_err);
+    return -1;
+}
+
+static void clear_error(fp_ep *ep)
+{
+    ep->wc_status = ep->err_no = 0;
+    ep->err[0] = '\0';
+}
+
+static inline int stopped(const fp_ep *ep)
+{
+    return __atomic_load_n(&ep->stop, __ATOMIC_RELAXED);
+}
+
+static int mtu_enum(uint32_t bytes)
+{
+    switch (bytes) {
+    case 256: return IBV_MTU_256;
+    case 512: return IBV_MTU_512;
+    case 1024: return IBV_MTU_1024;
+    case 2048: return IBV_MTU_2048;
+    case 4096: return IBV_MTU_4096;
+    default: return 0;
+    }
+}
+
+/* Index of the first RoCE v2 GID holding an IPv4-mapped address (what rdma_cm picks). */
+static int roce_v2_gid_index(fp_ep *ep, int table_len)
+{
+    static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    struct ibv_gid_entry entry;
+    for (int i = 0; i < table_len; i++) {
+        if (ibv_query_gid_ex(ep->ctx, ep->port, i, &entry, 0))
+            continue; /* empty slots answer ENODATA */
+        if (entry.gid_type == IBV_GID_TYPE_ROCE_V2 && !memcmp(entry.gid.raw, v4mapped, 12))
+            return i;
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------- the resources */
+
+fp_ep *fp_new(void) { return calloc(1, sizeof(fp_ep)); }
+
+const char *fp_error(const fp_ep *ep) { return ep->err; }
+int fp_errno(const fp_ep *ep) { return ep->err_no; }
+int fp_wc_status(const fp_ep *ep) { return ep->wc_status; }
+
+/* Ask a loop running in another thread to return at its next check (within µs). */
+void fp_stop(fp_ep *ep) { __atomic_store_n(&ep->stop, 1, __ATOMIC_RELAXED); }
+
+/* Release QP, MR, CQs, PD, context, in that order; safe to call twice. */
+void fp_close(fp_ep *ep)
+{
+    if (ep->qp) ibv_destroy_qp(ep->qp);
+    if (ep->mr) ibv_dereg_mr(ep->mr);
+    if (ep->send_cq) ibv_destroy_cq(ep->send_cq);
+    if (ep->recv_cq) ibv_destroy_cq(ep->recv_cq);
+    if (ep->pd) ibv_dealloc_pd(ep->pd);
+    if (ep->ctx) ibv_close_device(ep->ctx);
+    free(ep->buf);
+    ep->qp = NULL, ep->mr = NULL, ep->send_cq = ep->recv_cq = NULL;
+    ep->pd = NULL, ep->ctx = NULL, ep->buf = NULL;
+    ep->connected = 0;
+}
+
+void fp_free(fp_ep *ep)
+{
+    if (ep) {
+        fp_close(ep);
+        free(ep);
+    }
+}
+
+static int open_device(fp_ep *ep, const char *name)
+{
+    int num = 0;
+    struct ibv_device **list = ibv_get_device_list(&num);
+    if (!list)
+        return fail(ep, errno, "%s: no RDMA devices on this host (ibv_get_device_list)", name);
+    char seen[128] = "";
+    for (int i = 0; i < num && !ep->ctx; i++) {
+        const char *dev = ibv_get_device_name(list[i]);
+        if (strcmp(dev, name) == 0) {
+            ep->ctx = ibv_open_device(list[i]);
+            if (!ep->ctx)
+                fail(ep, errno, "%s: ibv_open_device", name);
+        } else {
+            size_t used = strlen(seen);
+            snprintf(seen + used, sizeof seen - used, "%s%s", used ? ", " : "", dev);
+        }
+    }
+    ibv_free_device_list(list);
+    if (!ep->ctx && !ep->err_no)
+        fail(ep, ENODEV, "%s: no RDMA device of that name (devices here: %s)", name,
+             num ? seen : "none");
+    return ep->ctx ? 0 : -1;
+}
+
+/* Create the QP asking for INLINE bytes of inline data; fall back to none. */
+static int create_qp(fp_ep *ep, uint32_t inline_want)
+{
+    struct ibv_qp_init_attr init = {
+        .send_cq = ep->send_cq,
+        .recv_cq = ep->recv_cq,
+        .cap = {.max_send_wr = ep->depth, .max_recv_wr = ep->depth,
+                .max_send_sge = 1, .max_recv_sge = 1, .max_inline_data = inline_want},
+        .qp_type = IBV_QPT_RC,
+    };
+    ep->qp = ibv_create_qp(ep->pd, &init);
+    if (!ep->qp && inline_want) {
+        init.cap.max_inline_data = 0;
+        ep->qp = ibv_create_qp(ep->pd, &init);
+    }
+    if (!ep->qp)
+        return fail(ep, errno, "ibv_create_qp");
+    ep->inline_size = init.cap.max_inline_data; /* what the provider granted */
+    return 0;
+}
+
+static int post_recv(fp_ep *ep)
+{
+    struct ibv_recv_wr *bad;
+    int rc = ibv_post_recv(ep->qp, &ep->recv_wr, &bad);
+    return rc ? fail(ep, rc, "QP %u: ibv_post_recv", ep->qp->qp_num) : 0;
+}
+
+/* Open DEVICE and build the ladder up to a QP in INIT with DEPTH receives posted.
+ * GID_INDEX < 0 picks the first IPv4 RoCE v2 GID. On failure everything is released. */
+int fp_open(fp_ep *ep, const char *device, uint32_t size, uint32_t depth, uint32_t port,
+            int gid_index, int remote_access, uint32_t inline_want, uint32_t psn)
+{
+    struct ibv_port_attr pattr;
+    int rc, access = IBV_ACCESS_LOCAL_WRITE;
+    long page = sysconf(_SC_PAGESIZE);
+
+    clear_error(ep);
+    if (ep->ctx)
+        return fail(ep, EBUSY, "%s: endpoint already open", device);
+    if (size < 1 || depth < 2)
+        return fail(ep, EINVAL, "%s: size %u / depth %u too small", device, size, depth);
+    ep->size = size, ep->depth = depth, ep->port = port, ep->psn = psn & 0xffffff;
+    ep->signal_every = depth >= 2 * SIGNAL_EVERY ? SIGNAL_EVERY : (depth + 1) / 2;
+    if (open_device(ep, device))
+        goto out;
+    if ((rc = ibv_query_port(ep->ctx, port, &pattr))) {
+        fail(ep, rc, "%s: ibv_query_port %u", device, port);
+        goto out;
+    }
+    ep->active_mtu = 128u << pattr.active_mtu;
+    if (gid_index < 0 && (gid_index = roce_v2_gid_index(ep, pattr.gid_tbl_len)) < 0) {
+        fail(ep, EOPNOTSUPP, "%s port %u: no RoCE v2 GID for an IPv4 address", device, port);
+        goto out;
+    }
+    ep->gid_index = gid_index;
+    if ((rc = ibv_query_gid(ep->ctx, port, gid_index, &ep->gid))) {
+        fail(ep, errno ? errno : rc, "%s: ibv_query_gid %d", device, gid_index);
+        goto out;
+    }
+    if (!(ep->pd = ibv_alloc_pd(ep->ctx))) {
+        fail(ep, errno, "%s: ibv_alloc_pd", device);
+        goto out;
+    }
+    /* twice the depth: a QP in error flushes every posted WR, signaled or not */
+    ep->send_cq = ibv_create_cq(ep->ctx, 2 * depth, NULL, NULL, 0);
+    ep->recv_cq = ibv_create_cq(ep->ctx, 2 * depth, NULL, NULL, 0);
+    if (!ep->send_cq || !ep->recv_cq) {
+        fail(ep, errno, "%s: ibv_create_cq", device);
+        goto out;
+    }
+    if ((rc = posix_memalign((void **)&ep->buf, page, 2 * (size_t)size))) {
+        fail(ep, rc, "%s: allocating 2 x %u bytes", device, size);
+        goto out;
+    }
+    memset(ep->buf, 0, 2 * (size_t)size); /* the WRITE poller waits for a non-zero byte */
+    if (remote_access)
+        access |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (!(ep->mr = ibv_reg_mr(ep->pd, ep->buf, 2 * (size_t)size, access))) {
+        fail(ep, errno, "%s: ibv_reg_mr of 2 x %u bytes", device, size);
+        goto out;
+    }
+    if (create_qp(ep, inline_want))
+        goto out;
+    struct ibv_qp_attr attr = {
+        .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = port, .qp_access_flags = access,
+    };
+    rc = ibv_modify_qp(ep->qp, &attr,
+                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    if (rc) {
+        fail(ep, rc, "%s: QP %u to INIT", device, ep->qp->qp_num);
+        goto out;
+    }
+    ep->recv_sge = (struct ibv_sge){(uintptr_t)(ep->buf + size), size, ep->mr->lkey};
+    ep->recv_wr = (struct ibv_recv_wr){.wr_id = 2, .sg_list = &ep->recv_sge, .num_sge = 1};
+    for (uint32_t i = 0; i < depth; i++) /* receives may be posted from INIT on */
+        if (post_recv(ep))
+            goto out;
+    return 0;
+out:
+    fp_close(ep);
+    return -1;
+}
+
+int fp_info(const fp_ep *ep, struct fp_info *out)
+{
+    if (!ep->qp)
+        return -1;
+    out->qpn = ep->qp->qp_num, out->psn = ep->psn, out->rkey = ep->mr->rkey;
+    out->gid_index = ep->gid_index, out->active_mtu = ep->active_mtu;
+    out->inline_size = ep->inline_size;
+    out->addr = (uintptr_t)(ep->buf + ep->size);
+    memcpy(out->gid, ep->gid.raw, 16);
+    return 0;
+}
+
+/* INIT -> RTR -> RTS towards the peer's QPN/PSN/GID; the path MTU is the smaller of the
+ * two active MTUs. Timers as the pyverbs endpoint: RNR 0.01 ms, ACK timeout 67 ms x 7. */
+int fp_connect(fp_ep *ep, uint32_t qpn, uint32_t psn, const uint8_t *gid, uint32_t mtu)
+{
+    clear_error(ep);
+    if (!ep->qp)
+        return fail(ep, EBADF, "endpoint is closed");
+    if (!mtu_enum(mtu))
+        return fail(ep, EINVAL, "path MTU %u is not an IB MTU", mtu);
+    struct ibv_qp_attr attr = {
+        .qp_state = IBV_QPS_RTR,
+        .path_mtu = mtu_enum(mtu < ep->active_mtu ? mtu : ep->active_mtu),
+        .dest_qp_num = qpn,
+        .rq_psn = psn,
+        .max_dest_rd_atomic = 1,
+        .min_rnr_timer = 1,
+        .ah_attr = {.is_global = 1, .port_num = ep->port,
+                    .grh = {.sgid_index = ep->gid_index, .hop_limit = 64}},
+    };
+    memcpy(attr.ah_attr.grh.dgid.raw, gid, 16);
+    int rc = ibv_modify_qp(ep->qp, &attr,
+                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (rc)
+        return fail(ep, rc, "QP %u to RTR", ep->qp->qp_num);
+    attr.qp_state = IBV_QPS_RTS;
+    attr.sq_psn = ep->psn;
+    attr.timeout = 14;   /* 4.096 us x 2^14 = 67 ms per transport retry */
+    attr.retry_cnt = 7;
+    attr.rnr_retry = 7;  /* forever on RNR: the loop's deadline bounds it */
+    attr.max_rd_atomic = 1;
+    rc = ibv_modify_qp(ep->qp, &attr,
+                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                           IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+    if (rc)
+        return fail(ep, rc, "QP %u to RTS", ep->qp->qp_num);
+    ep->connected = 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ send side */
+
+/* Post WR, signaled or not; a signaled WR's wr_id says how many WRs its completion retires. */
+static int post_send(fp_ep *ep, struct ibv_send_wr *wr, int signaled)
+{
+    struct ibv_send_wr *bad;
+    ep->since_signal++;
+    if (signaled) {
+        wr->send_flags |= IBV_SEND_SIGNALED;
+        wr->wr_id = ep->since_signal;
+        ep->since_signal = 0;
+    } else {
+        wr->send_flags &= ~IBV_SEND_SIGNALED;
+    }
+    int rc = ibv_post_send(ep->qp, wr, &bad);
+    if (rc)
+        return fail(ep, rc, "QP %u: ibv_post_send", ep->qp->qp_num);
+    ep->sq_used++;
+    return 0;
+}
+
+/* One poll of the send CQ: >= 0 completions reaped, -1 on an error completion. */
+static int reap_send(fp_ep *ep)
+{
+    struct ibv_wc wc[POLL_BATCH];
+    int n = ibv_poll_cq(ep->send_cq, POLL_BATCH, wc);
+    if (n < 0)
+        return fail(ep, EIO, "QP %u: polling the send CQ", ep->qp->qp_num);
+    for (int i = 0; i < n; i++) {
+        if (wc[i].status != IBV_WC_SUCCESS)
+            return wc_fail(ep, &wc[i], "send");
+        ep->sq_used -= (int)wc[i].wr_id;
+    }
+    return n;
+}
+
+/* Wait until at most LIMIT send WRs are outstanding: 1 done, 0 deadline/stop, -1 error. */
+static int wait_send(fp_ep *ep, int limit, int64_t deadline)
+{
+    for (unsigned spins = 1; ep->sq_used > limit; spins++) {
+        if (reap_send(ep) < 0)
+            return -1;
+        if (spins % CLOCK_EVERY == 0 && (now_ns() > deadline || stopped(ep)))
+            return 0;
+    }
+    return 1;
+}
+
+/* Wait for one receive completion and re-post it: 1 got one, 0 deadline/stop, -1 error. */
+static int wait_recv(fp_ep *ep, int64_t deadline)
+{
+    struct ibv_wc wc;
+    for (unsigned spins = 1;; spins++) {
+        int n = ibv_poll_cq(ep->recv_cq, 1, &wc);
+        if (n > 0) {
+            if (wc.status == IBV_WC_SUCCESS)
+                return post_recv(ep) ? -1 : 1;
+            /* a flush names no cause; the send CQ usually holds the real error */
+            if (wc.status == IBV_WC_WR_FLUSH_ERR && reap_send(ep) < 0)
+                return -1;
+            return wc_fail(ep, &wc, "receive");
+        }
+        if (n < 0)
+            return fail(ep, EIO, "QP %u: polling the receive CQ", ep->qp->qp_num);
+        if (spins % CLOCK_EVERY == 0) {
+            if (reap_send(ep) < 0) /* a peer that vanished shows up here first */
+                return -1;
+            if (now_ns() > deadline || stopped(ep))
+                return 0;
+        }
+    }
+}
+
+/* Spin on a byte of the receive half until the peer's WRITE puts MARK there. */
+static int wait_mark(fp_ep *ep, const uint8_t *where, uint8_t mark, int64_t deadline)
+{
+    for (unsigned spins = 1; __atomic_load_n(where, __ATOMIC_ACQUIRE) != mark; spins++) {
+        if (spins % CLOCK_EVERY == 0) {
+            if (reap_send(ep) < 0)
+                return -1;
+            if (now_ns() > deadline || stopped(ep))
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* Checks shared by the loops; SIZE must fit the halves, the QP must be connected. */
+static int loop_ready(fp_ep *ep, uint32_t size)
+{
+    clear_error(ep);
+    ep->sq_used = ep->since_signal = 0;
+    if (!ep->connected)
+        return fail(ep, ENOTCONN, "endpoint is not connected");
+    if (size < 1 || size > ep->size)
+        return fail(ep, EINVAL, "message size %u outside 1..%u", size, ep->size);
+    return 0;
+}
+
+/* Retire what is still outstanding so the last message is known to have landed. */
+static int drain(fp_ep *ep, int64_t step_ns)
+{
+    return wait_send(ep, 0, now_ns() + step_ns);
+}
+
+/* ------------------------------------------------------------------ the loops */
+
+/* SEND/RECV ping-pong. FIRST sends and waits for the answer; the other side answers.
+ * RTT_NS (may be NULL) gets each round trip in ns. */
+int64_t fp_send_pingpong(fp_ep *ep, uint32_t size, int64_t total, int first, int64_t step_ns,
+                         int64_t *rtt_ns)
+{
+    if (loop_ready(ep, size))
+        return 0;
+    struct ibv_sge sge = {(uintptr_t)ep->buf, size, ep->mr->lkey};
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+                             .send_flags = size <= ep->inline_size ? IBV_SEND_INLINE : 0};
+    int every = ep->signal_every;
+    for (int64_t i = 0; i < total; i++) {
+        int signaled = i % every == every - 1 || i == total - 1;
+        int64_t t0 = now_ns(), deadline = t0 + step_ns;
+        if (stopped(ep) || (!first && wait_recv(ep, deadline) <= 0))
+            return i;
+        if (wait_send(ep, ep->depth - 1, deadline) <= 0 || post_send(ep, &wr, signaled))
+            return i;
+        if (first && wait_recv(ep, deadline) <= 0)
+            return i;
+        int64_t t1 = now_ns();
+        if (rtt_ns)
+            rtt_ns[i] = t1 - t0;
+        if (reap_send(ep) < 0)
+            return first ? i + 1 : i;
+    }
+    /* the answering side's last SEND counts once it is acknowledged */
+    return drain(ep, step_ns) > 0 || first ? total : total - 1;
+}
+
+/* RDMA WRITE ping-pong with memory polling (perftest's write_lat method): each side
+ * writes SIZE bytes whose last byte is the marker i % 255 + 1 into the peer's receive
+ * half (RADDR/RKEY) and spins on the last byte of its own receive half. */
+int64_t fp_write_pingpong(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t size,
+                          int64_t total, int first, int64_t step_ns, int64_t *rtt_ns)
+{
+    if (loop_ready(ep, size))
+        return 0;
+    struct ibv_sge sge = {(uintptr_t)ep->buf, size, ep->mr->lkey};
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = size <= ep->inline_size ? IBV_SEND_INLINE : 0,
+                             .wr.rdma = {.remote_addr = raddr, .rkey = rkey}};
+    uint8_t *out_mark = ep->buf + size - 1;
+    const uint8_t *in_mark = ep->buf + ep->size + size - 1;
+    int every = ep->signal_every;
+    for (int64_t i = 0; i < total; i++) {
+        uint8_t mark = (uint8_t)(i % 255 + 1);
+        int signaled = i % every == every - 1 || i == total - 1;
+        int64_t t0 = now_ns(), deadline = t0 + step_ns;
+        if (stopped(ep) || (!first && wait_mark(ep, in_mark, mark, deadline) <= 0))
+            return i;
+        *out_mark = mark;
+        if (wait_send(ep, ep->depth - 1, deadline) <= 0 || post_send(ep, &wr, signaled))
+            return i;
+        if (first && wait_mark(ep, in_mark, mark, deadline) <= 0)
+            return i;
+        int64_t t1 = now_ns();
+        if (rtt_ns)
+            rtt_ns[i] = t1 - t0;
+        if (reap_send(ep) < 0)
+            return first ? i + 1 : i;
+    }
+    return drain(ep, step_ns) > 0 || first ? total : total - 1;
+}
+
+/* Bandwidth: ITERS operations of SIZE bytes (WRITE into RADDR/RKEY when WRITE, else
+ * SEND), OUTSTANDING in flight, every one signaled. Returns completions; ELAPSED_NS gets
+ * the time from the first post to the last completion. The deadline restarts on progress. */
+int64_t fp_bandwidth(fp_ep *ep, int write, uint64_t raddr, uint32_t rkey, uint32_t size,
+                     int64_t iters, uint32_t outstanding, int64_t step_ns, int64_t *elapsed_ns)
+{
+    int64_t posted = 0, completed = 0, t0 = now_ns(), deadline = t0 + step_ns;
+    *elapsed_ns = 0;
+    if (loop_ready(ep, size))
+        return 0;
+    if (outstanding < 1 || outstanding > ep->depth) {
+        fail(ep, EINVAL, "outstanding %u outside 1..%u", outstanding, ep->depth);
+        return 0;
+    }
+    struct ibv_sge sge = {(uintptr_t)ep->buf, size, ep->mr->lkey};
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1,
+                             .opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_SEND,
+                             .send_flags = size <= ep->inline_size ? IBV_SEND_INLINE : 0,
+                             .wr.rdma = {.remote_addr = raddr, .rkey = rkey}};
+    for (unsigned spins = 1; completed < iters && !stopped(ep); spins++) {
+        while (posted < iters && posted - completed < outstanding) {
+            if (post_send(ep, &wr, 1))
+                goto out;
+            posted++;
+        }
+        int n = reap_send(ep);
+        if (n < 0)
+            break;
+        if (n > 0) {
+            completed += n;
+            deadline = now_ns() + step_ns;
+        } else if (spins % CLOCK_EVERY == 0 && now_ns() > deadline) {
+            break;
+        }
+    }
+out:
+    *elapsed_ns = now_ns() - t0;
+    return completed;
+}
+
+/* The receiving side of SEND bandwidth: count ITERS receives, re-posting each. */
+int64_t fp_receive(fp_ep *ep, int64_t iters, int64_t step_ns, int64_t *elapsed_ns)
+{
+    int64_t got = 0, t0 = now_ns(), deadline = t0 + step_ns;
+    *elapsed_ns = 0;
+    if (loop_ready(ep, 1))
+        return 0;
+    while (got < iters) {
+        int r = wait_recv(ep, deadline);
+        if (r <= 0)
+            break;
+        got++;
+        deadline = now_ns() + step_ns; /* clock read per message: fine beside a receive */
+    }
+    *elapsed_ns = now_ns() - t0;
+    return got;
+}

@@ -1,0 +1,21 @@
+#!/bin/bash
+# scripts/build-native.sh — build the RC probes' native engine (probes/rdma/native) in place.
+# Idempotent; run as root on the host (the lane VM sees the host's files read-only and
+# loads the module built here).
+#   * libibverbs-dev (headers and the libibverbs.so link) from apt, when missing
+#   * cffi in .venv, when missing
+#   * probes/rdma/native/_fastpath*.so compiled from fastpath.c
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+py=${PYTHON:-.venv/bin/python}
+if ! dpkg-query -W -f='${db:Status-Abbrev}' libibverbs-dev 2>/dev/null | grep -q '^ii'; then
+  echo "build-native: apt-get install libibverbs-dev"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq --no-install-recommends libibverbs-dev >/dev/null ||
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends libibverbs-dev >/dev/null; }
+fi
+if ! "$py" -c 'import cffi' 2>/dev/null; then
+  echo "build-native: pip install cffi"
+  "$(dirname "$py")/pip" install -q cffi
+fi
+"$py" probes/rdma/native/build.py

@@ -1,0 +1,59 @@
+"""The native RC engine on a host without RDMA: the extension imports (libibverbs loads),
+a device that is not there is a clear ProbeError, and bad shapes fail before any verbs call."""
+
+from __future__ import annotations
+
+import errno
+import re
+from pathlib import Path
+
+import pytest
+
+from probes.errors import PeerError, ProbeError
+from probes.rdma import native
+from probes.rdma.native import WC_STATUS, CompletionError, NativeError, NativeRcEndpoint
+
+VERBS_H = Path("/usr/include/infiniband/verbs.h")
+
+
+def test_extension_is_built_and_imports() -> None:
+    assert native.available(), "run scripts/build-native.sh"
+    mod = native._load()
+    for fn in ("fp_open", "fp_connect", "fp_send_pingpong", "fp_write_pingpong", "fp_close"):
+        assert hasattr(mod.lib, fn)
+
+
+def test_missing_device_is_a_clear_probe_error() -> None:
+    with pytest.raises(ProbeError) as caught:
+        NativeRcEndpoint("fp-no-such-dev0", 64)
+    err = caught.value
+    assert isinstance(err, NativeError)
+    assert "fp-no-such-dev0" in str(err)
+    # no uverbs at all (ENOSYS, a host without RDMA) or devices but not this one (ENODEV)
+    assert err.errno in (errno.ENOSYS, errno.ENODEV)
+    assert "RDMA device" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("size", "depth"), [(0, 64), (1 << 31, 64), (64, 1), (64, 1 << 15)], ids=str
+)
+def test_bad_shapes_fail_before_verbs(size: int, depth: int) -> None:
+    with pytest.raises(ValueError):
+        NativeRcEndpoint("fp-no-such-dev0", size, depth)
+
+
+def test_completion_error_names_the_status() -> None:
+    err = CompletionError("rxe0: send completion error", 12, completed=7)
+    assert isinstance(err, PeerError)
+    assert err.status_name == "IBV_WC_RETRY_EXC_ERR"
+    assert err.completed == 7
+    assert CompletionError("x", 99, 0).status_name == "99"
+
+
+def test_status_names_follow_the_header() -> None:
+    """scripts/build-native.sh installs the header the extension is compiled against."""
+    text = VERBS_H.read_text()
+    body = re.search(r"enum ibv_wc_status \{(.*?)\};", text, re.S)
+    assert body is not None
+    names = re.findall(r"\b(IBV_WC_\w+)", body.group(1))
+    assert tuple(names) == WC_STATUS
