@@ -25,6 +25,7 @@ from prometheus_client.exposition import start_http_server
 from collector.api import fabricprobe_pb2 as pb
 from collector.api import fabricprobe_pb2_grpc as pb_grpc
 from collector.assign import HostSpec, PlanConfig, Planner
+from collector.attribution import attach_attribution
 from collector.auth import Authenticator, AuthError, Insecure
 from collector.exporter import FabricCollector
 from collector.rpcstats import RpcStats, TimingInterceptor
@@ -300,6 +301,8 @@ class CollectorServer:
             maximum_concurrent_rpcs=self.cfg.workers * 4,
         )
         pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api, self.auth), server)
+        # OTLP stage spans joined with the fabric (collector/attribution.py)
+        self.attribution = attach_attribution(server, self.store, self.registry, self._stop)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server

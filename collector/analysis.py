@@ -1,0 +1,222 @@
+"""Attribution analysis: pure pandas over the joined frames (collector/join.py).
+
+- `rank_correlation`: per time window and path, Spearman's rank correlation of KV
+  transfer time with the path's probe tail latency.
+- `rank_paths`: paths ranked by the KV-transfer time they explain, i.e. time spent
+  beyond what the same bytes took on the rest of the fleet, and whether the fabric
+  accounts for it (the path's probe tail RTT is above the fleet's too).
+- `communication_bound`: KV-transfer time and queueing rising together over time
+  while compute (prefill + decode per token) stays flat.
+- `goodput`: tokens per second from requests that met their TTFT and inter-token
+  targets, beside raw throughput.
+
+Thresholds are parameters (`AnalysisConfig`) with defaults, never measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from collector.history import COUNTER_CATEGORIES
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    window_s: float = 60.0  # analysis window (bins for correlation and goodput)
+    kv_ratio: float = 1.25  # path KV s/byte over the fleet's reference to count as slow
+    rtt_ratio: float = 1.5  # path probe p99 RTT over the fleet's to count as fabric evidence
+    min_transfers: int = 3  # KV transfers a path needs before it is judged
+    rho_min: float = 0.6  # rank correlation that counts as "rising together"
+    rise: float = 0.2  # relative rise of KV time across bins to count as rising
+    flat_tol: float = 0.15  # relative change of compute per token that still counts as flat
+    slo_ttft_s: float = 2.0
+    slo_itl_s: float = 0.1
+
+
+def spearman(x: pd.Series, y: pd.Series) -> float:
+    """Spearman's rho: Pearson correlation of the ranks; NaN when either is constant."""
+    both = pd.concat([x, y], axis=1).dropna()
+    if len(both) < 3:
+        return float("nan")
+    rx, ry = both.iloc[:, 0].rank(), both.iloc[:, 1].rank()
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _bin(ns: pd.Series, window_s: float) -> pd.Series:
+    return (ns // int(window_s * 1e9)).astype("int64")
+
+
+def rank_correlation(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.DataFrame:
+    """Per window and path: transfers, rho(kv time per byte, probe p99 RTT)."""
+    cols = ["window", "src", "dst", "transport", "transfers", "rho_rtt_p99"]
+    if kv.empty:
+        return pd.DataFrame(columns=cols)
+    df = kv.assign(
+        window=_bin(kv["start_ns"], cfg.window_s),
+        s_per_byte=kv["duration_s"] / kv["bytes"].where(kv["bytes"] > 0),
+    )
+    rows = []
+    for (win, src, dst, tr), g in df.groupby(["window", "src", "dst", "transport"]):
+        per_byte = g["s_per_byte"] if g["s_per_byte"].notna().any() else g["duration_s"]
+        rows.append((win, src, dst, tr, len(g), spearman(per_byte, g["rtt_p99_s"])))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _leave_one_out_median(values: pd.Series) -> pd.Series:
+    """For each entry, the median of all the others (NaN when it stands alone)."""
+    out = {}
+    for key in values.index:
+        rest = values.drop(key).dropna()
+        out[key] = float(rest.median()) if len(rest) else np.nan
+    return pd.Series(out, dtype=float)
+
+
+def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.DataFrame:
+    """Paths ranked by the KV-transfer seconds they explain, with the fabric evidence.
+
+    A path's reference speed is the median, over the other paths of the same transport,
+    of their median seconds per byte; the time it explains is what its transfers took
+    beyond that speed. It is fabric_bound when it is slow by `kv_ratio` and its probe
+    p99 RTT exceeds the other paths' by `rtt_ratio` (or its ends show congestion
+    counters moving where the others' do not)."""
+    cols = [
+        "src",
+        "dst",
+        "transport",
+        "transfers",
+        "kv_median_s",
+        "kv_ratio",
+        "rtt_p99_s",
+        "rtt_ratio",
+        "congestion_per_s",
+        "explained_s",
+        "fabric_bound",
+        "rank",
+    ]
+    if kv.empty:
+        return pd.DataFrame(columns=cols)
+    rate_cols = [
+        c for c in kv.columns if c.endswith("_per_s") and c.split("_", 1)[0] in ("src", "dst")
+    ]
+    df = kv.assign(
+        s_per_byte=kv["duration_s"] / kv["bytes"].where(kv["bytes"] > 0),
+        congestion=kv[rate_cols].sum(axis=1, min_count=1) if rate_cols else np.nan,
+    )
+    per = df.groupby(["src", "dst", "transport"]).agg(
+        transfers=("duration_s", "size"),
+        kv_median_s=("duration_s", "median"),
+        s_per_byte=("s_per_byte", "median"),
+        rtt_p99_s=("rtt_p99_s", "median"),
+        congestion_per_s=("congestion", "median"),
+    )
+    parts = []
+    for _tr, g in per.groupby(level="transport"):
+        g = g.copy()
+        judged = g["transfers"] >= cfg.min_transfers
+        ref_bpb = _leave_one_out_median(g["s_per_byte"].where(judged))
+        ref_rtt = _leave_one_out_median(g["rtt_p99_s"].where(judged))
+        ref_cong = _leave_one_out_median(g["congestion_per_s"].where(judged))
+        g["kv_ratio"] = g["s_per_byte"] / ref_bpb
+        g["rtt_ratio"] = g["rtt_p99_s"] / ref_rtt
+        g["ref_s_per_byte"] = ref_bpb
+        g["congested"] = (g["congestion_per_s"].fillna(0) > 0) & (ref_cong.fillna(0) == 0)
+        parts.append(g)
+    per = pd.concat(parts)
+    ref = per["ref_s_per_byte"]
+    joined = df.join(ref.rename("ref"), on=["src", "dst", "transport"])
+    excess = (joined["duration_s"] - joined["bytes"] * joined["ref"]).clip(lower=0)
+    per["explained_s"] = excess.groupby([joined["src"], joined["dst"], joined["transport"]]).sum(
+        min_count=1
+    )
+    per["explained_s"] = per["explained_s"].fillna(0.0)
+    slow = (per["kv_ratio"] >= cfg.kv_ratio) & (per["transfers"] >= cfg.min_transfers)
+    evidence = (per["rtt_ratio"] >= cfg.rtt_ratio) | per["congested"]
+    per["fabric_bound"] = (slow & evidence).astype(bool)
+    per = per.sort_values("explained_s", ascending=False).reset_index()
+    per["rank"] = np.arange(1, len(per) + 1)
+    return per[cols]
+
+
+def communication_bound(
+    stages: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()
+) -> tuple[bool, pd.DataFrame]:
+    """(flag, per-window medians). The flag: over the windows, KV-transfer time and
+    queueing rise together (rank correlation >= rho_min, KV time up by `rise` from the
+    first window to the last) while compute per request stays within `flat_tol`."""
+    cols = ["window", "kv_transfer_s", "queue_s", "compute_s"]
+    if stages.empty:
+        return False, pd.DataFrame(columns=cols)
+    per_req = stages.pivot_table(
+        index="request_id", columns="stage", values="duration_s", aggfunc="sum"
+    )
+    start = stages.groupby("request_id")["start_ns"].min()
+    per_req = per_req.reindex(columns=["kv_transfer", "queue", "prefill", "decode"])
+    per_req["window"] = _bin(start.reindex(per_req.index), cfg.window_s)
+    per_req["compute"] = per_req[["prefill", "decode"]].sum(axis=1, min_count=1)
+    bins = per_req.groupby("window").agg(
+        kv_transfer_s=("kv_transfer", "median"),
+        queue_s=("queue", "median"),
+        compute_s=("compute", "median"),
+    )
+    bins = bins.reset_index()[cols]
+    b = bins.dropna()
+    if len(b) < 3:
+        return False, bins
+    rho = spearman(b["kv_transfer_s"], b["queue_s"])
+    first, last = b.iloc[0], b.iloc[-1]
+    rising = last["kv_transfer_s"] >= first["kv_transfer_s"] * (1 + cfg.rise)
+    queue_up = last["queue_s"] > first["queue_s"]
+    comp = b["compute_s"]
+    flat = (comp.max() - comp.min()) <= cfg.flat_tol * comp.median()
+    flag = bool(rho >= cfg.rho_min and rising and queue_up and flat)
+    return flag, bins
+
+
+def goodput(
+    requests: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig(), *, now_ns: int | None = None
+) -> pd.DataFrame:
+    """Per window: requests, those within SLO, goodput and raw throughput (tokens/s).
+
+    A request meets its SLO when TTFT <= slo_ttft_s and its mean inter-token latency
+    <= slo_itl_s (a single-token reply has no ITL and is judged on TTFT alone). With
+    NOW_NS, one row for the window_s seconds that end at NOW_NS (window -1)."""
+    cols = ["window", "requests", "met", "tokens", "goodput_tps", "throughput_tps"]
+    r = requests.dropna(subset=["end_ns", "output_tokens"])
+    if now_ns is not None:
+        lo = now_ns - int(cfg.window_s * 1e9)
+        r = r[(r["end_ns"] > lo) & (r["end_ns"] <= now_ns)]
+    if r.empty:
+        return pd.DataFrame(columns=cols)
+    ok_ttft = r["ttft_s"].notna() & (r["ttft_s"] <= cfg.slo_ttft_s)
+    ok_itl = r["itl_s"].isna() | (r["itl_s"] <= cfg.slo_itl_s)
+    r = r.assign(
+        window=_bin(r["end_ns"], cfg.window_s) if now_ns is None else -1,
+        met=ok_ttft & ok_itl,
+        tokens=r["output_tokens"].astype(float),
+    )
+    r = r.assign(good_tokens=r["tokens"].where(r["met"], 0.0))
+    g = r.groupby("window").agg(
+        requests=("request_id", "size"),
+        met=("met", "sum"),
+        tokens=("tokens", "sum"),
+        good=("good_tokens", "sum"),
+    )
+    g["goodput_tps"] = g["good"] / cfg.window_s
+    g["throughput_tps"] = g["tokens"] / cfg.window_s
+    return g.reset_index()[cols]
+
+
+__all__ = [
+    "COUNTER_CATEGORIES",
+    "AnalysisConfig",
+    "communication_bound",
+    "goodput",
+    "rank_correlation",
+    "rank_paths",
+    "spearman",
+]

@@ -1,0 +1,189 @@
+"""Stage spans x fabric: what the collector keeps of requests, and the analysis over it.
+
+`Attribution` takes stage and request records from the OTLP receiver, keeps the recent
+ones (bounded), keeps running histograms for /metrics, and feeds a FabricHistory from
+the window store on a short period. `analyse()` runs the pure join and analysis
+functions over the last window. `attach_attribution()` is the one call the collector's
+server makes to add all of this next to the agent API.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from collector.analysis import (
+    AnalysisConfig,
+    communication_bound,
+    goodput,
+    rank_correlation,
+    rank_paths,
+)
+from collector.history import FabricHistory
+from collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
+from collector.otlp import TraceIngest, add_trace_service
+from collector.stages import STAGES, RequestRecord, StageRecord
+from collector.store import WindowStore
+
+DURATION_BUCKETS_S: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+)  # fmt: skip
+MAX_PATHS = 1024  # distinct (src, dst, transport) label sets; the rest are counted as "other"
+PathLabels = tuple[str, str, str]
+
+
+@dataclass
+class Histogram:
+    """Cumulative-at-scrape histogram kept as per-bucket counts."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS_S) + 1))
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(DURATION_BUCKETS_S, seconds)] += 1
+        self.total += seconds
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, n in zip((*DURATION_BUCKETS_S, float("inf")), self.counts, strict=True):
+            running += n
+            out.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
+        return out
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One pass of the analysis over the last window (frames are copies: safe to keep)."""
+
+    now_ns: int
+    stages: pd.DataFrame
+    kv: pd.DataFrame
+    paths: pd.DataFrame
+    correlation: pd.DataFrame
+    communication_bound: bool
+    bins: pd.DataFrame
+    goodput: pd.DataFrame
+    requests: pd.DataFrame  # per-request breakdown
+
+
+class Attribution:
+    """Recent stage and request records, running histograms, fabric history."""
+
+    def __init__(
+        self,
+        store: WindowStore | None = None,
+        cfg: AnalysisConfig | None = None,
+        *,
+        max_records: int = 200_000,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.store = store
+        self.cfg = cfg or AnalysisConfig()
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.stages: deque[StageRecord] = deque(maxlen=max_records)
+        self.requests: deque[RequestRecord] = deque(maxlen=max_records)
+        self.stage_hist: dict[str, Histogram] = {s: Histogram() for s in STAGES}
+        self.kv_hist: dict[PathLabels, Histogram] = {}
+        self.ttft_hist = Histogram()
+        self.itl_hist = Histogram()
+        self.history = FabricHistory(keep_s=max(3600.0, 4 * self.cfg.window_s))
+        self.ingest = TraceIngest(self.take)
+        self._cache: Analysis | None = None
+
+    def take(self, stages: list[StageRecord], requests: list[RequestRecord]) -> None:
+        """Keep records from one OTLP batch and count them into the histograms."""
+        with self.lock:
+            self.stages.extend(stages)
+            self.requests.extend(requests)
+            for s in stages:
+                if s.derived:
+                    continue
+                self.stage_hist[s.stage].observe(s.duration_s)
+                if s.stage == "kv_transfer":
+                    self._kv_hist(s).observe(s.duration_s)
+            for r in requests:
+                if r.ttft_s is not None:
+                    self.ttft_hist.observe(r.ttft_s)
+                if r.itl_s is not None:
+                    self.itl_hist.observe(r.itl_s)
+            self._cache = None
+
+    def _kv_hist(self, s: StageRecord) -> Histogram:
+        key = (s.src, s.dst, s.transport or "unknown")
+        h = self.kv_hist.get(key)
+        if h is None:
+            if len(self.kv_hist) >= MAX_PATHS:
+                key = ("other", "other", key[2])
+                h = self.kv_hist.get(key)
+            if h is None:
+                h = self.kv_hist[key] = Histogram()
+        return h
+
+    def sync(self) -> int:
+        """Copy new fabric windows and counter rates from the store into the history."""
+        if self.store is None:
+            return 0
+        return self.history.feed(self.store.snapshot())
+
+    def run_sync(self, stop: threading.Event, every_s: float = 0.5) -> threading.Thread:
+        def loop() -> None:
+            while not stop.wait(every_s):
+                self.sync()
+
+        t = threading.Thread(target=loop, name="attribution-sync", daemon=True)
+        t.start()
+        return t
+
+    def analyse(self, *, window_s: float | None = None, max_age_s: float = 1.0) -> Analysis:
+        """Join and analyse the records of the last WINDOW_S seconds (cached MAX_AGE_S)."""
+        now = self.clock()
+        cached = self._cache
+        if cached is not None and window_s is None and (now - cached.now_ns) / 1e9 < max_age_s:
+            return cached
+        self.sync()
+        cfg = self.cfg
+        span = int((window_s or cfg.window_s) * 1e9)
+        with self.lock:
+            st = [s for s in self.stages if s.end_ns > now - span]
+            rq = [r for r in self.requests if r.end_ns > now - span]
+        stages, requests = stages_frame(st), requests_frame(rq)
+        windows, rates = self.history.frames()
+        kv = join_fabric(stages, windows, rates)
+        flag, bins = communication_bound(stages, cfg)
+        out = Analysis(
+            now_ns=now,
+            stages=stages,
+            kv=kv,
+            paths=rank_paths(kv, cfg),
+            correlation=rank_correlation(kv, cfg),
+            communication_bound=flag,
+            bins=bins,
+            goodput=goodput(requests, cfg, now_ns=now),
+            requests=request_breakdown(stages, requests),
+        )
+        if window_s is None:
+            self._cache = out
+        return out
+
+
+def attach_attribution(
+    server: Any, store: WindowStore, registry: Any, stop: threading.Event
+) -> Attribution:
+    """Add the OTLP TraceService to SERVER (a grpc.Server), the attribution metrics to
+    REGISTRY, and keep the fabric history fed from STORE until STOP is set."""
+    from collector.attribution_exporter import AttributionCollector
+
+    attribution = Attribution(store)
+    add_trace_service(server, attribution.ingest)
+    registry.register(AttributionCollector(attribution))
+    attribution.run_sync(stop)
+    return attribution

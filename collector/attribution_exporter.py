@@ -1,0 +1,118 @@
+"""Prometheus view of the attribution: stage histograms, per-path KV transfer time, what
+each path explains, fabric-bound flags, goodput beside throughput, OTLP intake.
+
+Labels are bounded: `stage` takes the six stage names, `src`/`dst` are agent host
+names (capped by collector.attribution.MAX_PATHS), `transport` is rdma or tcp. Request
+ids never become labels; they are in `probe why`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from collector.attribution import Attribution
+
+P = "fabricprobe_"
+PATH = ["src", "dst", "transport"]
+
+
+def _families() -> dict[str, Any]:  # each family's own add_metric signature
+    return {
+        "stage": HistogramMetricFamily(
+            P + "stage_duration_seconds",
+            "Inference stage duration from OTLP stage spans.",
+            labels=["stage"],
+        ),
+        "kv": HistogramMetricFamily(
+            P + "kv_transfer_seconds", "KV-cache transfer time per fabric path.", labels=PATH
+        ),
+        "ttft": HistogramMetricFamily(
+            P + "request_ttft_seconds", "Time to first token per request.", labels=[]
+        ),
+        "itl": HistogramMetricFamily(
+            P + "request_itl_seconds", "Mean inter-token latency per request.", labels=[]
+        ),
+        "explained": GaugeMetricFamily(
+            P + "path_explained_seconds",
+            "KV-transfer seconds beyond the fleet's speed for the same bytes, last window.",
+            labels=PATH,
+        ),
+        "bound": GaugeMetricFamily(
+            P + "path_fabric_bound",
+            "1 when the path's KV transfers are slow and its fabric figures account for it.",
+            labels=PATH,
+        ),
+        "share": GaugeMetricFamily(
+            P + "fabric_share_ttft_ratio",
+            "Median share of TTFT spent in KV transfer over the last window.",
+            labels=[],
+        ),
+        "comm": GaugeMetricFamily(
+            P + "communication_bound",
+            "1 when KV transfer and queueing rise together while compute stays flat.",
+            labels=[],
+        ),
+        "goodput": GaugeMetricFamily(
+            P + "goodput_tokens_per_second",
+            "Tokens per second from requests that met their TTFT and ITL targets.",
+            labels=[],
+        ),
+        "throughput": GaugeMetricFamily(
+            P + "throughput_tokens_per_second",
+            "Tokens per second from all requests, last window.",
+            labels=[],
+        ),
+        "received": CounterMetricFamily(
+            P + "otlp_spans_received", "Spans received by the OTLP receiver.", labels=[]
+        ),
+        "rejected": CounterMetricFamily(
+            P + "otlp_spans_rejected", "Spans refused as malformed or oversized.", labels=[]
+        ),
+    }
+
+
+class AttributionCollector(Collector):
+    """Custom collector over an Attribution; describe() touches nothing."""
+
+    def __init__(self, attribution: Attribution) -> None:
+        self.attribution = attribution
+
+    def describe(self) -> Iterator[Metric]:
+        yield from _families().values()
+
+    def collect(self) -> Iterator[Metric]:
+        a = self.attribution
+        f = _families()
+        with a.lock:
+            for stage, h in a.stage_hist.items():
+                f["stage"].add_metric([stage], h.buckets(), h.total)
+            for path, h in sorted(a.kv_hist.items()):
+                f["kv"].add_metric(list(path), h.buckets(), h.total)
+            f["ttft"].add_metric([], a.ttft_hist.buckets(), a.ttft_hist.total)
+            f["itl"].add_metric([], a.itl_hist.buckets(), a.itl_hist.total)
+        res = a.analyse()
+        for row in res.paths.itertuples(index=False):
+            labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
+            f["explained"].add_metric(labels, float(row.explained_s))
+            f["bound"].add_metric(labels, 1.0 if row.fabric_bound else 0.0)
+        share = res.requests["fabric_share_ttft"].median() if len(res.requests) else math.nan
+        if not math.isnan(share):
+            f["share"].add_metric([], float(share))
+        f["comm"].add_metric([], 1.0 if res.communication_bound else 0.0)
+        if len(res.goodput):
+            g = res.goodput.iloc[0]
+            f["goodput"].add_metric([], float(g["goodput_tps"]))
+            f["throughput"].add_metric([], float(g["throughput_tps"]))
+        f["received"].add_metric([], float(a.ingest.received_total))
+        f["rejected"].add_metric([], float(a.ingest.rejected_total))
+        yield from f.values()

@@ -1,0 +1,1 @@
+"""A disaggregated inference pipeline without a GPU: real KV-cache-sized transfers."""

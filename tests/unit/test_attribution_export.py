@@ -1,0 +1,100 @@
+"""Attribution metrics: spans in through the ingest, fabric windows from a real store,
+every family in the catalogue's [[attribution_metric]] tables and vice versa."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from collector.api import fabricprobe_pb2 as pb
+from collector.attribution import Attribution
+from collector.attribution_exporter import AttributionCollector
+from collector.store import WindowStore
+from probes.stats import LatencySketch
+from tests.unit.spanmaker import S, batch, kv_span, span
+
+CATALOGUE = Path(__file__).resolve().parents[2] / "collector" / "metrics.toml"
+NOW = 1_000 * S
+
+
+def sketch(ns: int) -> bytes:
+    s = LatencySketch()
+    s.record_many([ns] * 20)
+    return s.encode()
+
+
+def loaded() -> Attribution:
+    store = WindowStore(clock=lambda: NOW)
+    for host in ("h0", "h1"):
+        store.register(pb.HostInfo(host=host))
+    for seq, (src, dst, rtt) in enumerate(
+        [("h0", "h1", 2_000_000), ("h0", "h2", 80_000), ("h1", "h2", 90_000)], start=1
+    ):
+        r = pb.WindowReport(
+            host=src, epoch=1, seq=seq, window_start_unix_ns=NOW - 20 * S, window_end_unix_ns=NOW
+        )
+        r.probes.add(dst=dst, transport="rdma", op="write", size=64, rtt_sketch=sketch(rtt))
+        store.take(r)
+    a = Attribution(store, clock=lambda: NOW)
+    spans = []
+    for i in range(4):
+        t = NOW - 15 * S + i * S
+        for src, dst, sec in (("h0", "h1", 0.09), ("h0", "h2", 0.01), ("h1", "h2", 0.011)):
+            rid = f"{src}{dst}{i}"
+            spans.append(kv_span(rid, t, sec * (1 + i / 100), src, dst, 1 << 20))
+            spans.append(
+                span(
+                    "llm_request",
+                    t - S // 10,
+                    t + S,
+                    **{
+                        "gen_ai.request.id": rid,
+                        "gen_ai.latency.time_to_first_token": 0.3,
+                        "gen_ai.latency.e2e": 1.1,
+                        "gen_ai.usage.completion_tokens": 17,
+                    },
+                )
+            )
+    spans.append(span("queue", 2 * S, S))  # rejected
+    res = a.ingest.export(batch(*spans))
+    assert res.rejected == 1
+    return a
+
+
+def test_metrics_show_the_slow_path_and_match_the_catalogue() -> None:
+    a = loaded()
+    reg = CollectorRegistry()
+    reg.register(AttributionCollector(a))
+    v = reg.get_sample_value
+    assert v("fabricprobe_path_fabric_bound", {"src": "h0", "dst": "h1", "transport": "rdma"}) == 1
+    assert v("fabricprobe_path_fabric_bound", {"src": "h0", "dst": "h2", "transport": "rdma"}) == 0
+    assert (
+        v("fabricprobe_path_explained_seconds", {"src": "h0", "dst": "h1", "transport": "rdma"})
+        > 0.3
+    )
+    assert (
+        v("fabricprobe_kv_transfer_seconds_count", {"src": "h0", "dst": "h1", "transport": "rdma"})
+        == 4
+    )
+    assert v("fabricprobe_stage_duration_seconds_count", {"stage": "kv_transfer"}) == 12
+    assert v("fabricprobe_otlp_spans_received_total") == 25
+    assert v("fabricprobe_otlp_spans_rejected_total") == 1
+    assert v("fabricprobe_throughput_tokens_per_second") > 0
+    text = generate_latest(reg).decode()
+    assert "request_id" not in text
+
+    cat = {m["name"]: m for m in tomllib.loads(CATALOGUE.read_text())["attribution_metric"]}
+    got = {}
+    for fam in AttributionCollector(a).collect():
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        labels = sorted({k for s in fam.samples for k in s.labels if k != "le"})
+        got[name] = (fam.type, fam.documentation, labels)
+    assert sorted(got) == sorted(cat)
+    for name, m in cat.items():
+        assert got[name][0] == m["type"] and got[name][1] == m["help"], name
+        assert got[name][2] == sorted(m["labels"]), name
+    assert {f.name for f in AttributionCollector(a).describe()} == {
+        n.removesuffix("_total") for n in cat
+    }

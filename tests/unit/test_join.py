@@ -1,0 +1,75 @@
+"""Join: KV transfers meet the probe windows and counter rates of their path and time."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from collector.history import CounterRate, FabricWindow, rates_frame, windows_frame
+from collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
+from collector.stages import RequestRecord, StageRecord
+
+S = 1_000_000_000
+
+
+def kv(rid: str, t: int, seconds: float, src: str = "h0", dst: str = "h1") -> StageRecord:
+    return StageRecord(rid, "kv_transfer", t, t + int(seconds * S), src, dst, "", "", "rdma", 1000)
+
+
+def win(src: str, dst: str, start: int, end: int, p99_us: float) -> FabricWindow:
+    return FabricWindow(
+        src, dst, "rdma", "write", 64, start, end, p99_us / 2e6, p99_us / 1e6, 0.0, 10
+    )
+
+
+WINDOWS = windows_frame(
+    [
+        win("h0", "h1", 0, 10 * S, 50),
+        win("h0", "h1", 10 * S, 20 * S, 900),
+        win("h2", "h0", 0, 20 * S, 70),  # only the reverse direction probed
+        win("h0", "h1", 0, 20 * S, 5).__class__(
+            "h0", "h1", "tcp", "pingpong", 64, 0, 20 * S, 1e-3, 2e-3, 0.0, 10
+        ),
+    ]
+)
+RATES = rates_frame(
+    [
+        CounterRate("h0", "fp0", "pfc_pause", "rx_pause", 12 * S, 40.0),
+        CounterRate("h0", "fp0", "pfc_pause", "tx_pause", 12 * S, 2.0),
+        CounterRate("h0", "fp0", "pfc_pause", "rx_pause", 22 * S, 99.0),
+        CounterRate("h1", "rxe1", "retransmit", "completer_retry_err", 15 * S, 3.0),
+    ]
+)
+
+
+def test_each_transfer_gets_the_windows_of_its_path_and_time() -> None:
+    st = stages_frame([kv("a", 2 * S, 0.1), kv("b", 11 * S, 0.5), kv("c", 5 * S, 0.1, "h0", "h2")])
+    out = join_fabric(st, WINDOWS, RATES, slack_s=0.0).set_index("request_id")
+    assert out.loc["a", "rtt_p99_s"] == pytest.approx(50e-6)
+    assert out.loc["b", "rtt_p99_s"] == pytest.approx(900e-6)  # not the tcp window
+    assert out.loc["c", "rtt_p99_s"] == pytest.approx(70e-6)  # reverse direction
+    assert out.loc["b", "src_pfc_pause_per_s"] == pytest.approx(42.0)  # first reading after
+    assert out.loc["b", "dst_retransmit_per_s"] == pytest.approx(3.0)
+    assert math.isnan(out.loc["c", "dst_retransmit_per_s"])
+    assert list(out["fabric_windows"]) == [1, 1, 1]
+
+
+def test_breakdown_keeps_ttft_and_itl_apart_and_prefers_measured_stages() -> None:
+    st = stages_frame(
+        [
+            StageRecord("r", "queue", 0, S // 10),
+            StageRecord("r", "queue", 0, S, derived=True),  # from llm_request: superseded
+            StageRecord("r", "prefill", S // 10, S // 2),
+            kv("r", S // 2, 0.25),
+            StageRecord("r", "decode", 3 * S // 4, 2 * S),
+        ]
+    )
+    rq = requests_frame([RequestRecord("r", 0, 2 * S, 1.0, 2.0, 11, 100)])
+    out = request_breakdown(st, rq).set_index("request_id")
+    assert out.loc["r", "queue_s"] == pytest.approx(0.1)
+    assert out.loc["r", "ttft_s"] == 1.0
+    assert out.loc["r", "itl_s"] == pytest.approx(0.1)
+    assert out.loc["r", "fabric_share_ttft"] == pytest.approx(0.25)
+    assert out.loc["r", "fabric_share_e2e"] == pytest.approx(0.125)
+    assert (out.loc["r", "src"], out.loc["r", "dst"]) == ("h0", "h1")
