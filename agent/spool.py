@@ -84,6 +84,8 @@ class Spool:
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # a crash or power loss must not leave an empty window
         os.replace(tmp, path)
         with self._lock:
             old = self._sizes.pop(key, 0)
