@@ -106,9 +106,9 @@ def join_fabric(
     for row in fab.itertuples(index=False):
         pw = _path_windows(windows, row.src, row.dst, row.transport)
         w = pw[(pw["start_ns"] <= row.end_ns + slack) & (pw["end_ns"] >= row.start_ns - slack)]
-        if w.empty:  # a gap, or the first window (whose start is estimated): the next one
+        if w.empty and not pw.empty:  # a gap, or a first window's estimated start: take the next
             later = pw[(pw["end_ns"] >= row.end_ns) & (pw["end_ns"] <= row.end_ns + horizon)]
-            w = later.nsmallest(1, "end_ns")
+            w = later.sort_values("end_ns").head(1)
         matched.append(len(w))
         p50.append(float(w["rtt_p50_s"].mean()) if len(w) else np.nan)
         p99.append(float(w["rtt_p99_s"].max()) if len(w) else np.nan)

@@ -24,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "collector": "fabricprobe.commands.collector:collector",
     "rxe": "fabricprobe.commands.rxe:rxe",
     "demo": "fabricprobe.commands.demo:demo",
+    "workload": "fabricprobe.commands.workload:workload",
+    "why": "fabricprobe.commands.why:why",
 }
 
 

@@ -40,7 +40,12 @@ log = logging.getLogger("fabricprobe.responder")
 # Modules whose import registers session handlers. A module that does not exist is
 # skipped quietly (RDMA sessions are optional); one that fails to import (no pyverbs)
 # is skipped with a warning, and its session kinds are refused as unknown.
-SESSION_MODULES: tuple[str, ...] = ("probes.tcp", "probes.rdma.rc", "probes.rdma.ud")
+SESSION_MODULES: tuple[str, ...] = (
+    "probes.tcp",
+    "probes.rdma.rc",
+    "probes.rdma.ud",
+    "fabricprobe.workload.transfer",
+)
 
 
 def load_session_modules(names: Iterable[str] = SESSION_MODULES) -> list[str]:

@@ -73,3 +73,8 @@ def test_breakdown_keeps_ttft_and_itl_apart_and_prefers_measured_stages() -> Non
     assert out.loc["r", "fabric_share_ttft"] == pytest.approx(0.25)
     assert out.loc["r", "fabric_share_e2e"] == pytest.approx(0.125)
     assert (out.loc["r", "src"], out.loc["r", "dst"]) == ("h0", "h1")
+
+
+def test_no_fabric_figures_yet_leaves_gaps_not_errors() -> None:
+    out = join_fabric(stages_frame([kv("a", S, 0.1)]), windows_frame([]), rates_frame([]))
+    assert out.loc[0, "fabric_windows"] == 0 and math.isnan(out.loc[0, "rtt_p99_s"])

@@ -1,0 +1,139 @@
+"""`probe why`: the slowest requests of the last window and what their paths looked like."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from fabricprobe.options import OneLineCommand, fail, print_json
+from probes.control import parse_hostport
+
+WHY_METHOD = "/fabricprobe.Attribution/Why"  # collector.attribution.WHY_METHOD
+
+
+def query(collector: str, slowest: int, window_s: float | None, by: str) -> dict[str, Any]:
+    """Ask the collector's attribution service (JSON over one gRPC method)."""
+    import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+
+    host, port = parse_hostport(collector, 4794)
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        call = channel.unary_unary(
+            WHY_METHOD,
+            request_serializer=lambda o: json.dumps(o).encode(),
+            response_deserializer=json.loads,
+        )
+        body = {"slowest": slowest, "window_s": window_s, "by": by}
+        reply: dict[str, Any] = call(body, timeout=30)
+        return reply
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{float(v) * 1e3:,.1f}"
+
+
+def _us(v: Any) -> str:
+    return "-" if v is None else f"{float(v) * 1e6:,.0f}"
+
+
+def _share(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.0%}"
+
+
+def requests_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="Slowest requests (ms; fabric figures of their path at the time, RTT in µs)")
+    cols = ["request", "path", "queue", "prefill", "kv", "decode", "detok", "deliver", "TTFT",
+            "ITL", "fabric/TTFT", "RTT p99", "loss", "pauses/s", "retrans/s"]  # fmt: skip
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("request", "path") else "right")
+    for r in rows:
+        path = f"{r.get('src')}->{r.get('dst')} {r.get('transport') or ''}" if r.get("src") else "-"
+        pauses = [r.get(f"{e}_pfc_pause_per_s") for e in ("src", "dst")]
+        retrans = [r.get(f"{e}_retransmit_per_s") for e in ("src", "dst")]
+        loss = r.get("loss_ratio")
+        t.add_row(
+            str(r.get("request_id"))[-24:],
+            path,
+            *(_ms(r.get(f"{s}_s")) for s in ("queue", "prefill", "kv_transfer", "decode")),
+            *(_ms(r.get(f"{s}_s")) for s in ("detokenize", "deliver")),
+            _ms(r.get("ttft_s")),
+            _ms(r.get("itl_s")),
+            _share(r.get("fabric_share_ttft")),
+            _us(r.get("rtt_p99_s")),
+            "-" if loss is None else f"{float(loss):.2%}",
+            "/".join("-" if v is None else f"{float(v):.0f}" for v in pauses),
+            "/".join("-" if v is None else f"{float(v):.0f}" for v in retrans),
+        )
+    return t
+
+
+def paths_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="Paths ranked by the KV-transfer time they explain")
+    for c in ("rank", "path", "transfers", "KV p50 ms", "x fleet", "RTT p99 µs", "x fleet",
+              "explained s", "fabric-bound"):  # fmt: skip
+        t.add_column(c, justify="left" if c == "path" else "right")
+    for r in rows:
+        ratio = [r.get("kv_ratio"), r.get("rtt_ratio")]
+        t.add_row(
+            str(r.get("rank")),
+            f"{r.get('src')}->{r.get('dst')} {r.get('transport')}",
+            str(r.get("transfers")),
+            _ms(r.get("kv_median_s")),
+            "-" if ratio[0] is None else f"{float(ratio[0]):.2f}",
+            _us(r.get("rtt_p99_s")),
+            "-" if ratio[1] is None else f"{float(ratio[1]):.2f}",
+            "-" if r.get("explained_s") is None else f"{float(r['explained_s']):.3f}",
+            "YES" if r.get("fabric_bound") else "no",
+        )
+    return t
+
+
+@click.command(
+    cls=OneLineCommand,
+    epilog="""\b
+Examples:
+  probe why                                  # collector on 127.0.0.1:4794, last 60 s
+  probe why --collector 10.0.0.9:4794 --slowest 20 --by ttft_s
+  probe why --window 300 --json""",
+)
+@click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT")
+@click.option("--slowest", type=click.IntRange(1, 200), default=10, show_default=True)
+@click.option("--window", "window_s", type=click.FloatRange(1, 86400), help="Seconds [60].")
+@click.option(
+    "--by",
+    type=click.Choice(["e2e_s", "ttft_s", "kv_transfer_s", "itl_s"]),
+    default="e2e_s",
+    show_default=True,
+    help="What 'slowest' means.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def why(collector: str, slowest: int, window_s: float | None, by: str, as_json: bool) -> None:
+    """The slowest requests of the last window, stage by stage, beside the probe RTT,
+    loss and congestion counters of the path their KV cache crossed at the time, and
+    the paths ranked by the stage time they explain."""
+    import grpc
+
+    try:
+        report = query(collector, slowest, window_s, by)
+    except ValueError as e:
+        fail(str(e))
+    except grpc.RpcError as e:
+        fail(f"collector {collector}: {e.code().name}: {e.details()}", 1)
+    if as_json:
+        print_json(report)
+        return
+    console = Console()
+    console.print(requests_table(report.get("slowest", [])))
+    console.print(paths_table(report.get("paths", [])))
+    good = report.get("goodput") or []
+    if good:
+        g = good[0]
+        console.print(
+            f"goodput {float(g['goodput_tps']):,.1f} tokens/s of {float(g['throughput_tps']):,.1f}"
+            f" ({int(g['met'])} of {int(g['requests'])} requests within SLO)"
+        )
+    bound = "yes" if report.get("communication_bound") else "no"
+    console.print(f"communication-bound (KV transfer and queueing rising, compute flat): {bound}")

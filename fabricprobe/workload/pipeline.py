@@ -1,0 +1,218 @@
+"""A disaggregated inference pipeline without a GPU: prefill -> KV transfer -> decode ->
+detokenize -> deliver, with the KV transfer real and everything else simulated in time.
+
+Each request picks a path (prefill host -> decode host) round-robin. Prefill and decode
+are compute the workload stands in for: they take `prefill_s_per_token` per prompt
+token and `decode_step_s` per output token (sleeps, measured as they happen). The KV
+transfer moves the bytes the model's KV cache really has for that prompt
+(fabricprobe.workload.models) across the fabric over a kv_sink session (RDMA WRITE or
+TCP), and detokenize and deliver do their small real work. Every stage is timed on the
+wall clock (time_ns) so that its spans line up with the agents' probe windows.
+
+Requests arrive at `rate` per second (Poisson, seeded), or back to back when rate is 0;
+`concurrency` workers take them from one queue, so queueing is real when the pipeline
+cannot keep up.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fabricprobe.workload.models import ModelShape
+from fabricprobe.workload.transfer import KvChannel, open_channel
+
+STAGE_ORDER = ("queue", "prefill", "kv_transfer", "decode", "detokenize", "deliver")
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str  # the agent's host name: what spans and probe windows call it
+    address: str  # where its responder listens; also the source address when it sends
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    model: ModelShape
+    prompt_tokens: int = 1024
+    prompt_spread: float = 0.5  # prompts vary uniformly within +/- this fraction
+    output_tokens: int = 32
+    prefill_s_per_token: float = 20e-6
+    decode_step_s: float = 0.005
+    requests: int = 30
+    rate: float = 0.0  # requests per second over all paths; 0 = back to back
+    concurrency: int = 1
+    transport: str = "rdma"
+    port: int = 4793
+    chunk: int = 1 << 20
+    outstanding: int = 16
+    seed: int = 1
+
+    def prompt_for(self, rng: random.Random) -> int:
+        lo = max(1, int(self.prompt_tokens * (1 - self.prompt_spread)))
+        hi = max(lo, int(self.prompt_tokens * (1 + self.prompt_spread)))
+        return rng.randint(lo, hi)
+
+
+@dataclass
+class RequestResult:
+    request_id: str
+    src: Host
+    dst: Host
+    transport: str
+    device: str
+    prompt_tokens: int
+    output_tokens: int
+    kv_bytes: int
+    arrival_ns: int
+    stages: dict[str, tuple[int, int]] = field(default_factory=dict)
+    first_token_ns: int = 0
+    error: str | None = None
+
+    @property
+    def end_ns(self) -> int:
+        return max((e for _, e in self.stages.values()), default=self.arrival_ns)
+
+    @property
+    def ttft_s(self) -> float:
+        return (self.first_token_ns - self.arrival_ns) / 1e9
+
+    @property
+    def e2e_s(self) -> float:
+        return (self.end_ns - self.arrival_ns) / 1e9
+
+    def seconds(self, stage: str) -> float:
+        start, end = self.stages[stage]
+        return (end - start) / 1e9
+
+
+@contextmanager
+def _stage(res: RequestResult, name: str) -> Iterator[None]:
+    t0 = time.time_ns()
+    try:
+        yield
+    finally:
+        res.stages[name] = (t0, time.time_ns())
+
+
+class _Worker:
+    """One worker: its own kv_sink sessions (one per path, opened on first use)."""
+
+    def __init__(self, cfg: WorkloadConfig, channel_kw: dict[str, Any]) -> None:
+        self.cfg, self.channel_kw = cfg, channel_kw
+        self.channels: dict[tuple[str, str], KvChannel] = {}
+        self.deliver_a, self.deliver_b = socket.socketpair()
+
+    def channel(self, src: Host, dst: Host) -> KvChannel:
+        key = (src.name, dst.name)
+        ch = self.channels.get(key)
+        if ch is None:
+            ch = self.channels[key] = open_channel(
+                self.cfg.transport, dst.address, self.cfg.port, bind=src.address, **self.channel_kw
+            )
+        return ch
+
+    def run(self, res: RequestResult) -> None:
+        cfg = self.cfg
+        res.stages["queue"] = (res.arrival_ns, time.time_ns())
+        with _stage(res, "prefill"):
+            time.sleep(res.prompt_tokens * cfg.prefill_s_per_token)
+        ch = self.channel(res.src, res.dst)
+        res.device = ch.device
+        with _stage(res, "kv_transfer"):
+            ch.send(res.kv_bytes)
+        tokens: list[int] = []
+        with _stage(res, "decode"):
+            for i in range(res.output_tokens):
+                time.sleep(cfg.decode_step_s)
+                tokens.append(i)
+                if i == 0:
+                    res.first_token_ns = time.time_ns()
+        with _stage(res, "detokenize"):
+            text = " ".join(f"t{t}" for t in tokens).encode()
+        with _stage(res, "deliver"):
+            self.deliver_a.sendall(text[:4096])
+            self.deliver_b.recv(65536)
+
+    def close(self) -> None:
+        for ch in self.channels.values():
+            ch.close()
+        self.deliver_a.close()
+        self.deliver_b.close()
+
+
+def run_pipeline(
+    paths: list[tuple[Host, Host]],
+    cfg: WorkloadConfig,
+    *,
+    on_request: Callable[[RequestResult], None] | None = None,
+    channel_kw: dict[str, Any] | None = None,
+) -> list[RequestResult]:
+    """Run CFG.requests requests over PATHS; each finished request goes to ON_REQUEST
+    (the span emitter) as soon as it is done. Failed requests carry their error."""
+    if not paths:
+        raise ValueError("no paths to run over")
+    kw = {"chunk": cfg.chunk, "outstanding": cfg.outstanding} if cfg.transport == "rdma" else {}
+    kw |= channel_kw or {}
+    rng = random.Random(cfg.seed)
+    todo: queue.Queue[RequestResult | None] = queue.Queue()
+    out: list[RequestResult] = []
+    lock = threading.Lock()
+    run_id = f"{rng.getrandbits(32):08x}"
+
+    def request(i: int) -> RequestResult:
+        src, dst = paths[i % len(paths)]
+        prompt = cfg.prompt_for(rng)
+        return RequestResult(
+            request_id=f"wl-{run_id}-{i}",
+            src=src,
+            dst=dst,
+            transport=cfg.transport,
+            device="",
+            prompt_tokens=prompt,
+            output_tokens=cfg.output_tokens,
+            kv_bytes=cfg.model.kv_bytes(prompt),
+            arrival_ns=0,
+        )
+
+    def work() -> None:
+        worker = _Worker(cfg, kw)
+        try:
+            while (res := todo.get()) is not None:
+                if cfg.rate <= 0:
+                    res.arrival_ns = time.time_ns()
+                try:
+                    worker.run(res)
+                except Exception as e:  # a failed transfer ends this request, not the run
+                    res.error = f"{type(e).__name__}: {e}"
+                with lock:
+                    out.append(res)
+                if on_request is not None:
+                    on_request(res)
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=work, name=f"wl-{n}") for n in range(cfg.concurrency)]
+    for t in threads:
+        t.start()
+    next_at = time.monotonic()
+    for i in range(cfg.requests):
+        res = request(i)
+        if cfg.rate > 0:
+            next_at += -math.log(1.0 - rng.random()) / cfg.rate
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            res.arrival_ns = time.time_ns()
+        todo.put(res)
+    for _ in threads:
+        todo.put(None)
+    for t in threads:
+        t.join()
+    return sorted(out, key=lambda r: r.arrival_ns)

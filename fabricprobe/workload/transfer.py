@@ -1,0 +1,255 @@
+"""KV-cache transfers between a prefill host and a decode host: the `kv_sink` session.
+
+The decode host's responder (`probe serve`, or the agent) answers `kv_sink` sessions.
+One session carries many transfers, so a request's KV transfer pays for moving its
+bytes and nothing else (no QP or connection setup per request):
+
+- `rdma`: the sink registers a CHUNK-byte buffer with remote write access and answers
+  `ready` with its RdmaEndpoint; the sender moves each transfer as RDMA WRITEs of up to
+  CHUNK bytes, `outstanding` in flight, and the transfer ends when the last WRITE has
+  completed (on RC that completion means the responder acknowledged the data). The
+  sink's buffer is reused for every chunk: the bytes cross the fabric in full, only the
+  landing place repeats.
+- `tcp`: the sink accepts one data connection (token-checked, as probes.tcp does) and
+  reads `[8-byte length][payload]` frames, answering one byte per frame once the last
+  payload byte is in; the sender's transfer ends at that byte.
+
+Either way the sender times each transfer itself: the figure is what the decode host
+waited for.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import struct
+import time
+from typing import Any, Protocol
+
+from probes.control import (
+    DEFAULT_PORT,
+    ControlClient,
+    RdmaEndpoint,
+    Session,
+    register_session,
+    require_dict,
+    require_int,
+    require_str,
+)
+from probes.errors import PeerError, ProbeError
+from probes.tcp import TOKEN_BYTES, _accept_streams, _data_listener, _open_data
+
+SESSION = "kv_sink"
+MAX_CHUNK = 1 << 20
+MAX_HOLD_S = 3600.0
+_FRAME = struct.Struct(">Q")
+_MAX_TRANSFER = 1 << 40
+
+
+class KvChannel(Protocol):
+    transport: str
+    device: str
+
+    def send(self, nbytes: int) -> float: ...
+
+    def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- sender side
+
+
+class TcpKvChannel:
+    """A kv_sink session over TCP; send() moves N bytes and returns the seconds it took."""
+
+    transport = "tcp"
+    device = ""
+
+    def __init__(
+        self, peer: str, port: int = DEFAULT_PORT, *, bind: str | None = None, hold_s: float = 600
+    ) -> None:
+        self.ctl = ControlClient(peer, port, bind=bind, timeout=30.0)
+        try:
+            info = self.ctl.open(SESSION, {"transport": "tcp", "hold_s": hold_s})
+            self.sock = _open_data(self.ctl, info, 30.0)
+        except BaseException:
+            self.ctl.close()
+            raise
+        self.sock.settimeout(hold_s)
+        self._buf = bytearray(MAX_CHUNK)
+        self.sent = 0
+
+    def send(self, nbytes: int) -> float:
+        if not 0 < nbytes <= _MAX_TRANSFER:
+            raise ValueError(f"transfer of {nbytes} bytes")
+        view = memoryview(self._buf)
+        t0 = time.perf_counter()
+        self.sock.sendall(_FRAME.pack(nbytes))
+        left = nbytes
+        while left:
+            n = min(left, MAX_CHUNK)
+            self.sock.sendall(view[:n])
+            left -= n
+        if self.sock.recv(1) != b"\x01":
+            raise PeerError("kv_sink closed the data connection mid-transfer")
+        seconds = time.perf_counter() - t0
+        self.sent += 1
+        return seconds
+
+    def close(self) -> None:
+        try:
+            self.sock.sendall(_FRAME.pack(0))
+            self.ctl.done({"transfers": self.sent}, timeout=10.0)
+        except (OSError, ProbeError):
+            pass
+        finally:
+            self.sock.close()
+            self.ctl.close()
+
+
+class RdmaKvChannel:
+    """A kv_sink session over RC: each transfer is WRITEs of up to CHUNK bytes."""
+
+    transport = "rdma"
+
+    def __init__(
+        self,
+        peer: str,
+        port: int = DEFAULT_PORT,
+        *,
+        bind: str | None = None,
+        chunk: int = MAX_CHUNK,
+        outstanding: int = 16,
+        hold_s: float = 600,
+        step_s: float = 30.0,
+        sysfs_root: str = "/sys",
+    ) -> None:
+        from probes.rdma.rc import DEPTH, _local_device, source_address
+        from probes.rdma.verbs import RcEndpoint
+
+        if not 1 <= chunk <= MAX_CHUNK:
+            raise ValueError(f"chunk {chunk} outside 1..{MAX_CHUNK}")
+        self.chunk, self.outstanding, self.step_s = chunk, min(outstanding, DEPTH), step_s
+        self.device, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), None)
+        self.ctl = ControlClient(peer, port, bind=bind, timeout=30.0)
+        self.ep = RcEndpoint(self.device, chunk, DEPTH, gid_index)
+        try:
+            info = self.ctl.open(
+                SESSION,
+                {
+                    "transport": "rdma",
+                    "chunk": chunk,
+                    "hold_s": hold_s,
+                    "endpoint": self.ep.endpoint().as_dict(),
+                },
+            )
+            self.remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
+            self.ep.connect(self.remote)
+        except BaseException:
+            self.ep.close()
+            self.ctl.close()
+            raise
+        self._full = self.ep.write_wr(self.remote, chunk, True)
+        self.sent = 0
+
+    def send(self, nbytes: int) -> float:
+        if not 0 < nbytes <= _MAX_TRANSFER:
+            raise ValueError(f"transfer of {nbytes} bytes")
+        ops, tail = divmod(nbytes, self.chunk)
+        tail_wr = self.ep.write_wr(self.remote, tail, True) if tail else None
+        total = ops + (1 if tail else 0)
+        posted = done = 0
+        ep, poll, cq = self.ep, self.ep.poll, self.ep.send_cq
+        t0 = time.perf_counter()
+        while done < total:
+            while posted < total and posted - done < self.outstanding:
+                ep.post(self._full if posted < ops else tail_wr)
+                posted += 1
+            got = poll(cq, 1, time.monotonic() + self.step_s)
+            if not got:
+                raise PeerError(
+                    f"{posted - done} of {total} WRITEs unfinished after {self.step_s} s"
+                )
+            done += got
+        seconds = time.perf_counter() - t0
+        self.sent += 1
+        return seconds
+
+    def close(self) -> None:
+        try:
+            self.ctl.done({"transfers": self.sent}, timeout=10.0)
+        except (OSError, ProbeError):
+            pass
+        finally:
+            self.ep.close()
+            self.ctl.close()
+
+
+def open_channel(transport: str, peer: str, port: int, *, bind: str | None, **kw: Any) -> KvChannel:
+    """A kv_sink session of TRANSPORT (`rdma` or `tcp`) to PEER's responder."""
+    if transport == "tcp":
+        return TcpKvChannel(peer, port, bind=bind)
+    if transport == "rdma":
+        return RdmaKvChannel(peer, port, bind=bind, **kw)
+    raise ValueError(f"transport {transport!r}: rdma or tcp")
+
+
+# --------------------------------------------------------------------------- sink side
+
+
+def _read_frames(conn: socket.socket, session: Session) -> tuple[int, int]:
+    head = bytearray(_FRAME.size)
+    buf = bytearray(MAX_CHUNK)
+    view = memoryview(buf)
+    transfers = total = 0
+    while not session.stopping:
+        if conn.recv_into(head, _FRAME.size, socket.MSG_WAITALL) != _FRAME.size:
+            break
+        (n,) = _FRAME.unpack(head)
+        if n == 0:
+            break
+        if n > _MAX_TRANSFER:
+            raise PeerError(f"frame of {n} bytes")
+        left = n
+        while left:
+            got = conn.recv_into(view, min(left, MAX_CHUNK))
+            if not got:
+                raise PeerError(f"data connection closed with {left} bytes of a frame unread")
+            left -= got
+        conn.sendall(b"\x01")
+        transfers += 1
+        total += n
+    return transfers, total
+
+
+@register_session(SESSION)
+def serve_kv_sink(session: Session) -> dict[str, Any]:
+    """Take KV transfers until the sender says done (see the module docstring)."""
+    p = session.params
+    transport = require_str(p, "transport", 8, where="params.")
+    hold_s = float(p.get("hold_s", 600))
+    if not 1 <= hold_s <= MAX_HOLD_S:
+        raise ValueError(f"params.hold_s {hold_s} outside 1..{MAX_HOLD_S}")
+    if transport == "tcp":
+        lsock = _data_listener(session)
+        token = secrets.token_bytes(TOKEN_BYTES)
+        session.ready({"data_port": lsock.getsockname()[1], "token": token.hex()})
+        (conn,) = _accept_streams(session, lsock, token, 1, hold_s)
+        transfers, total = _read_frames(conn, session)
+        return {"transfers": transfers, "bytes": total}
+    if transport != "rdma":
+        raise PeerError(f"params.transport must be rdma or tcp, not {transport!r}")
+    from probes.rdma.rc import DEPTH, RESPONDER_SYSFS_ROOT, _local_device
+    from probes.rdma.verbs import RcEndpoint
+
+    chunk = require_int(p, "chunk", 1, MAX_CHUNK, where="params.")
+    remote = RdmaEndpoint.from_dict(
+        require_dict(p, "endpoint", where="params."), where="params.endpoint"
+    )
+    dev, gid_index = _local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
+    ep = session.resources.enter_context(
+        RcEndpoint(dev, chunk, DEPTH, gid_index, remote_access=True)
+    )
+    ep.connect(remote)
+    session.ready({"endpoint": ep.endpoint().as_dict()})
+    result = session.wait_done(timeout=hold_s)  # the WRITEs need nothing from this side
+    return {"transfers": int(result.get("transfers", 0) or 0)}
