@@ -81,8 +81,13 @@ class CompletionError(PeerError):
     def __init__(self, message: str, status: int, completed: int) -> None:
         super().__init__(message)
         self.status = status
-        self.status_name = WC_STATUS[status] if 0 <= status < len(WC_STATUS) else str(status)
+        self.status_name = status_name(status)
         self.completed = completed
+
+
+def status_name(status: int) -> str:
+    """ibv_wc_status number -> its enum name (the number itself when unknown)."""
+    return WC_STATUS[status] if 0 <= status < len(WC_STATUS) else str(status)
 
 
 def _load() -> Any:
@@ -125,6 +130,8 @@ class NativeRcEndpoint:
             raise ValueError(f"buffer size {size} outside 1..1 GiB")
         if not 2 <= depth <= 1 << 14:
             raise ValueError(f"queue depth {depth} outside 2..16384")
+        if not 0 <= inline <= 1 << 16 or not 1 <= port <= 255:
+            raise ValueError(f"inline {inline} or port {port} out of range")
         mod = _load()
         self._ffi, self._lib = mod.ffi, mod.lib
         self.device, self.size, self.depth, self.port = device, size, depth, port
@@ -167,9 +174,8 @@ class NativeRcEndpoint:
         message = self._ffi.string(self._lib.fp_error(self._ep)).decode(errors="replace")
         status = int(self._lib.fp_wc_status(self._ep))
         if status:
-            name = WC_STATUS[status] if status < len(WC_STATUS) else str(status)
             return CompletionError(
-                f"{self.device}: {message} [{name}] after {completed} iterations",
+                f"{self.device}: {message} [{status_name(status)}] after {completed} iterations",
                 status,
                 completed,
             )

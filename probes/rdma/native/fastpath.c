@@ -98,16 +98,12 @@ static inline int stopped(const fp_ep *ep)
     return __atomic_load_n(&ep->stop, __ATOMIC_RELAXED);
 }
 
-static int mtu_enum(uint32_t bytes)
+static int mtu_enum(uint32_t bytes) /* 256 -> IBV_MTU_256 (1) ... 4096 -> IBV_MTU_4096 (5) */
 {
-    switch (bytes) {
-    case 256: return IBV_MTU_256;
-    case 512: return IBV_MTU_512;
-    case 1024: return IBV_MTU_1024;
-    case 2048: return IBV_MTU_2048;
-    case 4096: return IBV_MTU_4096;
-    default: return 0;
-    }
+    for (int e = IBV_MTU_256; e <= IBV_MTU_4096; e++)
+        if (128u << e == bytes)
+            return e;
+    return 0;
 }
 
 /* Index of the first RoCE v2 GID holding an IPv4-mapped address (what rdma_cm picks). */
@@ -426,6 +422,12 @@ static int wait_mark(fp_ep *ep, const uint8_t *where, uint8_t mark, int64_t dead
     return 1;
 }
 
+static int wait_answer(fp_ep *ep, int write, const uint8_t *in_mark, uint8_t mark,
+                       int64_t deadline)
+{
+    return write ? wait_mark(ep, in_mark, mark, deadline) : wait_recv(ep, deadline);
+}
+
 /* Checks shared by the loops; SIZE must fit the halves, the QP must be connected. */
 static int loop_ready(fp_ep *ep, uint32_t size)
 {
@@ -446,8 +448,37 @@ static int drain(fp_ep *ep, int64_t step_ns)
 
 /* ------------------------------------------------------------------ the loops */
 
-/* SEND/RECV ping-pong. FIRST sends and waits for the answer; the other side answers.
+/* The ping-pong both latency loops share. FIRST posts and waits for the answer; the other
+ * side waits and answers. A SEND is answered by a receive completion; a WRITE by the marker
+ * i % 255 + 1 landing in the last byte of the receive half (perftest's write_lat method).
  * RTT_NS (may be NULL) gets each round trip in ns. */
+static int64_t pingpong(fp_ep *ep, struct ibv_send_wr *wr, uint32_t size, int64_t total,
+                        int first, int64_t step_ns, int64_t *rtt_ns)
+{
+    int write = wr->opcode == IBV_WR_RDMA_WRITE, every = ep->signal_every;
+    uint8_t *out_mark = ep->buf + size - 1;
+    const uint8_t *in_mark = ep->buf + ep->size + size - 1;
+    for (int64_t i = 0; i < total; i++) {
+        uint8_t mark = (uint8_t)(i % 255 + 1);
+        int signaled = i % every == every - 1 || i == total - 1;
+        int64_t t0 = now_ns(), deadline = t0 + step_ns;
+        if (stopped(ep) || (!first && wait_answer(ep, write, in_mark, mark, deadline) <= 0))
+            return i;
+        *out_mark = mark;
+        if (wait_send(ep, ep->depth - 1, deadline) <= 0 || post_send(ep, wr, signaled))
+            return i;
+        if (first && wait_answer(ep, write, in_mark, mark, deadline) <= 0)
+            return i;
+        int64_t t1 = now_ns();
+        if (rtt_ns)
+            rtt_ns[i] = t1 - t0;
+        if (reap_send(ep) < 0)
+            return first ? i + 1 : i;
+    }
+    /* the answering side's last message counts once it is acknowledged */
+    return drain(ep, step_ns) > 0 || first ? total : total - 1;
+}
+
 int64_t fp_send_pingpong(fp_ep *ep, uint32_t size, int64_t total, int first, int64_t step_ns,
                          int64_t *rtt_ns)
 {
@@ -456,29 +487,10 @@ int64_t fp_send_pingpong(fp_ep *ep, uint32_t size, int64_t total, int first, int
     struct ibv_sge sge = {(uintptr_t)ep->buf, size, ep->mr->lkey};
     struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
                              .send_flags = size <= ep->inline_size ? IBV_SEND_INLINE : 0};
-    int every = ep->signal_every;
-    for (int64_t i = 0; i < total; i++) {
-        int signaled = i % every == every - 1 || i == total - 1;
-        int64_t t0 = now_ns(), deadline = t0 + step_ns;
-        if (stopped(ep) || (!first && wait_recv(ep, deadline) <= 0))
-            return i;
-        if (wait_send(ep, ep->depth - 1, deadline) <= 0 || post_send(ep, &wr, signaled))
-            return i;
-        if (first && wait_recv(ep, deadline) <= 0)
-            return i;
-        int64_t t1 = now_ns();
-        if (rtt_ns)
-            rtt_ns[i] = t1 - t0;
-        if (reap_send(ep) < 0)
-            return first ? i + 1 : i;
-    }
-    /* the answering side's last SEND counts once it is acknowledged */
-    return drain(ep, step_ns) > 0 || first ? total : total - 1;
+    return pingpong(ep, &wr, size, total, first, step_ns, rtt_ns);
 }
 
-/* RDMA WRITE ping-pong with memory polling (perftest's write_lat method): each side
- * writes SIZE bytes whose last byte is the marker i % 255 + 1 into the peer's receive
- * half (RADDR/RKEY) and spins on the last byte of its own receive half. */
+/* RADDR/RKEY: the peer's receive half. Both ends need remote write access. */
 int64_t fp_write_pingpong(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t size,
                           int64_t total, int first, int64_t step_ns, int64_t *rtt_ns)
 {
@@ -488,27 +500,7 @@ int64_t fp_write_pingpong(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t siz
     struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
                              .send_flags = size <= ep->inline_size ? IBV_SEND_INLINE : 0,
                              .wr.rdma = {.remote_addr = raddr, .rkey = rkey}};
-    uint8_t *out_mark = ep->buf + size - 1;
-    const uint8_t *in_mark = ep->buf + ep->size + size - 1;
-    int every = ep->signal_every;
-    for (int64_t i = 0; i < total; i++) {
-        uint8_t mark = (uint8_t)(i % 255 + 1);
-        int signaled = i % every == every - 1 || i == total - 1;
-        int64_t t0 = now_ns(), deadline = t0 + step_ns;
-        if (stopped(ep) || (!first && wait_mark(ep, in_mark, mark, deadline) <= 0))
-            return i;
-        *out_mark = mark;
-        if (wait_send(ep, ep->depth - 1, deadline) <= 0 || post_send(ep, &wr, signaled))
-            return i;
-        if (first && wait_mark(ep, in_mark, mark, deadline) <= 0)
-            return i;
-        int64_t t1 = now_ns();
-        if (rtt_ns)
-            rtt_ns[i] = t1 - t0;
-        if (reap_send(ep) < 0)
-            return first ? i + 1 : i;
-    }
-    return drain(ep, step_ns) > 0 || first ? total : total - 1;
+    return pingpong(ep, &wr, size, total, first, step_ns, rtt_ns);
 }
 
 /* Bandwidth: ITERS operations of SIZE bytes (WRITE into RADDR/RKEY when WRITE, else
