@@ -3,11 +3,11 @@
 `rdma_rc_lat` runs an RC SEND/RECV ping-pong burst (probes.rdma.rc.rc_latency) against
 the peer's responder; `rdma_rc_bw` streams COUNT RDMA WRITEs of SIZE bytes
 (rc_bandwidth) and reports the bytes completed (planned, like `tcp_bw`, only on
-request). The source address picks the local RDMA device (the one whose RoCE v2 GID
-maps it), so on a shared machine each host probes from its own device. A UD runner
-(`rdma_ud`, probe + ACK in the R-Pingmesh manner) registers here the same way once its
-probe exists. Without pyverbs this module registers nothing, and the agent then
-advertises TCP probes only.
+request); `rdma_ud` sends COUNT UD probes with two ACKs each (probes.rdma.ud.ud_probe, the
+R-Pingmesh manner) and keeps the network RTT with the responder's delay taken out. The
+source address picks the local RDMA device (the one whose RoCE v2 GID maps it), so on a
+shared machine each host probes from its own device. Without pyverbs this module
+registers nothing, and the agent then advertises TCP probes only.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ SETUP_TIMEOUT_S = 10.0
 
 try:
     from probes.rdma.rc import rc_bandwidth, rc_latency
+    from probes.rdma.ud import ud_probe
 except ImportError as e:  # no pyverbs on this host: RDMA probes are not offered
     log.debug("RDMA runners not loaded: %s", e)
 else:
@@ -75,3 +76,22 @@ else:
             busy_seconds=res.duration_s,
             error=res.error,
         )
+
+    @register_runner("rdma_ud")
+    def ud_probes(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+        """COUNT UD probes; network RTTs (responder delay subtracted), losses counted."""
+        try:
+            res = ud_probe(
+                spec.address,
+                probes=spec.count,
+                port=spec.port,
+                bind=ctx.bind,
+                sysfs_root=ctx.sysfs_root,
+                timeout=max(ctx.timeout, SETUP_TIMEOUT_S),
+                step_s=ctx.timeout,
+            )
+        except (ProbeError, OSError, ValueError) as e:
+            lost = LatencySketch("rtt")
+            lost.record_lost(spec.count)
+            return ProbeOutcome("rdma", "ud", rtt=lost, failed=True, error=str(e))
+        return ProbeOutcome("rdma", "ud", rtt=res.sketch, error=res.error)
