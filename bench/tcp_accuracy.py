@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from probes.control import wait_listening
 from probes.tcp import measure_timer_overhead, run_pingpong
 
 TARGET = 1.10
@@ -55,15 +56,6 @@ def free_port(addr: str) -> int:
     with socket.socket() as s:
         s.bind((addr, 0))
         return int(s.getsockname()[1])
-
-
-def wait_listening(addr: str, port: int, limit: float = 10.0) -> None:
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        with contextlib.suppress(OSError), socket.create_connection((addr, port), timeout=0.2):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on {addr}:{port} after {limit:g} s")
 
 
 @contextlib.contextmanager
@@ -112,7 +104,7 @@ def parse_sockperf(text: str) -> Figures:
 def run_sockperf(server: str, client: str, size: int, seconds: float) -> Figures:
     port = free_port(server)
     with background(["sockperf", "server", "--tcp", "-i", server, "-p", str(port)]):
-        wait_listening(server, port)
+        wait_listening(server, port, timeout=30)
         argv = ["sockperf", "ping-pong", "--tcp", "-i", server, "-p", str(port)]
         argv += ["-m", str(size), "-t", str(int(max(1, seconds))), "--full-rtt"]
         argv += ["--client_ip", client]
@@ -141,7 +133,7 @@ def parse_qperf(text: str) -> Figures:
 def run_qperf(server: str, size: int, seconds: float) -> Figures:
     port = free_port(server)
     with background(["qperf", "-lp", str(port)]):
-        wait_listening("127.0.0.1" if server == "0.0.0.0" else server, port)
+        wait_listening("127.0.0.1" if server == "0.0.0.0" else server, port, timeout=30)
         argv = ["qperf", server, "-lp", str(port), "-m", str(size), "-t", str(int(max(1, seconds)))]
         out = subprocess.run(
             [*argv, "tcp_lat"], capture_output=True, text=True, timeout=seconds + 60
@@ -158,7 +150,7 @@ def run_fabricprobe(server: str, client: str, size: int, iters: int, log: Path) 
     port = free_port(server)
     serve = [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"{server}:{port}"]
     with log.open("ab") as f, background(serve, f):
-        wait_listening(server, port)
+        wait_listening(server, port, timeout=30)
         res = run_pingpong(
             server, port, size=size, iters=iters, warmup=min(1000, iters), bind=client
         )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from rich.table import Table
 from fabricprobe import netem
 from fabricprobe.render import devices_table, fmt_us
 from probes import tcp as tcp_lib
+from probes.control import wait_listening
 from probes.counters import counter_deltas, read_port_counters
 from probes.errors import ProbeError
 from probes.sysfs import read_device
@@ -74,7 +74,7 @@ def responder(hosts: list[FabricHost], port: int) -> Iterator[None]:
     )
     try:
         for h in hosts:
-            _wait_listening(h.ip, port, timeout=120)
+            wait_listening(h.ip, port, timeout=120)
         yield
     finally:
         proc.terminate()
@@ -82,18 +82,6 @@ def responder(hosts: list[FabricHost], port: int) -> Iterator[None]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def _wait_listening(ip: str, port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((ip, port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise ProbeError(f"responder on {ip}:{port} did not start") from None
-            time.sleep(0.2)
 
 
 def _counters(hosts: list[FabricHost], sysfs_root: str) -> dict[str, dict[str, int]]:

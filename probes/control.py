@@ -395,6 +395,20 @@ def format_hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def wait_listening(host: str, port: int, timeout: float) -> None:
+    """Wait until something accepts TCP connections on HOST:PORT (a responder that is
+    still starting); ProbeError after TIMEOUT seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ProbeError(f"nothing listens on {host}:{port} after {timeout:g} s") from None
+            time.sleep(0.2)
+
+
 def connect(
     host: str, port: int, *, bind: str | None = None, timeout: float = DEFAULT_TIMEOUT_S
 ) -> socket.socket:

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from probes.control import wait_listening
 from probes.sysfs import read_required
 
 
@@ -43,23 +42,11 @@ def lane_hosts() -> list[LaneHost]:
     return hosts
 
 
-def wait_listening(ip: str, port: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((ip, port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def start_responder(hosts: list[LaneHost], port: int) -> subprocess.Popen[bytes]:
     """A real `probe serve` process answering on every lane host's address."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{port}"]
     )
     for h in hosts:
-        wait_listening(h.ip, port)
+        wait_listening(h.ip, port, timeout=120)
     return proc
