@@ -280,7 +280,8 @@ class NativeRcEndpoint:
         out: array[int] | None = None,
     ) -> int:
         """RDMA WRITE ping-pong polling the last byte of the receive half (perftest's
-        write_lat method); needs remote_access on both ends. As send_pingpong otherwise."""
+        write_lat method); needs remote_access on both ends. As send_pingpong otherwise.
+        Once per connection: the markers restart at 1 and the receive half keeps the last."""
         step_ns = self._check_loop(size, total, step_s)
         with self._busy:
             ep, rtt = self._open_ep(), self._rtt_buffer(out, total)
