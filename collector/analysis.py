@@ -27,7 +27,11 @@ from collector.history import COUNTER_CATEGORIES
 class AnalysisConfig:
     window_s: float = 60.0  # analysis window (bins for correlation and goodput)
     kv_ratio: float = 1.25  # path KV s/byte over the fleet's reference to count as slow
-    rtt_ratio: float = 1.5  # path probe p99 RTT over the fleet's to count as fabric evidence
+    rtt_ratio: float = 1.5  # path probe RTT over the fleet's to count as fabric evidence
+    # which probe RTT statistics may give that evidence (any of them): the minimum rises
+    # with added path latency (a longer route, a delaying device) and is immune to the
+    # prober's own scheduling noise; the tail rises first under congestion
+    rtt_evidence: tuple[str, ...] = ("rtt_min_s", "rtt_p50_s", "rtt_p99_s")
     min_transfers: int = 3  # KV transfers a path needs before it is judged
     rho_min: float = 0.6  # rank correlation that counts as "rising together"
     rise: float = 0.2  # relative rise of KV time across bins to count as rising
@@ -82,8 +86,8 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     A path's reference speed is the median, over the other paths of the same transport,
     of their median seconds per byte; the time it explains is what its transfers took
     beyond that speed. It is fabric_bound when it is slow by `kv_ratio` and its probe
-    p99 RTT exceeds the other paths' by `rtt_ratio` (or its ends show congestion
-    counters moving where the others' do not)."""
+    RTT (the `rtt_evidence` statistics) exceeds the other paths' by `rtt_ratio`, or its
+    ends show congestion counters moving where the others' do not."""
     cols = [
         "src",
         "dst",
@@ -91,6 +95,8 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         "transfers",
         "kv_median_s",
         "kv_ratio",
+        "rtt_min_s",
+        "rtt_p50_s",
         "rtt_p99_s",
         "rtt_ratio",
         "congestion_per_s",
@@ -111,6 +117,8 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         transfers=("duration_s", "size"),
         kv_median_s=("duration_s", "median"),
         s_per_byte=("s_per_byte", "median"),
+        rtt_min_s=("rtt_min_s", "median"),
+        rtt_p50_s=("rtt_p50_s", "median"),
         rtt_p99_s=("rtt_p99_s", "median"),
         congestion_per_s=("congestion", "median"),
     )
@@ -119,10 +127,12 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         g = g.copy()
         judged = g["transfers"] >= cfg.min_transfers
         ref_bpb = _leave_one_out_median(g["s_per_byte"].where(judged))
-        ref_rtt = _leave_one_out_median(g["rtt_p99_s"].where(judged))
+        ratios = [
+            g[stat] / _leave_one_out_median(g[stat].where(judged)) for stat in cfg.rtt_evidence
+        ]
         ref_cong = _leave_one_out_median(g["congestion_per_s"].where(judged))
         g["kv_ratio"] = g["s_per_byte"] / ref_bpb
-        g["rtt_ratio"] = g["rtt_p99_s"] / ref_rtt
+        g["rtt_ratio"] = pd.concat(ratios, axis=1).max(axis=1) if ratios else np.nan
         g["ref_s_per_byte"] = ref_bpb
         g["congested"] = (g["congestion_per_s"].fillna(0) > 0) & (ref_cong.fillna(0) == 0)
         parts.append(g)

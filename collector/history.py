@@ -59,6 +59,7 @@ class FabricWindow:
     size: int
     start_ns: int
     end_ns: int
+    rtt_min_s: float | None  # exact: the floor a path's added latency lifts
     rtt_p50_s: float | None
     rtt_p99_s: float | None
     loss_ratio: float
@@ -83,6 +84,7 @@ def window_from_sketch(
         *key,
         start_ns=start_ns,
         end_ns=end_ns,
+        rtt_min_s=None if sk.min_ns is None else sk.min_ns / 1e9,
         rtt_p50_s=None if p50 is None else p50 / 1e9,
         rtt_p99_s=None if p99 is None else p99 / 1e9,
         loss_ratio=sk.loss_ratio,

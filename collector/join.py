@@ -90,7 +90,8 @@ def join_fabric(
 ) -> pd.DataFrame:
     """Fabric stages with the figures of their path over their time.
 
-    Adds rtt_p50_s (mean over the overlapping windows), rtt_p99_s (max), loss_ratio
+    Adds rtt_min_s (min over the overlapping windows), rtt_p50_s (mean), rtt_p99_s (max),
+    loss_ratio
     (mean), fabric_windows (how many matched), and for each end and counter category the
     rate (per second) of the first reading at or after the stage started, within
     HORIZON_S: the counter window the stage ran in. A stage no window overlaps takes
@@ -98,6 +99,7 @@ def join_fabric(
     fab = stages[stages["stage"].isin(FABRIC_STAGES)].copy()
     slack = int(slack_s * 1e9)
     horizon = int(horizon_s * 1e9)
+    rmin: list[float] = []
     p50: list[float] = []
     p99: list[float] = []
     loss: list[float] = []
@@ -110,6 +112,7 @@ def join_fabric(
             later = pw[(pw["end_ns"] >= row.end_ns) & (pw["end_ns"] <= row.end_ns + horizon)]
             w = later.sort_values("end_ns").head(1)
         matched.append(len(w))
+        rmin.append(float(w["rtt_min_s"].min()) if len(w) else np.nan)
         p50.append(float(w["rtt_p50_s"].mean()) if len(w) else np.nan)
         p99.append(float(w["rtt_p99_s"].max()) if len(w) else np.nan)
         loss.append(float(w["loss_ratio"].mean()) if len(w) else np.nan)
@@ -130,6 +133,7 @@ def join_fabric(
             for cat in COUNTER_CATEGORIES:
                 col = f"{end}_{cat}_per_s"
                 rate_cols[col].append(float(per_cat.get(cat, np.nan)) if len(r) else np.nan)
+    fab["rtt_min_s"] = rmin
     fab["rtt_p50_s"] = p50
     fab["rtt_p99_s"] = p99
     fab["loss_ratio"] = loss

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabricprobe.workload.models import ModelShape
-from fabricprobe.workload.transfer import KvChannel, open_channel
+from fabricprobe.workload.transfer import MAX_CHUNK, KvChannel, open_channel
 
 STAGE_ORDER = ("queue", "prefill", "kv_transfer", "decode", "detokenize", "deliver")
 
@@ -52,8 +52,7 @@ class WorkloadConfig:
     concurrency: int = 1
     transport: str = "rdma"
     port: int = 4793
-    chunk: int = 1 << 20
-    outstanding: int = 16
+    outstanding: int = 4  # RDMA WRITEs (one layer's KV cache each) in flight
     seed: int = 1
 
     def prompt_for(self, rng: random.Random) -> int:
@@ -94,6 +93,12 @@ class RequestResult:
         return (end - start) / 1e9
 
 
+def layer_chunk(model: ModelShape, tokens: int) -> int:
+    """One layer's KV cache for TOKENS tokens, at most MAX_CHUNK: the unit a layer-wise
+    transfer moves (a layer's K and V are ready together)."""
+    return max(1, min(MAX_CHUNK, model.kv_bytes(tokens) // model.layers))
+
+
 @contextmanager
 def _stage(res: RequestResult, name: str) -> Iterator[None]:
     t0 = time.time_ns()
@@ -106,9 +111,15 @@ def _stage(res: RequestResult, name: str) -> Iterator[None]:
 class _Worker:
     """One worker: its own kv_sink sessions (one per path, opened on first use)."""
 
-    def __init__(self, cfg: WorkloadConfig, channel_kw: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        cfg: WorkloadConfig,
+        channel_kw: dict[str, Any],
+        channels: dict[tuple[str, str], KvChannel] | None = None,
+    ) -> None:
         self.cfg, self.channel_kw = cfg, channel_kw
-        self.channels: dict[tuple[str, str], KvChannel] = {}
+        self.owned = channels is None
+        self.channels: dict[tuple[str, str], KvChannel] = {} if channels is None else channels
         self.deliver_a, self.deliver_b = socket.socketpair()
 
     def channel(self, src: Host, dst: Host) -> KvChannel:
@@ -127,8 +138,15 @@ class _Worker:
             time.sleep(res.prompt_tokens * cfg.prefill_s_per_token)
         ch = self.channel(res.src, res.dst)
         res.device = ch.device
-        with _stage(res, "kv_transfer"):
-            ch.send(res.kv_bytes)
+        try:
+            with _stage(res, "kv_transfer"):
+                ch.send(res.kv_bytes, layer_chunk(cfg.model, res.prompt_tokens))
+        except Exception:
+            # an RC QP that saw an error completion is in the error state: the next
+            # request on this path gets a fresh session
+            self.channels.pop((res.src.name, res.dst.name), None)
+            ch.close()
+            raise
         tokens: list[int] = []
         with _stage(res, "decode"):
             for i in range(res.output_tokens):
@@ -143,10 +161,16 @@ class _Worker:
             self.deliver_b.recv(65536)
 
     def close(self) -> None:
-        for ch in self.channels.values():
-            ch.close()
+        if self.owned:
+            close_channels(self.channels)
         self.deliver_a.close()
         self.deliver_b.close()
+
+
+def close_channels(channels: dict[tuple[str, str], KvChannel]) -> None:
+    for ch in channels.values():
+        ch.close()
+    channels.clear()
 
 
 def run_pipeline(
@@ -155,12 +179,17 @@ def run_pipeline(
     *,
     on_request: Callable[[RequestResult], None] | None = None,
     channel_kw: dict[str, Any] | None = None,
+    channels: dict[tuple[str, str], KvChannel] | None = None,
 ) -> list[RequestResult]:
     """Run CFG.requests requests over PATHS; each finished request goes to ON_REQUEST
-    (the span emitter) as soon as it is done. Failed requests carry their error."""
+    (the span emitter) as soon as it is done. Failed requests carry their error.
+    CHANNELS (one worker only) keeps kv_sink sessions open across runs: the caller
+    closes them with close_channels()."""
     if not paths:
         raise ValueError("no paths to run over")
-    kw = {"chunk": cfg.chunk, "outstanding": cfg.outstanding} if cfg.transport == "rdma" else {}
+    if channels is not None and cfg.concurrency != 1:
+        raise ValueError("shared channels need concurrency 1")
+    kw = {"outstanding": cfg.outstanding} if cfg.transport == "rdma" else {}
     kw |= channel_kw or {}
     rng = random.Random(cfg.seed)
     todo: queue.Queue[RequestResult | None] = queue.Queue()
@@ -184,7 +213,7 @@ def run_pipeline(
         )
 
     def work() -> None:
-        worker = _Worker(cfg, kw)
+        worker = _Worker(cfg, kw, channels)
         try:
             while (res := todo.get()) is not None:
                 if cfg.rate <= 0:

@@ -4,12 +4,13 @@ The decode host's responder (`probe serve`, or the agent) answers `kv_sink` sess
 One session carries many transfers, so a request's KV transfer pays for moving its
 bytes and nothing else (no QP or connection setup per request):
 
-- `rdma`: the sink registers a CHUNK-byte buffer with remote write access and answers
-  `ready` with its RdmaEndpoint; the sender moves each transfer as RDMA WRITEs of up to
-  CHUNK bytes, `outstanding` in flight, and the transfer ends when the last WRITE has
-  completed (on RC that completion means the responder acknowledged the data). The
-  sink's buffer is reused for every chunk: the bytes cross the fabric in full, only the
-  landing place repeats.
+- `rdma`: the sink registers a BUFFER-byte region with remote write access and answers
+  `ready` with its RdmaEndpoint; the sender moves each transfer as RDMA WRITEs of one
+  chunk each (the pipeline uses one layer's KV cache, as layer-wise transfer engines
+  do), `outstanding` in flight, and the transfer ends when the last WRITE has completed
+  (on RC that completion means the responder acknowledged the data). The sink's region
+  is reused for every chunk: the bytes cross the fabric in full, only the landing place
+  repeats.
 - `tcp`: the sink accepts one data connection (token-checked, as probes.tcp does) and
   reads `[8-byte length][payload]` frames, answering one byte per frame once the last
   payload byte is in; the sender's transfer ends at that byte.
@@ -50,7 +51,7 @@ class KvChannel(Protocol):
     transport: str
     device: str
 
-    def send(self, nbytes: int) -> float: ...
+    def send(self, nbytes: int, chunk: int | None = None) -> float: ...
 
     def close(self) -> None: ...
 
@@ -78,7 +79,8 @@ class TcpKvChannel:
         self._buf = bytearray(MAX_CHUNK)
         self.sent = 0
 
-    def send(self, nbytes: int) -> float:
+    def send(self, nbytes: int, chunk: int | None = None) -> float:
+        """Move NBYTES as one frame (CHUNK only matters to RDMA); seconds until acked."""
         if not 0 < nbytes <= _MAX_TRANSFER:
             raise ValueError(f"transfer of {nbytes} bytes")
         view = memoryview(self._buf)
@@ -117,8 +119,8 @@ class RdmaKvChannel:
         port: int = DEFAULT_PORT,
         *,
         bind: str | None = None,
-        chunk: int = MAX_CHUNK,
-        outstanding: int = 16,
+        buffer: int = MAX_CHUNK,
+        outstanding: int = 4,
         hold_s: float = 600,
         step_s: float = 30.0,
         sysfs_root: str = "/sys",
@@ -126,18 +128,18 @@ class RdmaKvChannel:
         from probes.rdma.rc import DEPTH, _local_device, source_address
         from probes.rdma.verbs import RcEndpoint
 
-        if not 1 <= chunk <= MAX_CHUNK:
-            raise ValueError(f"chunk {chunk} outside 1..{MAX_CHUNK}")
-        self.chunk, self.outstanding, self.step_s = chunk, min(outstanding, DEPTH), step_s
+        if not 1 <= buffer <= MAX_CHUNK:
+            raise ValueError(f"buffer {buffer} outside 1..{MAX_CHUNK}")
+        self.buffer, self.outstanding, self.step_s = buffer, min(outstanding, DEPTH), step_s
         self.device, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), None)
         self.ctl = ControlClient(peer, port, bind=bind, timeout=30.0)
-        self.ep = RcEndpoint(self.device, chunk, DEPTH, gid_index)
+        self.ep = RcEndpoint(self.device, buffer, DEPTH, gid_index)
         try:
             info = self.ctl.open(
                 SESSION,
                 {
                     "transport": "rdma",
-                    "chunk": chunk,
+                    "chunk": buffer,
                     "hold_s": hold_s,
                     "endpoint": self.ep.endpoint().as_dict(),
                 },
@@ -148,13 +150,16 @@ class RdmaKvChannel:
             self.ep.close()
             self.ctl.close()
             raise
-        self._full = self.ep.write_wr(self.remote, chunk, True)
         self.sent = 0
 
-    def send(self, nbytes: int) -> float:
+    def send(self, nbytes: int, chunk: int | None = None) -> float:
+        """Move NBYTES as WRITEs of CHUNK bytes (default: the whole buffer); seconds until
+        the last one completed."""
         if not 0 < nbytes <= _MAX_TRANSFER:
             raise ValueError(f"transfer of {nbytes} bytes")
-        ops, tail = divmod(nbytes, self.chunk)
+        chunk = min(chunk or self.buffer, self.buffer)
+        ops, tail = divmod(nbytes, chunk)
+        full_wr = self.ep.write_wr(self.remote, chunk, True)
         tail_wr = self.ep.write_wr(self.remote, tail, True) if tail else None
         total = ops + (1 if tail else 0)
         posted = done = 0
@@ -162,7 +167,7 @@ class RdmaKvChannel:
         t0 = time.perf_counter()
         while done < total:
             while posted < total and posted - done < self.outstanding:
-                ep.post(self._full if posted < ops else tail_wr)
+                ep.post(full_wr if posted < ops else tail_wr)
                 posted += 1
             got = poll(cq, 1, time.monotonic() + self.step_s)
             if not got:

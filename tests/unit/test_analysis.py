@@ -31,6 +31,8 @@ def kv_frame(paths: dict[tuple[str, str], tuple[float, float]], n: int = 5) -> p
                     "src": src,
                     "dst": dst,
                     "transport": "rdma",
+                    "rtt_min_s": rtt / 4,
+                    "rtt_p50_s": rtt / 2,
                     "rtt_p99_s": rtt * (1 + i / 50),
                     "src_pfc_pause_per_s": 0.0,
                 }

@@ -19,7 +19,7 @@ def kv(rid: str, t: int, seconds: float, src: str = "h0", dst: str = "h1") -> St
 
 def win(src: str, dst: str, start: int, end: int, p99_us: float) -> FabricWindow:
     return FabricWindow(
-        src, dst, "rdma", "write", 64, start, end, p99_us / 2e6, p99_us / 1e6, 0.0, 10
+        src, dst, "rdma", "write", 64, start, end, p99_us / 4e6, p99_us / 2e6, p99_us / 1e6, 0.0, 10
     )
 
 
@@ -28,9 +28,7 @@ WINDOWS = windows_frame(
         win("h0", "h1", 0, 10 * S, 50),
         win("h0", "h1", 10 * S, 20 * S, 900),
         win("h2", "h0", 0, 20 * S, 70),  # only the reverse direction probed
-        win("h0", "h1", 0, 20 * S, 5).__class__(
-            "h0", "h1", "tcp", "pingpong", 64, 0, 20 * S, 1e-3, 2e-3, 0.0, 10
-        ),
+        FabricWindow("h0", "h1", "tcp", "pingpong", 64, 0, 20 * S, 1e-4, 1e-3, 2e-3, 0.0, 10),
     ]
 )
 RATES = rates_frame(
@@ -48,6 +46,7 @@ def test_each_transfer_gets_the_windows_of_its_path_and_time() -> None:
     out = join_fabric(st, WINDOWS, RATES, slack_s=0.0).set_index("request_id")
     assert out.loc["a", "rtt_p99_s"] == pytest.approx(50e-6)
     assert out.loc["b", "rtt_p99_s"] == pytest.approx(900e-6)  # not the tcp window
+    assert out.loc["b", "rtt_min_s"] == pytest.approx(225e-6)
     assert out.loc["c", "rtt_p99_s"] == pytest.approx(70e-6)  # reverse direction
     assert out.loc["b", "src_pfc_pause_per_s"] == pytest.approx(42.0)  # first reading after
     assert out.loc["b", "dst_retransmit_per_s"] == pytest.approx(3.0)

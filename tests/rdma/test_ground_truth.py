@@ -1,0 +1,164 @@
+"""Ground truth for the attribution: a known delay on one path, KV transfers over RDMA on
+three, and the collector must rank that path first and flag it alone as fabric-bound.
+
+Per round: `tc netem` delays one directed path; the workload (the real pipeline, kv_sink
+sessions over RC WRITE, spans through the OpenTelemetry SDK's OTLP exporter) runs over
+h0->h1, h0->h2 and h1->h2 while RC latency probes measure the same three paths before
+and after it; the probe sketches and the hosts' rxe hw_counters reach the collector as
+the WindowReports an agent sends (Register, then reports through the agent API).
+Delays 2, 5 and 10 ms, each put once on every path; the hit rate is printed.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from collector.analysis import AnalysisConfig
+from collector.api import fabricprobe_pb2 as pb
+from collector.service import CollectorServer, ServerConfig
+from fabricprobe import netem
+from fabricprobe.workload.models import PRESETS
+from fabricprobe.workload.pipeline import Host, WorkloadConfig, close_channels, run_pipeline
+from fabricprobe.workload.spans import SpanSender
+from fabricprobe.workload.transfer import KvChannel
+from probes.counters import read_port_counters
+from probes.rdma.rc import rc_latency
+from probes.stats import LatencySketch
+from tests.rdma.conftest import LaneHost, start_responder
+
+PORT = 4797
+DELAYS = ("2ms", "5ms", "10ms")
+PER_PATH = 5  # KV transfers per path and round
+PROBE_ITERS = 40
+
+
+class Reporter:
+    """Sends what an agent would: one WindowReport per host and window."""
+
+    def __init__(self, server: CollectorServer, hosts: list[LaneHost]) -> None:
+        self.server, self.hosts, self.seq = server, hosts, 0
+        for h in hosts:
+            server.api.register(pb.HostInfo(host=h.name, addresses=[h.ip]))
+
+    def report(self, start_ns: int, sketches: dict[tuple[str, str], LatencySketch]) -> None:
+        self.seq += 1
+        end_ns = time.time_ns()
+        for h in self.hosts:
+            r = pb.WindowReport(
+                host=h.name,
+                epoch=1,
+                seq=self.seq,
+                window_start_unix_ns=start_ns,
+                window_end_unix_ns=end_ns,
+            )
+            for (src, dst), sk in sketches.items():
+                if src == h.name:
+                    r.probes.add(dst=dst, transport="rdma", op="write", size=64,
+                                 rtt_sketch=sk.encode())  # fmt: skip
+            pc = read_port_counters("/sys", h.device, 1)
+            values = {**(pc.pma.values if pc.pma else {}), **(pc.hw.values if pc.hw else {})}
+            for name, value in sorted(values.items()):
+                r.counters.add(kind="rdma", device=h.device, port=1, priority=-1, name=name,
+                               value=value, width=64)  # fmt: skip
+            self.server.api.report(r)
+
+
+def probe_paths(
+    paths: list[tuple[LaneHost, LaneHost]], into: dict[tuple[str, str], LatencySketch]
+) -> None:
+    for a, b in paths:
+        res = rc_latency(b.ip, op="write", size=64, iters=PROBE_ITERS, warmup=5, port=PORT,
+                         bind=a.ip)  # fmt: skip
+        into.setdefault((a.name, b.name), LatencySketch()).merge(res.sketch)
+
+
+def test_delayed_path_ranks_first_and_alone_is_fabric_bound(lane_hosts: list[LaneHost]) -> None:
+    h0, h1, h2 = lane_hosts[:3]
+    paths = [(h0, h1), (h0, h2), (h1, h2)]
+    wl_paths = [(Host(a.name, a.ip), Host(b.name, b.ip)) for a, b in paths]
+    proc = start_responder(lane_hosts, PORT)
+    server = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""))
+    server.start()
+    sender = SpanSender(f"127.0.0.1:{server.port}")
+    channels: dict[tuple[str, str], KvChannel] = {}
+    cfg = WorkloadConfig(
+        model=PRESETS["Qwen2.5-7B"],  # 56 KiB of KV cache per token
+        prompt_tokens=16,  # 0.4-1.3 MiB per transfer
+        output_tokens=2,
+        prefill_s_per_token=0.0,
+        decode_step_s=0.001,
+        requests=PER_PATH * len(paths),
+        transport="rdma",
+        port=PORT,
+        outstanding=1,  # layer by layer: each layer's WRITE completes before the next
+    )
+    analysis = AnalysisConfig()
+    server.attribution.cfg = analysis
+    hits, failures, rows = 0, 0, []
+    reporter = Reporter(server, lane_hosts[:3])
+    try:
+        reporter.report(time.time_ns(), {})  # counter baselines
+        for delay in DELAYS:
+            for slow in paths:
+                t0 = time.time_ns()
+                before = server.attribution.ingest.received_total
+                sketches: dict[tuple[str, str], LatencySketch] = {}
+                netem.impair(slow[0].netdev, slow[1].ip, delay=delay)
+                try:
+                    probe_paths(paths, sketches)
+                    t1 = time.time_ns()
+                    results = run_pipeline(
+                        wl_paths, cfg, on_request=lambda r: sender.emit(r, cfg.model.name),
+                        channels=channels,
+                    )  # fmt: skip
+                    t2 = time.time_ns()
+                    probe_paths(paths, sketches)
+                finally:
+                    netem.clear(slow[0].netdev)
+                reporter.report(t0, sketches)
+                failed = [r.error for r in results if r.error]
+                failures += len(failed)
+                assert len(failed) <= len(results) // 5, f"KV transfers failed: {failed}"
+                want = before + 7 * (
+                    len(results) - len(failed)
+                )  # llm_request and six stage spans each
+                sender.provider.force_flush(30_000)
+                deadline = time.monotonic() + 30
+                while server.attribution.ingest.received_total < want:
+                    assert time.monotonic() < deadline, "spans did not arrive"
+                    time.sleep(0.1)
+                window_s = (time.time_ns() - t0) / 1e9 + 1.0
+                res = server.attribution.analyse(window_s=window_s)
+                ranked = res.paths
+                first = (ranked.iloc[0]["src"], ranked.iloc[0]["dst"])
+                flagged = {(r.src, r.dst) for r in ranked.itertuples(index=False) if r.fabric_bound}
+                want_path = (slow[0].name, slow[1].name)
+                hit = first == want_path and flagged == {want_path}
+                hits += hit
+                rows.append((delay, want_path, hit, ranked))
+                print(
+                    f"\n{delay} on {want_path[0]}->{want_path[1]}: {'HIT' if hit else 'MISS'} "
+                    f"(probes {(t1 - t0) / 1e9:.1f} s, workload {(t2 - t1) / 1e9:.1f} s, "
+                    f"round {(time.time_ns() - t0) / 1e9:.1f} s)"
+                )
+                print(
+                    ranked[["src", "dst", "transfers", "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s",
+                            "rtt_p99_s", "rtt_ratio", "explained_s", "fabric_bound"]]
+                    .to_string(index=False)
+                )  # fmt: skip
+    finally:
+        for h in lane_hosts:
+            netem.clear(h.netdev)
+        close_channels(channels)
+        sender.close()
+        server.stop(0)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    n = len(rows)
+    print(f"\nground truth: {hits}/{n} rounds right ({hits / n:.0%}); per delay:")
+    print(f"  ({failures} KV transfers ended in an error completion and were left out)")
+    for delay in DELAYS:
+        mine = [r for r in rows if r[0] == delay]
+        print(f"  {delay}: {sum(r[2] for r in mine)}/{len(mine)}")
+    assert hits / n >= 0.8, f"the delayed path was found in only {hits} of {n} rounds"
