@@ -84,10 +84,11 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     """Paths ranked by the KV-transfer seconds they explain, with the fabric evidence.
 
     A path's reference speed is the median, over the other paths of the same transport,
-    of their median seconds per byte; the time it explains is what its transfers took
-    beyond that speed. It is fabric_bound when it is slow by `kv_ratio` and its probe
-    RTT (the `rtt_evidence` statistics) exceeds the other paths' by `rtt_ratio`, or its
-    ends show congestion counters moving where the others' do not."""
+    of their median seconds per byte; the time it explains is its transfer count times
+    the median time its transfers took beyond that speed. It is fabric_bound when it is
+    slow by `kv_ratio` and its probe RTT (the `rtt_evidence` statistics) exceeds the
+    other paths' by `rtt_ratio`, or its ends show congestion counters moving where the
+    others' do not."""
     cols = [
         "src",
         "dst",
@@ -139,11 +140,11 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     per = pd.concat(parts)
     ref = per["ref_s_per_byte"]
     joined = df.join(ref.rename("ref"), on=["src", "dst", "transport"])
-    excess = (joined["duration_s"] - joined["bytes"] * joined["ref"]).clip(lower=0)
-    per["explained_s"] = excess.groupby([joined["src"], joined["dst"], joined["transport"]]).sum(
-        min_count=1
-    )
-    per["explained_s"] = per["explained_s"].fillna(0.0)
+    excess = joined["duration_s"] - joined["bytes"] * joined["ref"]
+    # transfers x the median excess: one stalled transfer (a scheduling hiccup on the
+    # sender) must not outweigh a path that is slow every time
+    typical = excess.groupby([joined["src"], joined["dst"], joined["transport"]]).median()
+    per["explained_s"] = (typical.clip(lower=0) * per["transfers"]).fillna(0.0)
     slow = (per["kv_ratio"] >= cfg.kv_ratio) & (per["transfers"] >= cfg.min_transfers)
     evidence = (per["rtt_ratio"] >= cfg.rtt_ratio) | per["congested"]
     per["fabric_bound"] = (slow & evidence).astype(bool)
