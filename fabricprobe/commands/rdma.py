@@ -29,6 +29,13 @@ device_option = click.option(
     default=None,
     help="RDMA device to use (default: the one owning the source address).",
 )
+engine_option = click.option(
+    "--engine",
+    type=click.Choice(["auto", "pyverbs", "native"]),
+    default="auto",
+    show_default=True,
+    help="Hot loop: pyverbs, or the compiled one (native); auto takes native when built.",
+)
 tcp_option = click.option(
     "--tcp",
     "with_tcp",
@@ -69,6 +76,7 @@ Examples:
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=100, show_default=True)
 @bind_option
 @device_option
+@engine_option
 @tcp_option
 @timeout_option
 @json_option
@@ -86,6 +94,7 @@ def lat(
     timeout: float,
     as_json: bool,
     sysfs_root: str,
+    engine: str,
 ) -> None:
     """RC ping-pong latency to PEER. Figures are RTTs; one-way columns are RTT/2."""
     host, port = resolve_peer(peer, port)
@@ -102,6 +111,7 @@ def lat(
                 bind=bind,
                 device=device,
                 sysfs_root=sysfs_root,
+                engine=engine,
                 step_s=timeout,
                 progress=bar,
             )
@@ -129,7 +139,7 @@ def lat(
     else:
         console = Console()
         console.print(
-            f"RC {op} ping-pong {res.device} -> {host}:{port}: {size:,} B, "
+            f"RC {op} ping-pong {res.device} -> {host}:{port} ({res.engine} loop): {size:,} B, "
             f"{iters:,} measured (+{warmup:,} warm-up)",
             highlight=False,
         )
@@ -176,6 +186,7 @@ Examples:
 )
 @bind_option
 @device_option
+@engine_option
 @tcp_option
 @timeout_option
 @json_option
@@ -193,6 +204,7 @@ def bw(
     timeout: float,
     as_json: bool,
     sysfs_root: str,
+    engine: str,
 ) -> None:
     """RC bandwidth to PEER: ITERS operations of SIZE bytes, OUTSTANDING in flight."""
     host, port = resolve_peer(peer, port)
@@ -209,6 +221,7 @@ def bw(
                 bind=bind,
                 device=device,
                 sysfs_root=sysfs_root,
+                engine=engine,
                 step_s=max(timeout, 5.0),
                 progress=bar,
             )
@@ -241,7 +254,7 @@ def bw(
     else:
         console = Console()
         console.print(
-            f"RC {op} bandwidth {res.device} -> {host}:{port}: {size:,} B x "
+            f"RC {op} bandwidth {res.device} -> {host}:{port} ({res.engine} loop): {size:,} B x "
             f"{res.completed:,}/{iters:,} in {res.duration_s:.3f} s = "
             f"{res.bytes_per_second / 1e6:,.2f} MB/s "
             f"({res.bytes_per_second * 8 / 1e9:.3f} Gb/s)",

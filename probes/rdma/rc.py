@@ -19,7 +19,8 @@ import socket
 import statistics
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from probes.control import (
     DEFAULT_PORT,
     ControlClient,
+    ProtocolError,
     RdmaEndpoint,
     Session,
     register_session,
@@ -34,7 +36,7 @@ from probes.control import (
     require_int,
     require_str,
 )
-from probes.errors import PeerError, ProbeError
+from probes.errors import NotSupported, PeerError, ProbeError
 from probes.rdma.verbs import RcEndpoint, device_for_address
 from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
@@ -64,11 +66,13 @@ class RcLatencyResult:
     duration_s: float
     error: str | None = None
     sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
+    engine: str = "pyverbs"
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "transport": "rdma",
             "qp_type": "rc",
+            "engine": self.engine,
             "op": self.op,
             "peer": self.peer,
             "device": self.device,
@@ -92,6 +96,7 @@ class RcBandwidthResult:
     completed: int
     duration_s: float
     error: str | None = None
+    engine: str = "pyverbs"
 
     @property
     def bytes_per_second(self) -> float:
@@ -101,6 +106,7 @@ class RcBandwidthResult:
         return {
             "transport": "rdma",
             "qp_type": "rc",
+            "engine": self.engine,
             "op": self.op,
             "peer": self.peer,
             "device": self.device,
@@ -254,6 +260,102 @@ def _local_device(sysfs_root: str | Path, source: str, device: str | None) -> tu
     return name, gid_index
 
 
+ENGINES = ("auto", "pyverbs", "native")
+
+
+def native_available() -> bool:
+    """True when the compiled hot loops (probes/rdma/native) are built and load here."""
+    from probes.rdma import native
+
+    return native.available()
+
+
+def pick_engine(requested: str) -> str:
+    """`auto` takes the native loops when they are built, else pyverbs."""
+    if requested not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {requested!r}")
+    if requested == "auto":
+        return "native" if native_available() else "pyverbs"
+    if requested == "native" and not native_available():
+        raise NotSupported("the native engine is not built here (scripts/build-native.sh)")
+    return requested
+
+
+def _endpoint(engine: str, device: str, size: int, gid_index: int, op: str, receives: bool) -> Any:
+    """An RC endpoint of ENGINE; pyverbs' gets RECEIVES pre-posted (native posts its own)."""
+    remote_access = op == "write"
+    if engine == "native":
+        from probes.rdma.native import NativeRcEndpoint
+
+        return NativeRcEndpoint(
+            device, size, DEPTH, gid_index, remote_access=remote_access, inline=size
+        )
+    ep = RcEndpoint(device, size, DEPTH, gid_index, remote_access=remote_access, inline=size)
+    for _ in range(DEPTH if receives else 0):
+        ep.post_recv()
+    return ep
+
+
+def _pingpong(
+    engine: str,
+    ep: Any,
+    op: str,
+    remote: RdmaEndpoint,
+    size: int,
+    total: int,
+    first: bool,
+    step_s: float,
+    samples: array[int] | None,
+    progress: Progress | None = None,
+) -> LoopOutcome:
+    if engine == "pyverbs":
+        if op == "send":
+            return _send_pingpong(ep, size, total, first, step_s, samples, progress)
+        return _write_pingpong(ep, remote, size, total, first, step_s, samples, progress)
+    try:  # the native loop runs to the end in C: no progress callbacks
+        if op == "send":
+            done = ep.send_pingpong(size, total, first, step_s, samples)
+        else:
+            done = ep.write_pingpong(remote, size, total, first, step_s, samples)
+    except PeerError as err:
+        return LoopOutcome(int(getattr(err, "completed", 0)), str(err))
+    if done < total:
+        return LoopOutcome(done, f"no {'reply' if first else 'request'} within {step_s} s")
+    return LoopOutcome(done)
+
+
+@contextmanager
+def _prober_session(
+    kind: str,
+    peer: str,
+    port: int,
+    bind: str | None,
+    device: str | None,
+    sysfs_root: str | Path,
+    timeout: float,
+    engine: str,
+    op: str,
+    params: dict[str, Any],
+) -> Iterator[tuple[ControlClient, Any, RdmaEndpoint]]:
+    """Open a KIND session on PEER's responder with a connected endpoint on our side."""
+    dev, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), device)
+    with ControlClient(peer, port, bind=bind, timeout=timeout) as ctl:
+        with _endpoint(
+            engine,
+            dev,
+            params["size"],
+            gid_index,
+            op,
+            receives=kind == "rdma_rc_lat" and op == "send",
+        ) as ep:
+            info = ctl.open(
+                kind, {**params, "op": op, "engine": engine, "endpoint": ep.endpoint().as_dict()}
+            )
+            remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
+            ep.connect(remote)
+            yield ctl, ep, remote
+
+
 def rc_latency(
     peer: str,
     *,
@@ -267,47 +369,42 @@ def rc_latency(
     sysfs_root: str | Path = "/sys",
     timeout: float = SETUP_TIMEOUT_S,
     step_s: float = 2.0,
+    engine: str = "auto",
     progress: Progress | None = None,
 ) -> RcLatencyResult:
     """RC ping-pong against PEER's responder; RTT samples into a sketch."""
     check_shape(op, size, iters, LAT_OPS)
+    engine = pick_engine(engine)
     total = iters + warmup
-    dev, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), device)
-    with ControlClient(peer, port, bind=bind, timeout=timeout) as ctl:
-        with RcEndpoint(
-            dev, size, DEPTH, gid_index, remote_access=op == "write", inline=size
-        ) as ep:
-            for _ in range(DEPTH if op == "send" else 0):
-                ep.post_recv()
-            info = ctl.open(
-                "rdma_rc_lat",
-                {
-                    "op": op,
-                    "size": size,
-                    "iters": total,
-                    "step_s": step_s,
-                    "endpoint": ep.endpoint().as_dict(),
-                },
-            )
-            remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
-            ep.connect(remote)
-            samples = array("q", bytes(8 * total))
-            t0 = time.perf_counter()
-            if op == "send":
-                out = _send_pingpong(ep, size, total, True, step_s, samples, progress)
-            else:
-                out = _write_pingpong(ep, remote, size, total, True, step_s, samples, progress)
-            duration = time.perf_counter() - t0
-            error = out.error
-            if out.done < total:
-                error = f"stopped after {out.done} of {total} round trips: {error}"
-            else:
-                ctl.done({"completed": out.done})
+    samples = array("q", bytes(8 * total))
+    params = {"size": size, "iters": total, "step_s": step_s}
+    with _prober_session(
+        "rdma_rc_lat", peer, port, bind, device, sysfs_root, timeout, engine, op, params
+    ) as (ctl, ep, remote):
+        t0 = time.perf_counter()
+        out = _pingpong(engine, ep, op, remote, size, total, True, step_s, samples, progress)
+        duration = time.perf_counter() - t0
+        error = out.error
+        if out.done < total:
+            error = f"stopped after {out.done} of {total} round trips: {error}"
+        else:
+            ctl.done({"completed": out.done})
+        dev = ep.device
     sketch = LatencySketch("rtt")
     sketch.record_many(samples[warmup : out.done])
     sketch.record_lost(iters - max(0, out.done - warmup))
     return RcLatencyResult(
-        peer, dev, op, size, iters, sketch.summary(), loop_overhead_ns(), duration, error, sketch
+        peer,
+        dev,
+        op,
+        size,
+        iters,
+        sketch.summary(),
+        loop_overhead_ns(),
+        duration,
+        error,
+        sketch,
+        engine,
     )
 
 
@@ -324,112 +421,126 @@ def rc_bandwidth(
     sysfs_root: str | Path = "/sys",
     timeout: float = SETUP_TIMEOUT_S,
     step_s: float = 5.0,
+    engine: str = "auto",
     progress: Progress | None = None,
 ) -> RcBandwidthResult:
     """Stream ITERS operations of SIZE bytes with OUTSTANDING in flight; bytes/s."""
     check_shape(op, size, iters, BW_OPS)
     if not 1 <= outstanding <= DEPTH:
         raise ValueError(f"outstanding {outstanding} outside 1..{DEPTH}")
-    dev, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), device)
-    with ControlClient(peer, port, bind=bind, timeout=timeout) as ctl:
-        with RcEndpoint(dev, size, DEPTH, gid_index) as ep:
-            info = ctl.open(
-                "rdma_rc_bw",
-                {
-                    "op": op,
-                    "size": size,
-                    "iters": iters,
-                    "step_s": step_s,
-                    "endpoint": ep.endpoint().as_dict(),
-                },
-            )
-            remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
-            ep.connect(remote)
-            wr = ep.write_wr(remote, size) if op == "write" else ep.send_wr(size)
-            posted = completed = 0
-            error = None
-            t0 = time.perf_counter()
+    engine = pick_engine(engine)
+    params = {"size": size, "iters": iters, "step_s": step_s}
+    with _prober_session(
+        "rdma_rc_bw", peer, port, bind, device, sysfs_root, timeout, engine, op, params
+    ) as (ctl, ep, remote):
+        error = None
+        if engine == "native":
             try:
-                while completed < iters:
-                    while posted < iters and posted - completed < outstanding:
-                        ep.post(wr)
-                        posted += 1
-                    got = ep.poll(ep.send_cq, 1, time.monotonic() + step_s)
-                    if not got:
-                        error = f"{posted - completed} operations unfinished at the deadline"
-                        break
-                    completed += got
-                    if progress is not None and completed & 0xFF == 0:
-                        progress(completed, iters)
+                completed, elapsed_ns = ep.bandwidth(op, size, iters, outstanding, step_s)
             except PeerError as err:
-                error = str(err)
+                completed, elapsed_ns, error = int(getattr(err, "completed", 0)), 0, str(err)
+            duration = elapsed_ns / 1e9
+            if error is None and completed < iters:
+                error = f"{iters - completed} operations unfinished at the deadline"
+        else:
+            t0 = time.perf_counter()
+            completed, error = _stream(ep, remote, op, size, iters, outstanding, step_s, progress)
             duration = time.perf_counter() - t0
-            if error is None:
-                ctl.done({"completed": completed})
-    return RcBandwidthResult(peer, dev, op, size, iters, completed, duration, error)
+        if error is None:
+            ctl.done({"completed": completed})
+        dev = ep.device
+    return RcBandwidthResult(peer, dev, op, size, iters, completed, duration, error, engine)
+
+
+def _stream(
+    ep: RcEndpoint,
+    remote: RdmaEndpoint,
+    op: str,
+    size: int,
+    iters: int,
+    outstanding: int,
+    step_s: float,
+    progress: Progress | None,
+) -> tuple[int, str | None]:
+    """The pyverbs bandwidth loop: keep OUTSTANDING posted, count send completions."""
+    wr = ep.write_wr(remote, size) if op == "write" else ep.send_wr(size)
+    posted = completed = 0
+    try:
+        while completed < iters:
+            while posted < iters and posted - completed < outstanding:
+                ep.post(wr)
+                posted += 1
+            got = ep.poll(ep.send_cq, 1, time.monotonic() + step_s)
+            if not got:
+                return completed, f"{posted - completed} operations unfinished at the deadline"
+            completed += got
+            if progress is not None and completed & 0xFF == 0:
+                progress(completed, iters)
+    except PeerError as err:
+        return completed, str(err)
+    return completed, None
 
 
 # ------------------------------------------------------------------------- responder side
 
 
-def _session_endpoint(session: Session, size: int, remote_access: bool) -> RcEndpoint:
-    dev, gid_index = _local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
-    return session.resources.enter_context(
-        RcEndpoint(dev, size, DEPTH, gid_index, remote_access=remote_access, inline=size)
-    )
-
-
 def _session_shape(
     session: Session, ops: tuple[str, ...]
-) -> tuple[str, int, int, float, RdmaEndpoint]:
+) -> tuple[str, int, int, float, str, RdmaEndpoint]:
     p = session.params
     op = require_str(p, "op", 16, where="params.")
     size = require_int(p, "size", MIN_SIZE, MAX_SIZE, where="params.")
     iters = require_int(p, "iters", 1, MAX_ITERS, where="params.")
     step_s = float(p.get("step_s", 2.0))
     if not 0.01 <= step_s <= 60:
-        raise ValueError(f"params.step_s {step_s} outside 0.01..60")
+        raise ProtocolError(f"params.step_s {step_s} outside 0.01..60")
     if op not in ops:
-        raise PeerError(f"params.op must be one of {ops}, not {op!r}")
+        raise ProtocolError(f"params.op must be one of {ops}, not {op!r}")
+    # the responder answers with the prober's engine when it has it: a native prober
+    # against a Python responder would time the responder's interpreter, not the fabric
+    wanted = str(p.get("engine", "pyverbs"))
+    engine = wanted if wanted in ENGINES[1:] and pick_engine("auto") == "native" else "pyverbs"
     remote = RdmaEndpoint.from_dict(
         require_dict(p, "endpoint", where="params."), where="params.endpoint"
     )
-    return op, size, iters, step_s, remote
+    return op, size, iters, step_s, engine, remote
+
+
+def _session_endpoint(
+    session: Session, engine: str, size: int, op: str, receives: bool, remote: RdmaEndpoint
+) -> Any:
+    dev, gid_index = _local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
+    ep = session.resources.enter_context(_endpoint(engine, dev, size, gid_index, op, receives))
+    ep.connect(remote)
+    session.ready({"endpoint": ep.endpoint().as_dict(), "engine": engine})
+    return ep
 
 
 @register_session("rdma_rc_lat")
 def serve_rc_latency(session: Session) -> dict[str, Any]:
-    op, size, iters, step_s, remote = _session_shape(session, LAT_OPS)
-    ep = _session_endpoint(session, size, remote_access=op == "write")
-    for _ in range(DEPTH if op == "send" else 0):
-        ep.post_recv()
-    ep.connect(remote)
-    session.ready({"endpoint": ep.endpoint().as_dict()})
-    if op == "send":
-        out = _send_pingpong(ep, size, iters, False, step_s, None)
-    else:
-        out = _write_pingpong(ep, remote, size, iters, False, step_s, None)
-    return {"answered": out.done, "error": out.error}
+    op, size, iters, step_s, engine, remote = _session_shape(session, LAT_OPS)
+    ep = _session_endpoint(session, engine, size, op, op == "send", remote)
+    out = _pingpong(engine, ep, op, remote, size, iters, False, step_s, None)
+    return {"answered": out.done, "error": out.error, "engine": engine}
 
 
 @register_session("rdma_rc_bw")
 def serve_rc_bandwidth(session: Session) -> dict[str, Any]:
-    op, size, iters, step_s, remote = _session_shape(session, BW_OPS)
-    ep = _session_endpoint(session, size, remote_access=op == "write")
-    posted = min(DEPTH, iters) if op == "send" else 0
-    for _ in range(posted):
-        ep.post_recv()
-    ep.connect(remote)
-    session.ready({"endpoint": ep.endpoint().as_dict()})
-    received = 0
-    if op == "send":  # keep receives posted until every SEND has landed
-        while received < iters and not session.stopping:
-            got = ep.poll(ep.recv_cq, 1, time.monotonic() + step_s)
-            if not got:
-                break
-            received += got
-            for _ in range(got):
-                if posted < iters:
-                    ep.post_recv()
-                    posted += 1
-    return {"received": received}
+    op, size, iters, step_s, engine, remote = _session_shape(session, BW_OPS)
+    ep = _session_endpoint(session, engine, size, op, op == "send", remote)
+    if op == "write":  # the target of RDMA WRITEs has nothing to do
+        return {"received": 0, "engine": engine}
+    if engine == "native":
+        received, _ = ep.bandwidth("send", size, iters, 1, step_s, first=False)
+        return {"received": received, "engine": engine}
+    received, posted = 0, DEPTH
+    while received < iters and not session.stopping:  # keep receives posted for every SEND
+        got = ep.poll(ep.recv_cq, 1, time.monotonic() + step_s)
+        if not got:
+            break
+        received += got
+        for _ in range(got):
+            if posted < iters:
+                ep.post_recv()
+                posted += 1
+    return {"received": received, "engine": engine}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -50,3 +51,16 @@ def start_responder(hosts: list[LaneHost], port: int) -> subprocess.Popen[bytes]
     for h in hosts:
         wait_listening(h.ip, port, timeout=120)
     return proc
+
+
+RESOURCE = re.compile(r"(\w+) (\d+)")
+
+
+def rdma_resources() -> dict[str, dict[str, int]]:
+    """{device: {pd, cq, qp, cm_id, mr, ctx, srq: count}} from `rdma res show`."""
+    out = subprocess.run(["rdma", "res", "show"], capture_output=True, text=True, check=True)
+    table = {}
+    for line in out.stdout.splitlines():
+        dev, _, rest = line.partition(": ")[2].partition(": ")
+        table[dev] = {k: int(v) for k, v in RESOURCE.findall(rest)}
+    return table

@@ -4,30 +4,17 @@ in the prober or in the responder (`rdma res show` counts the whole VM)."""
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
 import time
 
 import pytest
 
 from probes.rdma.rc import rc_latency
 from probes.rdma.ud import ud_probe
-from tests.rdma.conftest import start_responder
+from tests.rdma.conftest import rdma_resources, start_responder
 
 PORT = 4795
 RUNS = int(os.environ.get("FABRICPROBE_LEAK_RUNS", "10000"))
-RESOURCE = re.compile(r"(\w+) (\d+)")
-
-
-def rdma_resources() -> dict[str, dict[str, int]]:
-    """{device: {pd, cq, qp, cm_id, mr, ctx, srq: count}} from `rdma res show`."""
-    out = subprocess.run(["rdma", "res", "show"], capture_output=True, text=True, check=True)
-    table = {}
-    for line in out.stdout.splitlines():
-        dev, _, rest = line.partition(": ")[2].partition(": ")
-        table[dev] = {k: int(v) for k, v in RESOURCE.findall(rest)}
-    return table
 
 
 def fds(pid: int | str = "self") -> int:
