@@ -33,6 +33,10 @@ class AnalysisConfig:
     # prober's own scheduling noise; the tail rises first under congestion
     rtt_evidence: tuple[str, ...] = ("rtt_min_s", "rtt_p50_s", "rtt_p99_s")
     min_transfers: int = 3  # KV transfers a path needs before it is judged
+    # quantile of a path's KV seconds per byte that stands for its speed: below the
+    # median, because a sender's stalls (CPU contention, pauses) lift some transfers
+    # while latency the path adds lifts them all
+    kv_quantile: float = 0.25
     rho_min: float = 0.6  # rank correlation that counts as "rising together"
     rise: float = 0.2  # relative rise of KV time across bins to count as rising
     flat_tol: float = 0.15  # relative change of compute per token that still counts as flat
@@ -83,9 +87,10 @@ def _leave_one_out_median(values: pd.Series) -> pd.Series:
 def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.DataFrame:
     """Paths ranked by the KV-transfer seconds they explain, with the fabric evidence.
 
-    A path's reference speed is the median, over the other paths of the same transport,
-    of their median seconds per byte; the time it explains is its transfer count times
-    the median time its transfers took beyond that speed. It is fabric_bound when it is
+    A path's speed is the `kv_quantile` of its transfers' seconds per byte, its reference
+    the median of the other paths' speeds (same transport); the time it explains is its
+    transfer count times that quantile of the time its transfers took beyond the
+    reference. It is fabric_bound when it is
     slow by `kv_ratio` and its probe RTT (the `rtt_evidence` statistics) exceeds the
     other paths' by `rtt_ratio`, or its ends show congestion counters moving where the
     others' do not."""
@@ -117,7 +122,7 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     per = df.groupby(["src", "dst", "transport"]).agg(
         transfers=("duration_s", "size"),
         kv_median_s=("duration_s", "median"),
-        s_per_byte=("s_per_byte", "median"),
+        s_per_byte=("s_per_byte", lambda x: x.quantile(cfg.kv_quantile)),
         rtt_min_s=("rtt_min_s", "median"),
         rtt_p50_s=("rtt_p50_s", "median"),
         rtt_p99_s=("rtt_p99_s", "median"),
@@ -141,9 +146,11 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     ref = per["ref_s_per_byte"]
     joined = df.join(ref.rename("ref"), on=["src", "dst", "transport"])
     excess = joined["duration_s"] - joined["bytes"] * joined["ref"]
-    # transfers x the median excess: one stalled transfer (a scheduling hiccup on the
-    # sender) must not outweigh a path that is slow every time
-    typical = excess.groupby([joined["src"], joined["dst"], joined["transport"]]).median()
+    # transfers x the typical excess (same quantile): one stalled transfer (a scheduling
+    # hiccup on the sender) must not outweigh a path that is slow every time
+    typical = excess.groupby([joined["src"], joined["dst"], joined["transport"]]).quantile(
+        cfg.kv_quantile
+    )
     per["explained_s"] = (typical.clip(lower=0) * per["transfers"]).fillna(0.0)
     slow = (per["kv_ratio"] >= cfg.kv_ratio) & (per["transfers"] >= cfg.min_transfers)
     evidence = (per["rtt_ratio"] >= cfg.rtt_ratio) | per["congested"]

@@ -3,10 +3,10 @@ three, and the collector must rank that path first and flag it alone as fabric-b
 
 Per round: `tc netem` delays one directed path; the workload (the real pipeline, kv_sink
 sessions over RC WRITE, spans through the OpenTelemetry SDK's OTLP exporter) runs over
-h0->h1, h0->h2 and h1->h2, then RC latency probes measure the same three paths with the
-delay still on, inside the same window. The probe sketches and the hosts' rxe
-hw_counters reach the collector as the WindowReports an agent sends (Register, then
-reports through the agent API).
+h0->h1, h0->h2 and h1->h2, and RC latency probes measure the same three paths halfway
+through it and after it, with the delay still on, inside the same window. The probe
+sketches and the hosts' rxe hw_counters reach the collector as the WindowReports an
+agent sends (Register, then reports through the agent API).
 Delays 2, 5 and 10 ms, each put once on every path; the hit rate is printed.
 """
 
@@ -20,7 +20,13 @@ from collector.api import fabricprobe_pb2 as pb
 from collector.service import CollectorServer, ServerConfig
 from fabricprobe import netem
 from fabricprobe.workload.models import PRESETS
-from fabricprobe.workload.pipeline import Host, WorkloadConfig, close_channels, run_pipeline
+from fabricprobe.workload.pipeline import (
+    Host,
+    RequestResult,
+    WorkloadConfig,
+    close_channels,
+    run_pipeline,
+)
 from fabricprobe.workload.spans import SpanSender
 from fabricprobe.workload.transfer import KvChannel
 from probes.counters import read_port_counters
@@ -31,7 +37,7 @@ from tests.rdma.conftest import LaneHost, start_responder
 PORT = 4797
 DELAYS = ("2ms", "5ms", "10ms")
 PER_PATH = 5  # KV transfers per path and round
-PROBE_ITERS = 50
+PROBE_ITERS = 30
 
 
 class Reporter:
@@ -74,6 +80,29 @@ def probe_paths(
         into.setdefault((a.name, b.name), LatencySketch()).merge(res.sketch)
 
 
+class EmitAndProbe:
+    """Span out each finished request; after the AT-th, a probe pass over every path."""
+
+    def __init__(
+        self,
+        sender: SpanSender,
+        model: str,
+        paths: list[tuple[LaneHost, LaneHost]],
+        sketches: dict[tuple[str, str], LatencySketch],
+        at: int,
+    ) -> None:
+        self.sender, self.model, self.paths, self.sketches, self.at = (
+            sender, model, paths, sketches, at,
+        )  # fmt: skip
+        self.done = 0
+
+    def __call__(self, r: RequestResult) -> None:
+        self.sender.emit(r, self.model)
+        self.done += 1
+        if self.done == self.at:
+            probe_paths(self.paths, self.sketches)
+
+
 def test_delayed_path_ranks_first_and_alone_is_fabric_bound(lane_hosts: list[LaneHost]) -> None:
     h0, h1, h2 = lane_hosts[:3]
     paths = [(h0, h1), (h0, h2), (h1, h2)]
@@ -110,10 +139,8 @@ def test_delayed_path_ranks_first_and_alone_is_fabric_bound(lane_hosts: list[Lan
                 netem.impair(slow[0].netdev, slow[1].ip, delay=delay)
                 try:
                     t1 = time.time_ns()
-                    results = run_pipeline(
-                        wl_paths, cfg, on_request=lambda r: sender.emit(r, cfg.model.name),
-                        channels=channels,
-                    )  # fmt: skip
+                    emit = EmitAndProbe(sender, cfg.model.name, paths, sketches, cfg.requests // 2)
+                    results = run_pipeline(wl_paths, cfg, on_request=emit, channels=channels)
                     t2 = time.time_ns()
                     probe_paths(paths, sketches)
                 finally:
