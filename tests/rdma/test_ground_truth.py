@@ -7,7 +7,8 @@ h0->h1, h0->h2 and h1->h2, and RC latency probes measure the same three paths ha
 through it and after it, with the delay still on, inside the same window. The probe
 sketches and the hosts' rxe hw_counters reach the collector as the WindowReports an
 agent sends (Register, then reports through the agent API).
-Delays 2, 5 and 10 ms, each put once on every path; the hit rate is printed.
+Delays 2, 5 and 10 ms, each put once on every path (9 rounds); the hit rate is printed
+and must be at least 7 of 9, with at most one untouched path flagged over all rounds.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def test_delayed_path_ranks_first_and_alone_is_fabric_bound(lane_hosts: list[Lan
     )
     analysis = AnalysisConfig()
     server.attribution.cfg = analysis
-    hits, failures, rows = 0, 0, []
+    hits, failures, false_flags, rows = 0, 0, 0, []
     reporter = Reporter(server, lane_hosts[:3])
     try:
         # warm-up: sessions opened, first-touch costs paid, counter baselines reported
@@ -165,6 +166,7 @@ def test_delayed_path_ranks_first_and_alone_is_fabric_bound(lane_hosts: list[Lan
                 want_path = (slow[0].name, slow[1].name)
                 hit = first == want_path and flagged == {want_path}
                 hits += hit
+                false_flags += len(flagged - {want_path})
                 rows.append((delay, want_path, hit, ranked))
                 print(
                     f"\n{delay} on {want_path[0]}->{want_path[1]}: {'HIT' if hit else 'MISS'} "
@@ -190,4 +192,9 @@ def test_delayed_path_ranks_first_and_alone_is_fabric_bound(lane_hosts: list[Lan
     for delay in DELAYS:
         mine = [r for r in rows if r[0] == delay]
         print(f"  {delay}: {sum(r[2] for r in mine)}/{len(mine)}")
-    assert hits / n >= 0.8, f"the delayed path was found in only {hits} of {n} rounds"
+    print(f"  untouched paths flagged: {false_flags} in {n} rounds ({2 * n} untouched paths)")
+    # Under QEMU's software emulation a sender's stall can slow a clean path's transfers
+    # for a whole round, and a delay's effect on a transfer can drown in one: the test
+    # holds the attribution to a hit rate, not to every single round.
+    assert hits >= n - 2, f"the delayed path was found in only {hits} of {n} rounds"
+    assert false_flags <= 1, f"{false_flags} untouched paths flagged as fabric-bound"
