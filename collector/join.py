@@ -72,12 +72,24 @@ def measured_first(stages: pd.DataFrame) -> pd.DataFrame:
     return stages[keep]
 
 
-def _path_windows(windows: pd.DataFrame, src: str, dst: str, transport: str) -> pd.DataFrame:
-    w = windows
-    if transport:
-        w = w[w["transport"] == transport]
-    fwd = w[(w["src"] == src) & (w["dst"] == dst)]
-    return fwd if not fwd.empty else w[(w["src"] == dst) & (w["dst"] == src)]
+class _PathIndex:
+    """Probe windows split by path once, so each stage looks up its own (a join of
+    hundreds of stages must not filter the whole history for each one)."""
+
+    def __init__(self, windows: pd.DataFrame) -> None:
+        self.empty = windows.iloc[0:0]
+        self.exact = {k: g for k, g in windows.groupby(["src", "dst", "transport"], sort=False)}
+        self.any = {k: g for k, g in windows.groupby(["src", "dst"], sort=False)}
+
+    def get(self, src: str, dst: str, transport: str) -> pd.DataFrame:
+        if transport:
+            fwd = self.exact.get((src, dst, transport))
+            rev = self.exact.get((dst, src, transport))
+        else:
+            fwd, rev = self.any.get((src, dst)), self.any.get((dst, src))
+        if fwd is not None and not fwd.empty:
+            return fwd
+        return rev if rev is not None else self.empty
 
 
 def join_fabric(
@@ -105,8 +117,11 @@ def join_fabric(
     loss: list[float] = []
     matched: list[int] = []
     rate_cols: dict[str, list[float]] = {c: [] for c in RATE_FIELDS}
+    paths = _PathIndex(windows)
+    by_host = {h: g for h, g in rates.groupby("host", sort=False)}
+    no_rates = rates.iloc[0:0]
     for row in fab.itertuples(index=False):
-        pw = _path_windows(windows, row.src, row.dst, row.transport)
+        pw = paths.get(row.src, row.dst, row.transport)
         w = pw[(pw["start_ns"] <= row.end_ns + slack) & (pw["end_ns"] >= row.start_ns - slack)]
         if w.empty and not pw.empty:  # a gap, or a first window's estimated start: take the next
             later = pw[(pw["end_ns"] >= row.end_ns) & (pw["end_ns"] <= row.end_ns + horizon)]
@@ -120,11 +135,8 @@ def join_fabric(
             ("src", row.src, row.src_device),
             ("dst", row.dst, row.dst_device),
         ):
-            r = rates[
-                (rates["host"] == host)
-                & (rates["t_ns"] >= row.start_ns)
-                & (rates["t_ns"] <= row.end_ns + horizon)
-            ]
+            hr = by_host.get(host, no_rates)
+            r = hr[(hr["t_ns"] >= row.start_ns) & (hr["t_ns"] <= row.end_ns + horizon)]
             if device:
                 # RDMA counters are per device; netdev ones (PFC, ECN) stay whatever device
                 r = r[(r["device"] == device) | r["category"].isin(("pfc_pause", "ecn_mark"))]
