@@ -111,6 +111,8 @@ Presets: """
               help="A host: its agent name and responder address (repeat).")  # fmt: skip
 @click.option("--path", "path_specs", multiple=True, metavar="SRC:DST",
               help="Prefill host -> decode host (repeat); default: loopback.")  # fmt: skip
+@click.option("--outstanding", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="RDMA WRITEs in flight per transfer (one layer's KV cache each).")  # fmt: skip
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="Responders' control port.")  # fmt: skip
 @click.option("--serve", is_flag=True, help="Run a responder in this process (loopback use).")
@@ -133,6 +135,7 @@ def workload(
     transport: str,
     host_specs: tuple[str, ...],
     path_specs: tuple[str, ...],
+    outstanding: int,
     port: int,
     serve: bool,
     otlp: str | None,
@@ -181,6 +184,7 @@ def workload(
                     rate=rate,
                     concurrency=concurrency,
                     transport=tr,
+                    outstanding=outstanding,
                     port=port,
                     seed=seed,
                 )
@@ -199,7 +203,7 @@ def workload(
             }
         )
     else:
-        Console().print(_table(model, prompt_tokens, results))
+        Console(width=max(120, Console().width)).print(_table(model, prompt_tokens, results))
     errors = [r.error for r in results if r.error]
     if errors:
         fail(f"{len(errors)} of {len(results)} requests failed; first: {errors[0]}", 1)
