@@ -125,7 +125,7 @@ def why(collector: str, slowest: int, window_s: float | None, by: str, as_json: 
     if as_json:
         print_json(report)
         return
-    console = Console()
+    console = Console(width=max(170, Console().width))
     console.print(requests_table(report.get("slowest", [])))
     console.print(paths_table(report.get("paths", [])))
     good = report.get("goodput") or []

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import queue
 import random
+import secrets
 import socket
 import threading
 import time
@@ -195,7 +196,7 @@ def run_pipeline(
     todo: queue.Queue[RequestResult | None] = queue.Queue()
     out: list[RequestResult] = []
     lock = threading.Lock()
-    run_id = f"{rng.getrandbits(32):08x}"
+    run_id = secrets.token_hex(4)  # ids unique across runs, even with the same seed
 
     def request(i: int) -> RequestResult:
         src, dst = paths[i % len(paths)]

@@ -81,6 +81,7 @@ def test_pipeline_times_every_stage_on_loopback(responder: Responder) -> None:
         assert r.seconds("decode") >= 3 * 0.002
         assert 0 < r.ttft_s < r.e2e_s
         assert r.kv_bytes == cfg.model.kv_bytes(r.prompt_tokens)
+    assert len({r.request_id for r in results + run_pipeline([(a, b)], cfg)}) == 12
     s = summarise(results)
     assert list(s["dst"]) == ["b", "c"] and list(s["requests"]) == [3, 3]
     assert (s["kv_bytes_per_s"] > 0).all()
