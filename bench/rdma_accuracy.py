@@ -76,7 +76,13 @@ def _perftest_once(
         text=True,
     )
     try:
-        time.sleep(1.0)  # perftest's server listens only once it has set up its QP
+        # the server accepts exactly one connection, so watch for its listening socket
+        # instead of connecting to it
+        deadline = time.monotonic() + 60
+        while not _listening(PERFTEST_PORT):
+            if server.poll() is not None or time.monotonic() > deadline:
+                return f"{tool} server did not start: {server.communicate()[0][-300:]}"
+            time.sleep(0.1)
         out = subprocess.run(
             [tool, "-d", str(a["device"]), "-x", str(a["gid_index"]), *common, str(b["ip"])],
             capture_output=True,
@@ -85,12 +91,25 @@ def _perftest_once(
             check=False,
         )
     finally:
-        server.wait(timeout=60)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # its client failed: nobody will finish it
+            server.kill()
+            server.wait()
     rows = [m for line in out.stdout.splitlines() if (m := ROW.match(line))]
     if out.returncode or not rows:
         tail = (out.stdout + out.stderr).strip().splitlines()[-3:]
         return " / ".join(tail)
     return [float(x) for x in rows[-1].groups()]
+
+
+def _listening(port: int) -> bool:
+    """Whether a TCP socket listens on PORT (from /proc/net/tcp, state 0A = LISTEN)."""
+    with open("/proc/net/tcp") as f:
+        next(f)
+        return any(
+            line.split()[1].endswith(f":{port:04X}") and line.split()[3] == "0A" for line in f
+        )
 
 
 def retried(what: str, run: Callable[[], Any], tries: int = 3) -> Any:
