@@ -34,9 +34,10 @@ def test_rc_latency_counts_every_round_trip(lane_hosts, responder, op: str) -> N
     assert 0 < res.summary.min_us <= res.summary.p50_us <= res.summary.max_us
 
 
-# Multi-packet SENDs retransmitted under heavy emulation load can end in an error
-# completion on 6.1's rxe; SEND bandwidth is checked at 4 KiB, WRITE at 64 KiB.
-@pytest.mark.parametrize(("op", "size", "outstanding"), [("write", 65536, 16), ("send", 4096, 4)])
+# One-packet messages (the lane's path MTU is 1024): on 6.1's rxe, multi-packet
+# operations retransmitted under emulation load sometimes end in an error completion
+# (IBV_WC_REM_INV_REQ_ERR, LOC_QP_OP_ERR); ib_write_bw -s 65536 fails the same way there.
+@pytest.mark.parametrize(("op", "size", "outstanding"), [("write", 1024, 16), ("send", 1024, 16)])
 def test_rc_bandwidth_completes_every_operation(
     lane_hosts, responder, op: str, size: int, outstanding: int
 ) -> None:
