@@ -52,6 +52,11 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             "1 when the path's KV transfers are slow and its fabric figures account for it.",
             labels=PATH,
         ),
+        "rho": GaugeMetricFamily(
+            P + "path_kv_rtt_rank_correlation",
+            "Spearman rho of KV-transfer time per byte with probe p99 RTT, newest window.",
+            labels=PATH,
+        ),
         "share": GaugeMetricFamily(
             P + "fabric_share_ttft_ratio",
             "Median share of TTFT spent in KV transfer over the last window.",
@@ -105,6 +110,12 @@ class AttributionCollector(Collector):
             labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
             f["explained"].add_metric(labels, float(row.explained_s))
             f["bound"].add_metric(labels, 1.0 if row.fabric_bound else 0.0)
+        corr = res.correlation.dropna(subset=["rho_rtt_p99"])
+        if len(corr):
+            newest = corr[corr["window"] == corr["window"].max()]
+            for row in newest.itertuples(index=False):
+                labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
+                f["rho"].add_metric(labels, float(row.rho_rtt_p99))
         share = res.requests["fabric_share_ttft"].median() if len(res.requests) else math.nan
         if not math.isnan(share):
             f["share"].add_metric([], float(share))

@@ -29,15 +29,20 @@ def loaded() -> Attribution:
     store = WindowStore(clock=lambda: NOW)
     for host in ("h0", "h1"):
         store.register(pb.HostInfo(host=host))
-    for seq, (src, dst, rtt) in enumerate(
-        [("h0", "h1", 2_000_000), ("h0", "h2", 80_000), ("h1", "h2", 90_000)], start=1
-    ):
-        r = pb.WindowReport(
-            host=src, epoch=1, seq=seq, window_start_unix_ns=NOW - 20 * S, window_end_unix_ns=NOW
-        )
-        r.probes.add(dst=dst, transport="rdma", op="write", size=64, rtt_sketch=sketch(rtt))
-        store.take(r)
     a = Attribution(store, clock=lambda: NOW)
+    seq = 0
+    # two windows per path: the second one's RTT is higher (h0->h1 much higher)
+    for end, scale in ((NOW - 13 * S, 1), (NOW, 2)):
+        for src, dst, rtt in [("h0", "h1", 2_000_000), ("h0", "h2", 80_000), ("h1", "h2", 90_000)]:
+            seq += 1
+            r = pb.WindowReport(
+                host=src, epoch=1, seq=seq, window_start_unix_ns=end - 7 * S, window_end_unix_ns=end
+            )
+            r.probes.add(
+                dst=dst, transport="rdma", op="write", size=64, rtt_sketch=sketch(rtt * scale)
+            )
+            store.take(r)
+        a.sync()
     spans = []
     for i in range(4):
         t = NOW - 15 * S + i * S
@@ -82,6 +87,10 @@ def test_metrics_show_the_slow_path_and_match_the_catalogue() -> None:
     assert v("fabricprobe_otlp_spans_received_total") == 25
     assert v("fabricprobe_otlp_spans_rejected_total") == 1
     assert v("fabricprobe_throughput_tokens_per_second") > 0
+    rho = v(
+        "fabricprobe_path_kv_rtt_rank_correlation", {"src": "h0", "dst": "h1", "transport": "rdma"}
+    )
+    assert rho is not None and rho > 0.5
     text = generate_latest(reg).decode()
     assert "request_id" not in text
 
