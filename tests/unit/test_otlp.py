@@ -71,3 +71,21 @@ def test_grpc_partial_success_and_status_codes(stub: ts_grpc.TraceServiceStub) -
     with pytest.raises(grpc.RpcError) as e:
         stub.Export(batch(*[GOOD] * 11), timeout=5)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_the_collector_serves_otlp_and_refuses_a_batch_over_its_message_limit() -> None:
+    from collector.service import MAX_MESSAGE_BYTES, CollectorServer, ServerConfig
+
+    server = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""))
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = ts_grpc.TraceServiceStub(ch)
+            assert not stub.Export(batch(GOOD), timeout=5).HasField("partial_success")
+            big = span("queue", S, 2 * S, **{"note": "x" * 1000})
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Export(batch(*[big] * (MAX_MESSAGE_BYTES // 1000 + 10)), timeout=10)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert server.attribution.ingest.received_total == 1
+    finally:
+        server.stop(0)
