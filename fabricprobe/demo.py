@@ -127,8 +127,10 @@ def run(
             table.add_row(f"{a.name} → {b.name}", *row)
         console.print(table)
         timer = tcp_lib.measure_timer_overhead()
+        engine = rc.pick_engine("auto")
         console.print(
-            f"timing loop cost inside each sample: RDMA {rc.loop_overhead_ns():,} ns, "
+            f"timing loop cost inside each sample: RDMA ({engine} loop) "
+            f"{rc.loop_overhead_ns(engine):,} ns, "
             f"TCP {timer.loop_ns:,} ns (measured now, in this process)",
             highlight=False,
         )

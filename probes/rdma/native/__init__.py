@@ -109,6 +109,11 @@ def available() -> bool:
     return True
 
 
+def clock_overhead_ns() -> int:
+    """Median cost of the clock-read pair that brackets each native RTT sample."""
+    return int(_load().lib.fp_clock_overhead_ns(1024))
+
+
 class NativeRcEndpoint:
     """One RC QP, its two CQs and a registered buffer of 2 x `size` bytes, owned in C.
 

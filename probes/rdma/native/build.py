@@ -47,6 +47,7 @@ int64_t fp_bandwidth(fp_ep *ep, int write, uint64_t raddr, uint32_t rkey, uint32
                      int64_t iters, uint32_t outstanding, int64_t step_ns,
                      int64_t *elapsed_ns);
 int64_t fp_receive(fp_ep *ep, int64_t iters, int64_t step_ns, int64_t *elapsed_ns);
+int64_t fp_clock_overhead_ns(int rounds);
 """
 
 

@@ -560,3 +560,24 @@ int64_t fp_receive(fp_ep *ep, int64_t iters, int64_t step_ns, int64_t *elapsed_n
     *elapsed_ns = now_ns() - t0;
     return got;
 }
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* What the timing itself adds to every RTT sample: the median of ROUNDS back-to-back
+ * clock reads (each sample is one pair of them around the exchange). */
+int64_t fp_clock_overhead_ns(int rounds)
+{
+    int64_t d[1024];
+    if (rounds < 1 || rounds > 1024)
+        rounds = 1024;
+    for (int i = 0; i < rounds; i++) {
+        int64_t t0 = now_ns();
+        d[i] = now_ns() - t0;
+    }
+    qsort(d, (size_t)rounds, sizeof d[0], cmp_i64);
+    return d[rounds / 2];
+}
