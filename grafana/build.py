@@ -236,6 +236,142 @@ FABRIC = Dashboard(
     ),
 )
 
+KV_SEL = 'src=~"$src", dst=~"$dst", transport=~"$transport"'
+
+REQUESTS = Dashboard(
+    uid="fabricprobe-requests",
+    title="fabricprobe / requests",
+    description="Inference stages joined with the fabric: how much of each request was the "
+    "fabric, on which path.",
+    variables=(
+        ("src", "label_values(fabricprobe_kv_transfer_seconds_bucket, src)"),
+        ("dst", "label_values(fabricprobe_kv_transfer_seconds_bucket, dst)"),
+        ("transport", "label_values(fabricprobe_kv_transfer_seconds_bucket, transport)"),
+    ),
+    rows=(
+        Row(
+            "Requests",
+            (
+                Panel(
+                    "Stage duration p50 / p99",
+                    (
+                        (
+                            "histogram_quantile(0.5, sum by (stage, le) "
+                            "(rate(fabricprobe_stage_duration_seconds_bucket[5m])))",
+                            "p50 {{stage}}",
+                        ),
+                        (
+                            "histogram_quantile(0.99, sum by (stage, le) "
+                            "(rate(fabricprobe_stage_duration_seconds_bucket[5m])))",
+                            "p99 {{stage}}",
+                        ),
+                    ),
+                    "s",
+                    description="queue, prefill, kv_transfer, decode, detokenize, deliver.",
+                ),
+                Panel(
+                    "TTFT and inter-token latency p99",
+                    (
+                        (
+                            "histogram_quantile(0.99, sum by (le) "
+                            "(rate(fabricprobe_request_ttft_seconds_bucket[5m])))",
+                            "TTFT p99",
+                        ),
+                        (
+                            "histogram_quantile(0.99, sum by (le) "
+                            "(rate(fabricprobe_request_itl_seconds_bucket[5m])))",
+                            "inter-token p99",
+                        ),
+                    ),
+                    "s",
+                    description="Kept apart: TTFT carries the KV transfer, ITL the decode.",
+                ),
+                Panel(
+                    "Fabric share of TTFT",
+                    (("fabricprobe_fabric_share_ttft_ratio", "share"),),
+                    "percentunit",
+                ),
+                Panel(
+                    "Goodput under SLO beside throughput",
+                    (
+                        (
+                            "fabricprobe_goodput_tokens_per_second",
+                            "goodput (met TTFT and ITL targets)",
+                        ),
+                        ("fabricprobe_throughput_tokens_per_second", "throughput"),
+                    ),
+                    "short",
+                ),
+            ),
+        ),
+        Row(
+            "Which path",
+            (
+                Panel(
+                    "KV transfer p99 per path",
+                    (
+                        (
+                            f"histogram_quantile(0.99, sum by (src, dst, transport, le) "
+                            f"(rate(fabricprobe_kv_transfer_seconds_bucket{{{KV_SEL}}}[5m])))",
+                            "{{src}} → {{dst}} {{transport}}",
+                        ),
+                    ),
+                    "s",
+                ),
+                Panel(
+                    "Stage time each path explains",
+                    (
+                        (
+                            f"fabricprobe_path_explained_seconds{{{KV_SEL}}}",
+                            "{{src}} → {{dst}} {{transport}}",
+                        ),
+                    ),
+                    "s",
+                    description="Paths ranked by the KV-transfer time they add over the others.",
+                ),
+                Panel(
+                    "Fabric-bound paths",
+                    (
+                        (
+                            f"fabricprobe_path_fabric_bound{{{KV_SEL}}}",
+                            "{{src}} → {{dst}} {{transport}}",
+                        ),
+                    ),
+                    "short",
+                    description="1: its KV transfers are slow and its probes or congestion "
+                    "counters say why.",
+                ),
+                Panel(
+                    "KV time vs probe tail RTT (rank correlation)",
+                    (
+                        (
+                            f"fabricprobe_path_kv_rtt_rank_correlation{{{KV_SEL}}}",
+                            "{{src}} → {{dst}} {{transport}}",
+                        ),
+                    ),
+                    "short",
+                ),
+                Panel(
+                    "Communication-bound",
+                    (("fabricprobe_communication_bound", "flag"),),
+                    "short",
+                    "stat",
+                    description="KV transfer and decode queueing rising together while "
+                    "compute stays flat.",
+                ),
+                Panel(
+                    "OTLP spans",
+                    (
+                        ("rate(fabricprobe_otlp_spans_received_total[5m])", "received"),
+                        ("rate(fabricprobe_otlp_spans_rejected_total[5m])", "rejected"),
+                    ),
+                    "short",
+                ),
+            ),
+        ),
+    ),
+)
+
 RECORDING: list[dict[str, str]] = [
     {
         "record": _quantile(q),
@@ -410,7 +546,7 @@ def render_rules() -> str:
     return "\n".join(lines) + "\n"
 
 
-DASHBOARDS = (FABRIC,)
+DASHBOARDS = (FABRIC, REQUESTS)
 
 
 def outputs() -> dict[Path, str]:
