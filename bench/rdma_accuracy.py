@@ -226,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
                 str(b["ip"]),
                 "--client-addr",
                 str(a["ip"]),
+                "--rounds",
+                str(args.rounds),
+                "--iters",
+                "3000",  # Python under emulation: ~1 ms per round trip
             ],
             check=False,
         )
