@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import ipaddress
+import os
 import random
 import threading
 from array import array
@@ -107,6 +108,16 @@ def available() -> bool:
     except NativeError:
         return False
     return True
+
+
+def tcp_echo(fd: int, size: int) -> int:
+    """Echo SIZE-byte messages on the connected TCP socket FD until the peer closes;
+    returns how many. A receive timeout or a socket error raises OSError."""
+    mod = _load()
+    done = int(mod.lib.fp_tcp_echo(fd, mod.ffi.new("uint8_t[]", size), size))
+    if done < 0:
+        raise OSError(-done, os.strerror(-done))
+    return done
 
 
 def clock_overhead_ns() -> int:

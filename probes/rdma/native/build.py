@@ -48,6 +48,7 @@ int64_t fp_bandwidth(fp_ep *ep, int write, uint64_t raddr, uint32_t rkey, uint32
                      int64_t *elapsed_ns);
 int64_t fp_receive(fp_ep *ep, int64_t iters, int64_t step_ns, int64_t *elapsed_ns);
 int64_t fp_clock_overhead_ns(int rounds);
+int64_t fp_tcp_echo(int fd, uint8_t *buf, uint32_t size);
 """
 
 

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/socket.h>
 #include <infiniband/verbs.h>
 
 #define SIGNAL_EVERY 16
@@ -580,4 +581,37 @@ int64_t fp_clock_overhead_ns(int rounds)
     }
     qsort(d, (size_t)rounds, sizeof d[0], cmp_i64);
     return d[rounds / 2];
+}
+
+/* The TCP responder's echo, for the TCP baseline: receive SIZE-byte messages on a
+ * connected socket and send each back until the peer closes. Inside every RTT the
+ * prober measures, so it is as lean as a C tool's. Returns the messages echoed, or
+ * -errno (a receive timeout set with SO_RCVTIMEO gives -EAGAIN). */
+int64_t fp_tcp_echo(int fd, uint8_t *buf, uint32_t size)
+{
+    int64_t echoed = 0;
+    for (;;) {
+        size_t got = 0, sent = 0;
+        while (got < size) {
+            ssize_t k = recv(fd, buf + got, size - got, MSG_WAITALL);
+            if (k == 0)
+                return echoed;
+            if (k < 0) {
+                if (errno == EINTR)
+                    continue;
+                return -errno;
+            }
+            got += (size_t)k;
+        }
+        while (sent < size) {
+            ssize_t k = send(fd, buf + sent, size - sent, MSG_NOSIGNAL);
+            if (k < 0) {
+                if (errno == EINTR)
+                    continue;
+                return -errno;
+            }
+            sent += (size_t)k;
+        }
+        echoed++;
+    }
 }
