@@ -208,7 +208,9 @@ def why_report(res: Analysis, slowest: int = 10, by: str = "e2e_s") -> dict[str,
     req = res.requests
     if by not in req.columns:
         raise ValueError(f"cannot sort by {by!r}")
-    top = req.dropna(subset=[by]).nlargest(min(slowest, MAX_WHY), by)
+    # an empty window (or one whose figures are all missing) has an object-typed column
+    ranked = req.assign(**{by: pd.to_numeric(req[by], errors="coerce")}).dropna(subset=[by])
+    top = ranked.nlargest(min(slowest, MAX_WHY), by)
     kv = res.kv.drop(columns=["stage", "derived"], errors="ignore")
     fabric_cols = [c for c in kv.columns if c not in top.columns or c == "request_id"]
     top = top.merge(kv[fabric_cols], on="request_id", how="left")

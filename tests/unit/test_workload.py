@@ -136,3 +136,10 @@ def test_help_runs_as_a_process() -> None:
         out = subprocess.run([sys.executable, "-m", "fabricprobe", cmd, "--help"],
                              capture_output=True, text=True, check=True)  # fmt: skip
         assert "Examples" in out.stdout
+
+
+def test_why_on_a_collector_that_has_seen_no_request(collector: CollectorServer) -> None:
+    res = CliRunner().invoke(main, ["why", "--collector", f"127.0.0.1:{collector.port}",
+                                    "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["slowest"] == []
