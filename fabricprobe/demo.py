@@ -250,9 +250,9 @@ def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
             "--report-interval",
             "3",
             "--probe-interval",
-            "2",
+            "3",
             "--probe-count",
-            "20",
+            "10",
         )
     ]
     procs += [
@@ -326,6 +326,8 @@ def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
                 "--slowest",
                 "5",
                 "--window",
+                "300",
+                "--timeout",
                 "300",
             ],
             capture_output=True,

@@ -15,7 +15,9 @@ from probes.control import parse_hostport
 WHY_METHOD = "/fabricprobe.Attribution/Why"  # collector.attribution.WHY_METHOD
 
 
-def query(collector: str, slowest: int, window_s: float | None, by: str) -> dict[str, Any]:
+def query(
+    collector: str, slowest: int, window_s: float | None, by: str, timeout: float = 30.0
+) -> dict[str, Any]:
     """Ask the collector's attribution service (JSON over one gRPC method)."""
     import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
@@ -27,7 +29,7 @@ def query(collector: str, slowest: int, window_s: float | None, by: str) -> dict
             response_deserializer=json.loads,
         )
         body = {"slowest": slowest, "window_s": window_s, "by": by}
-        reply: dict[str, Any] = call(body, timeout=30)
+        reply: dict[str, Any] = call(body, timeout=timeout)
         return reply
 
 
@@ -109,15 +111,24 @@ Examples:
     show_default=True,
     help="What 'slowest' means.",
 )
+@click.option(
+    "--timeout",
+    type=click.FloatRange(1, 3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for the collector's analysis.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def why(collector: str, slowest: int, window_s: float | None, by: str, as_json: bool) -> None:
+def why(
+    collector: str, slowest: int, window_s: float | None, by: str, timeout: float, as_json: bool
+) -> None:
     """The slowest requests of the last window, stage by stage, beside the probe RTT,
     loss and congestion counters of the path their KV cache crossed at the time, and
     the paths ranked by the stage time they explain."""
     import grpc
 
     try:
-        report = query(collector, slowest, window_s, by)
+        report = query(collector, slowest, window_s, by, timeout)
     except ValueError as e:
         fail(str(e))
     except grpc.RpcError as e:
