@@ -405,7 +405,7 @@ def rc_latency(
         size,
         iters,
         sketch.summary(),
-        loop_overhead_ns(),
+        loop_overhead_ns(engine),
         duration,
         error,
         sketch,

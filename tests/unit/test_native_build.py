@@ -57,3 +57,11 @@ def test_status_names_follow_the_header() -> None:
     assert body is not None
     names = re.findall(r"\b(IBV_WC_\w+)", body.group(1))
     assert tuple(names) == WC_STATUS
+
+
+def test_each_engine_reports_the_cost_of_its_own_timing() -> None:
+    from probes.rdma import native, rc
+
+    assert 0 < native.clock_overhead_ns() < 1_000_000
+    assert 0 < rc.loop_overhead_ns("native") < 1_000_000
+    assert 0 < rc.loop_overhead_ns("pyverbs") < 1_000_000
