@@ -23,6 +23,14 @@ log = logging.getLogger("fabricprobe.agent")
 # QP setup on both ends can take seconds on a loaded or emulated host.
 SETUP_TIMEOUT_S = 10.0
 
+
+def _failed_burst(op: str, count: int, err: Exception) -> ProbeOutcome:
+    """A burst that could not run: every exchange in it counts as lost."""
+    lost = LatencySketch("rtt")
+    lost.record_lost(count)
+    return ProbeOutcome("rdma", op, rtt=lost, failed=True, error=str(err))
+
+
 try:
     from probes.rdma.rc import rc_bandwidth, rc_latency
     from probes.rdma.ud import ud_probe
@@ -47,9 +55,7 @@ else:
                 step_s=ctx.timeout,
             )
         except (ProbeError, OSError, ValueError) as e:
-            lost = LatencySketch("rtt")
-            lost.record_lost(spec.count)
-            return ProbeOutcome("rdma", "send", rtt=lost, failed=True, error=str(e))
+            return _failed_burst("send", spec.count, e)
         return ProbeOutcome("rdma", "send", rtt=res.sketch, error=res.error)
 
     @register_runner("rdma_rc_bw")
@@ -91,7 +97,5 @@ else:
                 step_s=ctx.timeout,
             )
         except (ProbeError, OSError, ValueError) as e:
-            lost = LatencySketch("rtt")
-            lost.record_lost(spec.count)
-            return ProbeOutcome("rdma", "ud", rtt=lost, failed=True, error=str(e))
+            return _failed_burst("ud", spec.count, e)
         return ProbeOutcome("rdma", "ud", rtt=res.sketch, error=res.error)
