@@ -24,10 +24,15 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from probes.control import ControlClient, ProtocolError, require_int, require_str
+from probes.control import ControlClient
 from probes.errors import PeerError, ProbeError
 from probes.stats import LatencySketch
-from probes.tcp import MAX_CHUNK, TOKEN_BYTES, run_throughput, set_kernel_timeouts
+from probes.tcp import (
+    MAX_CHUNK,
+    open_data_connection,
+    run_throughput,
+    set_kernel_timeouts,
+)
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -108,29 +113,6 @@ def load_runner_modules(names: Iterable[str] = RUNNER_MODULES) -> list[str]:
 # --------------------------------------------------------------------------- TCP
 
 
-def _data_connection(ctrl: ControlClient, info: dict[str, object], timeout: float) -> socket.socket:
-    """Open the session's data connection from the control connection's source address."""
-    port = require_int(info, "data_port", 1, 65535, where="ready.info.")
-    token_hex = require_str(info, "token", 2 * TOKEN_BYTES, where="ready.info.")
-    try:
-        token = bytes.fromhex(token_hex)
-    except ValueError:
-        raise ProtocolError("ready.info.token: not hex") from None
-    assert ctrl.channel is not None
-    peer_ip = ctrl.channel.sock.getpeername()[0]
-    sock = socket.socket(ctrl.channel.sock.family, socket.SOCK_STREAM)
-    try:
-        sock.bind((ctrl.local_address, 0))
-        sock.settimeout(timeout)
-        sock.connect((peer_ip, port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(token)
-    except OSError as e:
-        sock.close()
-        raise PeerError(f"data connection to port {port}: {e.strerror or e}") from None
-    return sock
-
-
 def _exchange(sock: socket.socket, sbuf: bytearray, rbuf: bytearray) -> int:
     """One ping-pong; the RTT in ns. OSError or PeerError when the peer fails."""
     size = len(sbuf)
@@ -159,7 +141,7 @@ def tcp_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
     try:
         with ControlClient(spec.address, spec.port, bind=ctx.bind, timeout=ctx.timeout) as ctrl:
             info = ctrl.open("tcp_lat", {"size": spec.size, "timeout": ctx.timeout})
-            with _data_connection(ctrl, info, ctx.timeout) as data:
+            with open_data_connection(ctrl, info, ctx.timeout) as data:
                 set_kernel_timeouts(data, ctx.timeout)
                 sbuf = bytearray(random.randbytes(spec.size))
                 rbuf = bytearray(spec.size)

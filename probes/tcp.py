@@ -260,7 +260,9 @@ def _failure(e: OSError, timeout: float) -> str:
     return _Stopped(0, e).reason(timeout)
 
 
-def _open_data(ctrl: ControlClient, info: dict[str, Any], timeout: float) -> socket.socket:
+def open_data_connection(
+    ctrl: ControlClient, info: dict[str, Any], timeout: float
+) -> socket.socket:
     """Connect one data stream to the port in the responder's ready info and send the token."""
     port = require_int(info, "data_port", 1, 65535, where="ready.info.")
     token_hex = require_str(info, "token", 2 * TOKEN_BYTES, where="ready.info.")
@@ -324,7 +326,7 @@ def run_pingpong(
     with ControlClient(host, port, bind=bind, timeout=connect_timeout) as ctrl:
         info = ctrl.open("tcp_lat", {"size": size, "timeout": timeout})
         source = ctrl.local_address
-        data = _open_data(ctrl, info, connect_timeout)
+        data = open_data_connection(ctrl, info, connect_timeout)
         with data:
             set_kernel_timeouts(data, timeout)
             send, recv_into = data.sendall, data.recv_into
@@ -459,7 +461,7 @@ def run_throughput(
         source = ctrl.local_address
         lanes: list[_Stream] = []
         for _ in range(streams):
-            sock = _open_data(ctrl, info, connect_timeout)
+            sock = open_data_connection(ctrl, info, connect_timeout)
             stack.callback(sock.close)
             set_kernel_timeouts(sock, timeout)
             lanes.append(_Stream(sock))
@@ -527,7 +529,7 @@ def _wait_streams(
 # --------------------------------------------------------------------------- responder side
 
 
-def _data_listener(session: Session) -> socket.socket:
+def data_listener(session: Session) -> socket.socket:
     """An ephemeral listener on the address the control connection arrived at."""
     family = socket.AF_INET6 if ":" in session.local[0] else socket.AF_INET
     lsock = session.track(socket.socket(family, socket.SOCK_STREAM))
@@ -536,7 +538,7 @@ def _data_listener(session: Session) -> socket.socket:
     return lsock
 
 
-def _accept_streams(
+def accept_streams(
     session: Session, lsock: socket.socket, token: bytes, count: int, timeout: float
 ) -> list[socket.socket]:
     """Accept COUNT data connections that present TOKEN, all within one deadline."""
@@ -627,9 +629,9 @@ def serve_tcp_lat(session: Session) -> dict[str, Any]:
     """Responder side of a ping-pong: echo every SIZE-byte message back."""
     size = require_int(session.params, "size", MIN_SIZE, MAX_SIZE, where="params.")
     _timeout, token = _session_params(session)
-    lsock = _data_listener(session)
+    lsock = data_listener(session)
     session.ready({"data_port": lsock.getsockname()[1], "token": token})
-    (conn,) = _accept_streams(session, lsock, bytes.fromhex(token), 1, session.step_timeout)
+    (conn,) = accept_streams(session, lsock, bytes.fromhex(token), 1, session.step_timeout)
     return {"echoed": _echo(conn, size, session)}
 
 
@@ -658,9 +660,9 @@ def serve_tcp_bw(session: Session) -> dict[str, Any]:
         session.params, "chunk_size", MIN_SIZE, MAX_CHUNK, DEFAULT_CHUNK, where="params."
     )
     _timeout, token = _session_params(session)
-    lsock = _data_listener(session)
+    lsock = data_listener(session)
     session.ready({"data_port": lsock.getsockname()[1], "token": token})
-    conns = _accept_streams(session, lsock, bytes.fromhex(token), streams, session.step_timeout)
+    conns = accept_streams(session, lsock, bytes.fromhex(token), streams, session.step_timeout)
     received = [0] * streams
     errs: list[str] = []
     threads = [

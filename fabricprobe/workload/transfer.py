@@ -38,7 +38,7 @@ from probes.control import (
     require_str,
 )
 from probes.errors import PeerError, ProbeError
-from probes.tcp import TOKEN_BYTES, _accept_streams, _data_listener, _open_data
+from probes.tcp import TOKEN_BYTES, accept_streams, data_listener, open_data_connection
 
 SESSION = "kv_sink"
 MAX_CHUNK = 1 << 20
@@ -71,7 +71,7 @@ class TcpKvChannel:
         self.ctl = ControlClient(peer, port, bind=bind, timeout=30.0)
         try:
             info = self.ctl.open(SESSION, {"transport": "tcp", "hold_s": hold_s})
-            self.sock = _open_data(self.ctl, info, 30.0)
+            self.sock = open_data_connection(self.ctl, info, 30.0)
         except BaseException:
             self.ctl.close()
             raise
@@ -125,13 +125,13 @@ class RdmaKvChannel:
         step_s: float = 30.0,
         sysfs_root: str = "/sys",
     ) -> None:
-        from probes.rdma.rc import DEPTH, _local_device, source_address
+        from probes.rdma.rc import DEPTH, local_device, source_address
         from probes.rdma.verbs import RcEndpoint
 
         if not 1 <= buffer <= MAX_CHUNK:
             raise ValueError(f"buffer {buffer} outside 1..{MAX_CHUNK}")
         self.buffer, self.outstanding, self.step_s = buffer, min(outstanding, DEPTH), step_s
-        self.device, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), None)
+        self.device, gid_index = local_device(sysfs_root, source_address(peer, port, bind), None)
         self.ctl = ControlClient(peer, port, bind=bind, timeout=30.0)
         self.ep = RcEndpoint(self.device, buffer, DEPTH, gid_index)
         try:
@@ -235,22 +235,22 @@ def serve_kv_sink(session: Session) -> dict[str, Any]:
     if not 1 <= hold_s <= MAX_HOLD_S:
         raise ValueError(f"params.hold_s {hold_s} outside 1..{MAX_HOLD_S}")
     if transport == "tcp":
-        lsock = _data_listener(session)
+        lsock = data_listener(session)
         token = secrets.token_bytes(TOKEN_BYTES)
         session.ready({"data_port": lsock.getsockname()[1], "token": token.hex()})
-        (conn,) = _accept_streams(session, lsock, token, 1, hold_s)
+        (conn,) = accept_streams(session, lsock, token, 1, hold_s)
         transfers, total = _read_frames(conn, session)
         return {"transfers": transfers, "bytes": total}
     if transport != "rdma":
         raise PeerError(f"params.transport must be rdma or tcp, not {transport!r}")
-    from probes.rdma.rc import DEPTH, RESPONDER_SYSFS_ROOT, _local_device
+    from probes.rdma.rc import DEPTH, RESPONDER_SYSFS_ROOT, local_device
     from probes.rdma.verbs import RcEndpoint
 
     chunk = require_int(p, "chunk", 1, MAX_CHUNK, where="params.")
     remote = RdmaEndpoint.from_dict(
         require_dict(p, "endpoint", where="params."), where="params.endpoint"
     )
-    dev, gid_index = _local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
+    dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
     ep = session.resources.enter_context(
         RcEndpoint(dev, chunk, DEPTH, gid_index, remote_access=True)
     )

@@ -258,7 +258,7 @@ def source_address(peer: str, port: int, bind: str | None) -> str:
         return str(s.getsockname()[0])
 
 
-def _local_device(sysfs_root: str | Path, source: str, device: str | None) -> tuple[str, int]:
+def local_device(sysfs_root: str | Path, source: str, device: str | None) -> tuple[str, int]:
     name, gid_index = device_for_address(source, sysfs_root)
     if device is not None and device != name:
         raise ProbeError(f"{source} belongs to {name}, not {device}")
@@ -343,7 +343,7 @@ def _prober_session(
     params: dict[str, Any],
 ) -> Iterator[tuple[ControlClient, Any, RdmaEndpoint]]:
     """Open a KIND session on PEER's responder with a connected endpoint on our side."""
-    dev, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), device)
+    dev, gid_index = local_device(sysfs_root, source_address(peer, port, bind), device)
     with ControlClient(peer, port, bind=bind, timeout=timeout) as ctl:
         with _endpoint(
             engine,
@@ -514,7 +514,7 @@ def _session_shape(
 def _session_endpoint(
     session: Session, engine: str, size: int, op: str, receives: bool, remote: RdmaEndpoint
 ) -> Any:
-    dev, gid_index = _local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
+    dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
     ep = session.resources.enter_context(_endpoint(engine, dev, size, gid_index, op, receives))
     ep.connect(remote)
     session.ready({"endpoint": ep.endpoint().as_dict(), "engine": engine})

@@ -44,7 +44,7 @@ from probes.control import (
     require_int,
 )
 from probes.errors import PeerError, ProbeError
-from probes.rdma.rc import RESPONDER_SYSFS_ROOT, SETUP_TIMEOUT_S, _local_device, source_address
+from probes.rdma.rc import RESPONDER_SYSFS_ROOT, SETUP_TIMEOUT_S, local_device, source_address
 from probes.rdma.verbs import PORT, _sysfs_gid, _verbs, e
 from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
@@ -240,7 +240,7 @@ def ud_probe(
         raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
     if not 0 <= interval_s <= 60:
         raise ValueError(f"interval {interval_s} outside 0..60 s")
-    dev, gid_index = _local_device(sysfs_root, source_address(peer, port, bind), device)
+    dev, gid_index = local_device(sysfs_root, source_address(peer, port, bind), device)
     net, raw = LatencySketch("rtt"), LatencySketch("rtt")
     delays = []
     error = None
@@ -313,7 +313,7 @@ def serve_ud(session: Session) -> dict[str, Any]:
     remote = RdmaEndpoint.from_dict(
         require_dict(p, "endpoint", where="params."), where="params.endpoint"
     )
-    dev, gid_index = _local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
+    dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
     ep = session.resources.enter_context(UdEndpoint(dev, gid_index))
     wr = ep.sender(remote)
     session.ready({"endpoint": ep.endpoint().as_dict()})

@@ -90,10 +90,10 @@ def test_pingpong_progress_reports_every_step(responder: Responder) -> None:
 def corrupt_echo(session: Session) -> dict[str, object]:
     """A responder that echoes 10 messages faithfully, then flips a byte."""
     size = session.params["size"]
-    lsock = tcp._data_listener(session)
+    lsock = tcp.data_listener(session)
     token = "ab" * tcp.TOKEN_BYTES
     session.ready({"data_port": lsock.getsockname()[1], "token": token})
-    (conn,) = tcp._accept_streams(session, lsock, bytes.fromhex(token), 1, 5.0)
+    (conn,) = tcp.accept_streams(session, lsock, bytes.fromhex(token), 1, 5.0)
     for i in range(1000):
         data = conn.recv(size, socket.MSG_WAITALL)
         if not data:
@@ -137,7 +137,7 @@ def test_stray_data_connection_cannot_join(responder: Responder) -> None:
             stray.sendall(b"\x00" * tcp.TOKEN_BYTES)
             stray.settimeout(2)
             assert stray.recv(1) == b""  # closed by the responder
-        data = tcp._open_data(c, info, 2.0)
+        data = tcp.open_data_connection(c, info, 2.0)
         with data:
             data.sendall(b"12345678")
             assert data.recv(8, socket.MSG_WAITALL) == b"12345678"
