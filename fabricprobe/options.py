@@ -19,6 +19,20 @@ sysfs_option = click.option(
     type=click.Path(file_okay=False),
     help="Root of the sysfs tree to read (tests point it at a fixture).",
 )
+log_format_option = click.option(
+    "--log-format",
+    type=click.Choice(["json", "text"]),
+    default="json",
+    show_default=True,
+    help="Log lines on stderr: JSON objects, or text for people.",
+)
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning"]),
+    default="info",
+    show_default=True,
+    help="Least severe level logged.",
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 

@@ -12,7 +12,7 @@ import click
 from agent.agent import Agent
 from agent.config import AgentConfig, ConfigError, apply, load_toml
 from collector.logs import setup_logging
-from fabricprobe.options import fail, sysfs_option
+from fabricprobe.options import fail, log_format_option, log_level_option, sysfs_option
 from probes.errors import ProbeError
 
 log = logging.getLogger("fabricprobe.agent")
@@ -53,20 +53,8 @@ Examples:
 @click.option("--ca-file", type=click.Path(dir_okay=False), help="CA of the collector (TLS).")
 @click.option("--cert-file", type=click.Path(dir_okay=False), help="Client certificate (PEM).")
 @click.option("--key-file", type=click.Path(dir_okay=False), help="Client key (PEM).")
-@click.option(
-    "--log-format",
-    type=click.Choice(["json", "text"]),
-    default="json",
-    show_default=True,
-    help="Log lines on stderr: JSON objects, or text for people.",
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning"]),
-    default="info",
-    show_default=True,
-    help="Least severe level logged.",
-)
+@log_format_option
+@log_level_option
 @sysfs_option
 def agent(
     config_file: str | None,

@@ -14,7 +14,7 @@ from agent.config import ConfigError, apply, load_toml
 from collector.config import CollectorSettings
 from collector.logs import setup_logging
 from collector.service import CollectorServer
-from fabricprobe.options import fail
+from fabricprobe.options import fail, log_format_option, log_level_option
 
 log = logging.getLogger("fabricprobe.collector")
 
@@ -42,20 +42,8 @@ Examples:
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="Server certificate (PEM).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="Server key (PEM).")
 @click.option("--client-ca", type=click.Path(dir_okay=False), help="CA of agent certificates.")
-@click.option(
-    "--log-format",
-    type=click.Choice(["json", "text"]),
-    default="json",
-    show_default=True,
-    help="Log lines on stderr: JSON objects, or text for people.",
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning"]),
-    default="info",
-    show_default=True,
-    help="Least severe level logged.",
-)
+@log_format_option
+@log_level_option
 def collector(config_file: str | None, log_format: str, log_level: str, **flags: Any) -> None:
     """Take window reports from agents, plan their probes, and serve /metrics.
 

@@ -45,7 +45,7 @@ from probes.control import (
 )
 from probes.errors import PeerError, ProbeError
 from probes.rdma.rc import RESPONDER_SYSFS_ROOT, SETUP_TIMEOUT_S, local_device, source_address
-from probes.rdma.verbs import PORT, _sysfs_gid, _verbs, e
+from probes.rdma.verbs import PORT, _ipv6, _sysfs_gid, _verbs, e
 from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
 QKEY = 0x1F1F1F1F
@@ -154,8 +154,6 @@ class UdEndpoint:
         self.close()
 
     def endpoint(self) -> RdmaEndpoint:
-        from probes.rdma.verbs import _ipv6
-
         return RdmaEndpoint(
             qpn=self.qp.qp_num,
             psn=0,
