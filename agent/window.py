@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from agent.probing import ProbeOutcome, ProbeSpec
 from collector.api import fabricprobe_pb2 as pb
+from collector.sketchwire import to_wire
 from probes.stats import LatencySketch
 
 PathKey = tuple[str, str, str, int]  # dst, transport, op, size
@@ -57,7 +58,7 @@ class WindowAggregator:
                     transport=transport,
                     op=op,
                     size=size,
-                    rtt_sketch=w.rtt.encode() if (w.rtt.count or w.rtt.lost) else b"",
+                    rtt=to_wire(w.rtt) if (w.rtt.count or w.rtt.lost) else None,
                     bytes_moved=w.bytes_moved,
                     busy_seconds=w.busy_seconds,
                     failures=w.failures,

@@ -32,6 +32,7 @@ import psutil
 from collector.api import fabricprobe_pb2 as pb
 from collector.assign import PlanConfig, Planner
 from collector.service import AgentApi, ApiConfig, CollectorServer, ServerConfig
+from collector.sketchwire import to_wire
 from collector.store import WindowStore
 from probes.stats import LatencySketch
 
@@ -45,7 +46,7 @@ def make_reports(agents: int, peers: int, counters: int, windows: int) -> list[b
     for _ in range(200):
         s = LatencySketch()
         s.record_many([int(rng.lognormvariate(10.5, 0.3)) for _ in range(10)])
-        pool.append(s.encode())
+        pool.append(to_wire(s))
     names = [f"host-{i:05d}" for i in range(agents)]
     out = []
     for w in range(1, windows + 1):
@@ -63,7 +64,7 @@ def make_reports(agents: int, peers: int, counters: int, windows: int) -> list[b
                     transport="tcp",
                     op="pingpong",
                     size=64,
-                    rtt_sketch=pool[(i * 7 + j + w) % len(pool)],
+                    rtt=pool[(i * 7 + j + w) % len(pool)],
                 )
             for c in range(counters):
                 r.counters.add(

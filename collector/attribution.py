@@ -1,10 +1,11 @@
 """Stage spans x fabric: what the collector keeps of requests, and the analysis over it.
 
 `Attribution` takes stage and request records from the OTLP receiver, keeps the recent
-ones (bounded), keeps running histograms for /metrics, and feeds a FabricHistory from
-the window store on a short period. `analyse()` runs the pure join and analysis
-functions over the last window. `attach_attribution()` is the one call the collector's
-server makes to add all of this next to the agent API.
+ones (bounded), keeps running histograms for /metrics, and has a FabricHistory listen
+to the window store, turning what reports brought into rows on a short period.
+`analyse()` runs the pure join and analysis functions over the last window.
+`attach_attribution()` is the one call the collector's server makes to add all of this
+next to the agent API.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collector.analysis import (
 from collector.history import FabricHistory
 from collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
 from collector.otlp import TraceIngest, add_trace_service
-from collector.stages import STAGES, RequestRecord, StageRecord
+from collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
 from collector.store import WindowStore
 
 DURATION_BUCKETS_S: tuple[float, ...] = (
@@ -96,6 +97,8 @@ class Attribution:
         self.ttft_hist = Histogram()
         self.itl_hist = Histogram()
         self.history = FabricHistory(keep_s=max(3600.0, 4 * self.cfg.window_s))
+        if store is not None:
+            store.listeners.append(self.history)
         self.ingest = TraceIngest(self.take)
         self._cache: Analysis | None = None
 
@@ -104,6 +107,7 @@ class Attribution:
         with self.lock:
             self.stages.extend(stages)
             self.requests.extend(requests)
+            pairs = {(s.src, s.dst) for s in stages if s.stage in FABRIC_STAGES}
             for s in stages:
                 if s.derived:
                     continue
@@ -116,6 +120,8 @@ class Attribution:
                 if r.itl_s is not None:
                     self.itl_hist.observe(r.itl_s)
             self._cache = None
+        if pairs:  # the fabric of these paths is now wanted for the join
+            self.history.watch(pairs, self.store)
 
     def _kv_hist(self, s: StageRecord) -> Histogram:
         key = (s.src, s.dst, s.transport or "unknown")
@@ -129,10 +135,8 @@ class Attribution:
         return h
 
     def sync(self) -> int:
-        """Copy new fabric windows and counter rates from the store into the history."""
-        if self.store is None:
-            return 0
-        return self.history.feed(self.store.snapshot())
+        """Turn the fabric windows and counter rates reports brought into history rows."""
+        return self.history.drain(self.clock())
 
     def run_sync(self, stop: threading.Event, every_s: float = 0.5) -> threading.Thread:
         def loop() -> None:

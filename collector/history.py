@@ -1,11 +1,15 @@
 """Fabric figures over time, for joining stage spans with the windows they overlap.
 
 The window store keeps per-path totals and the newest window only; a join needs the
-window that was current when a KV transfer ran. `FabricHistory.feed()` reads a store
-snapshot and keeps each path window it has not seen yet (RTT percentiles, loss) and
-each new counter rate in the categories a stage is explained by (PFC pauses, ECN
-marks, CNPs, retransmits), for `keep_s` seconds. It is fed on a short period, so
-every window is seen at least once while it is the newest.
+window that was current when a KV transfer ran. A FabricHistory listens to the store,
+for the host pairs that carry fabric stages (`watch()`: the join never looks at other
+paths, and in a large fleet they are nearly all of them). Each report taken hands it
+that report's windows and counter rates on those pairs and hosts (`report_taken`,
+cheap, under the store's lock, into a bounded inbox), and `drain()` turns what arrived
+into rows: each path window newer than the one before it (RTT percentiles, loss) and
+each counter rate in the categories a stage is explained by (PFC pauses, ECN marks,
+CNPs, retransmits), kept for `keep_s` seconds. The work follows the traffic that is
+joined, never the size of the fleet.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from collector.sketchwire import MergedSketch
-from collector.store import StoreSnapshot
+from collector.store import CounterKey, PathKey, WindowStore, host_pair
 
 COUNTER_CATEGORIES = ("pfc_pause", "ecn_mark", "cnp", "retransmit")
 # RDMA hw_counters that count a retransmission or what causes one (mlx5 and rxe names).
@@ -66,6 +70,9 @@ class FabricWindow:
     samples: int
 
 
+_Rate = tuple[CounterKey, str, float]  # counter, category, rate
+
+
 @dataclass(frozen=True)
 class CounterRate:
     host: str
@@ -76,10 +83,8 @@ class CounterRate:
     rate: float  # per second over the window that ended at t_ns
 
 
-def window_from_sketch(
-    key: tuple[str, str, str, str, int], start_ns: int, end_ns: int, sk: MergedSketch
-) -> FabricWindow:
-    p50, p99 = sk.percentile_ns(50.0), sk.percentile_ns(99.0)
+def window_from_sketch(key: PathKey, start_ns: int, end_ns: int, sk: MergedSketch) -> FabricWindow:
+    p50, p99 = sk.percentiles_ns((50.0, 99.0))
     return FabricWindow(
         *key,
         start_ns=start_ns,
@@ -95,14 +100,39 @@ def window_from_sketch(
 class FabricHistory:
     """Bounded, thread-safe history of path windows and counter rates."""
 
-    def __init__(self, *, keep_s: float = 3600.0, first_window_s: float = 10.0) -> None:
+    def __init__(
+        self, *, keep_s: float = 3600.0, first_window_s: float = 10.0, inbox: int = 200_000
+    ) -> None:
         self.keep_ns = int(keep_s * 1e9)
         self.first_window_ns = int(first_window_s * 1e9)
         self.lock = threading.Lock()
         self.windows: deque[FabricWindow] = deque(maxlen=200_000)
         self.rates: deque[CounterRate] = deque(maxlen=200_000)
-        self._path_end: dict[tuple[str, str, str, str, int], int] = {}
-        self._counter_t: dict[tuple[str, ...], int] = {}
+        # what reports brought since the last drain(); bounded like the rows themselves
+        self._inbox: deque[tuple[int, list[tuple[PathKey, MergedSketch]], list[_Rate]]] = deque(
+            maxlen=inbox
+        )
+        self.inbox_dropped = 0
+        self._path_end: dict[PathKey, int] = {}
+        self._category: dict[tuple[str, str], str | None] = {}
+        # replaced whole, never changed in place: report_taken() reads them without a lock
+        self.pairs: frozenset[tuple[str, str]] = frozenset()
+        self.hosts: frozenset[str] = frozenset()
+
+    def watch(self, pairs: set[tuple[str, str]], store: WindowStore | None = None) -> None:
+        """Keep windows of the paths between each of PAIRS (host names, either order)
+        and the counter rates of their hosts from now on; the newest window each such
+        path already has in STORE is taken at once."""
+        new = {host_pair(a, b) for a, b in pairs} - self.pairs
+        if not new:
+            return
+        with self.lock:
+            self.pairs = self.pairs | new
+            self.hosts = self.hosts | {h for p in new for h in p}
+        if store is not None:
+            for a, b in new:
+                for key, end, sketch in store.newest_windows(a, b):
+                    self.report_taken(end, [(key, sketch)], [])
 
     def add_window(self, w: FabricWindow) -> None:
         with self.lock:
@@ -112,34 +142,60 @@ class FabricHistory:
         with self.lock:
             self.rates.append(r)
 
-    def feed(self, snap: StoreSnapshot) -> int:
-        """Keep what is new in SNAP; return how many windows and rates were added."""
-        added = 0
+    def report_taken(
+        self,
+        end_ns: int,
+        windows: list[tuple[PathKey, MergedSketch]],
+        rates: list[tuple[CounterKey, float]],
+    ) -> None:
+        """One report's path windows (their RTT sketches) and updated counter rates, as
+        the store took them; kept are the windows of watched pairs and the counters of
+        watched hosts in an explanatory category."""
+        pairs = self.pairs
+        if not pairs:
+            return
+        windows = [(k, sk) for k, sk in windows if host_pair(k[0], k[1]) in pairs]
+        if rates and rates[0][0][0] not in self.hosts:
+            rates = []  # one report, one host
+        cats = self._category
+        kept: list[_Rate] = []
+        for key, rate in rates:
+            kn = (key[1], key[6])
+            cat = cats.get(kn, "")
+            if cat == "":
+                cat = cats[kn] = counter_category(*kn)
+            if cat is not None:
+                kept.append((key, cat, rate))
+        if not windows and not kept:
+            return
         with self.lock:
-            for key, stats in snap.paths.items():
-                end = stats.last_end_ns
-                prev = self._path_end.get(key)
-                if stats.last_rtt is None or (prev is not None and end <= prev):
-                    continue
+            if len(self._inbox) == self._inbox.maxlen:
+                self.inbox_dropped += 1
+            self._inbox.append((end_ns, windows, kept))
+
+    def drain(self, now_ns: int) -> int:
+        """Turn what reports brought into rows; return how many windows and rates were added."""
+        with self.lock:
+            inbox, self._inbox = self._inbox, deque(maxlen=self._inbox.maxlen)
+        rows: list[FabricWindow] = []
+        rates: list[CounterRate] = []
+        path_end = self._path_end
+        for end, windows, kept in inbox:
+            for key, sketch in windows:
+                prev = path_end.get(key)
+                if prev is not None and end <= prev:
+                    continue  # a window replayed after a newer one: its time has passed
+                path_end[key] = end
                 start = prev if prev is not None else end - self.first_window_ns
-                self._path_end[key] = end
-                self.windows.append(window_from_sketch(key, start, end, stats.last_rtt))
-                added += 1
-            for ckey, track in snap.counters.items():
-                src, kind, device, _port, netdev, _prio, name = ckey
-                cat = counter_category(kind, name)
-                if cat is None or track.rate is None:
-                    continue
-                ident = tuple(map(str, ckey))
-                if self._counter_t.get(ident, -1) >= track.last_ns:
-                    continue
-                self._counter_t[ident] = track.last_ns
-                self.rates.append(
-                    CounterRate(src, device or netdev, cat, name, track.last_ns, track.rate)
-                )
-                added += 1
-            self._trim(snap.now_ns)
-        return added
+                rows.append(window_from_sketch(key, start, end, sketch))
+            for ckey, cat, rate in kept:  # the store updates a rate only for a newer reading
+                src, _kind, device, _port, netdev, _prio, name = ckey
+                rates.append(CounterRate(src, device or netdev, cat, name, end, rate))
+        with self.lock:
+            self.windows.extend(rows)
+            self.rates.extend(rates)
+            self._trim(now_ns)
+        return len(rows) + len(rates)
 
     def _trim(self, now_ns: int) -> None:
         floor = now_ns - self.keep_ns

@@ -1,81 +1,37 @@
-"""Fast reading and merging of latency sketches as they travel (LatencySketch.encode()).
+"""Latency sketches as they travel between agent and collector (the `Sketch` message).
 
-The collector takes thousands of window sketches per second. Decoding each into a full
-LatencySketch allocates two 3,968-slot HDR histograms (~90 µs); a window of a few
-dozen exchanges fills only a handful of slots. So the collector reads the wire form
-itself: `kind|count|lost|min|max|sum|<base64 HDR V2>`, where the HDR part is an 8-byte
-header (cookie, length) and a zlib stream of a 40-byte payload header and ZigZag
-LEB128 varints (a positive value is the count of the next slot, a negative one skips
-that many empty slots). Only non-empty slots are kept, as {slot index: count}; merging
-is adding those up, exactly as HdrHistogram.add does, and percentiles and Prometheus
+The collector takes thousands of window sketches per second. Rebuilding each into a
+full HDR histogram allocates a 3,968-slot array, while a window of a few dozen
+exchanges fills only a handful of slots. So a sketch travels as its exact figures
+(count, loss, min, max, sum) and its non-empty slots as two packed lists, which the
+protobuf runtime decodes in C; the collector keeps {slot index: count}, merging is
+adding those up exactly as HdrHistogram.add does, and percentiles and Prometheus
 buckets are read from them. Slot values come from HdrHistogram itself, so the index
-space is the one LatencySketch records into; a sketch with other HDR settings is
-refused rather than misread.
+space is the one LatencySketch records into.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import bisect
-import struct
-import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from hdrh.histogram import HdrHistogram
 
+from collector.api import fabricprobe_pb2 as pb
 from probes.errors import ParseError
-from probes.stats import HIGHEST_NS, LOWEST_NS, SIGNIFICANT_DIGITS
+from probes.stats import HIGHEST_NS, LOWEST_NS, SIGNIFICANT_DIGITS, LatencySketch
 
-_EXT = struct.Struct(">II")  # cookie, length of the zlib part
-_PAYLOAD = struct.Struct(">IIIIqqd")  # cookie, len, normalizing offset, digits, lo, hi, ratio
-_COOKIE_BASE = 0x1C849303  # V2 encoding cookie, word-size nibble masked off
-_COMPRESSED_BASE = 0x1C849304
 _TEMPLATE = HdrHistogram(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
 MAX_SLOTS = _TEMPLATE.counts_len
-MAX_BLOB = 64 << 10
+_KINDS = ("rtt", "one_way")
 
 
 @lru_cache(maxsize=MAX_SLOTS)
 def slot_value_ns(index: int) -> int:
     """Highest value (ns) that HDR slot INDEX stands for, as LatencySketch.buckets() gives."""
     return int(_TEMPLATE.get_highest_equivalent_value(_TEMPLATE.get_value_from_index(index)))
-
-
-def _varints(data: bytes, start: int, end: int) -> dict[int, int]:
-    """Decode the ZigZag LEB128 counts stream into {slot: count} for non-empty slots."""
-    slots: dict[int, int] = {}
-    index = 0
-    pos = start
-    while pos < end:
-        b = data[pos]
-        pos += 1
-        value = b & 0x7F
-        if b & 0x80:  # more bytes follow (most counts and skips fit in one or two)
-            shift = 7
-            while True:
-                if pos >= end:
-                    raise ParseError("truncated varint in latency sketch")
-                b = data[pos]
-                pos += 1
-                if shift == 56:  # the ninth byte carries eight bits
-                    value |= b << 56
-                    break
-                value |= (b & 0x7F) << shift
-                if not b & 0x80:
-                    break
-                shift += 7
-        n = (value >> 1) ^ -(value & 1)
-        if n < 0:
-            index -= n
-        else:
-            if n:
-                slots[index] = n
-            index += 1
-    if index > MAX_SLOTS:
-        raise ParseError("latency sketch has more slots than its histogram")
-    return slots
 
 
 @dataclass
@@ -107,19 +63,25 @@ class MergedSketch:
 
     def percentile_ns(self, p: float) -> int | None:
         """Value at percentile P (0-100) as HdrHistogram gives it, clamped into [min, max]."""
+        return self.percentiles_ns((p,))[0]
+
+    def percentiles_ns(self, ps: Sequence[float]) -> list[int | None]:
+        """percentile_ns() of each of PS (ascending), in one walk over the slots."""
         if not self.count:
-            return None
-        want = max(1, int(self.count * p / 100.0 + 0.5))  # as HdrHistogram rounds
-        running = 0
-        for i in sorted(self.slots):
-            running += self.slots[i]
-            if running >= want:
-                v = slot_value_ns(i)
-                break
-        else:
-            v = self.max_ns or 0
+            return [None] * len(ps)
         assert self.min_ns is not None and self.max_ns is not None
-        return max(self.min_ns, min(v, self.max_ns))
+        lo, hi = self.min_ns, self.max_ns
+        out: list[int | None] = []
+        items = sorted(self.slots.items())
+        k, running = 0, 0
+        for p in ps:
+            want = max(1, int(self.count * p / 100.0 + 0.5))  # as HdrHistogram rounds
+            while k < len(items) and running + items[k][1] < want:
+                running += items[k][1]
+                k += 1
+            v = slot_value_ns(items[k][0]) if k < len(items) else hi
+            out.append(max(lo, min(v, hi)))
+        return out
 
     def cumulative(self, bounds_ns: list[int]) -> list[int]:
         """Counts at or below each bound (Prometheus `le` buckets), then the total."""
@@ -138,49 +100,42 @@ class MergedSketch:
         return self.lost / total if total else 0.0
 
 
-def parse_sketch(blob: bytes) -> MergedSketch:
-    """Read LatencySketch.encode() output; ParseError for anything malformed."""
-    if len(blob) > MAX_BLOB:
-        raise ParseError(f"latency sketch of {len(blob)} bytes is too large")
-    try:
-        kind, count, lost, mn, mx, total, hist = blob.split(b"|", 6)
-        sk = MergedSketch(
-            kind=kind.decode(),
-            count=int(count),
-            lost=int(lost),
-            min_ns=int(mn) if mn else None,
-            max_ns=int(mx) if mx else None,
-            sum_ns=int(total),
-            slots={},
-        )
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ParseError(f"malformed latency sketch: {e}") from None
-    if sk.kind not in ("rtt", "one_way"):
-        raise ParseError(f"malformed latency sketch: unknown kind {sk.kind!r}")
-    if sk.count < 0 or sk.lost < 0 or sk.sum_ns < 0:
-        raise ParseError("malformed latency sketch: negative count")
-    if not sk.count:
-        if hist:
-            raise ParseError("malformed latency sketch: histogram present with zero count")
+def to_wire(sk: LatencySketch) -> pb.Sketch:
+    """SK as a Sketch message (what an agent sends)."""
+    slots, counts = sk.slots()
+    msg = pb.Sketch(kind=sk.kind, count=sk.count, lost=sk.lost, sum_ns=sk.sum_ns)
+    if sk.count:
+        assert sk.min_ns is not None and sk.max_ns is not None
+        msg.min_ns, msg.max_ns = sk.min_ns, sk.max_ns
+        msg.slots.extend(slots)
+        msg.counts.extend(counts)
+    return msg
+
+
+def from_wire(msg: pb.Sketch) -> MergedSketch:
+    """Read a Sketch message from an agent; ParseError for anything inconsistent."""
+    kind, count = msg.kind, msg.count
+    if kind not in _KINDS:
+        raise ParseError(f"malformed latency sketch: unknown kind {kind!r}")
+    slots, counts = list(msg.slots), list(msg.counts)
+    if len(slots) != len(counts):
+        raise ParseError(f"malformed latency sketch: {len(slots)} slots but {len(counts)} counts")
+    sk = MergedSketch(kind=kind, count=count, lost=msg.lost, sum_ns=msg.sum_ns)
+    if not count:
+        if slots or msg.min_ns or msg.max_ns:
+            raise ParseError("malformed latency sketch: slots or min/max with zero count")
         return sk
-    if sk.min_ns is None or sk.max_ns is None or sk.min_ns > sk.max_ns:
-        raise ParseError("malformed latency sketch: min/max missing or inverted")
-    try:
-        raw = base64.b64decode(hist, validate=True)
-        cookie, length = _EXT.unpack_from(raw)
-        if cookie & ~0xF0 != _COMPRESSED_BASE or length != len(raw) - _EXT.size:
-            raise ParseError("malformed latency sketch: bad histogram header")
-        payload = zlib.decompressobj().decompress(raw[_EXT.size :], _PAYLOAD.size + 9 * MAX_SLOTS)
-        p_cookie, p_len, offset, digits, lo, hi, _ = _PAYLOAD.unpack_from(payload)
-    except (binascii.Error, struct.error, zlib.error) as e:
-        raise ParseError(f"malformed latency sketch: {e}") from None
-    if p_cookie & ~0xF0 != _COOKIE_BASE or p_len != len(payload) - _PAYLOAD.size or offset:
-        raise ParseError("malformed latency sketch: bad histogram payload")
-    if (digits, lo, hi) != (SIGNIFICANT_DIGITS, LOWEST_NS, HIGHEST_NS):
-        raise ParseError(f"latency sketch with other HDR settings ({digits}, {lo}, {hi})")
-    sk.slots = _varints(payload, _PAYLOAD.size, len(payload))
-    if sum(sk.slots.values()) != sk.count:
-        raise ParseError("malformed latency sketch: histogram total does not match count")
+    sk.min_ns, sk.max_ns = msg.min_ns, msg.max_ns
+    if sk.min_ns > sk.max_ns:
+        raise ParseError("malformed latency sketch: min above max")
+    sk.slots = dict(zip(slots, counts, strict=True))
+    # A repeated slot shrinks the dict; an empty one or a wrong total fails the sum.
+    if len(sk.slots) != len(slots) or sum(counts) != count or 0 in counts:
+        raise ParseError("malformed latency sketch: slot counts do not add up to the count")
+    if slots != sorted(slots):
+        raise ParseError("malformed latency sketch: slots not ascending")
+    if slots[-1] >= MAX_SLOTS:
+        raise ParseError(f"malformed latency sketch: slot {slots[-1]} beyond {MAX_SLOTS}")
     return sk
 
 

@@ -13,9 +13,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from collector.api import fabricprobe_pb2 as pb
-from collector.sketchwire import MergedSketch, parse_sketch
+from collector.sketchwire import MergedSketch, from_wire
 from probes.counters import counter_delta
 from probes.errors import ParseError
 
@@ -26,6 +27,11 @@ CounterKey = tuple[str, str, str, int, str, int, str]
 COUNTER_KINDS = frozenset({"rdma", "pfc", "netdev"})
 _WIDTHS = frozenset({32, 64})
 MAX_NAME = 128
+
+
+def host_pair(a: str, b: str) -> tuple[str, str]:
+    """The two hosts of a path in one order, whichever way it is probed."""
+    return (a, b) if a <= b else (b, a)
 
 
 class ReportError(ValueError):
@@ -96,6 +102,15 @@ class _SeqSet:
             self.above.discard(self.floor)
 
 
+class ReportListener(Protocol):
+    def report_taken(
+        self,
+        end_ns: int,
+        windows: list[tuple[PathKey, MergedSketch]],
+        rates: list[tuple[CounterKey, float]],
+    ) -> None: ...
+
+
 @dataclass(frozen=True)
 class TakeResult:
     duplicate: bool
@@ -124,6 +139,9 @@ class WindowStore:
         self.duplicates_total = 0
         self.rejected_total = 0
         self.merges_total = 0
+        # told of every report taken, under the lock (collector/history.py)
+        self.listeners: list[ReportListener] = []
+        self._pair_paths: dict[tuple[str, str], list[PathKey]] = {}  # host_pair() -> paths
 
     # -- hosts --------------------------------------------------------------------------
 
@@ -166,6 +184,11 @@ class WindowStore:
             if gone:
                 dead = set(gone)
                 self.paths = {k: v for k, v in self.paths.items() if k[0] not in dead}
+                self._pair_paths = {
+                    pair: kept
+                    for pair, keys in self._pair_paths.items()
+                    if (kept := [k for k in keys if k[0] not in dead])
+                }
                 self.counters = {k: v for k, v in self.counters.items() if k[0] not in dead}
             return gone
 
@@ -202,10 +225,19 @@ class WindowStore:
                 state.last_window_end_ns = report.window_end_unix_ns
                 if report.HasField("agent"):
                     state.agent = report.agent
+            end = report.window_end_unix_ns
+            windows: list[tuple[PathKey, MergedSketch]] = []
             for w, sketch in zip(report.probes, sketches, strict=True):
-                self._merge_probe(report.host, report.window_end_unix_ns, w, sketch)
+                key = self._merge_probe(report.host, end, w, sketch)
+                if sketch is not None and sketch.kind == "rtt":
+                    windows.append((key, sketch))
+            rates: list[tuple[CounterKey, float]] = []
             for c in report.counters:
-                self._merge_counter(report.host, report.window_end_unix_ns, c)
+                updated = self._merge_counter(report.host, end, c)
+                if updated is not None:
+                    rates.append(updated)
+            for listener in self.listeners:
+                listener.report_taken(end, windows, rates)
             return TakeResult(False, len(report.probes), len(report.counters))
 
     def _validate(self, report: pb.WindowReport) -> list[MergedSketch | None]:
@@ -221,9 +253,9 @@ class WindowStore:
                 raise ReportError(f"bad probe window dst={w.dst!r} transport={w.transport!r}")
             if not w.op or len(w.op) > 32:
                 raise ReportError(f"bad probe op {w.op!r}")
-            if w.rtt_sketch:
+            if w.HasField("rtt"):
                 try:
-                    sketches.append(parse_sketch(w.rtt_sketch))
+                    sketches.append(from_wire(w.rtt))
                 except ParseError as e:
                     raise ReportError(f"probe window to {w.dst}: {e}") from None
             else:
@@ -240,11 +272,12 @@ class WindowStore:
 
     def _merge_probe(
         self, src: str, end_ns: int, w: pb.ProbeWindow, sketch: MergedSketch | None
-    ) -> None:
+    ) -> PathKey:
         key: PathKey = (src, w.dst, w.transport, w.op, int(w.size))
         stats = self.paths.get(key)
         if stats is None:
             stats = self.paths[key] = PathStats()
+            self._pair_paths.setdefault(host_pair(src, w.dst), []).append(key)
         stats.windows += 1
         stats.failures += w.failures
         if sketch is not None:
@@ -259,16 +292,20 @@ class WindowStore:
             if end_ns >= stats.last_end_ns and w.busy_seconds > 0:
                 stats.last_bytes_per_second = w.bytes_moved / w.busy_seconds
         stats.last_end_ns = max(stats.last_end_ns, end_ns)
+        return key
 
-    def _merge_counter(self, src: str, end_ns: int, c: pb.CounterReading) -> None:
+    def _merge_counter(
+        self, src: str, end_ns: int, c: pb.CounterReading
+    ) -> tuple[CounterKey, float] | None:
+        """Fold one reading in; the counter and its new rate when the rate changed."""
         key: CounterKey = (src, c.kind, c.device, c.port, c.netdev, c.priority, c.name)
         value = c.value
         track = self.counters.get(key)
         if track is None:
             self.counters[key] = CounterTrack(c.width, value, end_ns)
-            return
+            return None
         if end_ns <= track.last_ns:
-            return  # a replayed older reading: the totals already passed it
+            return None  # a replayed older reading: the totals already passed it
         if value >= track.last_value:  # the common case, without the wrap/reset analysis
             delta = value - track.last_value
         else:
@@ -277,8 +314,9 @@ class WindowStore:
             track.wraps += d.wrapped
             track.resets += d.reset
         track.total += delta
-        track.rate = delta / ((end_ns - track.last_ns) / 1e9)
+        rate = track.rate = delta / ((end_ns - track.last_ns) / 1e9)
         track.last_value, track.last_ns, track.width = value, end_ns, c.width
+        return key, rate
 
     # -- reading ------------------------------------------------------------------------
 
@@ -296,6 +334,17 @@ class WindowStore:
                 rejected_total=self.rejected_total,
                 merges_total=self.merges_total,
             )
+
+    def newest_windows(self, a: str, b: str) -> list[tuple[PathKey, int, MergedSketch]]:
+        """(path, end, RTT sketch) of the newest window of each path between A and B, both
+        ways."""
+        with self.lock:
+            out = []
+            for key in self._pair_paths.get(host_pair(a, b), ()):
+                st = self.paths.get(key)
+                if st is not None and st.last_rtt is not None and st.last_rtt.kind == "rtt":
+                    out.append((key, st.last_end_ns, st.last_rtt))
+            return out
 
     def seqs_taken(self, host: str) -> dict[int, set[int]]:
         """epoch -> every seq taken for HOST (tests and diagnostics)."""

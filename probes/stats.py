@@ -14,9 +14,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
-
-from probes.errors import ParseError
 
 LOWEST_NS = 1
 HIGHEST_NS = 100_000_000_000  # 100 s: anything slower is a loss, not a latency
@@ -105,40 +104,14 @@ class LatencySketch:
             mean_us=_us(self.sum_ns / self.count) if self.count else None,
         )
 
-    def encode(self) -> bytes:
-        """Portable form: `kind|count|lost|min|max|sum|<HdrHistogram base64>` as ASCII bytes."""
-        hist = self._hist.encode() if self.count else b""
-        head = "|".join(
-            str(x) if x is not None else ""
-            for x in (self.kind, self.count, self.lost, self.min_ns, self.max_ns, self.sum_ns)
-        )
-        return head.encode() + b"|" + hist
-
-    @classmethod
-    def decode(cls, blob: bytes) -> LatencySketch:
-        """Inverse of encode(); a malformed blob raises ParseError (it comes from a peer)."""
-        try:
-            kind, count, lost, mn, mx, total, hist = blob.split(b"|", 6)
-            sketch = cls(kind.decode())  # type: ignore[arg-type]
-            if sketch.kind not in ("rtt", "one_way"):
-                raise ValueError(f"unknown kind {sketch.kind!r}")
-            sketch.count, sketch.lost, sketch.sum_ns = int(count), int(lost), int(total)
-            sketch.min_ns = int(mn) if mn else None
-            sketch.max_ns = int(mx) if mx else None
-            if sketch.count < 0 or sketch.lost < 0:
-                raise ValueError("negative count")
-            if sketch.count:
-                decoded = HdrHistogram.decode(hist)
-                if decoded.get_total_count() != sketch.count:
-                    raise ValueError("histogram total does not match count")
-                sketch._hist.add(decoded)
-            elif hist:
-                raise ValueError("histogram present with zero count")
-        except (ValueError, TypeError, IndexError, UnicodeDecodeError) as e:
-            raise ParseError(f"malformed latency sketch: {e}") from e
-        except Exception as e:  # hdrh raises bare exceptions on corrupt payloads
-            raise ParseError(f"malformed latency sketch: {type(e).__name__}: {e}") from e
-        return sketch
+    def slots(self) -> tuple[list[int], list[int]]:
+        """(indices, counts) of the non-empty histogram slots, indices ascending: the
+        sparse form a sketch travels in (collector/sketchwire.py)."""
+        if not self.count:
+            return [], []
+        counts = np.ctypeslib.as_array(self._hist.counts)
+        nz = np.flatnonzero(counts)
+        return nz.tolist(), counts[nz].tolist()
 
 
 @dataclass(frozen=True)

@@ -116,13 +116,33 @@ class Assignments(_message.Message):
     probe_budget: int
     def __init__(self, host: _Optional[str] = ..., generation: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., probe_budget: _Optional[int] = ...) -> None: ...
 
+class Sketch(_message.Message):
+    __slots__ = ("kind", "count", "lost", "min_ns", "max_ns", "sum_ns", "slots", "counts")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    MIN_NS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NS_FIELD_NUMBER: _ClassVar[int]
+    SUM_NS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    count: int
+    lost: int
+    min_ns: int
+    max_ns: int
+    sum_ns: int
+    slots: _containers.RepeatedScalarFieldContainer[int]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, kind: _Optional[str] = ..., count: _Optional[int] = ..., lost: _Optional[int] = ..., min_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., sum_ns: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ProbeWindow(_message.Message):
-    __slots__ = ("dst", "transport", "op", "size", "rtt_sketch", "bytes_moved", "busy_seconds", "failures")
+    __slots__ = ("dst", "transport", "op", "size", "rtt", "bytes_moved", "busy_seconds", "failures")
     DST_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
-    RTT_SKETCH_FIELD_NUMBER: _ClassVar[int]
+    RTT_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
     BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
@@ -130,11 +150,11 @@ class ProbeWindow(_message.Message):
     transport: str
     op: str
     size: int
-    rtt_sketch: bytes
+    rtt: Sketch
     bytes_moved: int
     busy_seconds: float
     failures: int
-    def __init__(self, dst: _Optional[str] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., rtt_sketch: _Optional[bytes] = ..., bytes_moved: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., failures: _Optional[int] = ...) -> None: ...
+    def __init__(self, dst: _Optional[str] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., rtt: _Optional[_Union[Sketch, _Mapping]] = ..., bytes_moved: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., failures: _Optional[int] = ...) -> None: ...
 
 class CounterReading(_message.Message):
     __slots__ = ("kind", "device", "port", "netdev", "priority", "name", "value", "width")

@@ -11,6 +11,7 @@ import pytest
 
 from collector.api import fabricprobe_pb2 as pb
 from collector.service import CollectorServer, ServerConfig
+from collector.sketchwire import to_wire
 from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import SpanSender
@@ -72,9 +73,7 @@ def test_sdk_spans_arrive_join_and_show_on_metrics(
     report = pb.WindowReport(
         host="pre-a", epoch=1, seq=1, window_start_unix_ns=t0, window_end_unix_ns=time.time_ns()
     )
-    report.probes.add(
-        dst="dec-b", transport="tcp", op="pingpong", size=64, rtt_sketch=rtt.sketch.encode()
-    )
+    report.probes.add(dst="dec-b", transport="tcp", op="pingpong", size=64, rtt=to_wire(rtt.sketch))
     collector.api.report(report)
 
     m = scrape(collector)

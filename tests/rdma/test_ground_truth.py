@@ -19,6 +19,7 @@ import time
 from collector.analysis import AnalysisConfig
 from collector.api import fabricprobe_pb2 as pb
 from collector.service import CollectorServer, ServerConfig
+from collector.sketchwire import to_wire
 from fabricprobe import netem
 from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import (
@@ -63,7 +64,7 @@ class Reporter:
             for (src, dst), sk in sketches.items():
                 if src == h.name:
                     r.probes.add(dst=dst, transport="rdma", op="write", size=64,
-                                 rtt_sketch=sk.encode())  # fmt: skip
+                                 rtt=to_wire(sk))  # fmt: skip
             pc = read_port_counters("/sys", h.device, 1)
             values = {**(pc.pma.values if pc.pma else {}), **(pc.hw.values if pc.hw else {})}
             for name, value in sorted(values.items()):

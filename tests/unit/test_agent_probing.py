@@ -19,6 +19,7 @@ from agent.probing import (
     tcp_pingpong,
 )
 from agent.window import WindowAggregator
+from collector.sketchwire import from_wire
 from probes.responder import Responder, load_session_modules
 from probes.stats import LatencySketch
 
@@ -103,7 +104,7 @@ def test_scheduler_runs_targets_within_budget_and_skips_unknown_kinds() -> None:
     assert seen.count("a") >= 4 and seen.count("b") >= 4 and "c" not in seen
     windows = {w.dst: w for w in agg.cut()}
     assert set(windows) == {"a", "b"}
-    assert LatencySketch.decode(windows["a"].rtt_sketch).count == seen.count("a")
+    assert windows["a"].rtt.count == seen.count("a")
     assert agg.cut() == []
 
     slow = Scheduler(ProbeContext(None, 1.0), agg.add, budget=5, runners={"tcp_lat": fake})
@@ -179,5 +180,5 @@ def test_window_takes_bare_rtts_and_loss() -> None:
     agg.add(s, ProbeOutcome("tcp", "pingpong", rtt_ns=[1000, 2000], lost=1))
     agg.add(s, ProbeOutcome("tcp", "pingpong", failed=True, lost=5))
     (w,) = agg.cut()
-    sk = LatencySketch.decode(w.rtt_sketch)
+    sk = from_wire(w.rtt)
     assert (sk.count, sk.lost, w.failures) == (2, 6, 1)

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from collector.api import fabricprobe_pb2 as pb
 from collector.attribution import Attribution
 from collector.attribution_exporter import AttributionCollector
+from collector.sketchwire import to_wire
 from collector.store import WindowStore
 from probes.stats import LatencySketch
 from tests.unit.spanmaker import S, batch, kv_span, span
@@ -19,10 +20,10 @@ CATALOGUE = Path(__file__).resolve().parents[2] / "collector" / "metrics.toml"
 NOW = 1_000 * S
 
 
-def sketch(ns: int) -> bytes:
+def sketch(ns: int) -> pb.Sketch:
     s = LatencySketch()
     s.record_many([ns] * 20)
-    return s.encode()
+    return to_wire(s)
 
 
 def loaded() -> Attribution:
@@ -30,19 +31,7 @@ def loaded() -> Attribution:
     for host in ("h0", "h1"):
         store.register(pb.HostInfo(host=host))
     a = Attribution(store, clock=lambda: NOW)
-    seq = 0
-    # two windows per path: the second one's RTT is higher (h0->h1 much higher)
-    for end, scale in ((NOW - 13 * S, 1), (NOW, 2)):
-        for src, dst, rtt in [("h0", "h1", 2_000_000), ("h0", "h2", 80_000), ("h1", "h2", 90_000)]:
-            seq += 1
-            r = pb.WindowReport(
-                host=src, epoch=1, seq=seq, window_start_unix_ns=end - 7 * S, window_end_unix_ns=end
-            )
-            r.probes.add(
-                dst=dst, transport="rdma", op="write", size=64, rtt_sketch=sketch(rtt * scale)
-            )
-            store.take(r)
-        a.sync()
+    # the spans arrive first (their export is prompt, a window ends later)
     spans = []
     for i in range(4):
         t = NOW - 15 * S + i * S
@@ -65,6 +54,17 @@ def loaded() -> Attribution:
     spans.append(span("queue", 2 * S, S))  # rejected
     res = a.ingest.export(batch(*spans))
     assert res.rejected == 1
+    seq = 0
+    # two windows per path: the second one's RTT is higher (h0->h1 much higher)
+    for end, scale in ((NOW - 13 * S, 1), (NOW, 2)):
+        for src, dst, rtt in [("h0", "h1", 2_000_000), ("h0", "h2", 80_000), ("h1", "h2", 90_000)]:
+            seq += 1
+            r = pb.WindowReport(
+                host=src, epoch=1, seq=seq, window_start_unix_ns=end - 7 * S, window_end_unix_ns=end
+            )
+            r.probes.add(dst=dst, transport="rdma", op="write", size=64, rtt=sketch(rtt * scale))
+            store.take(r)
+        a.sync()
     return a
 
 

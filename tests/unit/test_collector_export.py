@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from collector.api import fabricprobe_pb2 as pb
 from collector.exporter import RTT_BUCKETS_S, FabricCollector, sketch_histogram
 from collector.rpcstats import RpcStats
-from collector.sketchwire import merged, parse_sketch
+from collector.sketchwire import from_wire, merged, to_wire
 from collector.store import WindowStore
 from probes.stats import LatencySketch
 
@@ -21,11 +21,11 @@ CATALOGUE = Path(__file__).resolve().parents[2] / "collector" / "metrics.toml"
 S = 1_000_000_000
 
 
-def _sketch(*ns: int, lost: int = 0) -> bytes:
+def _sketch(*ns: int, lost: int = 0) -> pb.Sketch:
     s = LatencySketch()
     s.record_many(list(ns))
     s.record_lost(lost)
-    return s.encode()
+    return to_wire(s)
 
 
 def full_store() -> WindowStore:
@@ -41,9 +41,9 @@ def full_store() -> WindowStore:
             transport="tcp",
             op="pingpong",
             size=64,
-            rtt_sketch=_sketch(40_000, 50_000, lost=1),
+            rtt=_sketch(40_000, 50_000, lost=1),
         )
-        r.probes.add(dst="b", transport="rdma", op="send", size=64, rtt_sketch=_sketch(5_000))
+        r.probes.add(dst="b", transport="rdma", op="send", size=64, rtt=_sketch(5_000))
         r.probes.add(
             dst="b", transport="tcp", op="stream", size=65536, bytes_moved=10**9, busy_seconds=1.0
         )
@@ -146,7 +146,7 @@ def test_histogram_buckets_resolve_microseconds_to_seconds() -> None:
     assert RTT_BUCKETS_S[0] == pytest.approx(1e-6) and RTT_BUCKETS_S[-1] == pytest.approx(10.0)
     s = LatencySketch()
     s.record_many([1_500, 40_000, 3_000_000_000])
-    buckets, total = sketch_histogram(merged(parse_sketch(s.encode())))
+    buckets, total = sketch_histogram(merged(from_wire(to_wire(s))))
     le = dict(buckets)
     assert le["2e-6"] == 1 and le["5e-5"] == 2 and le["1e-3"] == 2 and le["5e0"] == 3
     assert le["+Inf"] == 3 and total == pytest.approx(3.0000415)

@@ -15,6 +15,7 @@ from agent.client import CollectorClient
 from collector.api import fabricprobe_pb2 as pb
 from collector.auth import TokenAuth, read_token_file
 from collector.service import ApiConfig, CollectorServer, ServerConfig
+from collector.sketchwire import to_wire
 from probes.stats import LatencySketch
 
 TOKENS = {"h1": "token-for-h1-0123456789", "h2": "token-for-h2-0123456789"}
@@ -47,7 +48,7 @@ def window(host: str, seq: int) -> pb.WindowReport:
     sk = LatencySketch()
     sk.record(25_000)
     r = pb.WindowReport(host=host, epoch=1, seq=seq, window_start_unix_ns=0, window_end_unix_ns=seq)
-    r.probes.add(dst="h2", transport="tcp", op="pingpong", size=64, rtt_sketch=sk.encode())
+    r.probes.add(dst="h2", transport="tcp", op="pingpong", size=64, rtt=to_wire(sk))
     return r
 
 
@@ -97,7 +98,7 @@ def test_misuse_gets_clear_errors(server: CollectorServer) -> None:
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION  # not registered yet
     c1.register(info("h1"))
     broken = window("h1", 1)
-    broken.probes[0].rtt_sketch = b"garbage"
+    broken.probes[0].rtt.kind = "garbage"
     acks, err = c1.send([window("h1", 1), broken])
     assert len(acks) == 1 and err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "malformed latency sketch" in err.details()

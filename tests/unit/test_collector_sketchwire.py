@@ -1,14 +1,13 @@
-"""The collector's own reading of sketch wire bytes agrees with LatencySketch exactly."""
+"""The collector's reading of Sketch messages agrees with LatencySketch exactly."""
 
 from __future__ import annotations
 
-import base64
 import random
 
 import pytest
-from hdrh.histogram import HdrHistogram
 
-from collector.sketchwire import MergedSketch, merged, parse_sketch, slot_value_ns
+from collector.api import fabricprobe_pb2 as pb
+from collector.sketchwire import MAX_SLOTS, MergedSketch, from_wire, merged, slot_value_ns, to_wire
 from probes.errors import ParseError
 from probes.stats import LatencySketch
 
@@ -21,13 +20,18 @@ def random_sketch(rng: random.Random, kind: str = "rtt") -> LatencySketch:
     return s
 
 
+def wire(s: LatencySketch) -> pb.Sketch:
+    """Through serialization, as the collector receives it."""
+    return pb.Sketch.FromString(to_wire(s).SerializeToString())
+
+
 def test_slots_and_percentiles_match_latency_sketch() -> None:
     rng = random.Random(7)
     total = LatencySketch()
     acc = MergedSketch()
     for _ in range(60):
         s = random_sketch(rng)
-        w = parse_sketch(s.encode())
+        w = from_wire(wire(s))
         assert (w.count, w.lost, w.min_ns, w.max_ns, w.sum_ns) == (
             s.count,
             s.lost,
@@ -38,53 +42,56 @@ def test_slots_and_percentiles_match_latency_sketch() -> None:
         assert sorted((slot_value_ns(i), c) for i, c in w.slots.items()) == s.buckets()
         total.merge(s)
         acc.merge(w)
-    for p in (0.1, 50.0, 90.0, 99.0, 99.9, 100.0):
+    ps = (0.1, 50.0, 90.0, 99.0, 99.9, 100.0)
+    for p in ps:
         assert acc.percentile_ns(p) == total.percentile_ns(p), p
+    assert acc.percentiles_ns(ps) == [total.percentile_ns(p) for p in ps]
     assert acc.count == total.count and acc.lost == total.lost
 
 
 def test_empty_and_loss_only_sketches() -> None:
     s = LatencySketch()
     s.record_lost(5)
-    m = merged(parse_sketch(s.encode()))
+    m = merged(from_wire(wire(s)))
     assert m.count == 0 and m.loss_ratio == 1.0 and m.percentile_ns(50) is None
+    assert m.percentiles_ns((50.0, 99.0)) == [None, None]
 
 
 def test_kinds_do_not_mix() -> None:
-    one_way = parse_sketch(random_sketch(random.Random(1), "one_way").encode())
+    one_way = from_wire(wire(random_sketch(random.Random(1), "one_way")))
     with pytest.raises(ValueError, match="cannot merge"):
         MergedSketch().merge(one_way)
 
 
-def _other_settings_blob() -> bytes:
-    h = HdrHistogram(1, 1_000_000, 3)
-    h.record_value(5)
-    return b"rtt|1|0|5|5|5|" + h.encode()
+def _sketch(**kw: object) -> pb.Sketch:
+    base: dict[str, object] = dict(
+        kind="rtt", count=3, min_ns=5, max_ns=9, sum_ns=20, slots=[5, 9], counts=[2, 1]
+    )
+    base.update(kw)
+    return pb.Sketch(**base)  # type: ignore[arg-type]
+
+
+def test_a_well_formed_message_reads() -> None:
+    sk = from_wire(_sketch())
+    assert sk.slots == {5: 2, 9: 1} and sk.percentile_ns(100.0) == 9
 
 
 @pytest.mark.parametrize(
-    "blob",
+    ("kw", "why"),
     [
-        b"",
-        b"rtt|1|0",
-        b"xyz|1|0|5|5|5|",
-        b"rtt|-1|0|||0|",
-        b"rtt|1|0|5|5|5|not-base64!!",
-        b"rtt|1|0|5|5|5|" + base64.b64encode(b"\x00" * 12),
-        b"rtt|0|0|||0|" + base64.b64encode(b"junk"),
-        b"rtt|2|0|5|5|10|" + LatencySketch().encode().split(b"|")[-1],
-        _other_settings_blob(),
+        ({"kind": "xyz"}, "unknown kind"),
+        ({"kind": ""}, "unknown kind"),
+        ({"counts": [2]}, "2 slots but 1 counts"),
+        ({"count": 4}, "do not add up"),
+        ({"counts": [3, 0]}, "do not add up"),
+        ({"slots": [5, 5]}, "do not add up"),
+        ({"slots": [9, 5], "counts": [1, 2]}, "not ascending"),
+        ({"slots": [5, MAX_SLOTS]}, "beyond"),
+        ({"min_ns": 10}, "min above max"),
+        ({"count": 0, "sum_ns": 0}, "zero count"),
+        ({"count": 0, "slots": [], "counts": [], "max_ns": 0}, "zero count"),
     ],
 )
-def test_malformed_blobs_raise_parse_error(blob: bytes) -> None:
-    with pytest.raises(ParseError):
-        parse_sketch(blob)
-
-
-def test_count_must_match_histogram() -> None:
-    s = LatencySketch()
-    s.record_many([100, 200])
-    _head, hist = s.encode().rsplit(b"|", 1)
-    forged = b"rtt|3|0|100|200|300|" + hist
-    with pytest.raises(ParseError, match="does not match"):
-        parse_sketch(forged)
+def test_inconsistent_messages_raise_parse_error(kw: dict[str, object], why: str) -> None:
+    with pytest.raises(ParseError, match=why):
+        from_wire(_sketch(**kw))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from collector.api import fabricprobe_pb2 as pb
+from collector.sketchwire import to_wire
 from collector.store import ReportError, WindowStore
 from probes.stats import LatencySketch
 
@@ -19,11 +20,11 @@ class Clock:
         return self.now
 
 
-def sketch(*rtts_ns: int, lost: int = 0) -> bytes:
+def sketch(*rtts_ns: int, lost: int = 0) -> pb.Sketch:
     s = LatencySketch("rtt")
     s.record_many(list(rtts_ns))
     s.record_lost(lost)
-    return s.encode()
+    return to_wire(s)
 
 
 def report(host: str, seq: int, end_s: int, *, epoch: int = 1, **kw: object) -> pb.WindowReport:
@@ -35,9 +36,7 @@ def report(host: str, seq: int, end_s: int, *, epoch: int = 1, **kw: object) -> 
         window_end_unix_ns=end_s * S,
     )
     for dst, rtts, lost in kw.get("probes", []):  # type: ignore[attr-defined]
-        r.probes.add(
-            dst=dst, transport="tcp", op="pingpong", size=64, rtt_sketch=sketch(*rtts, lost=lost)
-        )
+        r.probes.add(dst=dst, transport="tcp", op="pingpong", size=64, rtt=sketch(*rtts, lost=lost))
     for name, value, width in kw.get("counters", []):  # type: ignore[attr-defined]
         r.counters.add(
             kind="rdma", device="mlx5_0", port=1, priority=-1, name=name, value=value, width=width
@@ -86,7 +85,7 @@ def test_counter_total_survives_32bit_wrap_and_reset(store: WindowStore) -> None
 
 def test_bad_reports_are_refused_whole(store: WindowStore) -> None:
     bad = report("a", 1, 10, probes=[("b", [1], 0)])
-    bad.probes[0].rtt_sketch = b"rtt|1|0|x"
+    bad.probes[0].rtt.counts.append(1)  # one count more than slots
     with pytest.raises(ReportError, match="malformed"):
         store.take(bad)
     with pytest.raises(ReportError, match="not registered"):

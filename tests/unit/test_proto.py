@@ -24,6 +24,8 @@ def test_api_round_trip() -> None:
     from collector.api import fabricprobe_pb2 as pb
 
     msg = pb.WindowReport(host="h1", epoch=7, seq=3)
-    msg.probes.add(dst="h2", transport="tcp", op="pingpong", size=64, rtt_sketch=b"x")
+    rtt = pb.Sketch(kind="rtt", count=1, slots=[3], counts=[1])
+    msg.probes.add(dst="h2", transport="tcp", op="pingpong", size=64, rtt=rtt)
     again = pb.WindowReport.FromString(msg.SerializeToString())
     assert again.probes[0].dst == "h2" and again.seq == 3
+    assert list(again.probes[0].rtt.slots) == [3]
