@@ -7,6 +7,8 @@ Each simulated agent reports a window with one RTT sketch per peer (default 16 p
 (counters/, hw_counters/, PFC per priority); the agent sends those that moved in the
 window (~10-20 on a busy port) and all of them every 6th window: ~35 a report on
 average, the default here, every one of them changing (the costlier path).
+The first window of every agent creates its paths and counter tracks; it is taken
+before the clock starts, so the figures are the steady state (later windows).
 Two paths are measured:
 
 * `api`  - serialized reports parsed and handed to the collector's AgentApi (what the
@@ -14,7 +16,8 @@ Two paths are measured:
 * `grpc` - the same reports sent over loopback gRPC from client processes, each Report
            call carrying --batch windows (1: an agent in steady state, one window per
            unary ReportWindow call; 64: an agent replaying its spool on a Report
-           stream); the figure is the server's CPU.
+           stream), paced at the fleet's rate (agents / report interval) or, with
+           --flood, as fast as the server answers; the figure is the server's CPU.
 
     python bench/collector_ingest.py                      # both, 10,000 agents
     python bench/collector_ingest.py --agents 2000 --peers 32 --mode api
@@ -26,6 +29,7 @@ import argparse
 import multiprocessing as mp
 import random
 import time
+from typing import Any
 
 import psutil
 
@@ -94,67 +98,114 @@ def infos(agents: int) -> list[pb.HostInfo]:
     ]
 
 
-def api_path(args: argparse.Namespace, reports: list[bytes]) -> None:
+def warm_up(api: AgentApi, args: argparse.Namespace, first: list[bytes]) -> None:
+    """Register every agent and take its first window (paths and counters created)."""
+    for info in infos(args.agents):
+        api.register(info)
+    for blob in first:
+        api.report(pb.WindowReport.FromString(blob))
+
+
+def api_path(args: argparse.Namespace, first: list[bytes], reports: list[bytes]) -> None:
     cfg = ApiConfig(reports_per_second=1e9, report_burst=1e9)
     api = AgentApi(WindowStore(), Planner(cfg.plan), cfg)
-    for info in infos(args.agents):
-        api.store.register(info)
+    warm_up(api, args, first)
+    merges0 = api.store.merges_total
     t0, c0 = time.perf_counter(), time.process_time()
     for blob in reports:
         api.report(pb.WindowReport.FromString(blob))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    summary("api (in process, one thread)", args, len(reports), api.store.merges_total, wall, cpu)
+    merges = api.store.merges_total - merges0
+    summary("api (in process, one thread)", args, len(reports), merges, wall, cpu)
 
 
-def _client(port: int, reports: list[bytes], batch: int, out: mp.Queue) -> None:
+def _client(
+    port: int,
+    reports: list[bytes],
+    batch: int,
+    rate: float,
+    ready: mp.Queue,
+    go: Any,
+    out: mp.Queue,
+) -> None:
     import grpc  # type: ignore[import-untyped]
 
     from collector.api import fabricprobe_pb2_grpc as pb_grpc
 
-    stub = pb_grpc.CollectorStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-    acks = 0
-    for i in range(0, len(reports), batch):
-        msgs = [pb.WindowReport.FromString(b) for b in reports[i : i + batch]]
-        if len(msgs) == 1:  # as an agent does in steady state
-            stub.ReportWindow(msgs[0], timeout=60)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(channel).result(timeout=30)
+    stub = pb_grpc.CollectorStub(channel)
+    msgs = [pb.WindowReport.FromString(b) for b in reports]
+    ready.put(True)
+    go.wait()
+    t0 = time.perf_counter()
+    acks = late = 0
+    for n, i in enumerate(range(0, len(msgs), batch)):
+        if rate:  # the n-th call is due n / rate seconds after the start
+            wait = t0 + n / rate - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            else:
+                late += wait < -0.1
+        chunk = msgs[i : i + batch]
+        if len(chunk) == 1:  # as an agent does in steady state
+            stub.ReportWindow(chunk[0], timeout=60)
             acks += 1
         else:
-            acks += sum(1 for _ in stub.Report(iter(msgs), timeout=60))
-    out.put(acks)
+            acks += sum(1 for _ in stub.Report(iter(chunk), timeout=60))
+    out.put((acks, late))
 
 
-def grpc_path(args: argparse.Namespace, reports: list[bytes]) -> None:
+def grpc_path(args: argparse.Namespace, first: list[bytes], reports: list[bytes]) -> None:
     api = ApiConfig(reports_per_second=1e9, report_burst=1e9, plan=PlanConfig())
     server = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen="", api=api))
     server.start()
-    for info in infos(args.agents):
-        server.api.register(info)
+    warm_up(server.api, args, first)
+    merges0 = server.store.merges_total
     me = psutil.Process()
     ctx = mp.get_context("spawn")  # never fork a process that runs a gRPC server
-    q: mp.Queue = ctx.Queue()
+    ready: mp.Queue = ctx.Queue()
+    out: mp.Queue = ctx.Queue()
+    go = ctx.Event()
+    # paced: calls per second of each client, so that together they send what the
+    # fleet sends at its report interval; flooded: as fast as the server answers
+    rate = 0.0 if args.flood else args.agents / DEFAULT_INTERVAL_S / args.batch / args.clients
     clients = [
-        ctx.Process(target=_client, args=(server.port, reports[i :: args.clients], args.batch, q))
+        ctx.Process(
+            target=_client,
+            args=(server.port, reports[i :: args.clients], args.batch, rate, ready, go, out),
+        )
         for i in range(args.clients)
     ]
-    c0 = sum(me.cpu_times()[:2])
-    t0 = time.perf_counter()
     for c in clients:
         c.start()
-    acks = sum(q.get() for _ in clients)
-    for c in clients:
-        c.join()
+    for _ in clients:
+        ready.get(timeout=120)
+    c0 = sum(me.cpu_times()[:2])
+    t0 = time.perf_counter()
+    go.set()
+    results = [out.get() for _ in clients]
     wall = time.perf_counter() - t0
     cpu = sum(me.cpu_times()[:2]) - c0
+    for c in clients:
+        c.join()
     server.stop(0)
+    acks, late = sum(a for a, _ in results), sum(n for _, n in results)
     assert acks == len(reports), (acks, len(reports))
+    how = "flooding" if args.flood else f"paced at {rate * args.clients * args.batch:,.0f}/s"
     summary(
-        f"grpc (server process; {args.clients} client processes, {args.batch} per call)",
+        f"grpc (server process; {args.clients} client processes {how}, {args.batch} per call)",
         args,
         acks,
-        server.store.merges_total,
+        server.store.merges_total - merges0,
         wall,
         cpu,
     )
+    if not args.flood:
+        print(
+            f"  server CPU while paced: {100 * cpu / wall:.0f} % of one core "
+            f"({late} calls started over 100 ms late)"
+        )
 
 
 def summary(
@@ -176,9 +227,12 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=10_000)
     ap.add_argument("--peers", type=int, default=PlanConfig().budget)
     ap.add_argument("--counters", type=int, default=35)
-    ap.add_argument("--windows", type=int, default=2)
+    ap.add_argument("--windows", type=int, default=3, help="per agent, the first unmeasured")
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1, help="windows per call")
+    ap.add_argument(
+        "--flood", action="store_true", help="send as fast as answered, not at the fleet's pace"
+    )
     ap.add_argument("--mode", choices=["api", "grpc", "both"], default="both")
     args = ap.parse_args()
     print(
@@ -187,10 +241,11 @@ def main() -> None:
     )
     reports = make_reports(args.agents, args.peers, args.counters, args.windows)
     print(f"mean report size {sum(map(len, reports)) / len(reports):,.0f} bytes")
+    first, later = reports[: args.agents], reports[args.agents :]
     if args.mode in ("api", "both"):
-        api_path(args, reports)
+        api_path(args, first, later)
     if args.mode in ("grpc", "both"):
-        grpc_path(args, reports)
+        grpc_path(args, first, later)
 
 
 if __name__ == "__main__":
