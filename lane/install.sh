@@ -20,7 +20,7 @@ say() { echo "[lane-install] $*"; }
 
 packages=(qemu-system-x86 linux-image-amd64 kmod udev iproute2 busybox-static file
           rdma-core ibverbs-providers ibverbs-utils libibverbs1 python3-pyverbs
-          perftest rdmacm-utils sockperf qperf python3-venv)
+          perftest rdmacm-utils sockperf qperf python3-venv curl)
 need=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || need+=("$p")
