@@ -92,10 +92,9 @@ class FabricCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
-        with self.store.lock:
-            snap = self.store.snapshot()
-            fams = self._families()
-            self._fill(snap, fams)
+        snap = self.store.snapshot()  # reports go on being taken while this scrape is built
+        fams = self._families()
+        self._fill(snap, fams)
         dur = GaugeMetricFamily(
             "fabricprobe_collector_scrape_duration_seconds",
             "Time the collector took to build this scrape.",

@@ -9,6 +9,7 @@ counted twice.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from collector.api import fabricprobe_pb2 as pb
-from collector.sketchwire import MergedSketch, from_wire
+from collector.sketchwire import MergedSketch, from_wire, merged
 from probes.counters import counter_delta
 from probes.errors import ParseError
 
@@ -50,6 +51,12 @@ class PathStats:
     last_bytes_per_second: float | None = None
     failures: int = 0
     windows: int = 0
+
+    def copy(self) -> PathStats:
+        """A copy that later merges into this one leave alone."""
+        c = copy.copy(self)
+        c.rtt = merged(self.rtt)
+        return c
 
 
 @dataclass
@@ -320,20 +327,33 @@ class WindowStore:
 
     # -- reading ------------------------------------------------------------------------
 
-    def snapshot(self) -> StoreSnapshot:
-        """A copy of what the exporter needs, taken under the lock."""
+    def snapshot(self, chunk: int = 5_000) -> StoreSnapshot:
+        """A copy of what the exporter needs, safe to read while reports go on being
+        taken: what reports change (merged sketches, counter tracks) is copied; a
+        newest-window sketch is never changed once taken, so it is shared. Each path and
+        counter is copied whole under the lock, CHUNK at a time, so a scrape of a large
+        fleet never holds ingest up for long."""
         with self.lock:
             now = self.clock()
-            return StoreSnapshot(
-                now_ns=now,
-                hosts={name: (h, self.is_stale(h, now)) for name, h in self.hosts.items()},
-                paths=dict(self.paths),
-                counters=dict(self.counters),
-                reports_total=self.reports_total,
-                duplicates_total=self.duplicates_total,
-                rejected_total=self.rejected_total,
-                merges_total=self.merges_total,
-            )
+            hosts = {name: (h, self.is_stale(h, now)) for name, h in self.hosts.items()}
+            path_keys, counter_keys = list(self.paths), list(self.counters)
+            totals = (self.reports_total, self.duplicates_total, self.rejected_total)
+            merges = self.merges_total
+        paths: dict[PathKey, PathStats] = {}
+        for i in range(0, len(path_keys), chunk):
+            with self.lock:
+                for k in path_keys[i : i + chunk]:
+                    st = self.paths.get(k)  # None: its host was forgotten meanwhile
+                    if st is not None:
+                        paths[k] = st.copy()
+        counters: dict[CounterKey, CounterTrack] = {}
+        for i in range(0, len(counter_keys), chunk):
+            with self.lock:
+                for ck in counter_keys[i : i + chunk]:
+                    t = self.counters.get(ck)
+                    if t is not None:
+                        counters[ck] = copy.copy(t)
+        return StoreSnapshot(now, hosts, paths, counters, *totals, merges)
 
     def newest_windows(self, a: str, b: str) -> list[tuple[PathKey, int, MergedSketch]]:
         """(path, end, RTT sketch) of the newest window of each path between A and B, both

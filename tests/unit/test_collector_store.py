@@ -122,3 +122,16 @@ def test_rate_of_a_counter_absent_from_the_newest_window_is_zero(store: WindowSt
     store.take(report("a", 3, 30))  # unchanged: the agent left it out
     assert reg.get_sample_value("fabricprobe_rdma_port_stat_per_second", labels) == 0.0
     assert reg.get_sample_value("fabricprobe_rdma_port_stat_total", labels) == 200.0
+
+
+def test_a_snapshot_is_not_changed_by_later_reports(store: WindowStore) -> None:
+    store.take(report("a", 1, 10, probes=[("b", [10_000], 0)], counters=[("rx", 5, 64)]))
+    store.take(report("a", 2, 20, probes=[("b", [20_000], 0)], counters=[("rx", 9, 64)]))
+    snap = store.snapshot(chunk=1)
+    store.take(report("a", 3, 30, probes=[("b", [30_000], 0)], counters=[("rx", 20, 64)]))
+    path = snap.paths[("a", "b", "tcp", "pingpong", 64)]
+    assert path.rtt.count == 2 and path.rtt.max_ns == 20_000 and path.windows == 2
+    (track,) = snap.counters.values()
+    assert track.total == 4 and track.last_value == 9
+    live = store.paths[("a", "b", "tcp", "pingpong", 64)]
+    assert live.rtt.count == 3 and live.windows == 3
