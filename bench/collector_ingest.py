@@ -32,9 +32,12 @@ import time
 from typing import Any
 
 import psutil
+from prometheus_client import CollectorRegistry
 
 from collector.api import fabricprobe_pb2 as pb
 from collector.assign import PlanConfig, Planner
+from collector.exporter import FabricCollector
+from collector.exposition import render
 from collector.service import AgentApi, ApiConfig, CollectorServer, ServerConfig
 from collector.sketchwire import to_wire
 from collector.store import WindowStore
@@ -117,6 +120,21 @@ def api_path(args: argparse.Namespace, first: list[bytes], reports: list[bytes])
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     merges = api.store.merges_total - merges0
     summary("api (in process, one thread)", args, len(reports), merges, wall, cpu)
+    scrape(api.store)
+
+
+def scrape(store: WindowStore) -> None:
+    """One /metrics scrape of the store as it now is: its cost grows with the paths."""
+    registry = CollectorRegistry()
+    registry.register(FabricCollector(store))
+    t0, c0 = time.perf_counter(), time.process_time()
+    text = render(registry)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    series = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+    print(
+        f"  one scrape of {len(store.paths):,} paths and {len(store.counters):,} counters: "
+        f"{series:,} series, {len(text) / 2**20:,.0f} MiB, {wall:.2f} s wall, {cpu:.2f} s CPU"
+    )
 
 
 def _client(

@@ -66,13 +66,16 @@ PFC_DURATIONS: dict[str, tuple[str, str]] = {
 def sketch_histogram(sketch: MergedSketch) -> tuple[list[tuple[str, float]], float]:
     """Cumulative (le, count) buckets in seconds and the sum in seconds of SKETCH."""
     cum = sketch.cumulative(_RTT_BUCKETS_NS)
-    out = [(_fmt(le), float(n)) for le, n in zip(RTT_BUCKETS_S, cum, strict=False)]
+    out = [(le, float(n)) for le, n in zip(_RTT_LE, cum, strict=False)]
     out.append(("+Inf", float(sketch.count)))
     return out, sketch.sum_ns / 1e9
 
 
 def _fmt(x: float) -> str:
     return f"{x:.0e}".replace("e-0", "e-").replace("e+0", "e")
+
+
+_RTT_LE = [_fmt(le) for le in RTT_BUCKETS_S]
 
 
 def _path_labels(key: tuple[str, str, str, str, int]) -> list[str]:

@@ -20,7 +20,6 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import start_http_server
 
 from collector.api import fabricprobe_pb2 as pb
 from collector.api import fabricprobe_pb2_grpc as pb_grpc
@@ -28,6 +27,7 @@ from collector.assign import HostSpec, PlanConfig, Planner
 from collector.attribution import attach_attribution
 from collector.auth import Authenticator, AuthError, Insecure
 from collector.exporter import FabricCollector
+from collector.exposition import serve_metrics
 from collector.rpcstats import RpcStats, TimingInterceptor
 from collector.store import ReportError, WindowStore
 
@@ -317,8 +317,8 @@ class CollectorServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.cfg.metrics_listen:
             mhost, mport = split_hostport(self.cfg.metrics_listen)
-            self._http, _ = start_http_server(mport, mhost, registry=self.registry)
-            self.metrics_port = int(self._http.server_port)
+            self._http = serve_metrics(mhost, mport, self.registry)
+            self.metrics_port = int(self._http.server_address[1])
         self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         self._reaper.start()
         log.info(
