@@ -13,6 +13,7 @@ registers nothing, and the agent then advertises TCP probes only.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from agent.probing import ProbeContext, ProbeOutcome, ProbeSpec, register_runner
 from probes.errors import ProbeError
@@ -29,6 +30,17 @@ def _failed_burst(op: str, count: int, err: Exception) -> ProbeOutcome:
     lost = LatencySketch("rtt")
     lost.record_lost(count)
     return ProbeOutcome("rdma", op, rtt=lost, failed=True, error=str(err))
+
+
+def _reach(spec: ProbeSpec, ctx: ProbeContext) -> dict[str, Any]:
+    """Where and how patiently every RDMA probe of this agent reaches SPEC's peer."""
+    return {
+        "port": spec.port,
+        "bind": ctx.bind,
+        "sysfs_root": ctx.sysfs_root,
+        "timeout": max(ctx.timeout, SETUP_TIMEOUT_S),
+        "step_s": ctx.timeout,
+    }
 
 
 try:
@@ -48,11 +60,7 @@ else:
                 size=spec.size,
                 iters=spec.count,
                 warmup=1,
-                port=spec.port,
-                bind=ctx.bind,
-                sysfs_root=ctx.sysfs_root,
-                timeout=max(ctx.timeout, SETUP_TIMEOUT_S),
-                step_s=ctx.timeout,
+                **_reach(spec, ctx),
             )
         except (ProbeError, OSError, ValueError) as e:
             return _failed_burst("send", spec.count, e)
@@ -67,11 +75,7 @@ else:
                 op="write",
                 size=spec.size,
                 iters=spec.count,
-                port=spec.port,
-                bind=ctx.bind,
-                sysfs_root=ctx.sysfs_root,
-                timeout=max(ctx.timeout, SETUP_TIMEOUT_S),
-                step_s=ctx.timeout,
+                **_reach(spec, ctx),
             )
         except (ProbeError, OSError, ValueError) as e:
             return ProbeOutcome("rdma", "write_stream", failed=True, error=str(e))
@@ -90,11 +94,7 @@ else:
             res = ud_probe(
                 spec.address,
                 probes=spec.count,
-                port=spec.port,
-                bind=ctx.bind,
-                sysfs_root=ctx.sysfs_root,
-                timeout=max(ctx.timeout, SETUP_TIMEOUT_S),
-                step_s=ctx.timeout,
+                **_reach(spec, ctx),
             )
         except (ProbeError, OSError, ValueError) as e:
             return _failed_burst("ud", spec.count, e)

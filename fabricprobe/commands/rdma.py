@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -23,6 +24,7 @@ from fabricprobe.render import latency_table, loss_line, progress_bar
 from probes import tcp as tcp_lib
 from probes.errors import ProbeError
 
+T = TypeVar("T")
 SIZE = SizeParam(1, 1 << 20)
 device_option = click.option(
     "--device",
@@ -42,6 +44,33 @@ tcp_option = click.option(
     is_flag=True,
     help="Also run the same shape over TCP to the same peer and print the kernel-bypass ratio.",
 )
+
+
+def peer_options(f: Callable[..., None]) -> Callable[..., None]:
+    """The options `probe lat` and `probe bw` share, after their own."""
+    stack = (bind_option, device_option, engine_option, tcp_option, timeout_option, json_option)
+    f = sysfs_option(f)
+    for option in reversed(stack):  # as decorators listed top to bottom would apply
+        f = option(f)
+    return f
+
+
+def _measure(call: Callable[[], T]) -> T:
+    """CALL's result; a bad argument exits 2, a probe that could not run exits 1."""
+    try:
+        return call()
+    except ValueError as e:
+        fail(str(e))
+    except ProbeError as e:
+        fail(str(e), 1)
+
+
+def _beside(call: Callable[[], T]) -> T:
+    """The TCP run beside the RDMA one; its failure exits 1."""
+    try:
+        return call()
+    except ProbeError as e:
+        fail(f"TCP beside RDMA failed: {e}", 1)
 
 
 def _rc() -> Any:
@@ -74,13 +103,7 @@ Examples:
 @click.option("--size", type=SIZE, default="2", show_default=True, help="Message size, 1 B..1 MiB.")
 @click.option("--iters", type=click.IntRange(1, 10_000_000), default=1000, show_default=True)
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=100, show_default=True)
-@bind_option
-@device_option
-@engine_option
-@tcp_option
-@timeout_option
-@json_option
-@sysfs_option
+@peer_options
 def lat(
     peer: str,
     port: int | None,
@@ -100,8 +123,8 @@ def lat(
     host, port = resolve_peer(peer, port)
     rc = _rc()
     with progress_bar(not as_json and iters >= 5000, f"RDMA {op} ping-pong", "iterations") as bar:
-        try:
-            res = rc.rc_latency(
+        res = _measure(
+            lambda: rc.rc_latency(
                 host,
                 op=op,
                 size=size,
@@ -115,20 +138,16 @@ def lat(
                 step_s=timeout,
                 progress=bar,
             )
-        except ValueError as e:
-            fail(str(e))
-        except ProbeError as e:
-            fail(str(e), 1)
+        )
     out: dict[str, Any] = {"rdma": res.as_dict()}
     rows = {f"rdma {op}": res.summary}
     errors = [res.error] if res.error else []
     if with_tcp:
-        try:
-            t = tcp_lib.run_pingpong(
+        t = _beside(
+            lambda: tcp_lib.run_pingpong(
                 host, port, size=size, iters=iters, warmup=warmup, bind=bind, timeout=timeout
             )
-        except ProbeError as e:
-            fail(f"TCP beside RDMA failed: {e}", 1)
+        )
         out["tcp"] = t.as_dict()
         rows["tcp"] = t.summary
         ratio = tcp_lib.kernel_bypass_ratio(t.summary, res.summary)
@@ -184,13 +203,7 @@ Examples:
     show_default=True,
     help="Operations in flight.",
 )
-@bind_option
-@device_option
-@engine_option
-@tcp_option
-@timeout_option
-@json_option
-@sysfs_option
+@peer_options
 def bw(
     peer: str,
     port: int | None,
@@ -210,8 +223,8 @@ def bw(
     host, port = resolve_peer(peer, port)
     rc = _rc()
     with progress_bar(not as_json and iters >= 2000, f"RDMA {op} bandwidth", "operations") as bar:
-        try:
-            res = rc.rc_bandwidth(
+        res = _measure(
+            lambda: rc.rc_bandwidth(
                 host,
                 op=op,
                 size=size,
@@ -225,15 +238,12 @@ def bw(
                 step_s=max(timeout, 5.0),
                 progress=bar,
             )
-        except ValueError as e:
-            fail(str(e))
-        except ProbeError as e:
-            fail(str(e), 1)
+        )
     out: dict[str, Any] = {"rdma": res.as_dict()}
     errors = [res.error] if res.error else []
     if with_tcp:
-        try:
-            t = tcp_lib.run_throughput(
+        t = _beside(
+            lambda: tcp_lib.run_throughput(
                 host,
                 port,
                 duration=None,
@@ -242,8 +252,7 @@ def bw(
                 bind=bind,
                 timeout=timeout,
             )
-        except ProbeError as e:
-            fail(f"TCP beside RDMA failed: {e}", 1)
+        )
         out["tcp"] = t.as_dict()
         out["rdma_to_tcp_ratio"] = (
             res.bytes_per_second / t.bytes_per_second if t.bytes_per_second else None
