@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-import numpy as np
 from hdrh.histogram import HdrHistogram
 
 LOWEST_NS = 1
@@ -106,12 +105,17 @@ class LatencySketch:
 
     def slots(self) -> tuple[list[int], list[int]]:
         """(indices, counts) of the non-empty histogram slots, indices ascending: the
-        sparse form a sketch travels in (collector/sketchwire.py)."""
+        sparse form a sketch travels in (collector/sketchwire.py). Only the slots
+        between those of min and max are read, not all 3,968."""
         if not self.count:
             return [], []
-        counts = np.ctypeslib.as_array(self._hist.counts)
-        nz = np.flatnonzero(counts)
-        return nz.tolist(), counts[nz].tolist()
+        assert self.min_ns is not None and self.max_ns is not None
+        h = self._hist
+        lo = h.get_counts_array_index(min(max(self.min_ns, LOWEST_NS), HIGHEST_NS))
+        hi = h.get_counts_array_index(min(max(self.max_ns, LOWEST_NS), HIGHEST_NS))
+        counts = memoryview(h.counts).cast("B").cast("Q")[lo : hi + 1].tolist()
+        indices = [lo + i for i, n in enumerate(counts) if n]
+        return indices, [counts[i - lo] for i in indices]
 
 
 @dataclass(frozen=True)
