@@ -83,6 +83,11 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
         "rejected": CounterMetricFamily(
             P + "otlp_spans_rejected", "Spans refused as malformed or oversized.", labels=[]
         ),
+        "history_dropped": CounterMetricFamily(
+            P + "fabric_history_dropped",
+            "Reports whose fabric windows the join's history had no room for.",
+            labels=[],
+        ),
     }
 
 
@@ -126,4 +131,5 @@ class AttributionCollector(Collector):
             f["throughput"].add_metric([], float(g["throughput_tps"]))
         f["received"].add_metric([], float(a.ingest.received_total))
         f["rejected"].add_metric([], float(a.ingest.rejected_total))
+        f["history_dropped"].add_metric([], float(a.history.inbox_dropped))
         yield from f.values()

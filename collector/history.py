@@ -112,7 +112,8 @@ class FabricHistory:
         self._inbox: deque[tuple[int, list[tuple[PathKey, MergedSketch]], list[_Rate]]] = deque(
             maxlen=inbox
         )
-        self.inbox_dropped = 0
+        self.inbox_dropped = 0  # reports' windows the inbox had no room for
+        self._draining = threading.Lock()  # one drain at a time: rows in report order
         self._path_end: dict[PathKey, int] = {}
         self._category: dict[tuple[str, str], str | None] = {}
         # replaced whole, never changed in place: report_taken() reads them without a lock
@@ -175,6 +176,10 @@ class FabricHistory:
 
     def drain(self, now_ns: int) -> int:
         """Turn what reports brought into rows; return how many windows and rates were added."""
+        with self._draining:
+            return self._drain(now_ns)
+
+    def _drain(self, now_ns: int) -> int:
         with self.lock:
             inbox, self._inbox = self._inbox, deque(maxlen=self._inbox.maxlen)
         rows: list[FabricWindow] = []
