@@ -53,7 +53,7 @@ GRH_BYTES = 40  # every UD receive buffer starts with room for the global routin
 MSG = struct.Struct("!IIIQ")  # magic, kind, seq, value (responder delay in ns for ACK2)
 MAGIC = 0xFB0DD0D0
 PROBE, ACK1, ACK2 = 1, 2, 3
-DEPTH = 32
+DEPTH = 8  # receive slots: a session serves one prober, which has one probe out at a time
 MAX_PROBES = 1_000_000
 
 
