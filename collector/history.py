@@ -135,14 +135,6 @@ class FabricHistory:
                 for key, end, sketch in store.newest_windows(a, b):
                     self.report_taken(end, [(key, sketch)], [])
 
-    def add_window(self, w: FabricWindow) -> None:
-        with self.lock:
-            self.windows.append(w)
-
-    def add_rate(self, r: CounterRate) -> None:
-        with self.lock:
-            self.rates.append(r)
-
     def report_taken(
         self,
         end_ns: int,
