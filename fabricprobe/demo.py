@@ -228,6 +228,19 @@ def _probe(*args: str, **kw: Any) -> subprocess.Popen[bytes]:
     )
 
 
+def _run_shown(console: Console, timeout: float, *args: str) -> int:
+    """Run `probe ARGS` to the end and print what it printed; 1 if it failed, else 0."""
+    res = subprocess.run(
+        [sys.executable, "-m", "fabricprobe", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    console.print((res.stdout or res.stderr).rstrip(), highlight=False)
+    return int(res.returncode != 0)
+
+
 def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
     """Section 4: a real collector and one real agent per host, the disaggregated workload
     sending its spans over OTLP with a known delay on one path, then `probe why` and the
@@ -281,62 +294,44 @@ def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
             wait_listening(h.ip, agent_port, timeout=180)
         netem.impair(a.netdev, slow.ip, delay=delay)
         try:
-            work = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "fabricprobe",
-                    "workload",
-                    "--model",
-                    "Llama-3.1-8B",
-                    "--prompt-tokens",
-                    "64",
-                    "--output-tokens",
-                    "8",
-                    "--requests",
-                    "8",
-                    "--transport",
-                    "rdma",
-                    "--port",
-                    str(agent_port),
-                    *[f"--host={h.name}={h.ip}" for h in hosts],
-                    f"--path={a.name}:{fast.name}",
-                    f"--path={a.name}:{slow.name}",
-                    "--otlp",
-                    api,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
+            problems += _run_shown(
+                console,
+                600,
+                "workload",
+                "--model",
+                "Llama-3.1-8B",
+                "--prompt-tokens",
+                "64",
+                "--output-tokens",
+                "8",
+                "--requests",
+                "8",
+                "--transport",
+                "rdma",
+                "--port",
+                str(agent_port),
+                *[f"--host={h.name}={h.ip}" for h in hosts],
+                f"--path={a.name}:{fast.name}",
+                f"--path={a.name}:{slow.name}",
+                "--otlp",
+                api,
             )
-            console.print((work.stdout or work.stderr).rstrip(), highlight=False)
-            problems += work.returncode != 0
             time.sleep(8)  # the agents' windows covering the transfers reach the collector
         finally:
             netem.clear(a.netdev)
-        why = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "fabricprobe",
-                "why",
-                "--collector",
-                api,
-                "--slowest",
-                "5",
-                "--window",
-                "300",
-                "--timeout",
-                "300",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
+        problems += _run_shown(
+            console,
+            300,
+            "why",
+            "--collector",
+            api,
+            "--slowest",
+            "5",
+            "--window",
+            "300",
+            "--timeout",
+            "300",
         )
-        console.print((why.stdout or why.stderr).rstrip(), highlight=False)
-        problems += why.returncode != 0
         with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=60) as r:
             lines = [
                 ln
