@@ -39,6 +39,10 @@ from probes.responder import Responder, load_session_modules
 log = logging.getLogger("fabricprobe.agent")
 
 SEND_BATCH = 64
+# Sessions the agent's responder runs at once: up to 64 probing peers with two kept RDMA
+# links each (RC and UD), plus room for their one-shot TCP bursts. An idle link holds a
+# thread blocked on its control socket and a QP; beyond this a prober is told `busy`.
+MAX_SESSIONS = 160
 MAX_BACKOFF_S = 10.0
 
 
@@ -83,7 +87,10 @@ class Agent:
             cfg.sysfs_root, self.devices, netdevs_of(self.devices), ethtool_runner, cfg.ethtool
         )
         listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
-        self.responder = Responder(listen_host, listen_port, max_sessions=32, idle_timeout=10.0)
+        # each peer keeps a link per RDMA kind open here between its bursts (agent.rdma_runners)
+        self.responder = Responder(
+            listen_host, listen_port, max_sessions=MAX_SESSIONS, idle_timeout=10.0
+        )
         specific = listen_host not in ("0.0.0.0", "::")
         self.addresses = list(cfg.addresses) or (
             [listen_host] if specific else discover_addresses(self.devices)

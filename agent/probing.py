@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from probes.control import ControlClient
 from probes.errors import PeerError, ProbeError
@@ -82,6 +83,18 @@ class ProbeOutcome:
 
 Runner = Callable[[ProbeSpec, ProbeContext], ProbeOutcome]
 RUNNERS: dict[str, Runner] = {}
+
+
+class Keeper(Protocol):
+    """What runners keep between bursts (open probe links): told which targets remain
+    whenever the assignment changes, and closed when the scheduler stops."""
+
+    def retain(self, specs: list[ProbeSpec]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+KEEPERS: list[Keeper] = []
 
 
 def register_runner(kind: str) -> Callable[[Runner], Runner]:
@@ -237,9 +250,11 @@ class Scheduler:
         workers: int = 4,
         budget: float = 20.0,
         runners: dict[str, Runner] | None = None,
+        keepers: list[Keeper] | None = None,
     ) -> None:
         self.ctx, self.sink, self.jitter = ctx, sink, jitter
         self.runners = RUNNERS if runners is None else runners
+        self.keepers = KEEPERS if keepers is None else keepers
         self.budget = RateBudget(budget)
         self.bursts = 0
         self._heap: list[_Due] = []
@@ -265,6 +280,9 @@ class Scheduler:
             if budget:
                 self.budget = RateBudget(budget)
             self._cv.notify()
+            kept = [d.spec for d in self._heap]
+        for keeper in self.keepers:
+            keeper.retain(kept)
 
     def targets(self) -> list[ProbeSpec]:
         with self._cv:
@@ -280,6 +298,8 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        for keeper in self.keepers:
+            keeper.close()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -17,6 +17,18 @@ A session:
     done {result}                      ---->
                                        <----    done {result}          (then both close)
 
+A prober that probes the same peer again and again keeps the session (a *link*): its
+hello asks for `keepalive_s` > 0, and after a round it sends `again {params}` instead of
+`done`; the responder answers `go {info}` once it is ready for the next round over the
+resources it already holds (an RDMA QP stays connected). Between rounds the responder
+waits up to `keepalive_s` (at most MAX_KEEPALIVE_S) for `again` or `done`; silence or a
+closed connection then ends the session quietly and releases what it held, and the
+prober's next `again` fails before any round starts (LinkStale: open a new link).
+
+    again {params}                     ---->
+                                       <----    go {info}
+    (the next round)
+
 Handler registry (responder side)
 ---------------------------------
 A session kind (`tcp_lat`, `tcp_bw`, `rdma_rc_lat`, `rdma_rc_bw`, `rdma_ud`, ...) is a
@@ -49,6 +61,10 @@ The contract:
   (for RDMA: the responder's RdmaEndpoint as a dict).
 * Use `session.channel.send(...)` / `session.channel.recv(...)` for any further
   messages and pass deadlines from `session.step_timeout`; never block without one.
+* A handler that serves links runs its rounds in a loop: after a round it calls
+  `session.next_round()`, which returns the next `again`'s params (validate them, then
+  call `session.go(info)` and run the round) or None when the prober is finished or
+  gone; then it returns. Without `keepalive_s` in the hello there is one round.
 * Return an optional dict of responder-side figures. If the handler has not called
   `session.wait_done()` itself, the responder waits for the prober's `done` (within
   `step_timeout`) and replies `done` with that dict.
@@ -81,6 +97,7 @@ PROTOCOL_VERSION = 1
 DEFAULT_PORT = 4793  # 18515 belongs to perftest; pick one that does not clash with it
 MAX_MESSAGE_BYTES = 64 * 1024
 DEFAULT_TIMEOUT_S = 5.0
+MAX_KEEPALIVE_S = 600.0  # the longest a responder holds a link's resources between rounds
 
 _HEADER = struct.Struct("!I")
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -89,6 +106,11 @@ CORE_KINDS = frozenset({"hello", "ready", "error", "done"})
 
 class ProtocolError(PeerError, ParseError):
     """The peer sent something that is not a valid control message."""
+
+
+class LinkStale(PeerError):
+    """A kept link's responder is gone (restarted, or its keepalive ran out) before the next
+    round started: nothing of the round was sent, so a new link may run it."""
 
 
 # --------------------------------------------------------------------------- deadlines
@@ -499,6 +521,19 @@ class ControlClient:
         res = msg.body.get("result", {})
         return res if isinstance(res, dict) else {}
 
+    def again(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Ask a kept session for its next round; the responder's `go` info. A responder
+        that is gone (or refuses) raises LinkStale: the round did not start."""
+        if self.channel is None:
+            raise ProbeError("control session is not open")
+        try:
+            self.channel.send("again", {"params": params})
+            msg = self.channel.recv(expect="go")
+        except PeerError as e:
+            raise LinkStale(f"kept session to {self.host} is gone: {e}") from e
+        info = msg.body.get("info", {})
+        return info if isinstance(info, dict) else {}
+
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
@@ -531,6 +566,12 @@ class Session:
         self.resources = contextlib.ExitStack()
         self.ready_sent = False
         self.done_result: dict[str, Any] | None = None
+        self.keepalive = optional_float(
+            params, "keepalive_s", 0.0, MAX_KEEPALIVE_S, 0.0, where="params."
+        )
+        self.rounds = 1
+        self.idle = False  # between rounds of a link: nothing is lost by aborting it now
+        self.ended_idle: str | None = None  # why a link ended between rounds
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
@@ -558,6 +599,32 @@ class Session:
             raise ProbeError("ready was already sent for this session")
         self.channel.send("ready", {"session": self.kind, "info": info})
         self.ready_sent = True
+
+    def next_round(self) -> dict[str, Any] | None:
+        """Wait for the prober's next round on a link: the `again` params, or None when
+        it said `done`, went away, stayed silent past its keepalive, or we are stopping."""
+        if self.keepalive <= 0 or self.stopping:
+            return None
+        self.idle = True
+        try:
+            msg = self.channel.recv(timeout=self.keepalive)
+        except PeerError as e:
+            self.ended_idle = str(e)
+            return None
+        finally:
+            self.idle = False
+        if msg.kind == "done":
+            res = msg.body.get("result", {})
+            self.done_result = res if isinstance(res, dict) else {}
+            return None
+        if msg.kind != "again":
+            raise ProtocolError(f"expected again or done from peer, got {msg.kind}")
+        self.rounds += 1
+        return require_dict(msg.body, "params", where="again.")
+
+    def go(self, info: dict[str, Any] | None = None) -> None:
+        """Tell the prober the next round may start."""
+        self.channel.send("go", {"info": info or {}})
 
     def wait_done(self, timeout: float | None = None) -> dict[str, Any]:
         """Block until the prober's `done` (or raise PeerError after TIMEOUT)."""

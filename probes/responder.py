@@ -202,6 +202,10 @@ class Responder:
         log.info("session ? from %s: refused busy", format_hostport(*peer))
 
     def _drain(self) -> None:
+        with self._lock:  # links between rounds lose nothing: let them go at once
+            idle = [s for s in self._sessions.values() if isinstance(s, Session) and s.idle]
+        for link in idle:
+            link.abort()
         deadline = time.monotonic() + self.grace
         while self.active_sessions() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -268,9 +272,15 @@ class Responder:
                 result = handler(session) or {}
                 if not session.ready_sent:
                     raise ProbeError(f"handler for {kind} returned without ready")
-                session.wait_done()
+                if session.ended_idle is None:
+                    session.wait_done()
+            figures = " ".join(f"{k}={v}" for k, v in sorted(result.items()))
+            if session.ended_idle is not None:  # a link the prober let go: nothing to answer
+                return kind, "ok", f"{figures} rounds={session.rounds} ({session.ended_idle})"
             channel.send("done", {"result": result})
-            return kind, "ok", " ".join(f"{k}={v}" for k, v in sorted(result.items()))
+            if session.keepalive:
+                figures += f" rounds={session.rounds}"
+            return kind, "ok", figures
         except ProbeError as e:  # PeerError, ParseError, and refusals of a bad request
             channel.send_error(str(e))
             before_ready = session is None or not session.ready_sent

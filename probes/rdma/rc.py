@@ -20,14 +20,16 @@ import statistics
 import time
 from array import array
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from probes.control import (
     DEFAULT_PORT,
+    MAX_KEEPALIVE_S,
     ControlClient,
+    LinkStale,
     ProtocolError,
     RdmaEndpoint,
     Session,
@@ -159,10 +161,10 @@ def _send_pingpong(
     send_cq, recv_cq = ep.send_cq, ep.recv_cq
     signaled, quiet = ep.send_wr(size, True), ep.send_wr(size, False)
     clock, mono, poll, post = time.perf_counter_ns, time.monotonic, ep.poll, ep.post
-    i = 0
+    i, last_i = 0, total - 1  # the last send is signaled: a kept QP starts each round empty
     try:
         for i in range(total):
-            wr = signaled if i % SIGNAL_EVERY == SIGNAL_EVERY - 1 else quiet
+            wr = signaled if i % SIGNAL_EVERY == SIGNAL_EVERY - 1 or i == last_i else quiet
             deadline = mono() + step_s
             t0 = clock()
             if first:
@@ -200,11 +202,11 @@ def _write_pingpong(
     last = size - 1
     sbuf, rbuf = ep.send_buf, ep.recv_buf
     clock, mono, post = time.perf_counter_ns, time.monotonic, ep.post
-    i = 0
+    i, last_i = 0, total - 1
     try:
         for i in range(total):
             mark = _marker(i)
-            wr = signaled if i % SIGNAL_EVERY == SIGNAL_EVERY - 1 else quiet
+            wr = signaled if i % SIGNAL_EVERY == SIGNAL_EVERY - 1 or i == last_i else quiet
             deadline = mono() + step_s
             t0 = clock()
             if not first:
@@ -361,6 +363,133 @@ def _prober_session(
             yield ctl, ep, remote
 
 
+class RcPingLink:
+    """An RC ping-pong session that can carry several rounds over one connected QP.
+
+    The first `run()` opens the session (control connection, endpoints on both sides,
+    QP connected); with KEEPALIVE_S > 0 the responder then holds its end between rounds
+    for that long, and every later `run()` costs one `again`/`go` exchange and the loop
+    itself, instead of a device context, PD, CQs, MR and QP built and torn down on each
+    end. Only SEND links carry several rounds (a WRITE round's marker sequence restarts,
+    so it could be mistaken for the last round's). A round that ends short closes the
+    link; a responder gone before a round starts raises LinkStale. `close()` releases
+    everything (the responder ends its session when the control connection closes).
+    """
+
+    def __init__(
+        self,
+        peer: str,
+        *,
+        op: str = "send",
+        size: int = 2,
+        port: int = DEFAULT_PORT,
+        bind: str | None = None,
+        device: str | None = None,
+        sysfs_root: str | Path = "/sys",
+        timeout: float = SETUP_TIMEOUT_S,
+        step_s: float = 2.0,
+        engine: str = "auto",
+        keepalive_s: float = 0.0,
+    ) -> None:
+        check_shape(op, size, 1, LAT_OPS)
+        if keepalive_s and op != "send":
+            raise ValueError("only SEND ping-pong links carry several rounds")
+        if not 0 <= keepalive_s <= MAX_KEEPALIVE_S:
+            raise ValueError(f"keepalive {keepalive_s} outside 0..{MAX_KEEPALIVE_S:g} s")
+        self.peer, self.op, self.size, self.step_s = peer, op, size, step_s
+        self.engine = pick_engine(engine)
+        self.keepalive_s = keepalive_s
+        self._where = (port, bind, device, sysfs_root, timeout)
+        self._stack = ExitStack()
+        self._open: tuple[ControlClient, Any, RdmaEndpoint] | None = None
+        self._overhead_ns: int | None = None
+        self.rounds = 0
+
+    def __enter__(self) -> RcPingLink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._open = None
+        self._stack.close()
+
+    def _start(self, total: int) -> tuple[ControlClient, Any, RdmaEndpoint]:
+        """The session ready for a round of TOTAL round trips: opened with it, or asked."""
+        if self._open is not None:
+            self._open[0].again({"iters": total})  # LinkStale when the responder is gone
+            return self._open
+        port, bind, device, sysfs_root, timeout = self._where
+        params = {
+            "size": self.size,
+            "iters": total,
+            "step_s": self.step_s,
+            "keepalive_s": self.keepalive_s,
+        }
+        try:
+            self._open = self._stack.enter_context(
+                _prober_session(
+                    "rdma_rc_lat",
+                    self.peer,
+                    port,
+                    bind,
+                    device,
+                    sysfs_root,
+                    timeout,
+                    self.engine,
+                    self.op,
+                    params,
+                )
+            )
+        except BaseException:
+            self.close()
+            raise
+        return self._open
+
+    def run(self, iters: int, warmup: int = 0, progress: Progress | None = None) -> RcLatencyResult:
+        """One round of ITERS round trips after WARMUP unrecorded ones."""
+        check_shape(self.op, self.size, iters, LAT_OPS)
+        total = iters + warmup
+        try:
+            ctl, ep, remote = self._start(total)
+        except LinkStale:
+            self.close()
+            raise
+        self.rounds += 1
+        samples = array("q", bytes(8 * total))
+        t0 = time.perf_counter()
+        out = _pingpong(
+            self.engine, ep, self.op, remote, self.size, total, True, self.step_s, samples, progress
+        )
+        duration = time.perf_counter() - t0
+        error, dev = out.error, ep.device
+        if self._overhead_ns is None:
+            self._overhead_ns = loop_overhead_ns(self.engine)
+        if out.done < total:
+            error = f"stopped after {out.done} of {total} round trips: {error}"
+            self.close()
+        elif not self.keepalive_s:
+            ctl.done({"completed": out.done})
+            self.close()
+        sketch = LatencySketch("rtt")
+        sketch.record_many(samples[warmup : out.done])
+        sketch.record_lost(iters - max(0, out.done - warmup))
+        return RcLatencyResult(
+            self.peer,
+            dev,
+            self.op,
+            self.size,
+            iters,
+            sketch.summary(),
+            self._overhead_ns,
+            duration,
+            error,
+            sketch,
+            self.engine,
+        )
+
+
 def rc_latency(
     peer: str,
     *,
@@ -377,40 +506,21 @@ def rc_latency(
     engine: str = "auto",
     progress: Progress | None = None,
 ) -> RcLatencyResult:
-    """RC ping-pong against PEER's responder; RTT samples into a sketch."""
+    """RC ping-pong against PEER's responder, one session; RTT samples into a sketch."""
     check_shape(op, size, iters, LAT_OPS)
-    engine = pick_engine(engine)
-    total = iters + warmup
-    samples = array("q", bytes(8 * total))
-    params = {"size": size, "iters": total, "step_s": step_s}
-    with _prober_session(
-        "rdma_rc_lat", peer, port, bind, device, sysfs_root, timeout, engine, op, params
-    ) as (ctl, ep, remote):
-        t0 = time.perf_counter()
-        out = _pingpong(engine, ep, op, remote, size, total, True, step_s, samples, progress)
-        duration = time.perf_counter() - t0
-        error = out.error
-        if out.done < total:
-            error = f"stopped after {out.done} of {total} round trips: {error}"
-        else:
-            ctl.done({"completed": out.done})
-        dev = ep.device
-    sketch = LatencySketch("rtt")
-    sketch.record_many(samples[warmup : out.done])
-    sketch.record_lost(iters - max(0, out.done - warmup))
-    return RcLatencyResult(
+    with RcPingLink(
         peer,
-        dev,
-        op,
-        size,
-        iters,
-        sketch.summary(),
-        loop_overhead_ns(engine),
-        duration,
-        error,
-        sketch,
-        engine,
-    )
+        op=op,
+        size=size,
+        port=port,
+        bind=bind,
+        device=device,
+        sysfs_root=sysfs_root,
+        timeout=timeout,
+        step_s=step_s,
+        engine=engine,
+    ) as link:
+        return link.run(iters, warmup, progress)
 
 
 def rc_bandwidth(
@@ -524,9 +634,21 @@ def _session_endpoint(
 @register_session("rdma_rc_lat")
 def serve_rc_latency(session: Session) -> dict[str, Any]:
     op, size, iters, step_s, engine, remote = _session_shape(session, LAT_OPS)
+    if session.keepalive and op != "send":
+        raise ProtocolError("only SEND ping-pong sessions carry several rounds")
     ep = _session_endpoint(session, engine, size, op, op == "send", remote)
-    out = _pingpong(engine, ep, op, remote, size, iters, False, step_s, None)
-    return {"answered": out.done, "error": out.error, "engine": engine}
+    answered = 0
+    while True:  # one round, or one per `again` of a kept link
+        out = _pingpong(engine, ep, op, remote, size, iters, False, step_s, None)
+        answered += out.done
+        if out.error is not None:
+            break
+        nxt = session.next_round()
+        if nxt is None:
+            break
+        iters = require_int(nxt, "iters", 1, MAX_ITERS, where="again.params.")
+        session.go()
+    return {"answered": answered, "error": out.error, "engine": engine}
 
 
 @register_session("rdma_rc_bw")

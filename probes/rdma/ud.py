@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 import struct
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 
 from probes.control import (
     DEFAULT_PORT,
+    MAX_KEEPALIVE_S,
     ControlClient,
+    LinkStale,
     RdmaEndpoint,
     Session,
     register_session,
@@ -221,40 +224,94 @@ class UdEndpoint:
                 return None
 
 
-def ud_probe(
-    peer: str,
-    *,
-    probes: int = 200,
-    interval_s: float = 0.0,
-    port: int = DEFAULT_PORT,
-    bind: str | None = None,
-    device: str | None = None,
-    sysfs_root: str | Path = "/sys",
-    timeout: float = SETUP_TIMEOUT_S,
-    step_s: float = 0.5,
-) -> UdProbeResult:
-    """Send PROBES UD probes (at most one per INTERVAL_S) and measure network RTT."""
-    if not 1 <= probes <= MAX_PROBES:
-        raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
-    if not 0 <= interval_s <= 60:
-        raise ValueError(f"interval {interval_s} outside 0..60 s")
-    dev, gid_index = local_device(sysfs_root, source_address(peer, port, bind), device)
-    net, raw = LatencySketch("rtt"), LatencySketch("rtt")
-    delays = []
-    error = None
-    with (
-        ControlClient(peer, port, bind=bind, timeout=timeout) as ctl,
-        UdEndpoint(dev, gid_index) as ep,
-    ):
-        info = ctl.open(
-            "rdma_ud", {"probes": probes, "step_s": step_s, "endpoint": ep.endpoint().as_dict()}
-        )
-        remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
-        wr = ep.sender(remote)
-        base = random.randrange(1 << 30)
+class UdLink:
+    """A UD probe session that can carry several rounds over one UD QP on each end.
+
+    The first `run()` opens the session; with KEEPALIVE_S > 0 the responder keeps its QP
+    (and its address handle towards us) between rounds for that long, and a later
+    `run()` costs one `again`/`go` exchange plus the probes. Sequence numbers continue
+    across rounds, so a late ACK of an earlier round is never taken for a new one. A
+    responder gone before a round starts raises LinkStale; `close()` releases it all.
+    """
+
+    def __init__(
+        self,
+        peer: str,
+        *,
+        port: int = DEFAULT_PORT,
+        bind: str | None = None,
+        device: str | None = None,
+        sysfs_root: str | Path = "/sys",
+        timeout: float = SETUP_TIMEOUT_S,
+        step_s: float = 0.5,
+        keepalive_s: float = 0.0,
+    ) -> None:
+        if not 0 <= keepalive_s <= MAX_KEEPALIVE_S:
+            raise ValueError(f"keepalive {keepalive_s} outside 0..{MAX_KEEPALIVE_S:g} s")
+        self.peer, self.step_s, self.keepalive_s = peer, step_s, keepalive_s
+        self._where = (port, bind, device, sysfs_root, timeout)
+        self._stack = ExitStack()
+        self._open: tuple[ControlClient, UdEndpoint, Any] | None = None
+        self._seq = random.randrange(1 << 30)
+        self.rounds = 0
+
+    def __enter__(self) -> UdLink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._open = None
+        self._stack.close()
+
+    def _start(self, probes: int) -> tuple[ControlClient, UdEndpoint, Any]:
+        if self._open is not None:
+            self._open[0].again({"probes": probes})  # LinkStale when the responder is gone
+            return self._open
+        port, bind, device, sysfs_root, timeout = self._where
+        try:
+            dev, gid_index = local_device(sysfs_root, source_address(self.peer, port, bind), device)
+            ctl = self._stack.enter_context(
+                ControlClient(self.peer, port, bind=bind, timeout=timeout)
+            )
+            ep = self._stack.enter_context(UdEndpoint(dev, gid_index))
+            info = ctl.open(
+                "rdma_ud",
+                {
+                    "probes": probes,
+                    "step_s": self.step_s,
+                    "keepalive_s": self.keepalive_s,
+                    "endpoint": ep.endpoint().as_dict(),
+                },
+            )
+            remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
+            self._open = (ctl, ep, ep.sender(remote))
+        except BaseException:
+            self.close()
+            raise
+        return self._open
+
+    def run(self, probes: int, interval_s: float = 0.0) -> UdProbeResult:
+        """One round of PROBES probes, at most one per INTERVAL_S."""
+        if not 1 <= probes <= MAX_PROBES:
+            raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
+        if not 0 <= interval_s <= 60:
+            raise ValueError(f"interval {interval_s} outside 0..60 s")
+        try:
+            ctl, ep, wr = self._start(probes)
+        except LinkStale:
+            self.close()
+            raise
+        self.rounds += 1
+        step_s = self.step_s
+        net, raw = LatencySketch("rtt"), LatencySketch("rtt")
+        delays = []
+        error = None
+        base, self._seq = self._seq, (self._seq + probes) & 0xFFFFFFFF
         t_start = time.perf_counter()
         for i in range(probes):
-            seq = base + i
+            seq = (base + i) & 0xFFFFFFFF
             deadline = time.monotonic() + step_s
             try:
                 t1 = ep.send(wr, PROBE, seq, 0, deadline)
@@ -283,22 +340,53 @@ def ud_probe(
             if interval_s:
                 time.sleep(max(0.0, interval_s - (time.monotonic() - (deadline - step_s))))
         duration = time.perf_counter() - t_start
-        if error is None:
+        hw_ts = ep.hw_ts
+        if error is not None:
+            self.close()
+        elif not self.keepalive_s:
             ctl.done({"probes": probes})
-    delays.sort()
-    return UdProbeResult(
+            self.close()
+        delays.sort()
+        return UdProbeResult(
+            self.peer,
+            ep.device,
+            probes,
+            net.summary(),
+            raw.summary(),
+            round(delays[len(delays) // 2] / 1000, 3) if delays else None,
+            "software",
+            hw_ts,
+            duration,
+            error,
+            net,
+        )
+
+
+def ud_probe(
+    peer: str,
+    *,
+    probes: int = 200,
+    interval_s: float = 0.0,
+    port: int = DEFAULT_PORT,
+    bind: str | None = None,
+    device: str | None = None,
+    sysfs_root: str | Path = "/sys",
+    timeout: float = SETUP_TIMEOUT_S,
+    step_s: float = 0.5,
+) -> UdProbeResult:
+    """Send PROBES UD probes (at most one per INTERVAL_S) in one session; network RTT."""
+    if not 1 <= probes <= MAX_PROBES:
+        raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
+    with UdLink(
         peer,
-        dev,
-        probes,
-        net.summary(),
-        raw.summary(),
-        round(delays[len(delays) // 2] / 1000, 3) if delays else None,
-        "software",
-        ep.hw_ts,
-        duration,
-        error,
-        net,
-    )
+        port=port,
+        bind=bind,
+        device=device,
+        sysfs_root=sysfs_root,
+        timeout=timeout,
+        step_s=step_s,
+    ) as link:
+        return link.run(probes, interval_s)
 
 
 @register_session("rdma_ud")
@@ -316,6 +404,19 @@ def serve_ud(session: Session) -> dict[str, Any]:
     wr = ep.sender(remote)
     session.ready({"endpoint": ep.endpoint().as_dict()})
     answered = 0
+    while True:  # one round, or one per `again` of a kept link
+        answered += _answer(session, ep, wr, probes, step_s)
+        nxt = session.next_round()
+        if nxt is None:
+            break
+        probes = require_int(nxt, "probes", 1, MAX_PROBES, where="again.params.")
+        session.go()
+    return {"answered": answered}
+
+
+def _answer(session: Session, ep: UdEndpoint, wr: Any, probes: int, step_s: float) -> int:
+    """Answer up to PROBES probes with two ACKs each; stop when the prober goes quiet."""
+    answered = 0
     idle_deadline = time.monotonic() + max(step_s * 4, 2.0)
     while answered < probes and not session.stopping:
         msg = ep.receive(idle_deadline)
@@ -329,4 +430,4 @@ def serve_ud(session: Session) -> dict[str, Any]:
         ep.send(wr, ACK2, seq, t3 - t2, deadline)
         answered += 1
         idle_deadline = time.monotonic() + max(step_s * 4, 2.0)
-    return {"answered": answered}
+    return answered

@@ -130,48 +130,108 @@ def test_runner_crash_is_a_failed_burst() -> None:
     assert w.failures >= 1
 
 
-def test_rdma_runner_maps_rc_latency(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RC runner sets a link up once and reuses it; a link its responder let go is
+    set up again within the same burst; a dead peer is a failed burst with its exchanges
+    lost; a target no longer assigned has its link closed. (The link stands in for
+    probes.rdma.rc's, which needs an RDMA device: the lane tests run the real one.)"""
     import importlib
     import sys
     import types
 
+    from probes.control import LinkStale
     from probes.errors import PeerError
 
-    calls: list[dict[str, object]] = []
+    links: list[FakeLink] = []
 
-    def fake_rc_latency(peer: str, **kw: object) -> object:
-        calls.append({"peer": peer, **kw})
-        if peer == "10.0.0.9":
-            raise PeerError("no responder")
-        sk = LatencySketch()
-        sk.record_many([3000, 4000])
-        return types.SimpleNamespace(sketch=sk, error=None)
+    class FakeLink:
+        def __init__(self, peer: str, **kw: object) -> None:
+            self.peer, self.kw, self.rounds, self.closed = peer, kw, 0, 0
+            self.stale_once = peer == "10.0.0.3"
+            links.append(self)
+
+        def run(self, iters: int, warmup: int = 0) -> object:
+            if self.peer == "10.0.0.9":
+                raise PeerError("no responder")
+            if self.stale_once:
+                self.stale_once = False
+                raise LinkStale("the responder restarted")
+            self.rounds += 1
+            sk = LatencySketch()
+            sk.record_many([3000] * iters)
+            return types.SimpleNamespace(sketch=sk, error=None)
+
+        def close(self) -> None:
+            self.closed += 1
 
     def fake_rc_bandwidth(peer: str, **kw: object) -> object:
         return types.SimpleNamespace(completed=8, size=kw["size"], duration_s=0.5, error=None)
 
     fake = types.ModuleType("probes.rdma.rc")
-    fake.rc_latency = fake_rc_latency  # type: ignore[attr-defined]
+    fake.RcPingLink = FakeLink  # type: ignore[attr-defined]
     fake.rc_bandwidth = fake_rc_bandwidth  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "probes.rdma.rc", fake)
     monkeypatch.setattr("agent.probing.RUNNERS", dict(RUNNERS))
+    monkeypatch.setattr("agent.probing.KEEPERS", [])
     import agent.rdma_runners
 
     mod = importlib.reload(agent.rdma_runners)
     from agent import probing
 
+    assert probing.KEEPERS[-1] is mod.LINKS
     runner = probing.RUNNERS["rdma_rc_lat"]
     ctx = ProbeContext(bind="10.0.0.1", timeout=1.0, sysfs_root="/x")
-    out = runner(ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_lat", 64, 2, 10.0), ctx)
-    assert (out.transport, out.op, out.failed) == ("rdma", "send", False)
-    assert out.rtt is not None and out.rtt.count == 2
-    assert calls[0]["bind"] == "10.0.0.1" and calls[0]["timeout"] == mod.SETUP_TIMEOUT_S
-    down = runner(ProbeSpec("c", "10.0.0.9", 4793, "rdma_rc_lat", 64, 2, 10.0), ctx)
+    b = ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_lat", 64, 2, 10.0)
+    for _ in range(3):
+        out = runner(b, ctx)
+        assert (out.transport, out.op, out.failed) == ("rdma", "send", False)
+        assert out.rtt is not None and out.rtt.count == 2
+    (link,) = links
+    assert link.rounds == 3 and link.closed == 0
+    assert link.kw["bind"] == "10.0.0.1" and link.kw["timeout"] == mod.SETUP_TIMEOUT_S
+    assert link.kw["keepalive_s"] == 30.0 and link.kw["op"] == "send"
+
+    c = ProbeSpec("c", "10.0.0.3", 4793, "rdma_rc_lat", 64, 2, 100.0)
+    out = runner(c, ctx)
+    assert not out.failed and links[1].rounds == 1 and links[1].kw["keepalive_s"] == 300.0
+
+    down = runner(ProbeSpec("d", "10.0.0.9", 4793, "rdma_rc_lat", 64, 2, 10.0), ctx)
     assert down.failed and down.rtt is not None and down.rtt.lost == 2
+    assert len(mod.LINKS) == 3
+
+    mod.LINKS.retain([c])
+    assert len(mod.LINKS) == 1 and (links[0].closed, links[1].closed, links[2].closed) == (1, 0, 1)
+    mod.LINKS.close()
+    assert len(mod.LINKS) == 0 and links[1].closed == 1
+
     bw = probing.RUNNERS["rdma_rc_bw"](
         ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_bw", 65536, 8, 10.0), ctx
     )
     assert (bw.op, bw.bytes_moved, bw.busy_seconds) == ("write_stream", 8 * 65536, 0.5)
+
+
+def test_scheduler_tells_keepers_what_remains_and_closes_them() -> None:
+    seen: list[list[str]] = []
+    closed: list[bool] = []
+
+    class Keeper:
+        def retain(self, specs: list[ProbeSpec]) -> None:
+            seen.append(sorted(s.dst for s in specs))
+
+        def close(self) -> None:
+            closed.append(True)
+
+    sched = Scheduler(
+        ProbeContext(None, 1.0),
+        WindowAggregator().add,
+        runners={"tcp_lat": lambda s, c: ProbeOutcome("tcp", "pingpong")},
+        keepers=[Keeper()],
+    )
+    sched.set_targets([spec(1, dst="a"), spec(1, dst="b"), spec(1, dst="x", kind="nope")])
+    sched.set_targets([spec(1, dst="b")])
+    sched.start()
+    sched.stop()
+    assert seen == [["a", "b"], ["b"]] and closed == [True]
 
 
 def test_window_takes_bare_rtts_and_loss() -> None:

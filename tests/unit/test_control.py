@@ -17,6 +17,7 @@ from probes.control import (
     PROTOCOL_VERSION,
     Channel,
     ControlClient,
+    LinkStale,
     ProtocolError,
     RdmaEndpoint,
     Registry,
@@ -398,3 +399,87 @@ def _wait_until(cond: Callable[[], bool], limit: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < end, "condition not reached"
         time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------- kept links
+
+
+def rounds_handler(session: Session) -> dict[str, object]:
+    """A link-serving handler: one round per `again`, each round's size checked."""
+    session.ready({"first": session.params.get("n")})
+    served = [session.params.get("n")]
+    while (nxt := session.next_round()) is not None:
+        served.append(require_int(nxt, "n", 1, 100, where="again.params."))
+        session.go({"round": session.rounds})
+    return {"served": sum(served)}
+
+
+@pytest.fixture
+def link_responder() -> Iterator[Responder]:
+    reg = Registry()
+    reg.register("rounds", rounds_handler)
+    with Responder("127.0.0.1", 0, idle_timeout=2.0, grace=5.0, registry=reg) as r:
+        yield r
+
+
+def test_a_kept_session_carries_rounds_until_done(
+    link_responder: Responder, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", "fabricprobe.responder")
+    with client(link_responder) as c:
+        assert c.open("rounds", {"n": 1, "keepalive_s": 5}) == {"first": 1}
+        assert c.again({"n": 2}) == {"round": 2}
+        assert c.again({"n": 3}) == {"round": 3}
+        assert c.done() == {"served": 6}
+    _wait_idle(link_responder)
+    assert "session rounds from" in caplog.text and "served=6 rounds=3" in caplog.text
+
+
+def test_a_bad_round_is_refused_and_ends_the_session(link_responder: Responder) -> None:
+    with client(link_responder) as c:
+        c.open("rounds", {"n": 1, "keepalive_s": 5})
+        with pytest.raises(LinkStale, match=r"again\.params\.n"):
+            c.again({"n": 1000})
+
+
+def test_without_keepalive_there_is_one_round(link_responder: Responder) -> None:
+    with client(link_responder) as c:
+        c.open("rounds", {"n": 4})
+        with pytest.raises(LinkStale, match="gone"):  # the handler returned after round one
+            c.again({"n": 1})
+
+
+@pytest.mark.parametrize("keepalive", [-1, 601, "30", True])
+def test_keepalive_out_of_bounds_is_refused(link_responder: Responder, keepalive: object) -> None:
+    with client(link_responder) as c, pytest.raises(PeerError, match="keepalive_s"):
+        c.open("rounds", {"n": 1, "keepalive_s": keepalive})
+
+
+def test_a_link_let_go_ends_quietly_and_the_next_round_is_stale(
+    link_responder: Responder, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", "fabricprobe.responder")
+    with client(link_responder) as c:
+        c.open("rounds", {"n": 1, "keepalive_s": 0.2})
+        _wait_idle(link_responder)  # the keepalive ran out: the responder let the link go
+        with pytest.raises(LinkStale):
+            c.again({"n": 1})
+    assert "served=1 rounds=1 (no message header from peer within 0.2 s)" in caplog.text
+    with client(link_responder) as c:  # a prober that simply closes its end
+        c.open("rounds", {"n": 1, "keepalive_s": 30})
+    _wait_idle(link_responder)
+    assert "(peer closed the control connection)" in caplog.text
+
+
+def test_stop_lets_idle_links_go_at_once() -> None:
+    reg = Registry()
+    reg.register("rounds", rounds_handler)
+    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=20.0, registry=reg)
+    r.__enter__()
+    with client(r) as c:
+        c.open("rounds", {"n": 1, "keepalive_s": 60})
+        _wait_until(lambda: any(getattr(s, "idle", False) for s in r._sessions.values()))
+        t0 = time.monotonic()
+        r.__exit__(None, None, None)
+        assert time.monotonic() - t0 < 5.0  # not the 20 s grace of a session mid-round
+        assert r.active_sessions() == 0
