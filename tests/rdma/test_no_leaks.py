@@ -1,5 +1,6 @@
 """Many consecutive probe runs leave no QP, CQ, MR, PD, context or file descriptor behind,
-in the prober or in the responder (`rdma res show` counts the whole VM)."""
+in the prober or in the responder (`rdma res show` counts the whole VM): one-shot
+sessions, and kept links (as the agent runs them) carrying rounds and then let go."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import time
 
 import pytest
 
-from probes.rdma.rc import rc_latency
-from probes.rdma.ud import ud_probe
+from probes.rdma.rc import RcPingLink, rc_latency
+from probes.rdma.ud import UdLink, ud_probe
 from tests.rdma.conftest import rdma_resources, start_responder
 
 PORT = 4795
@@ -33,8 +34,19 @@ def test_consecutive_probe_runs_release_everything(lane_hosts) -> None:
         before = (rdma_resources(), fds(), fds(proc.pid))
         t0 = time.monotonic()
         errors = 0
+        links: tuple[RcPingLink, UdLink] | None = None
         for i in range(RUNS):
-            if i % 10 == 9:
+            if i % 500 == 8:  # kept links: new ones every 500 runs, each carrying 50 rounds
+                if links is not None:
+                    for link in links:
+                        link.close()
+                links = (
+                    RcPingLink(b.ip, size=2, port=PORT, bind=a.ip, keepalive_s=60),
+                    UdLink(b.ip, port=PORT, bind=a.ip, keepalive_s=60),
+                )
+            if i % 10 == 8 and links is not None:
+                res = links[0].run(1) if i % 20 == 8 else links[1].run(1)
+            elif i % 10 == 9:
                 res = ud_probe(b.ip, probes=1, port=PORT, bind=a.ip)
             else:
                 res = rc_latency(
@@ -49,7 +61,9 @@ def test_consecutive_probe_runs_release_everything(lane_hosts) -> None:
             errors += res.error is not None
             if (i + 1) % 2000 == 0:
                 print(f"\n  {i + 1} runs in {time.monotonic() - t0:.0f} s", flush=True)
-        time.sleep(1.0)  # the responder finishes its last session after our `done`
+        for link in links or ():
+            link.close()
+        time.sleep(1.0)  # the responder finishes its last sessions after our `done` or close
         after = (rdma_resources(), fds(), fds(proc.pid))
     finally:
         proc.send_signal(signal.SIGTERM)

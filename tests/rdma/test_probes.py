@@ -9,8 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from probes.rdma.rc import rc_bandwidth, rc_latency
-from probes.rdma.ud import ud_probe
+from agent.probing import ProbeSpec
+from agent.rdma_runners import Links
+from probes.control import LinkStale
+from probes.rdma.rc import RcPingLink, rc_bandwidth, rc_latency
+from probes.rdma.ud import UdLink, ud_probe
 from tests.rdma.conftest import rdma_resources, start_responder
 
 PORT = 4793
@@ -107,3 +110,86 @@ def test_a_peer_that_vanishes_mid_run_gives_a_result_with_loss(lane_hosts, engin
     assert res.summary.count + res.summary.lost == iters
     after = sum(d["qp"] for d in rdma_resources().values())
     assert after == qps_before, "a QP outlived the run"
+
+
+def qps() -> int:
+    return sum(d["qp"] for d in rdma_resources().values())
+
+
+def settle_qps(want: int, limit: float = 30.0) -> int:
+    """QPs in the VM once the responder has ended sessions whose prober closed its end."""
+    end = time.monotonic() + limit
+    while (n := qps()) != want and time.monotonic() < end:
+        time.sleep(0.2)
+    return n
+
+
+@pytest.mark.parametrize("kind", ["rc pyverbs", "rc native", "ud"])
+def test_a_kept_link_carries_rounds_over_one_qp_on_each_end(
+    lane_hosts, responder, kind: str
+) -> None:
+    a, b = lane_hosts[0], lane_hosts[1]
+    before = qps()
+    link: RcPingLink | UdLink
+    if kind == "ud":
+        link = UdLink(b.ip, port=PORT, bind=a.ip, keepalive_s=30)
+    else:
+        link = RcPingLink(
+            b.ip, size=64, port=PORT, bind=a.ip, engine=kind.split()[1], keepalive_s=30
+        )
+    counts, errors, during = [], [], set()
+    t0 = time.monotonic()
+    with link:
+        for _ in range(20):
+            res = link.run(10) if isinstance(link, UdLink) else link.run(10, warmup=1)
+            counts.append(res.summary.count + res.summary.lost)
+            errors.append(res.error)
+            during.add(qps())
+    print(f"\n{kind} link: 20 rounds of 10 in {time.monotonic() - t0:.1f} s, QPs {during}")
+    assert errors == [None] * 20 and counts == [10] * 20
+    assert link.rounds == 20 and during == {before + 2}  # one QP each end, all along
+    assert settle_qps(before) == before
+
+
+def test_a_write_link_is_one_round_only(lane_hosts, responder) -> None:
+    b = lane_hosts[1]
+    with pytest.raises(ValueError, match="only SEND"):
+        RcPingLink(b.ip, op="write", port=PORT, keepalive_s=30)
+
+
+def test_a_link_whose_responder_restarted_is_set_up_again_in_the_same_burst(
+    lane_hosts,
+) -> None:
+    a, b = lane_hosts[0], lane_hosts[1]
+    port = PORT + 2
+    links = Links()
+    spec = ProbeSpec("h1", b.ip, port, "rdma_rc_lat", 64, 10, 10.0)
+    opened: list[RcPingLink] = []
+
+    def new() -> RcPingLink:
+        opened.append(RcPingLink(b.ip, size=64, port=port, bind=a.ip, keepalive_s=30))
+        return opened[-1]
+
+    def burst(link: RcPingLink):
+        return link.run(10, warmup=1)
+
+    def restart(proc):
+        proc.send_signal(signal.SIGTERM)  # idle links are let go at once
+        assert proc.wait(timeout=30) == 0
+        return start_responder(lane_hosts, port)
+
+    proc = start_responder(lane_hosts, port)
+    try:
+        assert links.burst(spec, new, burst).error is None
+        proc = restart(proc)
+        res = links.burst(spec, new, burst)  # stale inside, set up again in the same burst
+        assert res.error is None and res.summary.count == 10
+        assert len(opened) == 1 and opened[0].rounds == 2
+        proc = restart(proc)
+        with pytest.raises(LinkStale):  # the link notices before any round starts
+            opened[0].run(10)
+        assert opened[0].run(10, warmup=1).error is None and opened[0].rounds == 3
+    finally:
+        links.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
