@@ -39,10 +39,10 @@ from probes.responder import Responder, load_session_modules
 log = logging.getLogger("fabricprobe.agent")
 
 SEND_BATCH = 64
-# Sessions the agent's responder runs at once: up to 64 probing peers with two kept RDMA
-# links each (RC and UD), plus room for their one-shot TCP bursts. An idle link holds a
-# thread blocked on its control socket and a QP; beyond this a prober is told `busy`.
-MAX_SESSIONS = 160
+# Sessions the agent's responder runs at once: up to 64 probing peers with three kept
+# links each (TCP, RC and UD), and room for one-shot sessions. An idle link holds a
+# thread blocked on a socket (and, for RDMA, a QP); beyond this a prober is told `busy`.
+MAX_SESSIONS = 224
 MAX_BACKOFF_S = 10.0
 
 

@@ -6,13 +6,18 @@ failed and its exchanges as lost. TCP ping-pong is registered here; RDMA runners
 (`rdma_rc_lat`, `rdma_ud`, ...) register themselves under their kind from the modules
 in RUNNER_MODULES, and the agent advertises only the kinds it has a runner for.
 
+Latency bursts run over kept links (LINKS): the first burst to a target opens the
+session (and, for RDMA, builds the verbs resources) on both ends, later bursts reuse
+it, so a burst costs its exchanges and little else. A link whose burst fails is closed
+and opened again at the next burst; one whose responder let it go (a restart, or the
+keepalive ran out) is opened again at once, in the same burst.
+
 The scheduler probes each target once per interval, jittered so that a fleet does not
 probe in lockstep, and within a rate budget (bursts per second) shared by all targets.
 """
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import importlib
 import logging
@@ -23,9 +28,9 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
-from probes.control import ControlClient
+from probes.control import MAX_KEEPALIVE_S, ControlClient, LinkStale
 from probes.errors import PeerError, ProbeError
 from probes.stats import LatencySketch
 from probes.tcp import (
@@ -97,6 +102,82 @@ class Keeper(Protocol):
 KEEPERS: list[Keeper] = []
 
 
+# ------------------------------------------------------------------- kept links
+
+
+class Link(Protocol):
+    def close(self) -> None: ...
+
+
+L = TypeVar("L", bound=Link)
+R = TypeVar("R")
+
+
+def keepalive_for(spec: ProbeSpec) -> float:
+    """How long the peer holds a link between bursts: three intervals (jitter and a busy
+    rate budget never make it lapse), at least 30 s, at most the protocol's bound."""
+    return min(MAX_KEEPALIVE_S, max(30.0, 3 * spec.interval_s))
+
+
+class _Kept:
+    __slots__ = ("dropped", "link", "lock")
+
+    def __init__(self, link: Any) -> None:
+        self.lock = threading.Lock()  # one burst at a time on a link
+        self.link = link
+        self.dropped = False  # no longer assigned: closed after the burst that holds it
+
+
+class Links:
+    """Kept probe links by target; each carries one burst at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._links: dict[tuple[str, str, int, int], _Kept] = {}
+
+    @staticmethod
+    def key(spec: ProbeSpec) -> tuple[str, str, int, int]:
+        return (spec.kind, spec.address, spec.port, spec.size)
+
+    def burst(self, spec: ProbeSpec, new: Callable[[], L], run: Callable[[L], R]) -> R:
+        """RUN over SPEC's link (made by NEW the first time). A link gone stale before
+        its round started is set up again once, at once."""
+        with self._lock:
+            kept = self._links.get(self.key(spec))
+            if kept is None:
+                kept = self._links[self.key(spec)] = _Kept(new())
+        with kept.lock:
+            try:
+                return run(kept.link)
+            except LinkStale as e:
+                log.debug("link to %s (%s) was let go, set up again: %s", spec.dst, spec.kind, e)
+                return run(kept.link)
+            finally:
+                if kept.dropped:
+                    kept.link.close()
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    def retain(self, specs: list[ProbeSpec]) -> None:
+        """Close the links of targets no longer assigned."""
+        keep = {self.key(s) for s in specs}
+        with self._lock:
+            gone = [self._links.pop(k) for k in list(self._links) if k not in keep]
+            for kept in gone:
+                kept.dropped = True
+        for kept in gone:
+            with kept.lock:  # after a burst still running on it
+                kept.link.close()
+
+    def close(self) -> None:
+        self.retain([])
+
+
+LINKS = Links()
+KEEPERS.append(LINKS)
+
+
 def register_runner(kind: str) -> Callable[[Runner], Runner]:
     """Decorator: run probes of KIND with the decorated function."""
 
@@ -141,41 +222,79 @@ def _exchange(sock: socket.socket, sbuf: bytearray, rbuf: bytearray) -> int:
     return time.perf_counter_ns() - t0
 
 
+class TcpPingLink:
+    """A kept `tcp_lat` session: the control and the data connection stay open between
+    bursts (the responder echoes whatever arrives, for up to the keepalive between
+    bursts). Lighter than probes.tcp.run_pingpong: no timer calibration, one warm-up
+    exchange per burst. A warm-up that fails on a kept link means the responder let it
+    go (LinkStale): nothing of the burst was measured yet."""
+
+    def __init__(self, spec: ProbeSpec, ctx: ProbeContext) -> None:
+        self.spec, self.ctx = spec, ctx
+        self._ctrl: ControlClient | None = None
+        self._data: socket.socket | None = None
+        self._sbuf = bytearray(random.randbytes(spec.size))
+        self._rbuf = bytearray(spec.size)
+
+    def _open(self) -> socket.socket:
+        spec, ctx = self.spec, self.ctx
+        self._ctrl = ControlClient(spec.address, spec.port, bind=ctx.bind, timeout=ctx.timeout)
+        try:
+            info = self._ctrl.open(
+                "tcp_lat",
+                {"size": spec.size, "timeout": ctx.timeout, "keepalive_s": keepalive_for(spec)},
+            )
+            self._data = open_data_connection(self._ctrl, info, ctx.timeout)
+            set_kernel_timeouts(self._data, ctx.timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self._data
+
+    def close(self) -> None:
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+        if self._ctrl is not None:
+            self._ctrl.close()
+            self._ctrl = None
+
+    def burst(self, count: int) -> ProbeOutcome:
+        """COUNT ping-pongs after one warm-up exchange."""
+        kept = self._data is not None
+        data = self._data or self._open()
+        sbuf, rbuf = self._sbuf, self._rbuf
+        try:
+            _exchange(data, sbuf, rbuf)  # warm-up: first-packet costs are not the fabric
+        except (OSError, PeerError) as e:
+            self.close()
+            if kept:
+                raise LinkStale(f"kept session to {self.spec.address} is gone: {e}") from e
+            raise
+        out = ProbeOutcome("tcp", "pingpong")
+        samples = out.rtt_ns
+        try:
+            for i in range(count):
+                sbuf[0] = i & 0xFF
+                samples.append(_exchange(data, sbuf, rbuf))
+                if rbuf[0] != sbuf[0]:
+                    raise PeerError("echo did not match what was sent")
+        except (OSError, PeerError) as e:
+            out.error = f"after {len(samples)} exchanges: {e}"
+            self.close()
+        out.lost = count - len(samples)
+        return out
+
+
 @register_runner("tcp_lat")
 def tcp_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
-    """COUNT TCP ping-pongs of SIZE bytes against the peer's responder (session tcp_lat).
-
-    Lighter than probes.tcp.run_pingpong (no timer calibration, no warm-up beyond one
-    exchange), so a burst every few seconds to dozens of peers stays cheap.
-    """
-    out = ProbeOutcome("tcp", "pingpong")
-    samples = out.rtt_ns
-    done = 0
+    """COUNT TCP ping-pongs of SIZE bytes over the target's kept `tcp_lat` link."""
     try:
-        with ControlClient(spec.address, spec.port, bind=ctx.bind, timeout=ctx.timeout) as ctrl:
-            info = ctrl.open("tcp_lat", {"size": spec.size, "timeout": ctx.timeout})
-            with open_data_connection(ctrl, info, ctx.timeout) as data:
-                set_kernel_timeouts(data, ctx.timeout)
-                sbuf = bytearray(random.randbytes(spec.size))
-                rbuf = bytearray(spec.size)
-                _exchange(data, sbuf, rbuf)  # warm-up: first-packet costs are not the fabric
-                try:
-                    for i in range(spec.count):
-                        sbuf[0] = i & 0xFF
-                        samples.append(_exchange(data, sbuf, rbuf))
-                        done += 1
-                        if rbuf[0] != sbuf[0]:
-                            raise PeerError("echo did not match what was sent")
-                except (OSError, PeerError) as e:
-                    out.error = f"after {done} exchanges: {e}"
-            if out.error is None:
-                with contextlib.suppress(ProbeError, OSError):
-                    ctrl.done({"completed": done}, timeout=ctx.timeout)
+        return LINKS.burst(
+            spec, lambda: TcpPingLink(spec, ctx), lambda link: link.burst(spec.count)
+        )
     except (ProbeError, OSError) as e:
-        out.failed = done == 0
-        out.error = out.error or str(e)
-    out.lost = spec.count - done
-    return out
+        return ProbeOutcome("tcp", "pingpong", lost=spec.count, failed=True, error=str(e))
 
 
 BW_MIN_BYTES = 1 << 20

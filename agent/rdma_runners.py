@@ -9,22 +9,24 @@ device (the one whose RoCE v2 GID maps it), so on a shared machine each host pro
 from its own device. Without pyverbs this module registers nothing, and the agent then
 advertises TCP probes only.
 
-Latency and UD bursts run over kept links (LINKS): the first burst to a target sets up
-the verbs resources and the control session on both ends, and later bursts reuse them,
-which is what keeps an agent probing dozens of peers every few seconds cheap. A link
-whose round fails is closed and set up again at the next burst; one whose responder let
-it go (restart, keepalive) is set up again at once, in the same burst.
+Latency and UD bursts run over kept links (agent.probing.LINKS): the first burst to a
+target sets up the verbs resources and the control session on both ends, and later
+bursts reuse them.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-from agent.probing import KEEPERS, ProbeContext, ProbeOutcome, ProbeSpec, register_runner
-from probes.control import MAX_KEEPALIVE_S, LinkStale
+from agent.probing import (
+    LINKS,
+    ProbeContext,
+    ProbeOutcome,
+    ProbeSpec,
+    keepalive_for,
+    register_runner,
+)
 from probes.errors import ProbeError
 from probes.stats import LatencySketch
 
@@ -32,78 +34,6 @@ log = logging.getLogger("fabricprobe.agent")
 
 # QP setup on both ends can take seconds on a loaded or emulated host.
 SETUP_TIMEOUT_S = 10.0
-
-
-class Link(Protocol):
-    def close(self) -> None: ...
-
-
-L = TypeVar("L", bound=Link)
-R = TypeVar("R")
-
-
-def keepalive_for(spec: ProbeSpec) -> float:
-    """How long the peer holds a link between bursts: three intervals (jitter and a busy
-    rate budget never make it lapse), at least 30 s, at most the protocol's bound."""
-    return min(MAX_KEEPALIVE_S, max(30.0, 3 * spec.interval_s))
-
-
-class _Kept:
-    __slots__ = ("dropped", "link", "lock")
-
-    def __init__(self, link: Any) -> None:
-        self.lock = threading.Lock()  # one burst at a time on a link
-        self.link = link
-        self.dropped = False  # no longer assigned: closed after the burst that holds it
-
-
-class Links:
-    """Kept probe links by target; each carries one burst at a time."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._links: dict[tuple[str, str, int, int], _Kept] = {}
-
-    @staticmethod
-    def key(spec: ProbeSpec) -> tuple[str, str, int, int]:
-        return (spec.kind, spec.address, spec.port, spec.size)
-
-    def burst(self, spec: ProbeSpec, new: Callable[[], L], run: Callable[[L], R]) -> R:
-        """RUN over SPEC's link (made by NEW the first time). A link gone stale before
-        its round started is set up again once, at once."""
-        with self._lock:
-            kept = self._links.get(self.key(spec))
-            if kept is None:
-                kept = self._links[self.key(spec)] = _Kept(new())
-        with kept.lock:
-            try:
-                return run(kept.link)
-            except LinkStale as e:
-                log.debug("link to %s (%s) was let go, set up again: %s", spec.dst, spec.kind, e)
-                return run(kept.link)
-            finally:
-                if kept.dropped:
-                    kept.link.close()
-
-    def __len__(self) -> int:
-        return len(self._links)
-
-    def retain(self, specs: list[ProbeSpec]) -> None:
-        """Close the links of targets no longer assigned."""
-        keep = {self.key(s) for s in specs}
-        with self._lock:
-            gone = [self._links.pop(k) for k in list(self._links) if k not in keep]
-            for kept in gone:
-                kept.dropped = True
-        for kept in gone:
-            with kept.lock:  # after a burst still running on it
-                kept.link.close()
-
-    def close(self) -> None:
-        self.retain([])
-
-
-LINKS = Links()
 
 
 def _failed_burst(op: str, count: int, err: Exception) -> ProbeOutcome:
@@ -130,7 +60,6 @@ try:
 except ImportError as e:  # no pyverbs on this host: RDMA probes are not offered
     log.debug("RDMA runners not loaded: %s", e)
 else:
-    KEEPERS.append(LINKS)
 
     @register_runner("rdma_rc_lat")
     def rc_send_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
@@ -145,11 +74,13 @@ else:
                     keepalive_s=keepalive_for(spec),
                     **_reach(spec, ctx),
                 ),
-                lambda link: link.run(spec.count, warmup=1),
+                lambda link: link.round(spec.count, warmup=1),
             )
         except (ProbeError, OSError, ValueError) as e:
             return _failed_burst("send", spec.count, e)
-        return ProbeOutcome("rdma", "send", rtt=res.sketch, error=res.error)
+        return ProbeOutcome(
+            "rdma", "send", rtt_ns=res.rtt_ns.tolist(), lost=res.lost, error=res.error
+        )
 
     @register_runner("rdma_rc_bw")
     def rc_write_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
@@ -179,8 +110,8 @@ else:
             res = LINKS.burst(
                 spec,
                 lambda: UdLink(spec.address, keepalive_s=keepalive_for(spec), **_reach(spec, ctx)),
-                lambda link: link.run(spec.count),
+                lambda link: link.round(spec.count),
             )
         except (ProbeError, OSError, ValueError) as e:
             return _failed_burst("ud", spec.count, e)
-        return ProbeOutcome("rdma", "ud", rtt=res.sketch, error=res.error)
+        return ProbeOutcome("rdma", "ud", rtt_ns=res.rtt_ns, lost=res.lost, error=res.error)

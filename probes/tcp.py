@@ -581,7 +581,7 @@ def _native_echo() -> Callable[[int, int], int] | None:
     return native.tcp_echo if native.available() else None
 
 
-def _echo(conn: socket.socket, size: int, session: Session) -> int:
+def _echo(conn: socket.socket, size: int, idle: float) -> int:
     """Echo SIZE-byte messages until the prober closes; return how many were echoed.
 
     This loop is inside every RTT the prober measures, so it does as little as it can:
@@ -594,7 +594,7 @@ def _echo(conn: socket.socket, size: int, session: Session) -> int:
             return native(conn.fileno(), size)
         except OSError as e:
             if _is_timeout(e):
-                raise PeerError(f"prober idle for {session.step_timeout:g} s") from None
+                raise PeerError(f"prober idle for {idle:g} s") from None
             raise PeerError(f"data connection failed: {e.strerror or e}") from None
     view = memoryview(bytearray(size))
     recv_into, send = conn.recv_into, conn.sendall
@@ -615,7 +615,7 @@ def _echo(conn: socket.socket, size: int, session: Session) -> int:
             echoed += 1
     except OSError as e:
         if _is_timeout(e):
-            raise PeerError(f"prober idle for {session.step_timeout:g} s") from None
+            raise PeerError(f"prober idle for {idle:g} s") from None
         raise PeerError(f"data connection failed: {e.strerror or e}") from None
 
 
@@ -626,13 +626,24 @@ def _session_params(session: Session) -> tuple[float, str]:
 
 @register_session("tcp_lat")
 def serve_tcp_lat(session: Session) -> dict[str, Any]:
-    """Responder side of a ping-pong: echo every SIZE-byte message back."""
+    """Responder side of a ping-pong: echo every SIZE-byte message back. A kept link
+    (`keepalive_s`) is echoed for as long as the prober sends within the keepalive."""
     size = require_int(session.params, "size", MIN_SIZE, MAX_SIZE, where="params.")
     _timeout, token = _session_params(session)
     lsock = data_listener(session)
     session.ready({"data_port": lsock.getsockname()[1], "token": token})
-    (conn,) = accept_streams(session, lsock, bytes.fromhex(token), 1, session.step_timeout)
-    return {"echoed": _echo(conn, size, session)}
+    idle = max(session.step_timeout, session.keepalive)
+    (conn,) = accept_streams(session, lsock, bytes.fromhex(token), 1, idle)
+    try:
+        echoed = _echo(conn, size, idle)
+    except PeerError as e:
+        if not session.keepalive:
+            raise
+        session.ended_idle = str(e)  # a kept link left idle: nothing to answer
+        return {}
+    if session.keepalive:
+        session.ended_idle = "the prober closed its link"
+    return {"echoed": echoed}
 
 
 def _sink(conn: socket.socket, chunk_size: int, out: list[int], idx: int, errs: list[str]) -> None:

@@ -363,6 +363,18 @@ def _prober_session(
             yield ctl, ep, remote
 
 
+@dataclass(frozen=True)
+class RcRound:
+    """One ping-pong round's bare figures: RTTs in ns (warm-up left out), round trips
+    lost, why the round stopped short (None when it did not), device, loop time."""
+
+    rtt_ns: array[int]
+    lost: int
+    error: str | None
+    device: str
+    duration_s: float
+
+
 class RcPingLink:
     """An RC ping-pong session that can carry several rounds over one connected QP.
 
@@ -447,8 +459,9 @@ class RcPingLink:
             raise
         return self._open
 
-    def run(self, iters: int, warmup: int = 0, progress: Progress | None = None) -> RcLatencyResult:
-        """One round of ITERS round trips after WARMUP unrecorded ones."""
+    def round(self, iters: int, warmup: int = 0, progress: Progress | None = None) -> RcRound:
+        """One round of ITERS round trips after WARMUP unrecorded ones: the bare figures
+        (what an agent folds into its window, with no per-round sketch to build)."""
         check_shape(self.op, self.size, iters, LAT_OPS)
         total = iters + warmup
         try:
@@ -464,27 +477,33 @@ class RcPingLink:
         )
         duration = time.perf_counter() - t0
         error, dev = out.error, ep.device
-        if self._overhead_ns is None:
-            self._overhead_ns = loop_overhead_ns(self.engine)
         if out.done < total:
             error = f"stopped after {out.done} of {total} round trips: {error}"
             self.close()
         elif not self.keepalive_s:
             ctl.done({"completed": out.done})
             self.close()
+        recorded = samples[warmup : out.done]
+        return RcRound(recorded, iters - len(recorded), error, dev, duration)
+
+    def run(self, iters: int, warmup: int = 0, progress: Progress | None = None) -> RcLatencyResult:
+        """One round, summarised (percentiles, one-way, the loop's own overhead)."""
+        r = self.round(iters, warmup, progress)
+        if self._overhead_ns is None:
+            self._overhead_ns = loop_overhead_ns(self.engine)
         sketch = LatencySketch("rtt")
-        sketch.record_many(samples[warmup : out.done])
-        sketch.record_lost(iters - max(0, out.done - warmup))
+        sketch.record_many(r.rtt_ns)
+        sketch.record_lost(r.lost)
         return RcLatencyResult(
             self.peer,
-            dev,
+            r.device,
             self.op,
             self.size,
             iters,
             sketch.summary(),
             self._overhead_ns,
-            duration,
-            error,
+            r.duration_s,
+            r.error,
             sketch,
             self.engine,
         )

@@ -93,6 +93,22 @@ class UdProbeResult:
         }
 
 
+@dataclass(frozen=True)
+class UdRound:
+    """One round's bare figures: network RTTs (responder delay taken out), the RTTs with
+    it, the responder's delays, probes lost, why the round stopped short, device,
+    whether it has completion timestamps, loop time."""
+
+    rtt_ns: list[int]
+    raw_ns: list[int]
+    delays_ns: list[int]
+    lost: int
+    error: str | None
+    device: str
+    hw_ts: bool
+    duration_s: float
+
+
 class UdEndpoint:
     """A UD QP with one CQ per direction and a small registered ring of slots."""
 
@@ -292,8 +308,8 @@ class UdLink:
             raise
         return self._open
 
-    def run(self, probes: int, interval_s: float = 0.0) -> UdProbeResult:
-        """One round of PROBES probes, at most one per INTERVAL_S."""
+    def round(self, probes: int, interval_s: float = 0.0) -> UdRound:
+        """One round of PROBES probes, at most one per INTERVAL_S: the bare figures."""
         if not 1 <= probes <= MAX_PROBES:
             raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
         if not 0 <= interval_s <= 60:
@@ -305,8 +321,9 @@ class UdLink:
             raise
         self.rounds += 1
         step_s = self.step_s
-        net, raw = LatencySketch("rtt"), LatencySketch("rtt")
-        delays = []
+        net: list[int] = []
+        raw: list[int] = []
+        delays: list[int] = []
         error = None
         base, self._seq = self._seq, (self._seq + probes) & 0xFFFFFFFF
         t_start = time.perf_counter()
@@ -317,7 +334,6 @@ class UdLink:
                 t1 = ep.send(wr, PROBE, seq, 0, deadline)
             except PeerError as err:
                 error = str(err)
-                net.record_lost(probes - i)
                 break
             t4 = delay = None
             while t4 is None or delay is None:
@@ -331,33 +347,39 @@ class UdLink:
                     t4 = t
                 elif kind == ACK2:
                     delay = value
-            if t4 is None or delay is None or delay > t4 - t1:
-                net.record_lost()
-            else:
-                raw.record(t4 - t1)
-                net.record(t4 - t1 - delay)
+            if t4 is not None and delay is not None and delay <= t4 - t1:
+                raw.append(t4 - t1)
+                net.append(t4 - t1 - delay)
                 delays.append(delay)
             if interval_s:
                 time.sleep(max(0.0, interval_s - (time.monotonic() - (deadline - step_s))))
         duration = time.perf_counter() - t_start
-        hw_ts = ep.hw_ts
         if error is not None:
             self.close()
         elif not self.keepalive_s:
             ctl.done({"probes": probes})
             self.close()
-        delays.sort()
+        return UdRound(net, raw, delays, probes - len(net), error, ep.device, ep.hw_ts, duration)
+
+    def run(self, probes: int, interval_s: float = 0.0) -> UdProbeResult:
+        """One round, summarised: network RTT, RTT with the responder's delay, that delay."""
+        r = self.round(probes, interval_s)
+        net, raw = LatencySketch("rtt"), LatencySketch("rtt")
+        net.record_many(r.rtt_ns)
+        net.record_lost(r.lost)
+        raw.record_many(r.raw_ns)
+        delays = sorted(r.delays_ns)
         return UdProbeResult(
             self.peer,
-            ep.device,
+            r.device,
             probes,
             net.summary(),
             raw.summary(),
             round(delays[len(delays) // 2] / 1000, 3) if delays else None,
             "software",
-            hw_ts,
-            duration,
-            error,
+            r.hw_ts,
+            r.duration_s,
+            r.error,
             net,
         )
 

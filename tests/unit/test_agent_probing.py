@@ -5,12 +5,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from agent.probing import (
+    KEEPERS,
+    LINKS,
     RUNNERS,
+    Links,
     ProbeContext,
     ProbeOutcome,
     ProbeSpec,
@@ -20,8 +23,10 @@ from agent.probing import (
 )
 from agent.window import WindowAggregator
 from collector.sketchwire import from_wire
+from probes.control import ControlClient
 from probes.responder import Responder, load_session_modules
 from probes.stats import LatencySketch
+from probes.tcp import open_data_connection
 
 
 @pytest.fixture
@@ -45,8 +50,52 @@ def spec(port: int, **kw: object) -> ProbeSpec:
     return ProbeSpec(**base)  # type: ignore[arg-type]
 
 
+@pytest.fixture(autouse=True)
+def no_links_left() -> Iterator[None]:
+    yield
+    LINKS.close()
+
+
 def test_tcp_lat_is_registered() -> None:
-    assert RUNNERS["tcp_lat"] is tcp_pingpong
+    assert RUNNERS["tcp_lat"] is tcp_pingpong and LINKS in KEEPERS
+
+
+def test_tcp_bursts_share_one_kept_session(caplog: pytest.LogCaptureFixture) -> None:
+    """Bursts to a target reuse its session; a restarted responder costs no burst; a
+    link no longer assigned is closed and its responder session ends quietly."""
+    caplog.set_level("INFO", "fabricprobe.responder")
+    load_session_modules()
+    ctx = ProbeContext(bind="127.0.0.1", timeout=1)
+    r = Responder("127.0.0.1", 0, idle_timeout=2.0, grace=0.2)
+    r.__enter__()
+    port = r.port
+    target = spec(port)
+    try:
+        for _ in range(4):
+            out = tcp_pingpong(target, ctx)
+            assert out.error is None and len(out.rtt_ns) == 5
+        assert r.active_sessions() == 1 and r.served == 0 and len(LINKS) == 1
+        r.__exit__(None, None, None)  # the responder restarts under the kept link
+        r = Responder("127.0.0.1", port, idle_timeout=2.0, grace=0.2)
+        r.__enter__()
+        out = tcp_pingpong(target, ctx)
+        assert out.error is None and len(out.rtt_ns) == 5 and not out.failed
+        LINKS.retain([])
+        _wait_until(lambda: r.active_sessions() == 0)
+    finally:
+        r.__exit__(None, None, None)
+    assert "session tcp_lat" in caplog.text and "the prober closed its link" in caplog.text
+
+
+def test_a_kept_tcp_session_ends_quietly_after_its_keepalive(
+    responder: Responder, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", "fabricprobe.responder")
+    with ControlClient(*responder.address, timeout=2) as ctrl:
+        info = ctrl.open("tcp_lat", {"size": 8, "keepalive_s": 0.3})
+        with open_data_connection(ctrl, info, 2.0):
+            _wait_until(lambda: responder.active_sessions() == 0, limit=5)
+    assert "(prober idle for 2 s)" in caplog.text  # the responder's idle timeout, not 0.3
 
 
 def test_tcp_pingpong_measures_rtt(responder: Responder) -> None:
@@ -138,6 +187,7 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     import importlib
     import sys
     import types
+    from array import array
 
     from probes.control import LinkStale
     from probes.errors import PeerError
@@ -150,16 +200,14 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
             self.stale_once = peer == "10.0.0.3"
             links.append(self)
 
-        def run(self, iters: int, warmup: int = 0) -> object:
+        def round(self, iters: int, warmup: int = 0) -> object:
             if self.peer == "10.0.0.9":
                 raise PeerError("no responder")
             if self.stale_once:
                 self.stale_once = False
                 raise LinkStale("the responder restarted")
             self.rounds += 1
-            sk = LatencySketch()
-            sk.record_many([3000] * iters)
-            return types.SimpleNamespace(sketch=sk, error=None)
+            return types.SimpleNamespace(rtt_ns=array("q", [3000] * iters), lost=0, error=None)
 
         def close(self) -> None:
             self.closed += 1
@@ -172,20 +220,19 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     fake.rc_bandwidth = fake_rc_bandwidth  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "probes.rdma.rc", fake)
     monkeypatch.setattr("agent.probing.RUNNERS", dict(RUNNERS))
-    monkeypatch.setattr("agent.probing.KEEPERS", [])
+    monkeypatch.setattr("agent.probing.LINKS", Links())
     import agent.rdma_runners
 
     mod = importlib.reload(agent.rdma_runners)
     from agent import probing
 
-    assert probing.KEEPERS[-1] is mod.LINKS
     runner = probing.RUNNERS["rdma_rc_lat"]
     ctx = ProbeContext(bind="10.0.0.1", timeout=1.0, sysfs_root="/x")
     b = ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_lat", 64, 2, 10.0)
     for _ in range(3):
         out = runner(b, ctx)
         assert (out.transport, out.op, out.failed) == ("rdma", "send", False)
-        assert out.rtt is not None and out.rtt.count == 2
+        assert out.rtt_ns == [3000, 3000] and out.lost == 0
     (link,) = links
     assert link.rounds == 3 and link.closed == 0
     assert link.kw["bind"] == "10.0.0.1" and link.kw["timeout"] == mod.SETUP_TIMEOUT_S
@@ -242,3 +289,10 @@ def test_window_takes_bare_rtts_and_loss() -> None:
     (w,) = agg.cut()
     sk = from_wire(w.rtt)
     assert (sk.count, sk.lost, w.failures) == (2, 6, 1)
+
+
+def _wait_until(cond: Callable[[], bool], limit: float = 5.0) -> None:
+    end = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.01)
