@@ -6,19 +6,26 @@ bench/agent_footprint.py measures the agent on loopback, where only TCP probes r
 an RDMA host the agent also runs an RC ping-pong and a UD burst to each peer every
 interval. Run this in the VM lane (it needs two lane hosts):
 
-    lane/run.sh -- .venv/bin/python bench/rdma_burst_cost.py [--bursts 20] [--links 32]
+    .venv/bin/python bench/rdma_burst_cost.py --reference         # on a real host
+    lane/run.sh -- .venv/bin/python bench/rdma_burst_cost.py [--bursts 20] [--links 32] \
+        [--host-reference-ms MS]
 
 For each kind (RC SEND with each engine, UD) it runs BURSTS bursts of the agent's shape
 (10 exchanges of 64 B) from h0 to a `probe serve` on h1, two ways: one session per burst
-(verbs resources and control session set up and torn down each time, as `probe rdma`
-does) and over one kept link (as the agent does). It prints the CPU per burst of the
-prober (this process) and of the responder (the serve process), and the share of one
-core that the default schedule (every peer, each RDMA kind, once per 10 s) takes at 16
-and 32 peers, probing and answering. Then it holds LINKS peers' worth of kept links (an
-RC and a UD link each) open on both ends and prints the memory they take and the CPU
-the responder spends while they sit idle. The lane emulates its CPU (QEMU TCG): Python
-runs about 15 times slower there than natively, so CPU figures are upper bounds for a
-real host.
+(verbs resources and control session set up and torn down each time, and a summary
+built, as `probe rdma` does) and over one kept link, bare figures (as the agent does).
+It prints the CPU per burst of the prober (this process) and of the responder (the
+serve process), and the share of one core that the default schedule (every peer, each
+RDMA kind, once per 10 s) takes at 16 and 32 peers, probing and answering. Then it holds
+LINKS peers' worth of kept links (an RC and a UD link each) open on both ends and prints
+the memory they take and the CPU the responder spends while they sit idle.
+
+The lane emulates its CPU (QEMU TCG), so its CPU figures are far above a real host's.
+To scale them, a fixed piece of the Python a burst runs is timed in the lane and, with
+--reference, on a real host; given that figure (--host-reference-ms), the lane run
+prints the ratio and the kept links' share of a core scaled by it. That is an upper
+bound: in the lane the CPU also does the NIC's work (soft-RoCE), and busy polling waits
+out an emulated RTT hundreds of times longer than a real one.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import os
 import subprocess
 import sys
 import time
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,9 +44,10 @@ from typing import Any
 import psutil
 
 from collector.assign import PlanConfig
-from probes.control import wait_listening
+from probes.control import decode_payload, encode_message, wait_listening
 from probes.rdma.rc import RcPingLink, rc_latency
 from probes.rdma.ud import UdLink, ud_probe
+from probes.stats import LatencySketch
 
 PORT = 4798
 KEEP_S = 120.0
@@ -64,18 +73,9 @@ def measure(
     )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("--bursts", type=int, default=20)
-    ap.add_argument("--links", type=int, default=32, help="peers whose links are held open")
-    args = ap.parse_args()
-    lane = os.environ.get("LANE_FILE")
-    if not lane:
-        sys.exit("run it in the VM lane: lane/run.sh -- .venv/bin/python bench/rdma_burst_cost.py")
-    hosts = json.loads(Path(lane).read_text())["hosts"]
-    a, b = hosts[0], hosts[1]
-    plan = PlanConfig()
-    serve = subprocess.Popen(
+def start_serve(links: int) -> subprocess.Popen[bytes]:
+    """A `probe serve` with room for LINKS peers' kept links."""
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -84,10 +84,54 @@ def main() -> None:
             "--listen",
             f"0.0.0.0:{PORT}",
             "--max-sessions",
-            str(2 * args.links + 8),
+            str(3 * links + 8),
         ],
         stderr=subprocess.DEVNULL,
     )
+
+
+def python_reference(rounds: int = 3000) -> float:
+    """CPU seconds for a fixed piece of the Python a burst runs (control messages framed
+    and parsed, a round's samples built and folded into a sketch): the yardstick that
+    scales lane figures to a real host."""
+    c0 = time.process_time()
+    for i in range(rounds):
+        msg = encode_message("again", {"params": {"iters": 11, "n": i}})
+        decode_payload(msg[4:])
+        samples = array("q", bytes(8 * 11))
+        for j in range(11):
+            samples[j] = 4000 + (i * j) % 997
+        sketch = LatencySketch("rtt")
+        sketch.record_many(samples.tolist())
+    return time.process_time() - c0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--bursts", type=int, default=20)
+    ap.add_argument("--links", type=int, default=32, help="peers whose links are held open")
+    ap.add_argument(
+        "--reference",
+        action="store_true",
+        help="only time the Python yardstick: run it on a real host",
+    )
+    ap.add_argument(
+        "--host-reference-ms",
+        type=float,
+        help="the --reference figure of a real host: scales the lane's CPU figures",
+    )
+    args = ap.parse_args()
+    plan = PlanConfig()
+    if args.reference:
+        best = min(python_reference() for _ in range(5))
+        print(f"Python yardstick: {1e3 * best:.1f} ms CPU (pass --host-reference-ms to the lane)")
+        return
+    lane = os.environ.get("LANE_FILE")
+    if not lane:
+        sys.exit("run it in the VM lane: lane/run.sh -- .venv/bin/python bench/rdma_burst_cost.py")
+    hosts = json.loads(Path(lane).read_text())["hosts"]
+    a, b = hosts[0], hosts[1]
+    serve = start_serve(args.links)
     held: list[RcPingLink | UdLink] = []
     try:
         wait_listening(b["ip"], PORT, timeout=120)
@@ -113,14 +157,14 @@ def main() -> None:
         for engine in ("native", "pyverbs"):
             kept = rc_link(engine)
             kinds.append(
-                (f"rc send {engine}", rc_once(engine), lambda k=kept: k.run(plan.count, warmup=1))
+                (f"rc send {engine}", rc_once(engine), lambda k=kept: k.round(plan.count, warmup=1))
             )
         kept_ud = ud_link()
         kinds.append(
             (
                 "ud",
                 lambda: ud_probe(b["ip"], probes=plan.count, **where),
-                lambda: kept_ud.run(plan.count),
+                lambda: kept_ud.round(plan.count),
             )
         )
         per: dict[tuple[str, str], float] = {}
@@ -133,13 +177,23 @@ def main() -> None:
                     f"  {name:16s} {how:16s} prober {1e3 * prober:6.1f} ms CPU, responder "
                     f"{1e3 * answer:6.1f} ms CPU, {1e3 * wall:6.1f} ms wall per burst"
                 )
+        interval = plan.interval_ms / 1000
         for how in ("one session each", "kept link"):
             both = per["rc send native", how] + per["ud", how]  # one peer, one interval
             shares = ", ".join(
-                f"{peers} peers {100 * peers * both / (plan.interval_ms / 1000):.1f} %"
-                for peers in (16, 32)
+                f"{peers} peers {100 * peers * both / interval:.1f} %" for peers in (16, 32)
             )
             print(f"  default schedule ({how}; RC native + UD, both ends): {shares} of a core")
+        if args.host_reference_ms:
+            factor = min(python_reference() for _ in range(5)) / (args.host_reference_ms / 1e3)
+            rdma = per["rc send native", "kept link"] + per["ud", "kept link"]
+            share = 100 * 32 * rdma / factor / interval
+            print(
+                f"  the lane runs the Python yardstick {factor:.1f}x slower than the host; "
+                f"scaled by that, kept links at 32 peers take {share:.2f} "
+                f"% of a real core (an upper bound: in the lane the CPU also does the NIC's "
+                f"work, and busy polling waits out an emulated RTT)"
+            )
         for link in held:
             link.close()
         held.clear()

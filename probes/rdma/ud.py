@@ -47,7 +47,13 @@ from probes.control import (
     require_int,
 )
 from probes.errors import PeerError, ProbeError
-from probes.rdma.rc import RESPONDER_SYSFS_ROOT, SETUP_TIMEOUT_S, local_device, source_address
+from probes.rdma.rc import (
+    RESPONDER_SYSFS_ROOT,
+    SETUP_TIMEOUT_S,
+    local_device,
+    pick_engine,
+    source_address,
+)
 from probes.rdma.verbs import PORT, _ipv6, _sysfs_gid, _verbs, e
 from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
@@ -73,11 +79,13 @@ class UdProbeResult:
     duration_s: float
     error: str | None = None
     sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
+    engine: str = "pyverbs"
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "transport": "rdma",
             "qp_type": "ud",
+            "engine": self.engine,
             "op": "probe",
             "peer": self.peer,
             "device": self.device,
@@ -261,13 +269,15 @@ class UdLink:
         timeout: float = SETUP_TIMEOUT_S,
         step_s: float = 0.5,
         keepalive_s: float = 0.0,
+        engine: str = "auto",
     ) -> None:
         if not 0 <= keepalive_s <= MAX_KEEPALIVE_S:
             raise ValueError(f"keepalive {keepalive_s} outside 0..{MAX_KEEPALIVE_S:g} s")
         self.peer, self.step_s, self.keepalive_s = peer, step_s, keepalive_s
+        self.engine = pick_engine(engine)
         self._where = (port, bind, device, sysfs_root, timeout)
         self._stack = ExitStack()
-        self._open: tuple[ControlClient, UdEndpoint, Any] | None = None
+        self._open: tuple[ControlClient, Any, Any] | None = None
         self._seq = random.randrange(1 << 30)
         self.rounds = 0
 
@@ -281,7 +291,7 @@ class UdLink:
         self._open = None
         self._stack.close()
 
-    def _start(self, probes: int) -> tuple[ControlClient, UdEndpoint, Any]:
+    def _start(self, probes: int) -> tuple[ControlClient, Any, Any]:
         if self._open is not None:
             self._open[0].again({"probes": probes})  # LinkStale when the responder is gone
             return self._open
@@ -291,13 +301,14 @@ class UdLink:
             ctl = self._stack.enter_context(
                 ControlClient(self.peer, port, bind=bind, timeout=timeout)
             )
-            ep = self._stack.enter_context(UdEndpoint(dev, gid_index))
+            ep = self._stack.enter_context(_ud_endpoint(self.engine, dev, gid_index))
             info = ctl.open(
                 "rdma_ud",
                 {
                     "probes": probes,
                     "step_s": self.step_s,
                     "keepalive_s": self.keepalive_s,
+                    "engine": self.engine,
                     "endpoint": ep.endpoint().as_dict(),
                 },
             )
@@ -324,35 +335,10 @@ class UdLink:
         net: list[int] = []
         raw: list[int] = []
         delays: list[int] = []
-        error = None
         base, self._seq = self._seq, (self._seq + probes) & 0xFFFFFFFF
         t_start = time.perf_counter()
-        for i in range(probes):
-            seq = (base + i) & 0xFFFFFFFF
-            deadline = time.monotonic() + step_s
-            try:
-                t1 = ep.send(wr, PROBE, seq, 0, deadline)
-            except PeerError as err:
-                error = str(err)
-                break
-            t4 = delay = None
-            while t4 is None or delay is None:
-                msg = ep.receive(deadline)
-                if msg is None:
-                    break
-                kind, mseq, value, t = msg
-                if mseq != seq:
-                    continue  # a late ACK of an earlier, already lost probe
-                if kind == ACK1:
-                    t4 = t
-                elif kind == ACK2:
-                    delay = value
-            if t4 is not None and delay is not None and delay <= t4 - t1:
-                raw.append(t4 - t1)
-                net.append(t4 - t1 - delay)
-                delays.append(delay)
-            if interval_s:
-                time.sleep(max(0.0, interval_s - (time.monotonic() - (deadline - step_s))))
+        run = _native_round if self.engine == "native" else _pyverbs_round
+        error = run(ep, wr, probes, interval_s, step_s, base, net, raw, delays)
         duration = time.perf_counter() - t_start
         if error is not None:
             self.close()
@@ -381,7 +367,85 @@ class UdLink:
             r.duration_s,
             r.error,
             net,
+            self.engine,
         )
+
+
+def _ud_endpoint(engine: str, device: str, gid_index: int) -> Any:
+    if engine == "native":
+        from probes.rdma.native import NativeUdEndpoint
+
+        return NativeUdEndpoint(device, gid_index, QKEY, DEPTH)
+    return UdEndpoint(device, gid_index)
+
+
+def _pyverbs_round(
+    ep: Any,
+    wr: Any,
+    probes: int,
+    interval_s: float,
+    step_s: float,
+    base: int,
+    net: list[int],
+    raw: list[int],
+    delays: list[int],
+) -> str | None:
+    """A round probe by probe in Python; fills NET, RAW and DELAYS; returns why it
+    stopped short, or None."""
+    for i in range(probes):
+        seq = (base + i) & 0xFFFFFFFF
+        deadline = time.monotonic() + step_s
+        try:
+            t1 = ep.send(wr, PROBE, seq, 0, deadline)
+        except PeerError as err:
+            return str(err)
+        t4 = delay = None
+        while t4 is None or delay is None:
+            msg = ep.receive(deadline)
+            if msg is None:
+                break
+            kind, mseq, value, t = msg
+            if mseq != seq:
+                continue  # a late ACK of an earlier, already lost probe
+            if kind == ACK1:
+                t4 = t
+            elif kind == ACK2:
+                delay = value
+        if t4 is not None and delay is not None and delay <= t4 - t1:
+            raw.append(t4 - t1)
+            net.append(t4 - t1 - delay)
+            delays.append(delay)
+        if interval_s:
+            time.sleep(max(0.0, interval_s - (time.monotonic() - (deadline - step_s))))
+    return None
+
+
+def _native_round(
+    ep: Any,
+    wr: Any,
+    probes: int,
+    interval_s: float,
+    step_s: float,
+    base: int,
+    net: list[int],
+    raw: list[int],
+    delays: list[int],
+) -> str | None:
+    """A round in the compiled loop (one call, or one per probe when they are paced);
+    fills NET, RAW and DELAYS; returns why it stopped short, or None."""
+    bursts = [(base, probes)] if not interval_s else [(base + i, 1) for i in range(probes)]
+    for n, (seq, count) in enumerate(bursts):
+        start = time.monotonic()
+        try:
+            got = ep.probe(count, step_s, seq)
+        except ProbeError as err:
+            return str(err)
+        net += got[0]
+        raw += got[1]
+        delays += got[2]
+        if interval_s and n + 1 < len(bursts):
+            time.sleep(max(0.0, interval_s - (time.monotonic() - start)))
+    return None
 
 
 def ud_probe(
@@ -395,6 +459,7 @@ def ud_probe(
     sysfs_root: str | Path = "/sys",
     timeout: float = SETUP_TIMEOUT_S,
     step_s: float = 0.5,
+    engine: str = "auto",
 ) -> UdProbeResult:
     """Send PROBES UD probes (at most one per INTERVAL_S) in one session; network RTT."""
     if not 1 <= probes <= MAX_PROBES:
@@ -407,6 +472,7 @@ def ud_probe(
         sysfs_root=sysfs_root,
         timeout=timeout,
         step_s=step_s,
+        engine=engine,
     ) as link:
         return link.run(probes, interval_s)
 
@@ -422,18 +488,25 @@ def serve_ud(session: Session) -> dict[str, Any]:
         require_dict(p, "endpoint", where="params."), where="params.endpoint"
     )
     dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
-    ep = session.resources.enter_context(UdEndpoint(dev, gid_index))
+    # the prober's engine when this host has it (the responder's own delay is taken out
+    # of every RTT either way, but a pyverbs prober is answered by pyverbs as it asked)
+    wanted = p.get("engine", "pyverbs")
+    engine = "native" if wanted == "native" and pick_engine("auto") == "native" else "pyverbs"
+    ep = session.resources.enter_context(_ud_endpoint(engine, dev, gid_index))
     wr = ep.sender(remote)
-    session.ready({"endpoint": ep.endpoint().as_dict()})
+    session.ready({"endpoint": ep.endpoint().as_dict(), "engine": engine})
     answered = 0
     while True:  # one round, or one per `again` of a kept link
-        answered += _answer(session, ep, wr, probes, step_s)
+        if engine == "native":
+            answered += ep.answer(probes, step_s, max(step_s * 4, 2.0))
+        else:
+            answered += _answer(session, ep, wr, probes, step_s)
         nxt = session.next_round()
         if nxt is None:
             break
         probes = require_int(nxt, "probes", 1, MAX_PROBES, where="again.params.")
         session.go()
-    return {"answered": answered}
+    return {"answered": answered, "engine": engine}
 
 
 def _answer(session: Session, ep: UdEndpoint, wr: Any, probes: int, step_s: float) -> int:

@@ -47,7 +47,8 @@ def test_consecutive_probe_runs_release_everything(lane_hosts) -> None:
             if i % 10 == 8 and links is not None:
                 res = links[0].run(1) if i % 20 == 8 else links[1].run(1)
             elif i % 10 == 9:
-                res = ud_probe(b.ip, probes=1, port=PORT, bind=a.ip)
+                engine = "native" if i % 20 == 9 else "pyverbs"
+                res = ud_probe(b.ip, probes=1, port=PORT, bind=a.ip, engine=engine)
             else:
                 res = rc_latency(
                     b.ip,

@@ -52,20 +52,21 @@ def test_rc_bandwidth_completes_every_operation(
     assert res.error is None and res.completed == 200 and res.bytes_per_second > 0
 
 
-def test_ud_probe_subtracts_the_responder_delay(lane_hosts, responder) -> None:
+@pytest.mark.parametrize("engine", ["pyverbs", "native"])
+def test_ud_probe_subtracts_the_responder_delay(lane_hosts, responder, engine: str) -> None:
     a, c = lane_hosts[0], lane_hosts[2]
-    res = ud_probe(c.ip, probes=200, port=PORT, bind=a.ip)
+    res = ud_probe(c.ip, probes=200, port=PORT, bind=a.ip, engine=engine)
     d = res.as_dict()
     print(
-        f"\nUD {a.name}->{c.name}: network RTT p50 {d['rtt']['p50_us']} us, with responder "
-        f"delay {d['rtt_with_responder_delay']['p50_us']} us, delay p50 "
+        f"\nUD {engine} {a.name}->{c.name}: network RTT p50 {d['rtt']['p50_us']} us, "
+        f"with responder delay {d['rtt_with_responder_delay']['p50_us']} us, delay p50 "
         f"{d['responder_delay_p50_us']} us, timestamps {d['timestamps']}"
     )
     assert res.error is None
     assert res.summary.count + res.summary.lost == 200 and res.summary.count >= 190
     assert res.responder_delay_p50_us is not None and res.responder_delay_p50_us > 0
     assert res.summary.p50_us < res.raw_summary.p50_us
-    assert d["timestamps"] == "software"
+    assert d["timestamps"] == "software" and d["engine"] == engine
 
 
 @pytest.mark.parametrize("engine", ["pyverbs", "native"])
@@ -124,19 +125,18 @@ def settle_qps(want: int, limit: float = 30.0) -> int:
     return n
 
 
-@pytest.mark.parametrize("kind", ["rc pyverbs", "rc native", "ud"])
+@pytest.mark.parametrize("kind", ["rc pyverbs", "rc native", "ud pyverbs", "ud native"])
 def test_a_kept_link_carries_rounds_over_one_qp_on_each_end(
     lane_hosts, responder, kind: str
 ) -> None:
     a, b = lane_hosts[0], lane_hosts[1]
     before = qps()
     link: RcPingLink | UdLink
-    if kind == "ud":
-        link = UdLink(b.ip, port=PORT, bind=a.ip, keepalive_s=30)
+    engine = kind.split()[1]
+    if kind.startswith("ud"):
+        link = UdLink(b.ip, port=PORT, bind=a.ip, engine=engine, keepalive_s=30)
     else:
-        link = RcPingLink(
-            b.ip, size=64, port=PORT, bind=a.ip, engine=kind.split()[1], keepalive_s=30
-        )
+        link = RcPingLink(b.ip, size=64, port=PORT, bind=a.ip, engine=engine, keepalive_s=30)
     counts, errors, during = [], [], set()
     t0 = time.monotonic()
     with link:

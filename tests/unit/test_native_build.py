@@ -1,4 +1,4 @@
-"""The native RC engine on a host without RDMA: the extension imports (libibverbs loads),
+"""The native RC and UD engine on a host without RDMA: the extension imports (libibverbs loads),
 a device that is not there is a clear ProbeError, and bad shapes fail before any verbs call."""
 
 from __future__ import annotations
@@ -11,7 +11,13 @@ import pytest
 
 from probes.errors import PeerError, ProbeError
 from probes.rdma import native
-from probes.rdma.native import WC_STATUS, CompletionError, NativeError, NativeRcEndpoint
+from probes.rdma.native import (
+    WC_STATUS,
+    CompletionError,
+    NativeError,
+    NativeRcEndpoint,
+    NativeUdEndpoint,
+)
 
 VERBS_H = Path("/usr/include/infiniband/verbs.h")
 
@@ -21,11 +27,17 @@ def test_extension_is_built_and_imports() -> None:
     mod = native._load()
     for fn in ("fp_open", "fp_connect", "fp_send_pingpong", "fp_write_pingpong", "fp_close"):
         assert hasattr(mod.lib, fn)
+    for fn in ("fp_ud_open", "fp_ud_remote", "fp_ud_probe", "fp_ud_answer", "fp_ud_hw_ts"):
+        assert hasattr(mod.lib, fn)
 
 
-def test_missing_device_is_a_clear_probe_error() -> None:
+@pytest.mark.parametrize("kind", ["rc", "ud"])
+def test_missing_device_is_a_clear_probe_error(kind: str) -> None:
     with pytest.raises(ProbeError) as caught:
-        NativeRcEndpoint("fp-no-such-dev0", 64)
+        if kind == "rc":
+            NativeRcEndpoint("fp-no-such-dev0", 64)
+        else:
+            NativeUdEndpoint("fp-no-such-dev0", 1, 0x1F1F1F1F)
     err = caught.value
     assert isinstance(err, NativeError)
     assert "fp-no-such-dev0" in str(err)
@@ -40,6 +52,12 @@ def test_missing_device_is_a_clear_probe_error() -> None:
 def test_bad_shapes_fail_before_verbs(size: int, depth: int) -> None:
     with pytest.raises(ValueError):
         NativeRcEndpoint("fp-no-such-dev0", size, depth)
+
+
+@pytest.mark.parametrize("depth", [1, 1 << 15])
+def test_bad_ud_depth_fails_before_verbs(depth: int) -> None:
+    with pytest.raises(ValueError, match="depth"):
+        NativeUdEndpoint("fp-no-such-dev0", 1, 0x1F1F1F1F, depth)
 
 
 def test_completion_error_names_the_status() -> None:

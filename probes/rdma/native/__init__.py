@@ -125,51 +125,24 @@ def clock_overhead_ns() -> int:
     return int(_load().lib.fp_clock_overhead_ns(1024))
 
 
-class NativeRcEndpoint:
-    """One RC QP, its two CQs and a registered buffer of 2 x `size` bytes, owned in C.
+class _NativeEndpoint:
+    """What the RC and UD endpoints share: the C endpoint's lifetime and its errors."""
 
-    The receive half has `depth` receives posted from the start; the loops re-post
-    them. `close()` (idempotent, safe from another thread) stops a running loop first.
-    """
+    device: str
 
-    def __init__(
-        self,
-        device: str,
-        size: int,
-        depth: int = 64,
-        gid_index: int | None = None,
-        remote_access: bool = False,
-        inline: int = 0,
-        port: int = PORT,
-    ) -> None:
-        if not 1 <= size <= 1 << 30:
-            raise ValueError(f"buffer size {size} outside 1..1 GiB")
-        if not 2 <= depth <= 1 << 14:
-            raise ValueError(f"queue depth {depth} outside 2..16384")
-        if not 0 <= inline <= 1 << 16 or not 1 <= port <= 255:
-            raise ValueError(f"inline {inline} or port {port} out of range")
+    def __init__(self, device: str) -> None:
         mod = _load()
         self._ffi, self._lib = mod.ffi, mod.lib
-        self.device, self.size, self.depth, self.port = device, size, depth, port
-        self.psn = random.randrange(1 << 24)
+        self.device = device
         self._busy = threading.Lock()  # one loop at a time; close() waits for it
         self._state = threading.Lock()  # guards _ep between close() calls in two threads
-        self._remote: RdmaEndpoint | None = None
         ep = self._lib.fp_new()
         if ep == self._ffi.NULL:
             raise MemoryError("fp_new")
         self._ep: Any = self._ffi.gc(ep, self._lib.fp_free)  # freed even if never closed
-        rc = self._lib.fp_open(
-            self._ep,
-            device.encode(),
-            size,
-            depth,
-            port,
-            -1 if gid_index is None else gid_index,
-            int(remote_access),
-            inline,
-            self.psn,
-        )
+
+    def _opened(self, rc: int) -> None:
+        """After fp_open / fp_ud_open: raise (and release) on failure, else read the info."""
         if rc != 0:
             err = self._error()
             self._release()
@@ -204,7 +177,7 @@ class NativeRcEndpoint:
     def _release(self) -> None:
         ep, self._ep = self._ep, None
         if ep is not None:
-            self._ffi.release(ep)  # fp_free: QP, MR, CQs, PD, context, then the struct
+            self._ffi.release(ep)  # fp_free: QP, AH, MR, CQs, PD, context, then the struct
 
     def close(self) -> None:
         """Stop a running loop, then release QP, MR, CQs, PD, context. Safe to call twice."""
@@ -214,6 +187,60 @@ class NativeRcEndpoint:
             self._lib.fp_stop(self._ep)
         with self._busy, self._state:
             self._release()
+
+    def _open_ep(self) -> Any:
+        if self._ep is None:
+            raise NativeError(f"{self.device}: endpoint is closed")
+        return self._ep
+
+    def _finish(self, done: int, wanted: int) -> int:
+        """Raise the kept error when a loop ended short of WANTED because of one."""
+        ep = self._ep
+        if done < wanted and (self._lib.fp_wc_status(ep) or self._lib.fp_errno(ep)):
+            raise self._error(done)
+        return done
+
+
+class NativeRcEndpoint(_NativeEndpoint):
+    """One RC QP, its two CQs and a registered buffer of 2 x `size` bytes, owned in C.
+
+    The receive half has `depth` receives posted from the start; the loops re-post
+    them. `close()` (idempotent, safe from another thread) stops a running loop first.
+    """
+
+    def __init__(
+        self,
+        device: str,
+        size: int,
+        depth: int = 64,
+        gid_index: int | None = None,
+        remote_access: bool = False,
+        inline: int = 0,
+        port: int = PORT,
+    ) -> None:
+        if not 1 <= size <= 1 << 30:
+            raise ValueError(f"buffer size {size} outside 1..1 GiB")
+        if not 2 <= depth <= 1 << 14:
+            raise ValueError(f"queue depth {depth} outside 2..16384")
+        if not 0 <= inline <= 1 << 16 or not 1 <= port <= 255:
+            raise ValueError(f"inline {inline} or port {port} out of range")
+        super().__init__(device)
+        self.size, self.depth, self.port = size, depth, port
+        self.psn = random.randrange(1 << 24)
+        self._remote: RdmaEndpoint | None = None
+        self._opened(
+            self._lib.fp_open(
+                self._ep,
+                device.encode(),
+                size,
+                depth,
+                port,
+                -1 if gid_index is None else gid_index,
+                int(remote_access),
+                inline,
+                self.psn,
+            )
+        )
 
     def __enter__(self) -> NativeRcEndpoint:
         return self
@@ -246,18 +273,7 @@ class NativeRcEndpoint:
                 raise self._error()
             self._remote = remote
 
-    def _open_ep(self) -> Any:
-        if self._ep is None:
-            raise NativeError(f"{self.device}: endpoint is closed")
-        return self._ep
-
     # -- the loops ---------------------------------------------------------------------
-    def _finish(self, done: int, wanted: int) -> int:
-        """Raise the kept error when a loop ended short of WANTED because of one."""
-        ep = self._ep
-        if done < wanted and (self._lib.fp_wc_status(ep) or self._lib.fp_errno(ep)):
-            raise self._error(done)
-        return done
 
     def _rtt_buffer(self, out: array[int] | None, total: int) -> Any:
         if out is None:
@@ -350,3 +366,79 @@ class NativeRcEndpoint:
                     )
                 )
             return self._finish(done, iters), int(elapsed[0])
+
+
+class NativeUdEndpoint(_NativeEndpoint):
+    """One UD QP (in RTS, QKEY), two CQs and DEPTH receive slots plus a send slot, owned
+    in C, speaking probes/rdma/ud.py's probe/ACK protocol. `sender(remote)` points it at
+    the peer's QP; `probe()` runs a prober's round and `answer()` a responder's."""
+
+    def __init__(self, device: str, gid_index: int, qkey: int, depth: int = 8) -> None:
+        if not 2 <= depth <= 1 << 14:
+            raise ValueError(f"queue depth {depth} outside 2..16384")
+        super().__init__(device)
+        self.depth, self.port = depth, PORT
+        self._opened(
+            self._lib.fp_ud_open(
+                self._ep, device.encode(), depth, PORT, gid_index, qkey, random.randrange(1 << 24)
+            )
+        )
+        self.hw_ts = bool(self._lib.fp_ud_hw_ts(self._ep))
+
+    def __enter__(self) -> NativeUdEndpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def endpoint(self) -> RdmaEndpoint:
+        return RdmaEndpoint(
+            qpn=self.qpn,
+            psn=0,
+            gid=self.gid,
+            gid_index=self.gid_index,
+            lid=0,
+            rkey=0,
+            addr=0,
+            mtu=1024,
+        )
+
+    def sender(self, remote: RdmaEndpoint) -> None:
+        """Address the peer's UD QP (the address handle lives with the endpoint)."""
+        with self._busy:
+            gid = self._ffi.new("uint8_t[16]", remote.gid_bytes)
+            if self._lib.fp_ud_remote(self._open_ep(), remote.qpn, gid) != 0:
+                raise self._error()
+
+    def probe(
+        self, count: int, step_s: float, seq0: int
+    ) -> tuple[list[int], list[int], list[int], int]:
+        """COUNT probes from sequence number SEQ0: (network RTTs, RTTs with the responder's
+        delay, those delays, probes sent), in ns; a lost probe has none of the three."""
+        if count < 1 or not step_s > 0:
+            raise ValueError(f"count {count} and step_s {step_s} must be positive")
+        net, raw, delay = (array("q", bytes(8 * count)) for _ in range(3))
+        buf = self._ffi.from_buffer
+        with self._busy:
+            sent = int(
+                self._lib.fp_ud_probe(
+                    self._open_ep(),
+                    count,
+                    int(step_s * 1e9),
+                    seq0 & 0xFFFFFFFF,
+                    buf("int64_t[]", net),
+                    buf("int64_t[]", raw),
+                    buf("int64_t[]", delay),
+                )
+            )
+            self._finish(sent, count)
+        kept = [i for i in range(sent) if net[i] >= 0]
+        return [net[i] for i in kept], [raw[i] for i in kept], [delay[i] for i in kept], sent
+
+    def answer(self, count: int, step_s: float, idle_s: float) -> int:
+        """Answer up to COUNT probes; ends early after IDLE_S without one. Probes answered."""
+        with self._busy:
+            done = int(
+                self._lib.fp_ud_answer(self._open_ep(), count, int(step_s * 1e9), int(idle_s * 1e9))
+            )
+            return self._finish(done, count)

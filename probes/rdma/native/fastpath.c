@@ -1,5 +1,5 @@
 /*
- * fastpath.c — the RC probes' hot loops, in C against libibverbs.
+ * fastpath.c — the RC and UD probes' hot loops, in C against libibverbs.
  *
  * Why C: under the lane's emulation each Python-level verbs call costs more than the
  * fabric's own latency, and pyverbs exposes no raw pointers, so this file owns its verbs
@@ -27,6 +27,15 @@
 #include <infiniband/verbs.h>
 
 #define SIGNAL_EVERY 16
+/* UD probing (probes/rdma/ud.py has the protocol): a message is magic, kind, seq, value,
+ * big-endian ("!IIIQ", 20 bytes); every receive slot starts with the 40-byte GRH. */
+#define UD_MAGIC 0xFB0DD0D0u
+#define UD_PROBE 1
+#define UD_ACK1 2
+#define UD_ACK2 3
+#define UD_MSG 20
+#define UD_GRH 40
+#define UD_SLOT (UD_GRH + UD_MSG)
 #define CLOCK_EVERY 64 /* empty polls between two clock reads */
 #define POLL_BATCH 16
 
@@ -42,6 +51,9 @@ typedef struct fp_ep {
     struct ibv_cq *send_cq, *recv_cq;
     struct ibv_mr *mr;
     struct ibv_qp *qp;
+    struct ibv_ah *ah;  /* UD: towards the peer (fp_ud_remote) */
+    uint32_t remote_qpn, qkey;
+    int hw_ts;          /* UD: the device has completion timestamps */
     uint8_t *buf;
     uint32_t size, depth, port, psn, gid_index, active_mtu, inline_size, signal_every;
     union ibv_gid gid;
@@ -132,17 +144,18 @@ int fp_wc_status(const fp_ep *ep) { return ep->wc_status; }
 /* Ask a loop running in another thread to return at its next check (within µs). */
 void fp_stop(fp_ep *ep) { __atomic_store_n(&ep->stop, 1, __ATOMIC_RELAXED); }
 
-/* Release QP, MR, CQs, PD, context, in that order; safe to call twice. */
+/* Release QP, AH, MR, CQs, PD, context, in that order; safe to call twice. */
 void fp_close(fp_ep *ep)
 {
     if (ep->qp) ibv_destroy_qp(ep->qp);
+    if (ep->ah) ibv_destroy_ah(ep->ah);
     if (ep->mr) ibv_dereg_mr(ep->mr);
     if (ep->send_cq) ibv_destroy_cq(ep->send_cq);
     if (ep->recv_cq) ibv_destroy_cq(ep->recv_cq);
     if (ep->pd) ibv_dealloc_pd(ep->pd);
     if (ep->ctx) ibv_close_device(ep->ctx);
     free(ep->buf);
-    ep->qp = NULL, ep->mr = NULL, ep->send_cq = ep->recv_cq = NULL;
+    ep->qp = NULL, ep->ah = NULL, ep->mr = NULL, ep->send_cq = ep->recv_cq = NULL;
     ep->pd = NULL, ep->ctx = NULL, ep->buf = NULL;
     ep->connected = 0;
 }
@@ -560,6 +573,272 @@ int64_t fp_receive(fp_ep *ep, int64_t iters, int64_t step_ns, int64_t *elapsed_n
     }
     *elapsed_ns = now_ns() - t0;
     return got;
+}
+
+/* ------------------------------------------------------------------ UD probing */
+
+static void put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = v >> 24, p[1] = v >> 16, p[2] = v >> 8, p[3] = v;
+}
+
+static uint32_t get_be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static int ud_post_recv(fp_ep *ep, uint32_t slot)
+{
+    struct ibv_sge sge = {(uintptr_t)(ep->buf + (size_t)slot * UD_SLOT), UD_SLOT, ep->mr->lkey};
+    struct ibv_recv_wr wr = {.wr_id = slot, .sg_list = &sge, .num_sge = 1}, *bad;
+    int rc = ibv_post_recv(ep->qp, &wr, &bad);
+    return rc ? fail(ep, rc, "UD QP %u: ibv_post_recv", ep->qp->qp_num) : 0;
+}
+
+/* Open DEVICE with a UD QP in RTS (QKEY), DEPTH receive slots posted and one send slot.
+ * GID_INDEX < 0 picks the first IPv4 RoCE v2 GID. On failure everything is released. */
+int fp_ud_open(fp_ep *ep, const char *device, uint32_t depth, uint32_t port, int gid_index,
+               uint32_t qkey, uint32_t psn)
+{
+    struct ibv_port_attr pattr;
+    int rc;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t bytes = (size_t)(depth + 1) * UD_SLOT;
+
+    clear_error(ep);
+    if (ep->ctx)
+        return fail(ep, EBUSY, "%s: endpoint already open", device);
+    if (depth < 2)
+        return fail(ep, EINVAL, "%s: depth %u too small", device, depth);
+    ep->size = UD_MSG, ep->depth = depth, ep->port = port, ep->qkey = qkey;
+    ep->psn = psn & 0xffffff;
+    if (open_device(ep, device))
+        goto out;
+    if ((rc = ibv_query_port(ep->ctx, port, &pattr))) {
+        fail(ep, rc, "%s: ibv_query_port %u", device, port);
+        goto out;
+    }
+    ep->active_mtu = 128u << pattr.active_mtu;
+    if (gid_index < 0 && (gid_index = roce_v2_gid_index(ep, pattr.gid_tbl_len)) < 0) {
+        fail(ep, EOPNOTSUPP, "%s port %u: no RoCE v2 GID for an IPv4 address", device, port);
+        goto out;
+    }
+    ep->gid_index = gid_index;
+    if ((rc = ibv_query_gid(ep->ctx, port, gid_index, &ep->gid))) {
+        fail(ep, errno ? errno : rc, "%s: ibv_query_gid %d", device, gid_index);
+        goto out;
+    }
+    struct ibv_device_attr_ex dattr;
+    ep->hw_ts = !ibv_query_device_ex(ep->ctx, NULL, &dattr) && dattr.completion_timestamp_mask;
+    if (!(ep->pd = ibv_alloc_pd(ep->ctx))) {
+        fail(ep, errno, "%s: ibv_alloc_pd", device);
+        goto out;
+    }
+    ep->send_cq = ibv_create_cq(ep->ctx, 2 * depth, NULL, NULL, 0);
+    ep->recv_cq = ibv_create_cq(ep->ctx, 2 * depth, NULL, NULL, 0);
+    if (!ep->send_cq || !ep->recv_cq) {
+        fail(ep, errno, "%s: ibv_create_cq", device);
+        goto out;
+    }
+    if ((rc = posix_memalign((void **)&ep->buf, page, bytes))) {
+        fail(ep, rc, "%s: allocating %zu bytes", device, bytes);
+        goto out;
+    }
+    memset(ep->buf, 0, bytes);
+    if (!(ep->mr = ibv_reg_mr(ep->pd, ep->buf, bytes, IBV_ACCESS_LOCAL_WRITE))) {
+        fail(ep, errno, "%s: ibv_reg_mr of %zu bytes", device, bytes);
+        goto out;
+    }
+    struct ibv_qp_init_attr init = {
+        .send_cq = ep->send_cq,
+        .recv_cq = ep->recv_cq,
+        .cap = {.max_send_wr = depth, .max_recv_wr = depth, .max_send_sge = 1,
+                .max_recv_sge = 1},
+        .qp_type = IBV_QPT_UD,
+    };
+    if (!(ep->qp = ibv_create_qp(ep->pd, &init))) {
+        fail(ep, errno, "%s: ibv_create_qp (UD)", device);
+        goto out;
+    }
+    struct ibv_qp_attr attr = {
+        .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = port, .qkey = qkey,
+    };
+    if ((rc = ibv_modify_qp(ep->qp, &attr,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))) {
+        fail(ep, rc, "%s: UD QP %u to INIT", device, ep->qp->qp_num);
+        goto out;
+    }
+    attr.qp_state = IBV_QPS_RTR;
+    if ((rc = ibv_modify_qp(ep->qp, &attr, IBV_QP_STATE))) {
+        fail(ep, rc, "%s: UD QP %u to RTR", device, ep->qp->qp_num);
+        goto out;
+    }
+    attr.qp_state = IBV_QPS_RTS;
+    attr.sq_psn = ep->psn;
+    if ((rc = ibv_modify_qp(ep->qp, &attr, IBV_QP_STATE | IBV_QP_SQ_PSN))) {
+        fail(ep, rc, "%s: UD QP %u to RTS", device, ep->qp->qp_num);
+        goto out;
+    }
+    for (uint32_t i = 0; i < depth; i++)
+        if (ud_post_recv(ep, i))
+            goto out;
+    return 0;
+out:
+    fp_close(ep);
+    return -1;
+}
+
+int fp_ud_hw_ts(const fp_ep *ep) { return ep->hw_ts; }
+
+/* The address handle towards the peer's UD QP (QPN at GID); replaces an earlier one. */
+int fp_ud_remote(fp_ep *ep, uint32_t qpn, const uint8_t *gid)
+{
+    clear_error(ep);
+    if (!ep->qp)
+        return fail(ep, EBADF, "endpoint is closed");
+    struct ibv_ah_attr attr = {.is_global = 1, .port_num = ep->port,
+                               .grh = {.sgid_index = ep->gid_index, .hop_limit = 64}};
+    memcpy(attr.grh.dgid.raw, gid, 16);
+    struct ibv_ah *ah = ibv_create_ah(ep->pd, &attr);
+    if (!ah)
+        return fail(ep, errno, "UD QP %u: ibv_create_ah", ep->qp->qp_num);
+    if (ep->ah)
+        ibv_destroy_ah(ep->ah);
+    ep->ah = ah, ep->remote_qpn = qpn, ep->connected = 1;
+    return 0;
+}
+
+/* Send one message; its timestamp is taken just before the post (a completion seen by a
+ * busy poller can come after the reply). 0, or -1 on a failed post or a full send queue. */
+static int ud_send(fp_ep *ep, uint32_t kind, uint32_t seq, uint64_t value, int64_t deadline,
+                   int64_t *t)
+{
+    uint8_t *m = ep->buf + (size_t)ep->depth * UD_SLOT;
+    if (wait_send(ep, (int)ep->depth - 1, deadline) <= 0)
+        return -1;
+    put_be32(m, UD_MAGIC), put_be32(m + 4, kind), put_be32(m + 8, seq);
+    put_be32(m + 12, (uint32_t)(value >> 32)), put_be32(m + 16, (uint32_t)value);
+    struct ibv_sge sge = {(uintptr_t)m, UD_MSG, ep->mr->lkey};
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+                             .wr.ud = {.ah = ep->ah, .remote_qpn = ep->remote_qpn,
+                                       .remote_qkey = ep->qkey}};
+    *t = now_ns();
+    return post_send(ep, &wr, 1);
+}
+
+/* The next valid message before DEADLINE: 1 (KIND, SEQ, VALUE, T set), 0 at the deadline
+ * or on stop, -1 on an error. Malformed datagrams are dropped, their slot re-posted. */
+static int ud_receive(fp_ep *ep, int64_t deadline, uint32_t *kind, uint32_t *seq,
+                      uint64_t *value, int64_t *t)
+{
+    struct ibv_wc wc;
+    for (unsigned spins = 1;; spins++) {
+        int n = ibv_poll_cq(ep->recv_cq, 1, &wc);
+        if (n > 0) {
+            int64_t at = now_ns();
+            uint32_t slot = (uint32_t)wc.wr_id;
+            const uint8_t *m = ep->buf + (size_t)slot * UD_SLOT + UD_GRH;
+            int ok = wc.status == IBV_WC_SUCCESS && wc.byte_len == UD_SLOT &&
+                     get_be32(m) == UD_MAGIC;
+            if (ok) {
+                *kind = get_be32(m + 4), *seq = get_be32(m + 8);
+                *value = (uint64_t)get_be32(m + 12) << 32 | get_be32(m + 16);
+                *t = at;
+            }
+            if (wc.status == IBV_WC_WR_FLUSH_ERR)
+                return wc_fail(ep, &wc, "receive");
+            if (ud_post_recv(ep, slot))
+                return -1;
+            if (ok)
+                return 1;
+            continue;
+        }
+        if (n < 0)
+            return fail(ep, EIO, "UD QP %u: polling the receive CQ", ep->qp->qp_num);
+        if (spins % CLOCK_EVERY == 0) {
+            if (reap_send(ep) < 0)
+                return -1;
+            if (now_ns() > deadline || stopped(ep))
+                return 0;
+        }
+    }
+}
+
+/* The prober: COUNT probes with sequence numbers SEQ0, SEQ0 + 1, ...; for probe i, NET[i]
+ * gets the network RTT (t4 - t1 minus the responder's delay), RAW[i] t4 - t1, DELAY[i]
+ * the responder's delay, all -1 when the probe or an ACK did not arrive within STEP_NS.
+ * Returns the probes sent (fewer only on stop or an error, kept in the endpoint). */
+int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, uint32_t seq0, int64_t *net,
+                    int64_t *raw, int64_t *delay)
+{
+    clear_error(ep);
+    ep->sq_used = ep->since_signal = 0;
+    if (!ep->connected) {
+        fail(ep, ENOTCONN, "endpoint has no peer");
+        return 0;
+    }
+    for (int64_t i = 0; i < count; i++) {
+        uint32_t seq = seq0 + (uint32_t)i, kind, mseq;
+        uint64_t value, responder = 0;
+        int64_t t1, t4 = -1, t, deadline = now_ns() + step_ns;
+        int have_delay = 0;
+        net[i] = raw[i] = delay[i] = -1;
+        if (stopped(ep) || ud_send(ep, UD_PROBE, seq, 0, deadline, &t1))
+            return i;
+        while (t4 < 0 || !have_delay) {
+            int r = ud_receive(ep, deadline, &kind, &mseq, &value, &t);
+            if (r < 0)
+                return i;
+            if (r == 0)
+                break;
+            if (mseq != seq)
+                continue; /* a late ACK of an earlier, already lost probe */
+            if (kind == UD_ACK1)
+                t4 = t;
+            else if (kind == UD_ACK2)
+                responder = value, have_delay = 1;
+        }
+        if (t4 >= 0 && have_delay && (int64_t)responder <= t4 - t1) {
+            raw[i] = t4 - t1;
+            delay[i] = (int64_t)responder;
+            net[i] = raw[i] - delay[i];
+        }
+    }
+    wait_send(ep, 0, now_ns() + step_ns); /* the last probe completes (an error is kept) */
+    return count;
+}
+
+/* The responder: answer up to COUNT probes, each with ACK1 and then ACK2 carrying its own
+ * delay (t3 - t2: from seeing the probe to posting ACK1). Ends early when no probe comes
+ * within IDLE_NS, on stop, or on an error (kept). Returns the probes answered. */
+int64_t fp_ud_answer(fp_ep *ep, int64_t count, int64_t step_ns, int64_t idle_ns)
+{
+    int64_t answered = 0;
+    clear_error(ep);
+    ep->sq_used = ep->since_signal = 0;
+    if (!ep->connected) {
+        fail(ep, ENOTCONN, "endpoint has no peer");
+        return 0;
+    }
+    int64_t idle = now_ns() + idle_ns;
+    while (answered < count) {
+        uint32_t kind, seq;
+        uint64_t value;
+        int64_t t2, t3, t;
+        int r = ud_receive(ep, idle, &kind, &seq, &value, &t2);
+        if (r <= 0)
+            break;
+        if (kind != UD_PROBE)
+            continue;
+        int64_t deadline = now_ns() + step_ns;
+        if (ud_send(ep, UD_ACK1, seq, 0, deadline, &t3) ||
+            ud_send(ep, UD_ACK2, seq, (uint64_t)(t3 - t2), deadline, &t))
+            break;
+        answered++;
+        idle = now_ns() + idle_ns;
+    }
+    wait_send(ep, 0, now_ns() + step_ns); /* the last ACKs complete (an error is kept) */
+    return answered;
 }
 
 static int cmp_i64(const void *a, const void *b)
