@@ -9,8 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.probing import ProbeSpec
-from agent.rdma_runners import Links
+from agent.probing import Links, ProbeSpec
 from probes.control import LinkStale
 from probes.rdma.rc import RcPingLink, rc_bandwidth, rc_latency
 from probes.rdma.ud import UdLink, ud_probe
