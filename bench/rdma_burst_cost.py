@@ -10,7 +10,7 @@ interval. Run this in the VM lane (it needs two lane hosts):
     lane/run.sh -- .venv/bin/python bench/rdma_burst_cost.py [--bursts 20] [--links 32] \
         [--host-reference-ms MS]
 
-For each kind (RC SEND with each engine, UD) it runs BURSTS bursts of the agent's shape
+For each kind (RC SEND and UD, each with both engines) it runs BURSTS bursts of the agent's shape
 (10 exchanges of 64 B) from h0 to a `probe serve` on h1, two ways: one session per burst
 (verbs resources and control session set up and torn down each time, and a summary
 built, as `probe rdma` does) and over one kept link, bare figures (as the agent does).
@@ -25,7 +25,8 @@ To scale them, a fixed piece of the Python a burst runs is timed in the lane and
 --reference, on a real host; given that figure (--host-reference-ms), the lane run
 prints the ratio and the kept links' share of a core scaled by it. That is an upper
 bound: in the lane the CPU also does the NIC's work (soft-RoCE), and busy polling waits
-out an emulated RTT hundreds of times longer than a real one.
+out an emulated RTT a hundred times longer than a real one; so it also prints the share
+without the time both ends spin through the round trips (the sum of the RTT samples).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import sys
 import time
 from array import array
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +47,8 @@ import psutil
 
 from collector.assign import PlanConfig
 from probes.control import decode_payload, encode_message, wait_listening
-from probes.rdma.rc import RcPingLink, rc_latency
-from probes.rdma.ud import UdLink, ud_probe
+from probes.rdma.rc import RcPingLink, RcRound, rc_latency
+from probes.rdma.ud import UdLink, UdRound, ud_probe
 from probes.stats import LatencySketch
 
 PORT = 4798
@@ -59,17 +61,25 @@ def cpu(proc: psutil.Process) -> float:
 
 def measure(
     responder: psutil.Process, bursts: int, burst: Callable[[], object]
-) -> tuple[float, float, float]:
-    """(prober CPU, responder CPU, wall) per burst over BURSTS bursts, in seconds."""
+) -> tuple[float, float, float, float]:
+    """(prober CPU, responder CPU, wall, time spent in round trips) per burst over BURSTS
+    bursts, in seconds. The last is the sum of the burst's RTT samples (kept-link rounds
+    carry them): both ends spin through it, waiting on the fabric."""
     burst()  # first-touch costs (and a kept link's setup) paid outside the figure
     r0 = cpu(responder)
     c0, t0 = time.process_time(), time.perf_counter()
+    spin = 0
     for _ in range(bursts):
-        burst()
+        out = burst()
+        if isinstance(out, RcRound):
+            spin += sum(out.rtt_ns)
+        elif isinstance(out, UdRound):
+            spin += sum(out.raw_ns)
     return (
         (time.process_time() - c0) / bursts,
         (cpu(responder) - r0) / bursts,
         (time.perf_counter() - t0) / bursts,
+        spin / 1e9 / bursts,
     )
 
 
@@ -143,8 +153,8 @@ def main() -> None:
             held.append(link)
             return link
 
-        def ud_link() -> UdLink:
-            link = UdLink(b["ip"], keepalive_s=KEEP_S, **where)
+        def ud_link(engine: str = "auto") -> UdLink:
+            link = UdLink(b["ip"], engine=engine, keepalive_s=KEEP_S, **where)
             held.append(link)
             return link
 
@@ -153,46 +163,46 @@ def main() -> None:
                 b["ip"], op="send", size=64, iters=plan.count, warmup=1, engine=engine, **where
             )
 
+        def ud_once(engine: str) -> Callable[[], object]:
+            return lambda: ud_probe(b["ip"], probes=plan.count, engine=engine, **where)
+
         kinds: list[tuple[str, Callable[[], object], Callable[[], object]]] = []
         for engine in ("native", "pyverbs"):
-            kept = rc_link(engine)
+            rc, ud = rc_link(engine), ud_link(engine)
             kinds.append(
-                (f"rc send {engine}", rc_once(engine), lambda k=kept: k.round(plan.count, warmup=1))
+                (f"rc send {engine}", rc_once(engine), partial(rc.round, plan.count, warmup=1))
             )
-        kept_ud = ud_link()
-        kinds.append(
-            (
-                "ud",
-                lambda: ud_probe(b["ip"], probes=plan.count, **where),
-                lambda: kept_ud.round(plan.count),
-            )
-        )
-        per: dict[tuple[str, str], float] = {}
+            kinds.append((f"ud {engine}", ud_once(engine), partial(ud.round, plan.count)))
+        per: dict[tuple[str, str], tuple[float, float]] = {}
         print(f"{args.bursts} bursts of {plan.count} exchanges, 64 B, h0 -> h1 (QEMU TCG):")
         for name, once, kept_burst in kinds:
             for how, burst in (("one session each", once), ("kept link", kept_burst)):
-                prober, answer, wall = measure(responder, args.bursts, burst)
-                per[name, how] = prober + answer
+                prober, answer, wall, spin = measure(responder, args.bursts, burst)
+                per[name, how] = (prober + answer, spin)
+                spun = f", {1e3 * spin:5.1f} ms of it in round trips" if spin else ""
                 print(
                     f"  {name:16s} {how:16s} prober {1e3 * prober:6.1f} ms CPU, responder "
-                    f"{1e3 * answer:6.1f} ms CPU, {1e3 * wall:6.1f} ms wall per burst"
+                    f"{1e3 * answer:6.1f} ms CPU, {1e3 * wall:6.1f} ms wall per burst{spun}"
                 )
         interval = plan.interval_ms / 1000
         for how in ("one session each", "kept link"):
-            both = per["rc send native", how] + per["ud", how]  # one peer, one interval
+            both = per["rc send native", how][0] + per["ud native", how][0]  # a peer, a round
             shares = ", ".join(
                 f"{peers} peers {100 * peers * both / interval:.1f} %" for peers in (16, 32)
             )
-            print(f"  default schedule ({how}; RC native + UD, both ends): {shares} of a core")
+            print(f"  default schedule ({how}; RC + UD native, both ends): {shares} of a core")
         if args.host_reference_ms:
             factor = min(python_reference() for _ in range(5)) / (args.host_reference_ms / 1e3)
-            rdma = per["rc send native", "kept link"] + per["ud", "kept link"]
-            share = 100 * 32 * rdma / factor / interval
+            rc_cost, ud_cost = per["rc send native", "kept link"], per["ud native", "kept link"]
+            both = rc_cost[0] + ud_cost[0]
+            spin = 2 * (rc_cost[1] + ud_cost[1])  # both ends spin through every round trip
+            bound = 100 * 32 * both / factor / interval
+            rest = 100 * 32 * max(0.0, both - spin) / factor / interval
             print(
-                f"  the lane runs the Python yardstick {factor:.1f}x slower than the host; "
-                f"scaled by that, kept links at 32 peers take {share:.2f} "
-                f"% of a real core (an upper bound: in the lane the CPU also does the NIC's "
-                f"work, and busy polling waits out an emulated RTT)"
+                f"  the lane runs the Python yardstick {factor:.1f}x slower than the host. "
+                f"Scaled by that, kept links at 32 peers take at most {bound:.2f} % of a real "
+                f"core; {rest:.2f} % besides spinning through the lane's round trips (on a "
+                f"real fabric that spin is the fabric's RTT, at both ends)"
             )
         for link in held:
             link.close()
