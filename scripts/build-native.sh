@@ -1,5 +1,5 @@
 #!/bin/bash
-# scripts/build-native.sh — build the RC probes' native engine (probes/rdma/native) in place.
+# scripts/build-native.sh — build the probes' native engine (probes/rdma/native) in place.
 # Idempotent; run as root on the host (the lane VM sees the host's files read-only and
 # loads the module built here).
 #   * libibverbs-dev (headers and the libibverbs.so link) from apt, when missing

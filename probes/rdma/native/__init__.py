@@ -1,11 +1,14 @@
-"""A native engine for the RC probes: the hot loops in C (fastpath.c), driven from Python.
+"""A native engine for the RC and UD probes: the hot loops in C (fastpath.c), driven from
+Python.
 
 Why: under emulation each Python-level verbs call costs more than the fabric round trip
 it times, and pyverbs exposes no raw pointers, so a compiled loop has to own its verbs
 resources. `NativeRcEndpoint` mirrors `probes.rdma.verbs.RcEndpoint` as rc.py uses it
 (same constructor, `endpoint()`, `connect()`, `close()`, context manager) and adds whole
-loops: `send_pingpong`, `write_pingpong`, `bandwidth`. Each call runs one loop in C with
-the GIL released, so a responder and a prober can share a process as two threads.
+loops: `send_pingpong`, `write_pingpong`, `bandwidth`. `NativeUdEndpoint` does the same
+for ud.py's UdEndpoint, with `probe` (a prober's round) and `answer` (a responder's).
+Each call runs one loop in C with the GIL released, so a responder and a prober can
+share a process as two threads.
 
 Build with scripts/build-native.sh; `available()` says whether the extension imports.
 Loops return the iterations completed (fewer at a per-step deadline); a completion error
@@ -97,7 +100,7 @@ def _load() -> Any:
         return importlib.import_module("probes.rdma.native._fastpath")
     except ImportError as err:
         raise NativeError(
-            f"the native RC engine is not built ({err}); run scripts/build-native.sh"
+            f"the native engine is not built ({err}); run scripts/build-native.sh"
         ) from err
 
 

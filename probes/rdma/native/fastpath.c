@@ -3,13 +3,14 @@
  *
  * Why C: under the lane's emulation each Python-level verbs call costs more than the
  * fabric's own latency, and pyverbs exposes no raw pointers, so this file owns its verbs
- * resources (context, PD, send CQ, receive CQ, one MR, one RC QP) and runs a whole loop
- * per call from Python (cffi releases the GIL for the duration).
+ * resources (context, PD, send CQ, receive CQ, one MR, one RC or UD QP) and runs a whole
+ * loop per call from Python (cffi releases the GIL for the duration).
  *
- * The MR holds 2 x size bytes: [0, size) is sent from, [size, 2 size) is received and
+ * RC: the MR holds 2 x size bytes: [0, size) is sent from, [size, 2 size) is received and
  * RDMA-written into. `depth` receives are posted from the start and one is re-posted
  * after each that completes. Sends are signaled every `signal_every` (and the last one of
- * a loop); a signaled completion retires the unsignaled WRs posted before it.
+ * a loop); a signaled completion retires the unsignaled WRs posted before it. UD: the MR
+ * holds `depth` receive slots (GRH + message) and one send slot; every send is signaled.
  *
  * Every loop takes a per-step deadline (CLOCK_MONOTONIC), allocates nothing, and returns
  * the number of iterations completed: fewer only at a deadline, on a completion error
