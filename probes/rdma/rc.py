@@ -23,13 +23,12 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from probes.control import (
     DEFAULT_PORT,
     MAX_KEEPALIVE_S,
     ControlClient,
-    LinkStale,
     ProtocolError,
     RdmaEndpoint,
     Session,
@@ -375,18 +374,80 @@ class RcRound:
     duration_s: float
 
 
-class RcPingLink:
-    """An RC ping-pong session that can carry several rounds over one connected QP.
+class RdmaLink:
+    """What RC and UD links share: where the peer is, the keepalive, and the session's
+    lifetime. The first round opens the session (`_setup`, with the round's params in
+    the hello); with KEEPALIVE_S > 0 the responder then holds its end between rounds for
+    that long and each later round is one `again`/`go` exchange away. A round that ends
+    short closes the link (the next round opens a new session); a responder gone before
+    a round starts raises LinkStale. `close()` releases everything: the responder ends
+    its session when the control connection closes."""
 
-    The first `run()` opens the session (control connection, endpoints on both sides,
-    QP connected); with KEEPALIVE_S > 0 the responder then holds its end between rounds
-    for that long, and every later `run()` costs one `again`/`go` exchange and the loop
-    itself, instead of a device context, PD, CQs, MR and QP built and torn down on each
-    end. Only SEND links carry several rounds (a WRITE round's marker sequence restarts,
-    so it could be mistaken for the last round's). A round that ends short closes the
-    link; a responder gone before a round starts raises LinkStale. `close()` releases
-    everything (the responder ends its session when the control connection closes).
-    """
+    def __init__(
+        self,
+        peer: str,
+        *,
+        port: int,
+        bind: str | None,
+        device: str | None,
+        sysfs_root: str | Path,
+        timeout: float,
+        step_s: float,
+        engine: str,
+        keepalive_s: float,
+    ) -> None:
+        if not 0 <= keepalive_s <= MAX_KEEPALIVE_S:
+            raise ValueError(f"keepalive {keepalive_s} outside 0..{MAX_KEEPALIVE_S:g} s")
+        self.peer, self.step_s, self.keepalive_s = peer, step_s, keepalive_s
+        self.port, self.bind, self.device = port, bind, device
+        self.sysfs_root, self.timeout = sysfs_root, timeout
+        self.engine = pick_engine(engine)
+        self._stack = ExitStack()
+        self._open: tuple[ControlClient, Any, Any] | None = None
+        self.rounds = 0
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._open = None
+        self._stack.close()
+
+    def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
+        """Open the session for a first round of PARAMS on self._stack: (control, local
+        endpoint, what the rounds need of the peer)."""
+        raise NotImplementedError
+
+    def _begin(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
+        """The session ready for a round of PARAMS: opened with them, or asked again."""
+        try:
+            if self._open is not None:
+                self._open[0].again(params)
+            else:
+                self._open = self._setup({**params, "keepalive_s": self.keepalive_s})
+        except BaseException:
+            self.close()
+            raise
+        self.rounds += 1
+        return self._open
+
+    def _end(self, error: str | None, result: dict[str, Any]) -> None:
+        """After a round: one that ended short closes the link; an unkept one is done."""
+        if error is not None:
+            self.close()
+        elif not self.keepalive_s and self._open is not None:
+            self._open[0].done(result)
+            self.close()
+
+
+class RcPingLink(RdmaLink):
+    """An RC ping-pong link: several rounds over one connected QP on each end, instead of
+    a device context, PD, CQs, MR and QP built and torn down for each. Only SEND links
+    carry several rounds (a WRITE round's marker sequence restarts, so it could be
+    mistaken for the last round's)."""
 
     def __init__(
         self,
@@ -406,70 +467,42 @@ class RcPingLink:
         check_shape(op, size, 1, LAT_OPS)
         if keepalive_s and op != "send":
             raise ValueError("only SEND ping-pong links carry several rounds")
-        if not 0 <= keepalive_s <= MAX_KEEPALIVE_S:
-            raise ValueError(f"keepalive {keepalive_s} outside 0..{MAX_KEEPALIVE_S:g} s")
-        self.peer, self.op, self.size, self.step_s = peer, op, size, step_s
-        self.engine = pick_engine(engine)
-        self.keepalive_s = keepalive_s
-        self._where = (port, bind, device, sysfs_root, timeout)
-        self._stack = ExitStack()
-        self._open: tuple[ControlClient, Any, RdmaEndpoint] | None = None
+        super().__init__(
+            peer,
+            port=port,
+            bind=bind,
+            device=device,
+            sysfs_root=sysfs_root,
+            timeout=timeout,
+            step_s=step_s,
+            engine=engine,
+            keepalive_s=keepalive_s,
+        )
+        self.op, self.size = op, size
         self._overhead_ns: int | None = None
-        self.rounds = 0
 
-    def __enter__(self) -> RcPingLink:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._open = None
-        self._stack.close()
-
-    def _start(self, total: int) -> tuple[ControlClient, Any, RdmaEndpoint]:
-        """The session ready for a round of TOTAL round trips: opened with it, or asked."""
-        if self._open is not None:
-            self._open[0].again({"iters": total})  # LinkStale when the responder is gone
-            return self._open
-        port, bind, device, sysfs_root, timeout = self._where
-        params = {
-            "size": self.size,
-            "iters": total,
-            "step_s": self.step_s,
-            "keepalive_s": self.keepalive_s,
-        }
-        try:
-            self._open = self._stack.enter_context(
-                _prober_session(
-                    "rdma_rc_lat",
-                    self.peer,
-                    port,
-                    bind,
-                    device,
-                    sysfs_root,
-                    timeout,
-                    self.engine,
-                    self.op,
-                    params,
-                )
+    def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, RdmaEndpoint]:
+        return self._stack.enter_context(
+            _prober_session(
+                "rdma_rc_lat",
+                self.peer,
+                self.port,
+                self.bind,
+                self.device,
+                self.sysfs_root,
+                self.timeout,
+                self.engine,
+                self.op,
+                {**params, "size": self.size, "step_s": self.step_s},
             )
-        except BaseException:
-            self.close()
-            raise
-        return self._open
+        )
 
     def round(self, iters: int, warmup: int = 0, progress: Progress | None = None) -> RcRound:
         """One round of ITERS round trips after WARMUP unrecorded ones: the bare figures
         (what an agent folds into its window, with no per-round sketch to build)."""
         check_shape(self.op, self.size, iters, LAT_OPS)
         total = iters + warmup
-        try:
-            ctl, ep, remote = self._start(total)
-        except LinkStale:
-            self.close()
-            raise
-        self.rounds += 1
+        _, ep, remote = self._begin({"iters": total})
         samples = array("q", bytes(8 * total))
         t0 = time.perf_counter()
         out = _pingpong(
@@ -479,10 +512,7 @@ class RcPingLink:
         error, dev = out.error, ep.device
         if out.done < total:
             error = f"stopped after {out.done} of {total} round trips: {error}"
-            self.close()
-        elif not self.keepalive_s:
-            ctl.done({"completed": out.done})
-            self.close()
+        self._end(error, {"completed": out.done})
         recorded = samples[warmup : out.done]
         return RcRound(recorded, iters - len(recorded), error, dev, duration)
 

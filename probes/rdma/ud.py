@@ -21,7 +21,6 @@ from __future__ import annotations
 import random
 import struct
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,9 +36,7 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 
 from probes.control import (
     DEFAULT_PORT,
-    MAX_KEEPALIVE_S,
     ControlClient,
-    LinkStale,
     RdmaEndpoint,
     Session,
     register_session,
@@ -50,6 +47,7 @@ from probes.errors import PeerError, ProbeError
 from probes.rdma.rc import (
     RESPONDER_SYSFS_ROOT,
     SETUP_TIMEOUT_S,
+    RdmaLink,
     local_device,
     pick_engine,
     source_address,
@@ -248,15 +246,10 @@ class UdEndpoint:
                 return None
 
 
-class UdLink:
-    """A UD probe session that can carry several rounds over one UD QP on each end.
-
-    The first `run()` opens the session; with KEEPALIVE_S > 0 the responder keeps its QP
-    (and its address handle towards us) between rounds for that long, and a later
-    `run()` costs one `again`/`go` exchange plus the probes. Sequence numbers continue
-    across rounds, so a late ACK of an earlier round is never taken for a new one. A
-    responder gone before a round starts raises LinkStale; `close()` releases it all.
-    """
+class UdLink(RdmaLink):
+    """A UD probe link: several rounds over one UD QP on each end (the responder keeps
+    its address handle towards us too). Sequence numbers continue across rounds, so a
+    late ACK of an earlier round is never taken for a new one."""
 
     def __init__(
         self,
@@ -271,53 +264,37 @@ class UdLink:
         keepalive_s: float = 0.0,
         engine: str = "auto",
     ) -> None:
-        if not 0 <= keepalive_s <= MAX_KEEPALIVE_S:
-            raise ValueError(f"keepalive {keepalive_s} outside 0..{MAX_KEEPALIVE_S:g} s")
-        self.peer, self.step_s, self.keepalive_s = peer, step_s, keepalive_s
-        self.engine = pick_engine(engine)
-        self._where = (port, bind, device, sysfs_root, timeout)
-        self._stack = ExitStack()
-        self._open: tuple[ControlClient, Any, Any] | None = None
+        super().__init__(
+            peer,
+            port=port,
+            bind=bind,
+            device=device,
+            sysfs_root=sysfs_root,
+            timeout=timeout,
+            step_s=step_s,
+            engine=engine,
+            keepalive_s=keepalive_s,
+        )
         self._seq = random.randrange(1 << 30)
-        self.rounds = 0
 
-    def __enter__(self) -> UdLink:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._open = None
-        self._stack.close()
-
-    def _start(self, probes: int) -> tuple[ControlClient, Any, Any]:
-        if self._open is not None:
-            self._open[0].again({"probes": probes})  # LinkStale when the responder is gone
-            return self._open
-        port, bind, device, sysfs_root, timeout = self._where
-        try:
-            dev, gid_index = local_device(sysfs_root, source_address(self.peer, port, bind), device)
-            ctl = self._stack.enter_context(
-                ControlClient(self.peer, port, bind=bind, timeout=timeout)
-            )
-            ep = self._stack.enter_context(_ud_endpoint(self.engine, dev, gid_index))
-            info = ctl.open(
-                "rdma_ud",
-                {
-                    "probes": probes,
-                    "step_s": self.step_s,
-                    "keepalive_s": self.keepalive_s,
-                    "engine": self.engine,
-                    "endpoint": ep.endpoint().as_dict(),
-                },
-            )
-            remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
-            self._open = (ctl, ep, ep.sender(remote))
-        except BaseException:
-            self.close()
-            raise
-        return self._open
+    def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
+        source = source_address(self.peer, self.port, self.bind)
+        dev, gid_index = local_device(self.sysfs_root, source, self.device)
+        ctl = self._stack.enter_context(
+            ControlClient(self.peer, self.port, bind=self.bind, timeout=self.timeout)
+        )
+        ep = self._stack.enter_context(_ud_endpoint(self.engine, dev, gid_index))
+        info = ctl.open(
+            "rdma_ud",
+            {
+                **params,
+                "step_s": self.step_s,
+                "engine": self.engine,
+                "endpoint": ep.endpoint().as_dict(),
+            },
+        )
+        remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
+        return ctl, ep, ep.sender(remote)
 
     def round(self, probes: int, interval_s: float = 0.0) -> UdRound:
         """One round of PROBES probes, at most one per INTERVAL_S: the bare figures."""
@@ -325,12 +302,7 @@ class UdLink:
             raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
         if not 0 <= interval_s <= 60:
             raise ValueError(f"interval {interval_s} outside 0..60 s")
-        try:
-            ctl, ep, wr = self._start(probes)
-        except LinkStale:
-            self.close()
-            raise
-        self.rounds += 1
+        _, ep, wr = self._begin({"probes": probes})
         step_s = self.step_s
         net: list[int] = []
         raw: list[int] = []
@@ -340,11 +312,7 @@ class UdLink:
         run = _native_round if self.engine == "native" else _pyverbs_round
         error = run(ep, wr, probes, interval_s, step_s, base, net, raw, delays)
         duration = time.perf_counter() - t_start
-        if error is not None:
-            self.close()
-        elif not self.keepalive_s:
-            ctl.done({"probes": probes})
-            self.close()
+        self._end(error, {"probes": probes})
         return UdRound(net, raw, delays, probes - len(net), error, ep.device, ep.hw_ts, duration)
 
     def run(self, probes: int, interval_s: float = 0.0) -> UdProbeResult:

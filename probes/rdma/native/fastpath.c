@@ -194,6 +194,33 @@ static int open_device(fp_ep *ep, const char *name)
     return ep->ctx ? 0 : -1;
 }
 
+/* The ladder's common steps: open DEVICE, read PORT (active MTU) and the GID at
+ * GID_INDEX (< 0: the first IPv4 RoCE v2 GID), allocate the PD and a send and a receive
+ * CQ of CQE entries. -1 with the error kept (the caller releases what was made). */
+static int open_common(fp_ep *ep, const char *device, uint32_t port, int gid_index, int cqe)
+{
+    struct ibv_port_attr pattr;
+    int rc;
+    if (open_device(ep, device))
+        return -1;
+    if ((rc = ibv_query_port(ep->ctx, port, &pattr)))
+        return fail(ep, rc, "%s: ibv_query_port %u", device, port);
+    ep->active_mtu = 128u << pattr.active_mtu;
+    if (gid_index < 0 && (gid_index = roce_v2_gid_index(ep, pattr.gid_tbl_len)) < 0)
+        return fail(ep, EOPNOTSUPP, "%s port %u: no RoCE v2 GID for an IPv4 address", device,
+                    port);
+    ep->gid_index = gid_index;
+    if ((rc = ibv_query_gid(ep->ctx, port, gid_index, &ep->gid)))
+        return fail(ep, errno ? errno : rc, "%s: ibv_query_gid %d", device, gid_index);
+    if (!(ep->pd = ibv_alloc_pd(ep->ctx)))
+        return fail(ep, errno, "%s: ibv_alloc_pd", device);
+    ep->send_cq = ibv_create_cq(ep->ctx, cqe, NULL, NULL, 0);
+    ep->recv_cq = ibv_create_cq(ep->ctx, cqe, NULL, NULL, 0);
+    if (!ep->send_cq || !ep->recv_cq)
+        return fail(ep, errno, "%s: ibv_create_cq", device);
+    return 0;
+}
+
 /* Create the QP asking for INLINE bytes of inline data; fall back to none. */
 static int create_qp(fp_ep *ep, uint32_t inline_want)
 {
@@ -227,7 +254,6 @@ static int post_recv(fp_ep *ep)
 int fp_open(fp_ep *ep, const char *device, uint32_t size, uint32_t depth, uint32_t port,
             int gid_index, int remote_access, uint32_t inline_want, uint32_t psn)
 {
-    struct ibv_port_attr pattr;
     int rc, access = IBV_ACCESS_LOCAL_WRITE;
     long page = sysconf(_SC_PAGESIZE);
 
@@ -238,33 +264,9 @@ int fp_open(fp_ep *ep, const char *device, uint32_t size, uint32_t depth, uint32
         return fail(ep, EINVAL, "%s: size %u / depth %u too small", device, size, depth);
     ep->size = size, ep->depth = depth, ep->port = port, ep->psn = psn & 0xffffff;
     ep->signal_every = depth >= 2 * SIGNAL_EVERY ? SIGNAL_EVERY : (depth + 1) / 2;
-    if (open_device(ep, device))
+    /* CQs of twice the depth: a QP in error flushes every posted WR, signaled or not */
+    if (open_common(ep, device, port, gid_index, 2 * (int)depth))
         goto out;
-    if ((rc = ibv_query_port(ep->ctx, port, &pattr))) {
-        fail(ep, rc, "%s: ibv_query_port %u", device, port);
-        goto out;
-    }
-    ep->active_mtu = 128u << pattr.active_mtu;
-    if (gid_index < 0 && (gid_index = roce_v2_gid_index(ep, pattr.gid_tbl_len)) < 0) {
-        fail(ep, EOPNOTSUPP, "%s port %u: no RoCE v2 GID for an IPv4 address", device, port);
-        goto out;
-    }
-    ep->gid_index = gid_index;
-    if ((rc = ibv_query_gid(ep->ctx, port, gid_index, &ep->gid))) {
-        fail(ep, errno ? errno : rc, "%s: ibv_query_gid %d", device, gid_index);
-        goto out;
-    }
-    if (!(ep->pd = ibv_alloc_pd(ep->ctx))) {
-        fail(ep, errno, "%s: ibv_alloc_pd", device);
-        goto out;
-    }
-    /* twice the depth: a QP in error flushes every posted WR, signaled or not */
-    ep->send_cq = ibv_create_cq(ep->ctx, 2 * depth, NULL, NULL, 0);
-    ep->recv_cq = ibv_create_cq(ep->ctx, 2 * depth, NULL, NULL, 0);
-    if (!ep->send_cq || !ep->recv_cq) {
-        fail(ep, errno, "%s: ibv_create_cq", device);
-        goto out;
-    }
     if ((rc = posix_memalign((void **)&ep->buf, page, 2 * (size_t)size))) {
         fail(ep, rc, "%s: allocating 2 x %u bytes", device, size);
         goto out;
@@ -601,7 +603,6 @@ static int ud_post_recv(fp_ep *ep, uint32_t slot)
 int fp_ud_open(fp_ep *ep, const char *device, uint32_t depth, uint32_t port, int gid_index,
                uint32_t qkey, uint32_t psn)
 {
-    struct ibv_port_attr pattr;
     int rc;
     long page = sysconf(_SC_PAGESIZE);
     size_t bytes = (size_t)(depth + 1) * UD_SLOT;
@@ -613,34 +614,10 @@ int fp_ud_open(fp_ep *ep, const char *device, uint32_t depth, uint32_t port, int
         return fail(ep, EINVAL, "%s: depth %u too small", device, depth);
     ep->size = UD_MSG, ep->depth = depth, ep->port = port, ep->qkey = qkey;
     ep->psn = psn & 0xffffff;
-    if (open_device(ep, device))
+    if (open_common(ep, device, port, gid_index, 2 * (int)depth))
         goto out;
-    if ((rc = ibv_query_port(ep->ctx, port, &pattr))) {
-        fail(ep, rc, "%s: ibv_query_port %u", device, port);
-        goto out;
-    }
-    ep->active_mtu = 128u << pattr.active_mtu;
-    if (gid_index < 0 && (gid_index = roce_v2_gid_index(ep, pattr.gid_tbl_len)) < 0) {
-        fail(ep, EOPNOTSUPP, "%s port %u: no RoCE v2 GID for an IPv4 address", device, port);
-        goto out;
-    }
-    ep->gid_index = gid_index;
-    if ((rc = ibv_query_gid(ep->ctx, port, gid_index, &ep->gid))) {
-        fail(ep, errno ? errno : rc, "%s: ibv_query_gid %d", device, gid_index);
-        goto out;
-    }
     struct ibv_device_attr_ex dattr;
     ep->hw_ts = !ibv_query_device_ex(ep->ctx, NULL, &dattr) && dattr.completion_timestamp_mask;
-    if (!(ep->pd = ibv_alloc_pd(ep->ctx))) {
-        fail(ep, errno, "%s: ibv_alloc_pd", device);
-        goto out;
-    }
-    ep->send_cq = ibv_create_cq(ep->ctx, 2 * depth, NULL, NULL, 0);
-    ep->recv_cq = ibv_create_cq(ep->ctx, 2 * depth, NULL, NULL, 0);
-    if (!ep->send_cq || !ep->recv_cq) {
-        fail(ep, errno, "%s: ibv_create_cq", device);
-        goto out;
-    }
     if ((rc = posix_memalign((void **)&ep->buf, page, bytes))) {
         fail(ep, rc, "%s: allocating %zu bytes", device, bytes);
         goto out;
