@@ -337,6 +337,11 @@ class RdmaEndpoint:
             raise ValueError(f"gid: not a 16-byte GID in IPv6 notation: {self.gid!r}") from e
         object.__setattr__(self, "gid", canonical)
 
+    @classmethod
+    def datagram(cls, qpn: int, gid: str, gid_index: int) -> RdmaEndpoint:
+        """A UD QP's address: no PSN, no remote buffer; its messages fit any path MTU."""
+        return cls(qpn=qpn, psn=0, gid=gid, gid_index=gid_index, lid=0, rkey=0, addr=0, mtu=1024)
+
     @property
     def gid_bytes(self) -> bytes:
         return ipaddress.IPv6Address(self.gid).packed

@@ -179,16 +179,7 @@ class UdEndpoint:
         self.close()
 
     def endpoint(self) -> RdmaEndpoint:
-        return RdmaEndpoint(
-            qpn=self.qp.qp_num,
-            psn=0,
-            gid=_ipv6(self.gid),
-            gid_index=self.gid_index,
-            lid=0,
-            rkey=0,
-            addr=0,
-            mtu=1024,
-        )
+        return RdmaEndpoint.datagram(self.qp.qp_num, _ipv6(self.gid), self.gid_index)
 
     def sender(self, remote: RdmaEndpoint) -> Any:
         """A send WR towards REMOTE, built once (its address handle lives with us)."""

@@ -483,3 +483,9 @@ def test_stop_lets_idle_links_go_at_once() -> None:
         r.__exit__(None, None, None)
         assert time.monotonic() - t0 < 5.0  # not the 20 s grace of a session mid-round
         assert r.active_sessions() == 0
+
+
+def test_a_datagram_endpoint_has_no_psn_or_buffer() -> None:
+    ep = RdmaEndpoint.datagram(0x42, "::ffff:192.0.2.7", 1)
+    assert (ep.qpn, ep.psn, ep.rkey, ep.addr, ep.mtu) == (0x42, 0, 0, 0, 1024)
+    assert RdmaEndpoint.from_dict(ep.as_dict()) == ep

@@ -23,7 +23,7 @@ import os
 import random
 import threading
 from array import array
-from typing import Any
+from typing import Any, Self
 
 from probes.control import IB_MTUS, RdmaEndpoint
 from probes.errors import NotSupported, PeerError, ProbeError
@@ -191,6 +191,12 @@ class _NativeEndpoint:
         with self._busy, self._state:
             self._release()
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _open_ep(self) -> Any:
         if self._ep is None:
             raise NativeError(f"{self.device}: endpoint is closed")
@@ -244,12 +250,6 @@ class NativeRcEndpoint(_NativeEndpoint):
                 self.psn,
             )
         )
-
-    def __enter__(self) -> NativeRcEndpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- connection --------------------------------------------------------------------
     def endpoint(self) -> RdmaEndpoint:
@@ -388,23 +388,8 @@ class NativeUdEndpoint(_NativeEndpoint):
         )
         self.hw_ts = bool(self._lib.fp_ud_hw_ts(self._ep))
 
-    def __enter__(self) -> NativeUdEndpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def endpoint(self) -> RdmaEndpoint:
-        return RdmaEndpoint(
-            qpn=self.qpn,
-            psn=0,
-            gid=self.gid,
-            gid_index=self.gid_index,
-            lid=0,
-            rkey=0,
-            addr=0,
-            mtu=1024,
-        )
+        return RdmaEndpoint.datagram(self.qpn, self.gid, self.gid_index)
 
     def sender(self, remote: RdmaEndpoint) -> None:
         """Address the peer's UD QP (the address handle lives with the endpoint)."""
