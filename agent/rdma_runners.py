@@ -110,7 +110,7 @@ else:
             res = LINKS.burst(
                 spec,
                 lambda: UdLink(spec.address, keepalive_s=keepalive_for(spec), **_reach(spec, ctx)),
-                lambda link: link.round(spec.count),
+                lambda link: link.round(spec.count, warmup=1),
             )
         except (ProbeError, OSError, ValueError) as e:
             return _failed_burst("ud", spec.count, e)

@@ -31,9 +31,22 @@ def _tc(args: Sequence[str]) -> None:
         raise NetemError(f"tc {' '.join(args)}: {res.stderr.strip() or res.returncode}")
 
 
-def impair(netdev: str, dst: str, delay: str | None = None, loss: str | None = None) -> None:
-    """Delay (e.g. `2ms`) and/or drop (e.g. `1%`) packets leaving NETDEV for DST only."""
+ROCE_V2_PORT = 4791  # the UDP port RoCE v2 packets go to
+
+
+def impair(
+    netdev: str,
+    dst: str,
+    delay: str | None = None,
+    loss: str | None = None,
+    *,
+    udp_dport: int | None = None,
+) -> None:
+    """Delay (e.g. `2ms`) and/or drop (e.g. `1%`) packets leaving NETDEV for DST only;
+    with UDP_DPORT, only UDP packets to that port (ROCE_V2_PORT: RDMA, not TCP)."""
     ipaddress.IPv4Address(dst)
+    if udp_dport is not None and not 1 <= udp_dport <= 65535:
+        raise ValueError(f"UDP port {udp_dport} outside 1..65535")
     if delay is None and loss is None:
         raise ValueError("give a delay, a loss or both")
     if delay is not None and not _TIME.match(delay):
@@ -77,6 +90,22 @@ def impair(netdev: str, dst: str, delay: str | None = None, loss: str | None = N
             "ip",
             "dst",
             f"{dst}/32",
+            *(
+                []
+                if udp_dport is None
+                else [
+                    "match",
+                    "ip",
+                    "protocol",
+                    "17",
+                    "0xff",
+                    "match",
+                    "ip",
+                    "dport",
+                    str(udp_dport),
+                    "0xffff",
+                ]
+            ),
             "flowid",
             _BAND,
         ]

@@ -38,7 +38,7 @@ from probes.control import (
     require_str,
 )
 from probes.errors import NotSupported, PeerError, ProbeError
-from probes.rdma.verbs import RcEndpoint, device_for_address
+from probes.rdma.verbs import RcEndpoint, Spin, device_for_address
 from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
 LAT_OPS = ("send", "write")
@@ -209,14 +209,16 @@ def _write_pingpong(
             deadline = mono() + step_s
             t0 = clock()
             if not first:
+                spin = Spin(deadline)
                 while rbuf[last] != mark:  # the peer's WRITE lands in our memory
-                    if mono() > deadline:
+                    if spin.expired():
                         return LoopOutcome(i, f"no request within {step_s} s")
             sbuf[last] = mark
             post(wr)
             if first:
+                spin = Spin(deadline)
                 while rbuf[last] != mark:
-                    if mono() > deadline:
+                    if spin.expired():
                         return LoopOutcome(i, f"no reply within {step_s} s")
             t1 = clock()
             if samples is not None:

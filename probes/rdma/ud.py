@@ -52,7 +52,7 @@ from probes.rdma.rc import (
     pick_engine,
     source_address,
 )
-from probes.rdma.verbs import PORT, _ipv6, _sysfs_gid, _verbs, e
+from probes.rdma.verbs import PORT, Spin, _ipv6, _sysfs_gid, _verbs, e
 from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
 QKEY = 0x1F1F1F1F
@@ -205,18 +205,20 @@ class UdEndpoint:
         self.mr.write(MSG.pack(MAGIC, kind, seq, value), MSG.size, DEPTH * self.SLOT + GRH_BYTES)
         t = time.perf_counter_ns()
         self.qp.post_send(wr)
+        spin = Spin(deadline)
         while True:
             n, wcs = self.send_cq.poll(1)
             if n:
                 if wcs[0].status != e.IBV_WC_SUCCESS:
                     raise PeerError(f"{self.device}: UD send completion status {wcs[0].status}")
                 return t
-            if time.monotonic() > deadline:
+            if spin.expired():
                 raise PeerError(f"{self.device}: UD send did not complete in time")
 
     def receive(self, deadline: float) -> tuple[int, int, int, int] | None:
         """Next valid message as (kind, seq, value, t_ns), or None at the deadline.
         Malformed datagrams (wrong size or magic) are dropped and the slot re-posted."""
+        spin = Spin(deadline)
         while True:
             n, wcs = self.recv_cq.poll(1)
             if n:
@@ -233,7 +235,7 @@ class UdEndpoint:
                 self.qp.post_recv(self._recv[slot])
                 if msg is not None:
                     return msg
-            elif time.monotonic() > deadline:
+            elif spin.expired():
                 return None
 
 
@@ -287,28 +289,34 @@ class UdLink(RdmaLink):
         remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
         return ctl, ep, ep.sender(remote)
 
-    def round(self, probes: int, interval_s: float = 0.0) -> UdRound:
-        """One round of PROBES probes, at most one per INTERVAL_S: the bare figures."""
+    def round(self, probes: int, interval_s: float = 0.0, warmup: int = 1) -> UdRound:
+        """One round of PROBES probes, at most one per INTERVAL_S, after WARMUP unrecorded
+        ones (the first probe of a round may find the responder pausing between polls,
+        and the time it waits there is not part of the delay it reports): the bare
+        figures."""
         if not 1 <= probes <= MAX_PROBES:
             raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
-        if not 0 <= interval_s <= 60:
-            raise ValueError(f"interval {interval_s} outside 0..60 s")
-        _, ep, wr = self._begin({"probes": probes})
+        if not 0 <= interval_s <= 60 or not 0 <= warmup <= 100:
+            raise ValueError(f"interval {interval_s} s or warm-up {warmup} out of range")
+        total = probes + warmup
+        _, ep, wr = self._begin({"probes": total})
         step_s = self.step_s
         net: list[int] = []
         raw: list[int] = []
         delays: list[int] = []
-        base, self._seq = self._seq, (self._seq + probes) & 0xFFFFFFFF
+        base, self._seq = self._seq, (self._seq + total) & 0xFFFFFFFF
         t_start = time.perf_counter()
         run = _native_round if self.engine == "native" else _pyverbs_round
-        error = run(ep, wr, probes, interval_s, step_s, base, net, raw, delays)
+        error = run(ep, wr, warmup, 0.0, step_s, base, [], [], []) if warmup else None
+        if error is None:
+            error = run(ep, wr, probes, interval_s, step_s, base + warmup, net, raw, delays)
         duration = time.perf_counter() - t_start
         self._end(error, {"probes": probes})
         return UdRound(net, raw, delays, probes - len(net), error, ep.device, ep.hw_ts, duration)
 
-    def run(self, probes: int, interval_s: float = 0.0) -> UdProbeResult:
+    def run(self, probes: int, interval_s: float = 0.0, warmup: int = 1) -> UdProbeResult:
         """One round, summarised: network RTT, RTT with the responder's delay, that delay."""
-        r = self.round(probes, interval_s)
+        r = self.round(probes, interval_s, warmup)
         net, raw = LatencySketch("rtt"), LatencySketch("rtt")
         net.record_many(r.rtt_ns)
         net.record_lost(r.lost)

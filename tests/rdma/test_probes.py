@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.probing import Links, ProbeSpec
+from fabricprobe import netem
 from probes.control import LinkStale
 from probes.rdma.rc import RcPingLink, rc_bandwidth, rc_latency
 from probes.rdma.ud import UdLink, ud_probe
@@ -140,7 +141,7 @@ def test_a_kept_link_carries_rounds_over_one_qp_on_each_end(
     t0 = time.monotonic()
     with link:
         for _ in range(20):
-            res = link.run(10) if isinstance(link, UdLink) else link.run(10, warmup=1)
+            res = link.run(10, warmup=1)
             counts.append(res.summary.count + res.summary.lost)
             errors.append(res.error)
             during.add(qps())
@@ -192,3 +193,29 @@ def test_a_link_whose_responder_restarted_is_set_up_again_in_the_same_burst(
         links.close()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+# the share of a core a prober may spend waiting out lost probes (it used to spin: ~100 %)
+LOSS_CPU_LIMIT = {"native": 0.5, "pyverbs": 0.8}
+
+
+@pytest.mark.parametrize("engine", ["pyverbs", "native"])
+def test_waiting_out_lost_probes_pauses_between_polls(lane_hosts, responder, engine: str) -> None:
+    """Every RoCE packet on the path dropped (TCP still passes, so the kept link stays
+    up): each probe is waited out to its deadline, pausing between polls after the
+    first millisecond instead of spinning through all of it."""
+    a, c = lane_hosts[0], lane_hosts[2]
+    with UdLink(c.ip, port=PORT, bind=a.ip, engine=engine, step_s=0.5, keepalive_s=30) as link:
+        assert link.run(3).error is None
+        netem.impair(a.netdev, c.ip, loss="100%", udp_dport=netem.ROCE_V2_PORT)
+        try:
+            c0, t0 = time.process_time(), time.monotonic()
+            res = link.run(4, warmup=0)
+            cpu, wall = time.process_time() - c0, time.monotonic() - t0
+        finally:
+            netem.clear(a.netdev)
+        after = link.run(3)
+    print(f"\n{engine}: 4 lost probes waited out in {wall:.2f} s with {cpu:.2f} s of CPU")
+    assert (res.summary.count, res.summary.lost, res.error) == (0, 4, None)
+    assert wall >= 4 * 0.5 and cpu < LOSS_CPU_LIMIT[engine] * wall
+    assert after.error is None and after.summary.count == 3  # the link outlived the loss

@@ -38,6 +38,12 @@
 #define UD_GRH 40
 #define UD_SLOT (UD_GRH + UD_MSG)
 #define CLOCK_EVERY 64 /* empty polls between two clock reads */
+/* A wait busy-polls for SPIN_NS (every answer a working fabric gives comes well inside
+ * it), then polls every PAUSE_NS: a lost message, or a peer that is slow or gone, costs
+ * a few % of a core until the deadline instead of all of it, and an answer that late is
+ * seen at most PAUSE_NS after it came. */
+#define SPIN_NS 1000000
+#define PAUSE_NS 50000
 #define POLL_BATCH 16
 
 struct fp_info {
@@ -388,13 +394,40 @@ static int reap_send(fp_ep *ep)
     return n;
 }
 
+struct spin {
+    unsigned polls;  /* empty polls so far */
+    int64_t since;   /* the wait's first clock read (0: none yet) */
+    int pausing;
+};
+
+/* After an empty poll: 0 to poll again at once, 1 to poll again after the caller's
+ * periodic work (a clock check was due), -1 once DEADLINE has passed or a stop was asked.
+ * Pauses PAUSE_NS first once the wait is older than SPIN_NS. */
+static int spin_on(fp_ep *ep, struct spin *s, int64_t deadline)
+{
+    if (!s->pausing && ++s->polls % CLOCK_EVERY)
+        return 0;
+    int64_t now = now_ns();
+    if (now > deadline || stopped(ep))
+        return -1;
+    if (!s->since)
+        s->since = now;
+    if (!s->pausing && now - s->since < SPIN_NS)
+        return 1;
+    s->pausing = 1;
+    struct timespec pause = {0, PAUSE_NS};
+    nanosleep(&pause, NULL);
+    return 1;
+}
+
 /* Wait until at most LIMIT send WRs are outstanding: 1 done, 0 deadline/stop, -1 error. */
 static int wait_send(fp_ep *ep, int limit, int64_t deadline)
 {
-    for (unsigned spins = 1; ep->sq_used > limit; spins++) {
+    struct spin s = {0};
+    while (ep->sq_used > limit) {
         if (reap_send(ep) < 0)
             return -1;
-        if (spins % CLOCK_EVERY == 0 && (now_ns() > deadline || stopped(ep)))
+        if (ep->sq_used > limit && spin_on(ep, &s, deadline) < 0)
             return 0;
     }
     return 1;
@@ -404,7 +437,8 @@ static int wait_send(fp_ep *ep, int limit, int64_t deadline)
 static int wait_recv(fp_ep *ep, int64_t deadline)
 {
     struct ibv_wc wc;
-    for (unsigned spins = 1;; spins++) {
+    struct spin s = {0};
+    for (;;) {
         int n = ibv_poll_cq(ep->recv_cq, 1, &wc);
         if (n > 0) {
             if (wc.status == IBV_WC_SUCCESS)
@@ -416,25 +450,24 @@ static int wait_recv(fp_ep *ep, int64_t deadline)
         }
         if (n < 0)
             return fail(ep, EIO, "QP %u: polling the receive CQ", ep->qp->qp_num);
-        if (spins % CLOCK_EVERY == 0) {
-            if (reap_send(ep) < 0) /* a peer that vanished shows up here first */
-                return -1;
-            if (now_ns() > deadline || stopped(ep))
-                return 0;
-        }
+        int r = spin_on(ep, &s, deadline);
+        if (r < 0)
+            return 0;
+        if (r && reap_send(ep) < 0) /* a peer that vanished shows up here first */
+            return -1;
     }
 }
 
 /* Spin on a byte of the receive half until the peer's WRITE puts MARK there. */
 static int wait_mark(fp_ep *ep, const uint8_t *where, uint8_t mark, int64_t deadline)
 {
-    for (unsigned spins = 1; __atomic_load_n(where, __ATOMIC_ACQUIRE) != mark; spins++) {
-        if (spins % CLOCK_EVERY == 0) {
-            if (reap_send(ep) < 0)
-                return -1;
-            if (now_ns() > deadline || stopped(ep))
-                return 0;
-        }
+    struct spin s = {0};
+    while (__atomic_load_n(where, __ATOMIC_ACQUIRE) != mark) {
+        int r = spin_on(ep, &s, deadline);
+        if (r < 0)
+            return 0;
+        if (r && reap_send(ep) < 0)
+            return -1;
     }
     return 1;
 }
@@ -710,7 +743,8 @@ static int ud_receive(fp_ep *ep, int64_t deadline, uint32_t *kind, uint32_t *seq
                       uint64_t *value, int64_t *t)
 {
     struct ibv_wc wc;
-    for (unsigned spins = 1;; spins++) {
+    struct spin s = {0};
+    for (;;) {
         int n = ibv_poll_cq(ep->recv_cq, 1, &wc);
         if (n > 0) {
             int64_t at = now_ns();
@@ -733,12 +767,11 @@ static int ud_receive(fp_ep *ep, int64_t deadline, uint32_t *kind, uint32_t *seq
         }
         if (n < 0)
             return fail(ep, EIO, "UD QP %u: polling the receive CQ", ep->qp->qp_num);
-        if (spins % CLOCK_EVERY == 0) {
-            if (reap_send(ep) < 0)
-                return -1;
-            if (now_ns() > deadline || stopped(ep))
-                return 0;
-        }
+        int r = spin_on(ep, &s, deadline);
+        if (r < 0)
+            return 0;
+        if (r && reap_send(ep) < 0)
+            return -1;
     }
 }
 
