@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <infiniband/verbs.h>
 
@@ -38,11 +39,12 @@
 #define UD_GRH 40
 #define UD_SLOT (UD_GRH + UD_MSG)
 #define CLOCK_EVERY 64 /* empty polls between two clock reads */
-/* A wait busy-polls for SPIN_NS (every answer a working fabric gives comes well inside
- * it), then polls every PAUSE_NS: a lost message, or a peer that is slow or gone, costs
- * a few % of a core until the deadline instead of all of it, and an answer that late is
- * seen at most PAUSE_NS after it came. */
-#define SPIN_NS 1000000
+/* A wait busy-polls for SPIN_NS (answers of a working fabric, queueing included, come
+ * well inside it), then polls every PAUSE_NS: a lost message, or a peer that is slow or
+ * gone, costs a few % of a core until the deadline instead of all of it, and an answer
+ * that late is seen at most PAUSE_NS (plus the timer's slack, set to 1 ns for the loops'
+ * thread) after it came. */
+#define SPIN_NS 5000000
 #define PAUSE_NS 50000
 #define POLL_BATCH 16
 
@@ -479,8 +481,12 @@ static int wait_answer(fp_ep *ep, int write, const uint8_t *in_mark, uint8_t mar
 }
 
 /* Checks shared by the loops; SIZE must fit the halves, the QP must be connected. */
+/* Pauses between polls end when asked, not up to the default 50 us later. */
+static void precise_pauses(void) { prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL); }
+
 static int loop_ready(fp_ep *ep, uint32_t size)
 {
+    precise_pauses();
     clear_error(ep);
     ep->sq_used = ep->since_signal = 0;
     if (!ep->connected)
@@ -782,6 +788,7 @@ static int ud_receive(fp_ep *ep, int64_t deadline, uint32_t *kind, uint32_t *seq
 int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, uint32_t seq0, int64_t *net,
                     int64_t *raw, int64_t *delay)
 {
+    precise_pauses();
     clear_error(ep);
     ep->sq_used = ep->since_signal = 0;
     if (!ep->connected) {
@@ -825,6 +832,7 @@ int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, uint32_t seq0, in
 int64_t fp_ud_answer(fp_ep *ep, int64_t count, int64_t step_ns, int64_t idle_ns)
 {
     int64_t answered = 0;
+    precise_pauses();
     clear_error(ep);
     ep->sq_used = ep->since_signal = 0;
     if (!ep->connected) {
