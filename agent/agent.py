@@ -40,8 +40,9 @@ log = logging.getLogger("fabricprobe.agent")
 
 SEND_BATCH = 64
 # Sessions the agent's responder runs at once: up to 64 probing peers with three kept
-# links each (TCP, RC and UD), and room for one-shot sessions. An idle link holds a
-# thread blocked on a socket (and, for RDMA, a QP); beyond this a prober is told `busy`.
+# links each (TCP, RC and UD; agent.probing.LINKS), and room for one-shot sessions. An
+# idle link holds a thread blocked on a socket (and, for RDMA, a QP); beyond this a
+# prober is told `busy`.
 MAX_SESSIONS = 224
 MAX_BACKOFF_S = 10.0
 
@@ -87,7 +88,6 @@ class Agent:
             cfg.sysfs_root, self.devices, netdevs_of(self.devices), ethtool_runner, cfg.ethtool
         )
         listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
-        # each peer keeps a link per RDMA kind open here between its bursts (agent.rdma_runners)
         self.responder = Responder(
             listen_host, listen_port, max_sessions=MAX_SESSIONS, idle_timeout=10.0
         )

@@ -64,7 +64,9 @@ The contract:
 * A handler that serves links runs its rounds in a loop: after a round it calls
   `session.next_round()`, which returns the next `again`'s params (validate them, then
   call `session.go(info)` and run the round) or None when the prober is finished or
-  gone; then it returns. Without `keepalive_s` in the hello there is one round.
+  gone; then it returns. Without `keepalive_s` in the hello there is one round. A link
+  whose rounds need no `again` (tcp_lat's echo serves whatever arrives) ends in the
+  handler's own data path: it sets `session.ended_idle` to why, and nothing is answered.
 * Return an optional dict of responder-side figures. If the handler has not called
   `session.wait_done()` itself, the responder waits for the prober's `done` (within
   `step_timeout`) and replies `done` with that dict.
