@@ -40,7 +40,7 @@ log = logging.getLogger("fabricprobe.agent")
 
 SEND_BATCH = 64
 # Sessions the agent's responder runs at once: up to 64 probing peers with three kept
-# links each (TCP, RC and UD; agent.probing.LINKS), and room for one-shot sessions. An
+# links each (TCP, RC and UD; agent.probing.Links), and room for one-shot sessions. An
 # idle link holds a thread blocked on a socket (and, for RDMA, a QP); beyond this a
 # prober is told `busy`.
 MAX_SESSIONS = 224
@@ -212,6 +212,9 @@ class Agent:
                 spool_depth=self.spool.depth,
                 spool_bytes=self.spool.size_bytes,
                 spool_dropped=self.spool.dropped,
+                links=len(self.scheduler.ctx.links),
+                sessions=self.responder.active_sessions(),
+                sessions_refused=self.responder.refused,
             ),
             assignment_generation=self.generation,
         )

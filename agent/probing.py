@@ -6,7 +6,8 @@ failed and its exchanges as lost. TCP ping-pong is registered here; RDMA runners
 (`rdma_rc_lat`, `rdma_ud`, ...) register themselves under their kind from the modules
 in RUNNER_MODULES, and the agent advertises only the kinds it has a runner for.
 
-Latency bursts run over kept links (LINKS): the first burst to a target opens the
+Latency bursts run over kept links (each agent's ProbeContext.links, so that agents
+sharing a process never share a link): the first burst to a target opens the
 session (and, for RDMA, builds the verbs resources) on both ends, later bursts reuse
 it, so a burst costs its exchanges and little else. A link whose burst fails is closed
 and opened again at the next burst; one whose responder let it go (a restart, or the
@@ -61,16 +62,6 @@ class ProbeSpec:
     gid: str = ""  # peer GID (RDMA kinds)
 
 
-@dataclass(frozen=True)
-class ProbeContext:
-    """What a runner needs to know about this host."""
-
-    bind: str | None  # source address: it picks the path when hosts share a machine
-    timeout: float  # deadline of each step in seconds
-    sysfs_root: str = "/sys"
-    local_device: str = ""  # this host's RDMA device (RDMA kinds)
-
-
 @dataclass
 class ProbeOutcome:
     """One burst: RTTs (lost exchanges inside), or bytes moved, or why it failed."""
@@ -86,20 +77,8 @@ class ProbeOutcome:
     error: str | None = None
 
 
-Runner = Callable[[ProbeSpec, ProbeContext], ProbeOutcome]
+Runner = Callable[[ProbeSpec, "ProbeContext"], ProbeOutcome]
 RUNNERS: dict[str, Runner] = {}
-
-
-class Keeper(Protocol):
-    """What runners keep between bursts (open probe links): told which targets remain
-    whenever the assignment changes, and closed when the scheduler stops."""
-
-    def retain(self, specs: list[ProbeSpec]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-KEEPERS: list[Keeper] = []
 
 
 # ------------------------------------------------------------------- kept links
@@ -174,10 +153,6 @@ class Links:
         self.retain([])
 
 
-LINKS = Links()
-KEEPERS.append(LINKS)
-
-
 def register_runner(kind: str) -> Callable[[Runner], Runner]:
     """Decorator: run probes of KIND with the decorated function."""
 
@@ -202,6 +177,17 @@ def load_runner_modules(names: Iterable[str] = RUNNER_MODULES) -> list[str]:
     for p in problems:
         log.warning("probe runners not available: %s", p)
     return problems
+
+
+@dataclass(frozen=True)
+class ProbeContext:
+    """What a runner needs to know about this host."""
+
+    bind: str | None  # source address: it picks the path when hosts share a machine
+    timeout: float  # deadline of each step in seconds
+    sysfs_root: str = "/sys"
+    local_device: str = ""  # this host's RDMA device (RDMA kinds)
+    links: Links = field(default_factory=lambda: Links(), compare=False, repr=False)
 
 
 # --------------------------------------------------------------------------- TCP
@@ -290,7 +276,7 @@ class TcpPingLink:
 def tcp_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
     """COUNT TCP ping-pongs of SIZE bytes over the target's kept `tcp_lat` link."""
     try:
-        return LINKS.burst(
+        return ctx.links.burst(
             spec, lambda: TcpPingLink(spec, ctx), lambda link: link.burst(spec.count)
         )
     except (ProbeError, OSError) as e:
@@ -369,11 +355,9 @@ class Scheduler:
         workers: int = 4,
         budget: float = 20.0,
         runners: dict[str, Runner] | None = None,
-        keepers: list[Keeper] | None = None,
     ) -> None:
         self.ctx, self.sink, self.jitter = ctx, sink, jitter
         self.runners = RUNNERS if runners is None else runners
-        self.keepers = KEEPERS if keepers is None else keepers
         self.budget = RateBudget(budget)
         self.bursts = 0
         self._heap: list[_Due] = []
@@ -400,8 +384,7 @@ class Scheduler:
                 self.budget = RateBudget(budget)
             self._cv.notify()
             kept = [d.spec for d in self._heap]
-        for keeper in self.keepers:
-            keeper.retain(kept)
+        self.ctx.links.retain(kept)  # links to targets no longer assigned are closed
 
     def targets(self) -> list[ProbeSpec]:
         with self._cv:
@@ -417,8 +400,7 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        for keeper in self.keepers:
-            keeper.close()
+        self.ctx.links.close()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -9,7 +9,7 @@ device (the one whose RoCE v2 GID maps it), so on a shared machine each host pro
 from its own device. Without pyverbs this module registers nothing, and the agent then
 advertises TCP probes only.
 
-Latency and UD bursts run over kept links (agent.probing.LINKS): the first burst to a
+Latency and UD bursts run over kept links (the agent's ProbeContext.links): the first burst to a
 target sets up the verbs resources and the control session on both ends, and later
 bursts reuse them.
 """
@@ -20,7 +20,6 @@ import logging
 from typing import Any
 
 from agent.probing import (
-    LINKS,
     ProbeContext,
     ProbeOutcome,
     ProbeSpec,
@@ -65,7 +64,7 @@ else:
     def rc_send_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
         """COUNT RC SEND/RECV round trips of SIZE bytes; RTTs into the burst's sketch."""
         try:
-            res = LINKS.burst(
+            res = ctx.links.burst(
                 spec,
                 lambda: RcPingLink(
                     spec.address,
@@ -107,7 +106,7 @@ else:
     def ud_probes(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
         """COUNT UD probes; network RTTs (responder delay subtracted), losses counted."""
         try:
-            res = LINKS.burst(
+            res = ctx.links.burst(
                 spec,
                 lambda: UdLink(spec.address, keepalive_s=keepalive_for(spec), **_reach(spec, ctx)),
                 lambda link: link.round(spec.count, warmup=1),

@@ -234,6 +234,21 @@ class FabricCollector(Collector):
                 "Windows dropped because the agent's spool was full.",
                 labels=["src"],
             ),
+            "links": GaugeMetricFamily(
+                p + "agent_probe_links",
+                "Kept probe links the agent holds to its targets.",
+                labels=["src"],
+            ),
+            "sessions": GaugeMetricFamily(
+                p + "agent_probe_sessions",
+                "Probe sessions the agent's responder is running, kept links included.",
+                labels=["src"],
+            ),
+            "refused": CounterMetricFamily(
+                p + "agent_probe_sessions_refused",
+                "Probers the agent's responder turned away because it was full.",
+                labels=["src"],
+            ),
             "reports": CounterMetricFamily(
                 p + "collector_reports", "Window reports merged by the collector."
             ),
@@ -289,6 +304,9 @@ class FabricCollector(Collector):
                 f["spool"].add_metric([name], float(a.spool_depth))
                 f["spool_bytes"].add_metric([name], float(a.spool_bytes))
                 f["spool_dropped"].add_metric([name], float(a.spool_dropped))
+                f["links"].add_metric([name], float(a.links))
+                f["sessions"].add_metric([name], float(a.sessions))
+                f["refused"].add_metric([name], float(a.sessions_refused))
         f["reports"].add_metric([], float(snap.reports_total))
         f["dups"].add_metric([], float(snap.duplicates_total))
         f["rejected"].add_metric([], float(snap.rejected_total))

@@ -206,6 +206,21 @@ FABRIC = Dashboard(
                     "bytes",
                 ),
                 Panel(
+                    "Probe links and sessions",
+                    (
+                        (f"fabricprobe_agent_probe_links{{{HOST_SEL}}}", "{{src}} links held"),
+                        (f"fabricprobe_agent_probe_sessions{{{HOST_SEL}}}", "{{src}} sessions"),
+                        (
+                            f"rate(fabricprobe_agent_probe_sessions_refused_total{{{HOST_SEL}}}"
+                            "[5m]) * 60",
+                            "{{src}} refused per minute",
+                        ),
+                    ),
+                    "short",
+                    description="Kept links an agent holds to its targets, the sessions its "
+                    "responder answers (224 at most), and probers it turned away as busy.",
+                ),
+                Panel(
                     "Agent spool depth",
                     ((f"fabricprobe_agent_spool_windows{{{HOST_SEL}}}", "{{src}}"),),
                     "short",
@@ -436,6 +451,16 @@ ALERTS: list[dict[str, Any]] = [
         "for": "10m",
         "labels": {"severity": "ticket"},
         "annotations": {"summary": "agent on {{ $labels.src }} cannot deliver its windows"},
+    },
+    {
+        "alert": "FabricprobeAgentRefusingProbes",
+        "expr": "increase(fabricprobe_agent_probe_sessions_refused_total[15m]) > 0",
+        "for": "15m",
+        "labels": {"severity": "ticket"},
+        "annotations": {
+            "summary": "agent on {{ $labels.src }} turns probers away as busy: "
+            "its peers' probes to it fail"
+        },
     },
     {
         "alert": "FabricprobeAgentFootprint",

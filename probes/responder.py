@@ -95,6 +95,7 @@ class Responder:
         self._thread: threading.Thread | None = None
         self._refusals: set[threading.Thread] = set()
         self.served = 0
+        self.refused = 0  # probers turned away because max_sessions were running
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -179,12 +180,13 @@ class Responder:
             if len(self._sessions) < self.max_sessions:
                 t = threading.Thread(target=self._run_session, args=(conn, peer))
                 self._sessions[t] = conn
-            elif len(self._refusals) < self.max_sessions:
+            else:
+                self.refused += 1
+                if len(self._refusals) >= self.max_sessions:  # flooded: not even a reply
+                    conn.close()
+                    return
                 t = threading.Thread(target=self._refuse, args=(conn, peer))
                 self._refusals.add(t)
-            else:  # flooded: not even a polite refusal
-                conn.close()
-                return
         t.start()
 
     def _refuse(self, conn: socket.socket, peer: tuple[str, int]) -> None:

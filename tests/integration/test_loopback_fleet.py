@@ -98,6 +98,17 @@ def test_fleet_end_to_end_into_metrics(collector: CollectorServer, tmp_path: Pat
             )
 
         wait_for(all_pairs_seen, what="every pair's RTT histogram in /metrics")
+        peers = float(len(names) - 1)
+
+        def links_kept() -> bool:  # one kept TCP link to each peer, and one from each
+            text = scrape(collector)
+            return all(
+                f'fabricprobe_agent_probe_links{{src="{n}"}} {peers}' in text
+                and f'fabricprobe_agent_probe_sessions{{src="{n}"}} {peers}' in text
+                for n in names
+            )
+
+        wait_for(links_kept, what="each agent's kept links and answered sessions in /metrics")
         text = scrape(collector)
         for name in names:
             assert f'fabricprobe_host_up{{src="{name}"}} 1.0' in text

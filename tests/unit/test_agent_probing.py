@@ -10,10 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from agent.probing import (
-    KEEPERS,
-    LINKS,
     RUNNERS,
-    Links,
     ProbeContext,
     ProbeOutcome,
     ProbeSpec,
@@ -50,14 +47,8 @@ def spec(port: int, **kw: object) -> ProbeSpec:
     return ProbeSpec(**base)  # type: ignore[arg-type]
 
 
-@pytest.fixture(autouse=True)
-def no_links_left() -> Iterator[None]:
-    yield
-    LINKS.close()
-
-
 def test_tcp_lat_is_registered() -> None:
-    assert RUNNERS["tcp_lat"] is tcp_pingpong and LINKS in KEEPERS
+    assert RUNNERS["tcp_lat"] is tcp_pingpong
 
 
 def test_tcp_bursts_share_one_kept_session(caplog: pytest.LogCaptureFixture) -> None:
@@ -74,13 +65,13 @@ def test_tcp_bursts_share_one_kept_session(caplog: pytest.LogCaptureFixture) -> 
         for _ in range(4):
             out = tcp_pingpong(target, ctx)
             assert out.error is None and len(out.rtt_ns) == 5
-        assert r.active_sessions() == 1 and r.served == 0 and len(LINKS) == 1
+        assert r.active_sessions() == 1 and r.served == 0 and len(ctx.links) == 1
         r.__exit__(None, None, None)  # the responder restarts under the kept link
         r = Responder("127.0.0.1", port, idle_timeout=2.0, grace=0.2)
         r.__enter__()
         out = tcp_pingpong(target, ctx)
         assert out.error is None and len(out.rtt_ns) == 5 and not out.failed
-        LINKS.retain([])
+        ctx.links.retain([])
         _wait_until(lambda: r.active_sessions() == 0)
     finally:
         r.__exit__(None, None, None)
@@ -220,7 +211,6 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     fake.rc_bandwidth = fake_rc_bandwidth  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "probes.rdma.rc", fake)
     monkeypatch.setattr("agent.probing.RUNNERS", dict(RUNNERS))
-    monkeypatch.setattr("agent.probing.LINKS", Links())
     import agent.rdma_runners
 
     mod = importlib.reload(agent.rdma_runners)
@@ -244,12 +234,12 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
 
     down = runner(ProbeSpec("d", "10.0.0.9", 4793, "rdma_rc_lat", 64, 2, 10.0), ctx)
     assert down.failed and down.rtt is not None and down.rtt.lost == 2
-    assert len(mod.LINKS) == 3
+    assert len(ctx.links) == 3
 
-    mod.LINKS.retain([c])
-    assert len(mod.LINKS) == 1 and (links[0].closed, links[1].closed, links[2].closed) == (1, 0, 1)
-    mod.LINKS.close()
-    assert len(mod.LINKS) == 0 and links[1].closed == 1
+    ctx.links.retain([c])
+    assert len(ctx.links) == 1 and (links[0].closed, links[1].closed, links[2].closed) == (1, 0, 1)
+    ctx.links.close()
+    assert len(ctx.links) == 0 and links[1].closed == 1
 
     bw = probing.RUNNERS["rdma_rc_bw"](
         ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_bw", 65536, 8, 10.0), ctx
@@ -257,28 +247,37 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     assert (bw.op, bw.bytes_moved, bw.busy_seconds) == ("write_stream", 8 * 65536, 0.5)
 
 
-def test_scheduler_tells_keepers_what_remains_and_closes_them() -> None:
-    seen: list[list[str]] = []
-    closed: list[bool] = []
+def test_scheduler_keeps_links_of_assigned_targets_only_and_closes_them_at_stop() -> None:
+    closed: list[str] = []
 
-    class Keeper:
-        def retain(self, specs: list[ProbeSpec]) -> None:
-            seen.append(sorted(s.dst for s in specs))
+    class Held:
+        def __init__(self, dst: str) -> None:
+            self.dst = dst
 
         def close(self) -> None:
-            closed.append(True)
+            closed.append(self.dst)
 
+    ctx = ProbeContext(None, 1.0)
+    for dst in ("a", "b"):
+        ctx.links.burst(spec(1, dst=dst, address=f"127.0.0.{ord(dst)}"), lambda d=dst: Held(d), id)
     sched = Scheduler(
-        ProbeContext(None, 1.0),
+        ctx,
         WindowAggregator().add,
         runners={"tcp_lat": lambda s, c: ProbeOutcome("tcp", "pingpong")},
-        keepers=[Keeper()],
     )
-    sched.set_targets([spec(1, dst="a"), spec(1, dst="b"), spec(1, dst="x", kind="nope")])
-    sched.set_targets([spec(1, dst="b")])
+    sched.set_targets([spec(1, dst="b", address="127.0.0.98"), spec(1, dst="x", kind="nope")])
+    assert closed == ["a"] and len(ctx.links) == 1
     sched.start()
     sched.stop()
-    assert seen == [["a", "b"], ["b"]] and closed == [True]
+    assert closed == ["a", "b"] and len(ctx.links) == 0
+
+
+def test_agents_in_one_process_never_share_a_link() -> None:
+    made: list[str] = []
+    one, two = ProbeContext("127.0.0.1", 1.0), ProbeContext("127.0.0.2", 1.0)
+    for ctx in (one, two, one):
+        ctx.links.burst(spec(1), lambda c=ctx: made.append(c.bind or "") or c, id)
+    assert made == ["127.0.0.1", "127.0.0.2"]
 
 
 def test_window_takes_bare_rtts_and_loss() -> None:

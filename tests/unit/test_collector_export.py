@@ -80,6 +80,9 @@ def full_store() -> WindowStore:
                 spool_depth=2,
                 spool_bytes=900,
                 spool_dropped=1,
+                links=96,
+                sessions=97,
+                sessions_refused=3,
             )
         )
         store.take(r)
@@ -170,3 +173,12 @@ def test_stale_host_is_marked_down() -> None:
     assert reg.get_sample_value("fabricprobe_host_up", {"src": "a"}) == 1.0
     now[0] += 31 * S
     assert reg.get_sample_value("fabricprobe_host_up", {"src": "a"}) == 0.0
+
+
+def test_agent_links_and_sessions_are_exported() -> None:
+    reg = CollectorRegistry()
+    reg.register(FabricCollector(full_store()))
+    src = {"src": "a"}
+    assert reg.get_sample_value("fabricprobe_agent_probe_links", src) == 96
+    assert reg.get_sample_value("fabricprobe_agent_probe_sessions", src) == 97
+    assert reg.get_sample_value("fabricprobe_agent_probe_sessions_refused_total", src) == 3

@@ -355,6 +355,7 @@ def test_busy_refusal() -> None:
         first.open("stuck", {})
         with client(r) as second, pytest.raises(PeerError, match="busy"):
             second.open("stuck", {})
+        assert r.refused == 1
         first.close()
 
 
