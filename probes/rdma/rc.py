@@ -385,22 +385,25 @@ class RdmaLink:
     a round starts raises LinkStale. `close()` releases everything: the responder ends
     its session when the control connection closes."""
 
+    STEP_S = 2.0  # each exchange's deadline, unless given
+
     def __init__(
         self,
         peer: str,
         *,
-        port: int,
-        bind: str | None,
-        device: str | None,
-        sysfs_root: str | Path,
-        timeout: float,
-        step_s: float,
-        engine: str,
-        keepalive_s: float,
+        port: int = DEFAULT_PORT,
+        bind: str | None = None,
+        device: str | None = None,
+        sysfs_root: str | Path = "/sys",
+        timeout: float = SETUP_TIMEOUT_S,
+        step_s: float | None = None,
+        engine: str = "auto",
+        keepalive_s: float = 0.0,
     ) -> None:
         if not 0 <= keepalive_s <= MAX_KEEPALIVE_S:
             raise ValueError(f"keepalive {keepalive_s} outside 0..{MAX_KEEPALIVE_S:g} s")
-        self.peer, self.step_s, self.keepalive_s = peer, step_s, keepalive_s
+        self.peer, self.keepalive_s = peer, keepalive_s
+        self.step_s = self.STEP_S if step_s is None else step_s
         self.port, self.bind, self.device = port, bind, device
         self.sysfs_root, self.timeout = sysfs_root, timeout
         self.engine = pick_engine(engine)

@@ -241,34 +241,11 @@ class UdEndpoint:
 
 class UdLink(RdmaLink):
     """A UD probe link: several rounds over one UD QP on each end (the responder keeps
-    its address handle towards us too). Sequence numbers continue across rounds, so a
-    late ACK of an earlier round is never taken for a new one."""
+    its address handle towards us too). Sequence numbers continue across a session's
+    rounds, so a late ACK of an earlier round is never taken for a new one."""
 
-    def __init__(
-        self,
-        peer: str,
-        *,
-        port: int = DEFAULT_PORT,
-        bind: str | None = None,
-        device: str | None = None,
-        sysfs_root: str | Path = "/sys",
-        timeout: float = SETUP_TIMEOUT_S,
-        step_s: float = 0.5,
-        keepalive_s: float = 0.0,
-        engine: str = "auto",
-    ) -> None:
-        super().__init__(
-            peer,
-            port=port,
-            bind=bind,
-            device=device,
-            sysfs_root=sysfs_root,
-            timeout=timeout,
-            step_s=step_s,
-            engine=engine,
-            keepalive_s=keepalive_s,
-        )
-        self._seq = random.randrange(1 << 30)
+    STEP_S = 0.5
+    _seq = 0  # the next probe's sequence number; each session starts at a random one
 
     def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
         source = source_address(self.peer, self.port, self.bind)
@@ -287,6 +264,7 @@ class UdLink(RdmaLink):
             },
         )
         remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
+        self._seq = random.randrange(1 << 30)
         return ctl, ep, ep.sender(remote)
 
     def round(self, probes: int, interval_s: float = 0.0, warmup: int = 1) -> UdRound:
