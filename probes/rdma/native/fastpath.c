@@ -480,10 +480,11 @@ static int wait_answer(fp_ep *ep, int write, const uint8_t *in_mark, uint8_t mar
     return write ? wait_mark(ep, in_mark, mark, deadline) : wait_recv(ep, deadline);
 }
 
-/* Checks shared by the loops; SIZE must fit the halves, the QP must be connected. */
 /* Pauses between polls end when asked, not up to the default 50 us later. */
 static void precise_pauses(void) { prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL); }
 
+/* Checks shared by the loops (RC and UD); SIZE must fit the buffer, the QP must be
+ * connected (UD: have its peer's address handle). */
 static int loop_ready(fp_ep *ep, uint32_t size)
 {
     precise_pauses();
@@ -788,13 +789,8 @@ static int ud_receive(fp_ep *ep, int64_t deadline, uint32_t *kind, uint32_t *seq
 int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, uint32_t seq0, int64_t *net,
                     int64_t *raw, int64_t *delay)
 {
-    precise_pauses();
-    clear_error(ep);
-    ep->sq_used = ep->since_signal = 0;
-    if (!ep->connected) {
-        fail(ep, ENOTCONN, "endpoint has no peer");
+    if (loop_ready(ep, UD_MSG))
         return 0;
-    }
     for (int64_t i = 0; i < count; i++) {
         uint32_t seq = seq0 + (uint32_t)i, kind, mseq;
         uint64_t value, responder = 0;
@@ -832,13 +828,8 @@ int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, uint32_t seq0, in
 int64_t fp_ud_answer(fp_ep *ep, int64_t count, int64_t step_ns, int64_t idle_ns)
 {
     int64_t answered = 0;
-    precise_pauses();
-    clear_error(ep);
-    ep->sq_used = ep->since_signal = 0;
-    if (!ep->connected) {
-        fail(ep, ENOTCONN, "endpoint has no peer");
+    if (loop_ready(ep, UD_MSG))
         return 0;
-    }
     int64_t idle = now_ns() + idle_ns;
     while (answered < count) {
         uint32_t kind, seq;
