@@ -81,6 +81,32 @@ Runner = Callable[[ProbeSpec, "ProbeContext"], ProbeOutcome]
 RUNNERS: dict[str, Runner] = {}
 
 
+def register_runner(kind: str) -> Callable[[Runner], Runner]:
+    """Decorator: run probes of KIND with the decorated function."""
+
+    def deco(fn: Runner) -> Runner:
+        RUNNERS[kind] = fn
+        return fn
+
+    return deco
+
+
+def load_runner_modules(names: Iterable[str] = RUNNER_MODULES) -> list[str]:
+    """Import the optional runner modules; one line per module that failed to load."""
+    problems = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                problems.append(f"{name}: {e}")
+        except ImportError as e:
+            problems.append(f"{name}: {e}")
+    for p in problems:
+        log.warning("probe runners not available: %s", p)
+    return problems
+
+
 # ------------------------------------------------------------------- kept links
 
 
@@ -153,32 +179,6 @@ class Links:
         self.retain([])
 
 
-def register_runner(kind: str) -> Callable[[Runner], Runner]:
-    """Decorator: run probes of KIND with the decorated function."""
-
-    def deco(fn: Runner) -> Runner:
-        RUNNERS[kind] = fn
-        return fn
-
-    return deco
-
-
-def load_runner_modules(names: Iterable[str] = RUNNER_MODULES) -> list[str]:
-    """Import the optional runner modules; one line per module that failed to load."""
-    problems = []
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                problems.append(f"{name}: {e}")
-        except ImportError as e:
-            problems.append(f"{name}: {e}")
-    for p in problems:
-        log.warning("probe runners not available: %s", p)
-    return problems
-
-
 @dataclass(frozen=True)
 class ProbeContext:
     """What a runner needs to know about this host."""
@@ -187,7 +187,7 @@ class ProbeContext:
     timeout: float  # deadline of each step in seconds
     sysfs_root: str = "/sys"
     local_device: str = ""  # this host's RDMA device (RDMA kinds)
-    links: Links = field(default_factory=lambda: Links(), compare=False, repr=False)
+    links: Links = field(default_factory=Links, compare=False, repr=False)
 
 
 # --------------------------------------------------------------------------- TCP
