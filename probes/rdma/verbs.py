@@ -50,19 +50,22 @@ PAUSE_S = 50e-6
 
 class Spin:
     """One wait's clock: `expired()` after an empty poll says whether DEADLINE has passed,
-    pausing first once the wait is older than SPIN_S."""
+    pausing first once the wait is older than SPIN_S. Creating one reads no clock: a wait
+    answered at the first poll (inside a timed exchange) costs nothing more than before."""
 
     __slots__ = ("deadline", "pause_from")
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
-        self.pause_from = time.monotonic() + SPIN_S
+        self.pause_from: float | None = None  # set at the first empty poll
 
     def expired(self) -> bool:
         now = time.monotonic()
         if now > self.deadline:
             return True
-        if now > self.pause_from:
+        if self.pause_from is None:
+            self.pause_from = now + SPIN_S
+        elif now > self.pause_from:
             time.sleep(PAUSE_S)
         return False
 
