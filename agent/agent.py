@@ -18,29 +18,29 @@ from collections.abc import Callable
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import psutil
 
-from agent.client import CollectorClient, channel_credentials
-from agent.config import AgentConfig
-from agent.counters import ChangeFilter, CounterSampler, netdevs_of
-from agent.identity import discover_addresses, discover_devices, host_info
-from agent.probing import (
+from fabricprobe.agent.client import CollectorClient, channel_credentials
+from fabricprobe.agent.config import AgentConfig
+from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
+from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
+from fabricprobe.agent.probing import (
     RUNNERS,
     ProbeContext,
     ProbeSpec,
     Scheduler,
     load_runner_modules,
 )
-from agent.spool import Spool, SpoolKey
-from agent.window import WindowAggregator
-from collector.api import fabricprobe_pb2 as pb
-from probes.control import parse_hostport
-from probes.ethtool import Runner, run_command
-from probes.responder import Responder, load_session_modules
+from fabricprobe.agent.spool import Spool, SpoolKey
+from fabricprobe.agent.window import WindowAggregator
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.probes.control import parse_hostport
+from fabricprobe.probes.ethtool import Runner, run_command
+from fabricprobe.probes.responder import Responder, load_session_modules
 
 log = logging.getLogger("fabricprobe.agent")
 
 SEND_BATCH = 64
 # Sessions the agent's responder runs at once: up to 64 probing peers with three kept
-# links each (TCP, RC and UD; agent.probing.Links), and room for one-shot sessions. An
+# links each (TCP, RC and UD; fabricprobe.agent.probing.Links), and room for one-shot sessions. An
 # idle link holds a thread blocked on a socket (and, for RDMA, a QP); beyond this a
 # prober is told `busy`.
 MAX_SESSIONS = 224

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
-from collector.api import fabricprobe_pb2 as pb
-from collector.api import fabricprobe_pb2_grpc as pb_grpc
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
 MAX_MESSAGE_BYTES = 4 << 20
 

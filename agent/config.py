@@ -22,11 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_WINDOWS
-
-
-class ConfigError(ValueError):
-    """A setting that cannot be used; the message names it."""
+from fabricprobe.agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_WINDOWS
+from fabricprobe.core.errors import ConfigError
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Counter sampling: RDMA port counters and `ethtool -S` turned into report readings.
 
-The readers live in probes.counters and probes.ethtool; this module only maps what
-they return to CounterReading messages (raw values and their wrap width: the collector
-computes rates). A counter the hardware does not offer is left out, never sent as 0.
+The readers live in fabricprobe.probes.counters and fabricprobe.probes.ethtool; this module
+only maps what they return to CounterReading messages (raw values and their wrap width:
+the collector computes rates). A counter the hardware does not offer is left out, never sent as 0.
 A netdev whose driver has no ethtool statistics (veth, virtio_net) is asked once and
 then left alone.
 """
@@ -13,11 +13,17 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from collector.api import fabricprobe_pb2 as pb
-from probes.counters import PortCounters, counter_width, read_port_counters
-from probes.errors import NotSupported, ParseError, ProbeError
-from probes.ethtool import PfcStats, Runner, parse_pfc_stats, read_ethtool_stats, run_command
-from probes.sysfs import RdmaDevice
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.probes.counters import PortCounters, counter_width, read_port_counters
+from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError
+from fabricprobe.probes.ethtool import (
+    PfcStats,
+    Runner,
+    parse_pfc_stats,
+    read_ethtool_stats,
+    run_command,
+)
+from fabricprobe.probes.sysfs import RdmaDevice
 
 log = logging.getLogger("fabricprobe.agent")
 

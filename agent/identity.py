@@ -8,10 +8,10 @@ import socket
 
 import psutil
 
-from collector.api import fabricprobe_pb2 as pb
 from fabricprobe import __version__
-from probes.errors import ProbeError
-from probes.sysfs import RdmaDevice, read_devices
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.sysfs import RdmaDevice, read_devices
 
 log = logging.getLogger("fabricprobe.agent")
 

@@ -31,10 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from probes.control import MAX_KEEPALIVE_S, ControlClient, LinkStale
-from probes.errors import PeerError, ProbeError
-from probes.stats import LatencySketch
-from probes.tcp import (
+from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, LinkStale
+from fabricprobe.probes.errors import PeerError, ProbeError
+from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.probes.tcp import (
     MAX_CHUNK,
     open_data_connection,
     run_throughput,
@@ -44,7 +44,7 @@ from probes.tcp import (
 log = logging.getLogger("fabricprobe.agent")
 
 # Modules whose import registers more runners; a missing one is skipped quietly.
-RUNNER_MODULES: tuple[str, ...] = ("agent.rdma_runners",)
+RUNNER_MODULES: tuple[str, ...] = ("fabricprobe.agent.rdma_runners",)
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ def _exchange(sock: socket.socket, sbuf: bytearray, rbuf: bytearray) -> int:
 class TcpPingLink:
     """A kept `tcp_lat` session: the control and the data connection stay open between
     bursts (the responder echoes whatever arrives, for up to the keepalive between
-    bursts). Lighter than probes.tcp.run_pingpong: no timer calibration, one warm-up
+    bursts). Lighter than fabricprobe.probes.tcp.run_pingpong: no timer calibration, one warm-up
     exchange per burst. A warm-up that fails on a kept link means the responder let it
     go (LinkStale): nothing of the burst was measured yet."""
 

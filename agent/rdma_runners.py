@@ -1,7 +1,7 @@
 """RDMA probe runners for the agent, registered when pyverbs and the RC probes load.
 
-`rdma_rc_lat` runs an RC SEND/RECV ping-pong burst (probes.rdma.rc) against the peer's
-responder; `rdma_ud` sends COUNT UD probes with two ACKs each (probes.rdma.ud, the
+`rdma_rc_lat` runs an RC SEND/RECV ping-pong burst (fabricprobe.probes.rdma.rc) against the peer's
+responder; `rdma_ud` sends COUNT UD probes with two ACKs each (fabricprobe.probes.rdma.ud, the
 R-Pingmesh manner) and keeps the network RTT with the responder's delay taken out;
 `rdma_rc_bw` streams COUNT RDMA WRITEs of SIZE bytes and reports the bytes completed
 (planned, like `tcp_bw`, only on request). The source address picks the local RDMA
@@ -19,15 +19,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agent.probing import (
+from fabricprobe.agent.probing import (
     ProbeContext,
     ProbeOutcome,
     ProbeSpec,
     keepalive_for,
     register_runner,
 )
-from probes.errors import ProbeError
-from probes.stats import LatencySketch
+from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.stats import LatencySketch
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -54,8 +54,8 @@ def _reach(spec: ProbeSpec, ctx: ProbeContext) -> dict[str, Any]:
 
 
 try:
-    from probes.rdma.rc import RcPingLink, rc_bandwidth
-    from probes.rdma.ud import UdLink
+    from fabricprobe.probes.rdma.rc import RcPingLink, rc_bandwidth
+    from fabricprobe.probes.rdma.ud import UdLink
 except ImportError as e:  # no pyverbs on this host: RDMA probes are not offered
     log.debug("RDMA runners not loaded: %s", e)
 else:

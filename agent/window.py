@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from agent.probing import ProbeOutcome, ProbeSpec
-from collector.api import fabricprobe_pb2 as pb
-from collector.sketchwire import to_wire
-from probes.stats import LatencySketch
+from fabricprobe.agent.probing import ProbeOutcome, ProbeSpec
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.probes.stats import LatencySketch
 
 PathKey = tuple[str, str, str, int]  # dst, transport, op, size
 

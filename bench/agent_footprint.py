@@ -25,10 +25,10 @@ from pathlib import Path
 
 import psutil
 
-from agent.agent import Agent
-from agent.config import AgentConfig
-from collector.assign import PlanConfig
-from collector.service import ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.config import AgentConfig
+from fabricprobe.collector.assign import PlanConfig
+from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 
 
 def thread_cpu(pid: int) -> dict[str, float]:

@@ -15,7 +15,7 @@ import argparse
 import statistics
 import time
 
-from collector.assign import HostSpec, PlanConfig, Planner
+from fabricprobe.collector.assign import HostSpec, PlanConfig, Planner
 
 
 def main() -> None:

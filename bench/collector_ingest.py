@@ -34,14 +34,14 @@ from typing import Any
 import psutil
 from prometheus_client import CollectorRegistry
 
-from collector.api import fabricprobe_pb2 as pb
-from collector.assign import PlanConfig, Planner
-from collector.exporter import FabricCollector
-from collector.exposition import render
-from collector.service import AgentApi, ApiConfig, CollectorServer, ServerConfig
-from collector.sketchwire import to_wire
-from collector.store import WindowStore
-from probes.stats import LatencySketch
+from fabricprobe.collector.assign import PlanConfig, Planner
+from fabricprobe.collector.exporter import FabricCollector
+from fabricprobe.collector.exposition import render
+from fabricprobe.collector.service import AgentApi, ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.collector.store import WindowStore
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.probes.stats import LatencySketch
 
 DEFAULT_INTERVAL_S = ApiConfig().report_interval_ms / 1000
 
@@ -148,7 +148,7 @@ def _client(
 ) -> None:
     import grpc  # type: ignore[import-untyped]
 
-    from collector.api import fabricprobe_pb2_grpc as pb_grpc
+    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     grpc.channel_ready_future(channel).result(timeout=30)

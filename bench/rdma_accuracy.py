@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from probes.control import wait_listening
-from probes.rdma import rc
+from fabricprobe.probes.control import wait_listening
+from fabricprobe.probes.rdma import rc
 
 LAT_TARGET = 1.10
 BW_TARGET = 0.90

@@ -45,11 +45,11 @@ from typing import Any
 
 import psutil
 
-from collector.assign import PlanConfig
-from probes.control import decode_payload, encode_message, wait_listening
-from probes.rdma.rc import RcPingLink, RcRound, rc_latency
-from probes.rdma.ud import UdLink, UdRound, ud_probe
-from probes.stats import LatencySketch
+from fabricprobe.collector.assign import PlanConfig
+from fabricprobe.probes.control import decode_payload, encode_message, wait_listening
+from fabricprobe.probes.rdma.rc import RcPingLink, RcRound, rc_latency
+from fabricprobe.probes.rdma.ud import UdLink, UdRound, ud_probe
+from fabricprobe.probes.stats import LatencySketch
 
 PORT = 4798
 KEEP_S = 120.0

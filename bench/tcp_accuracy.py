@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
-from probes.control import wait_listening
-from probes.tcp import measure_timer_overhead, run_pingpong
+from fabricprobe.probes.control import wait_listening
+from fabricprobe.probes.tcp import measure_timer_overhead, run_pingpong
 
 TARGET = 1.10
 

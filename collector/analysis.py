@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from collector.history import COUNTER_CATEGORIES
+from fabricprobe.collector.history import COUNTER_CATEGORIES
 
 
 @dataclass(frozen=True)

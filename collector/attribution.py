@@ -4,8 +4,7 @@
 ones (bounded), keeps running histograms for /metrics, and has a FabricHistory listen
 to the window store, turning what reports brought into rows on a short period.
 `analyse()` runs the pure join and analysis functions over the last window.
-`attach_attribution()` is the one call the collector's server makes to add all of this
-next to the agent API.
+(collector/attribution_exporter.py wires it into the server.)
 """
 
 from __future__ import annotations
@@ -20,18 +19,18 @@ from typing import Any
 
 import pandas as pd
 
-from collector.analysis import (
+from fabricprobe.collector.analysis import (
     AnalysisConfig,
     communication_bound,
     goodput,
     rank_correlation,
     rank_paths,
 )
-from collector.history import FabricHistory
-from collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
-from collector.otlp import TraceIngest, add_trace_service
-from collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
-from collector.store import WindowStore
+from fabricprobe.collector.history import FabricHistory
+from fabricprobe.collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
+from fabricprobe.collector.otlp import TraceIngest
+from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
+from fabricprobe.collector.store import WindowStore
 
 DURATION_BUCKETS_S: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -177,21 +176,6 @@ class Attribution:
         if window_s is None:
             self._cache = out
         return out
-
-
-def attach_attribution(
-    server: Any, store: WindowStore, registry: Any, stop: threading.Event
-) -> Attribution:
-    """Add the OTLP TraceService to SERVER (a grpc.Server), the attribution metrics to
-    REGISTRY, and keep the fabric history fed from STORE until STOP is set."""
-    from collector.attribution_exporter import AttributionCollector
-
-    attribution = Attribution(store)
-    add_trace_service(server, attribution.ingest)
-    add_why_service(server, attribution)
-    registry.register(AttributionCollector(attribution))
-    attribution.run_sync(stop)
-    return attribution
 
 
 # -- the `probe why` query: JSON over a generic gRPC method (no generated code needed) --

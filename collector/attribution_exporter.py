@@ -2,13 +2,15 @@
 each path explains, fabric-bound flags, goodput beside throughput, OTLP intake.
 
 Labels are bounded: `stage` takes the six stage names, `src`/`dst` are agent host
-names (capped by collector.attribution.MAX_PATHS), `transport` is rdma or tcp. Request
-ids never become labels; they are in `probe why`.
+names (capped by fabricprobe.collector.attribution.MAX_PATHS), `transport` is rdma or tcp. Request
+ids never become labels; they are in `probe why`. `attach_attribution()` is the one call
+the collector's server makes to add the OTLP receiver, Why and these metrics.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +22,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from collector.attribution import Attribution
+from fabricprobe.collector.attribution import Attribution, add_why_service
+from fabricprobe.collector.otlp import add_trace_service
+from fabricprobe.collector.store import WindowStore
 
 P = "fabricprobe_"
 PATH = ["src", "dst", "transport"]
@@ -133,3 +137,16 @@ class AttributionCollector(Collector):
         f["rejected"].add_metric([], float(a.ingest.rejected_total))
         f["history_dropped"].add_metric([], float(a.history.inbox_dropped))
         yield from f.values()
+
+
+def attach_attribution(
+    server: Any, store: WindowStore, registry: Any, stop: threading.Event
+) -> Attribution:
+    """Add the OTLP TraceService to SERVER (a grpc.Server), the attribution metrics to
+    REGISTRY, and keep the fabric history fed from STORE until STOP is set."""
+    attribution = Attribution(store)
+    add_trace_service(server, attribution.ingest)
+    add_why_service(server, attribution)
+    registry.register(AttributionCollector(attribution))
+    attribution.run_sync(stop)
+    return attribution

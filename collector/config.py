@@ -23,10 +23,16 @@ from dataclasses import dataclass, field
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
-from agent.config import ConfigError
-from collector.assign import DEFAULT_KINDS, PlanConfig
-from collector.auth import Authenticator, Insecure, MutualTls, TokenAuth, read_token_file
-from collector.service import ApiConfig, ServerConfig
+from fabricprobe.collector.assign import DEFAULT_KINDS, PlanConfig
+from fabricprobe.collector.auth import (
+    Authenticator,
+    Insecure,
+    MutualTls,
+    TokenAuth,
+    read_token_file,
+)
+from fabricprobe.collector.service import ApiConfig, ServerConfig
+from fabricprobe.core.errors import ConfigError
 
 
 @dataclass

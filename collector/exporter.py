@@ -20,9 +20,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from collector.rpcstats import RPC_BUCKETS_S, RpcStats
-from collector.sketchwire import MergedSketch
-from collector.store import PathStats, StoreSnapshot, WindowStore
+from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
+from fabricprobe.collector.store import PathStats, StoreSnapshot, WindowStore
+from fabricprobe.core.sketchwire import MergedSketch
 
 # RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
 # soft-RoCE loopback (tens of µs), a real RoCE fabric (a few µs) and a congested
@@ -37,7 +37,7 @@ RDMA_LABELS = ["src", "device", "port", "counter"]
 PFC_LABELS = ["src", "netdev", "priority"]
 NETDEV_LABELS = ["src", "netdev", "counter"]
 
-# ethtool PFC fields (agent.counters) -> metric name stem; durations are µs on the wire.
+# ethtool PFC fields (fabricprobe.agent.counters) -> metric name stem; durations are µs on the wire.
 PFC_FAMILIES: dict[str, tuple[str, str]] = {
     "rx_pause": ("pfc_rx_pause_frames", "PFC pause (XOFF) frames received per priority."),
     "tx_pause": ("pfc_tx_pause_frames", "PFC pause (XOFF) frames sent per priority."),

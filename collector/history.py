@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from collector.sketchwire import MergedSketch
-from collector.store import CounterKey, PathKey, WindowStore, host_pair
+from fabricprobe.collector.store import CounterKey, PathKey, WindowStore, host_pair
+from fabricprobe.core.sketchwire import MergedSketch
 
 COUNTER_CATEGORIES = ("pfc_pause", "ecn_mark", "cnp", "retransmit")
 # RDMA hw_counters that count a retransmission or what causes one (mlx5 and rxe names).

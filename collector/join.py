@@ -15,8 +15,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from collector.history import COUNTER_CATEGORIES
-from collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
+from fabricprobe.collector.history import COUNTER_CATEGORIES
+from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
 
 STAGE_COLUMNS = [
     "request_id",

@@ -20,7 +20,7 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from collector.stages import RequestRecord, SpanError, StageRecord, parse_span
+from fabricprobe.collector.stages import RequestRecord, SpanError, StageRecord, parse_span
 
 MAX_SPANS = 20_000  # per Export call
 MAX_REASONS = 3

@@ -21,15 +21,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from collector.api import fabricprobe_pb2 as pb
-from collector.api import fabricprobe_pb2_grpc as pb_grpc
-from collector.assign import HostSpec, PlanConfig, Planner
-from collector.attribution import attach_attribution
-from collector.auth import Authenticator, AuthError, Insecure
-from collector.exporter import FabricCollector
-from collector.exposition import serve_metrics
-from collector.rpcstats import RpcStats, TimingInterceptor
-from collector.store import ReportError, WindowStore
+from fabricprobe.collector.assign import HostSpec, PlanConfig, Planner
+from fabricprobe.collector.attribution_exporter import attach_attribution
+from fabricprobe.collector.auth import Authenticator, AuthError, Insecure
+from fabricprobe.collector.exporter import FabricCollector
+from fabricprobe.collector.exposition import serve_metrics
+from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
+from fabricprobe.collector.store import ReportError, WindowStore
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
 log = logging.getLogger("fabricprobe.collector")
 

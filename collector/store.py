@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from collector.api import fabricprobe_pb2 as pb
-from collector.sketchwire import MergedSketch, from_wire, merged
-from probes.counters import counter_delta
-from probes.errors import ParseError
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
+from fabricprobe.probes.counters import counter_delta
+from fabricprobe.probes.errors import ParseError
 
 PathKey = tuple[str, str, str, str, int]  # src, dst, transport, op, size
 # src, kind, device, port, netdev, priority, name

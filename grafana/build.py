@@ -1,7 +1,7 @@
 """Write the Grafana dashboards and the Prometheus rules from one compact description.
 
-    python -m grafana.build            # rewrite grafana/*.json and grafana/rules.yml
-    python -m grafana.build --check    # exit 1 when the committed files are stale
+    python -m fabricprobe.grafana.build            # rewrite grafana/*.json and grafana/rules.yml
+    python -m fabricprobe.grafana.build --check    # exit 1 when the committed files are stale
 
 Every query here is held to collector/metrics.toml by tests/unit/test_grafana.py, and the
 rules file is checked with `promtool check rules`.
@@ -586,7 +586,7 @@ def main(argv: list[str]) -> int:
     stale = [p for p, text in outputs().items() if not p.exists() or p.read_text() != text]
     if "--check" in argv:
         for p in stale:
-            print(f"stale: {p} (run python -m grafana.build)")
+            print(f"stale: {p} (run python -m fabricprobe.grafana.build)")
         return 1 if stale else 0
     for p, text in outputs().items():
         p.write_text(text)

@@ -34,7 +34,7 @@ Handler registry (responder side)
 A session kind (`tcp_lat`, `tcp_bw`, `rdma_rc_lat`, `rdma_rc_bw`, `rdma_ud`, ...) is a
 function registered under its name::
 
-    from probes.control import Session, register_session
+    from fabricprobe.probes.control import Session, register_session
 
     @register_session("rdma_rc_lat")
     def serve_rc_lat(session: Session) -> dict[str, object] | None:
@@ -72,7 +72,7 @@ The contract:
   `step_timeout`) and replies `done` with that dict.
 
 Modules holding handlers are imported by the responder (see
-probes.responder.SESSION_MODULES); registering at import time is all they need.
+fabricprobe.probes.responder.SESSION_MODULES); registering at import time is all they need.
 
 Prober side: `ControlClient(host, port).open(kind, params)` returns the responder's
 `ready` info; `client.done(result)` finishes the session and returns the responder's
@@ -93,7 +93,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from probes.errors import ParseError, PeerError, ProbeError
+from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
 
 PROTOCOL_VERSION = 1
 DEFAULT_PORT = 4793  # 18515 belongs to perftest; pick one that does not clash with it

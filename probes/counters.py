@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 
-from probes.errors import ParseError
-from probes.sysfs import read_small
+from fabricprobe.probes.errors import ParseError
+from fabricprobe.probes.sysfs import read_small
 
 # Files in hw_counters/ that are not counters.
 _NOT_COUNTERS = frozenset({"lifespan"})

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from probes.errors import NotSupported, ParseError, ProbeError
-from probes.sysfs import read_optional
+from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError
+from fabricprobe.probes.sysfs import read_optional
 
 HEADER = "NIC statistics:"
 PRIORITIES = range(8)

@@ -3,7 +3,7 @@
 One listening socket; each accepted control connection gets its own thread, up to
 `max_sessions` at once (beyond that a prober is refused with `error busy` at once,
 never queued). Each session runs the handler registered for its kind
-(probes.control); every read has the idle timeout as its deadline, and whatever the
+(fabricprobe.probes.control); every read has the idle timeout as its deadline, and whatever the
 handler acquired is released when the session ends, on every path. `stop()` is safe
 from a signal handler: it stops accepting, lets running sessions finish for a grace
 period, then aborts the rest (their sockets are shut down, which wakes any blocked
@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from probes.control import (
+from fabricprobe.probes.control import (
     DEFAULT_PORT,
     HANDLERS,
     PROTOCOL_VERSION,
@@ -33,7 +33,7 @@ from probes.control import (
     require_dict,
     require_str,
 )
-from probes.errors import ParseError, PeerError, ProbeError
+from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
 
 log = logging.getLogger("fabricprobe.responder")
 
@@ -41,9 +41,9 @@ log = logging.getLogger("fabricprobe.responder")
 # skipped quietly (RDMA sessions are optional); one that fails to import (no pyverbs)
 # is skipped with a warning, and its session kinds are refused as unknown.
 SESSION_MODULES: tuple[str, ...] = (
-    "probes.tcp",
-    "probes.rdma.rc",
-    "probes.rdma.ud",
+    "fabricprobe.probes.tcp",
+    "fabricprobe.probes.rdma.rc",
+    "fabricprobe.probes.rdma.ud",
     "fabricprobe.workload.transfer",
 )
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probes.errors import ProbeError
-from probes.sysfs import RdmaDevice, find_gid, read_device, read_devices, read_optional
+from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.sysfs import RdmaDevice, find_gid, read_device, read_devices, read_optional
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 MODULE = "rdma_rxe"

@@ -130,7 +130,7 @@ class LatencySketch:
 
     def slots(self) -> tuple[list[int], list[int]]:
         """(indices, counts) of the non-empty histogram slots, indices ascending: the
-        sparse form a sketch travels in (collector/sketchwire.py). Only the slots
+        sparse form a sketch travels in (fabricprobe/core/sketchwire.py). Only the slots
         between those of min and max are read, not all 3,968."""
         if not self.count:
             return [], []

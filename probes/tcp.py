@@ -2,7 +2,7 @@
 
 They run against the same responder as the RDMA probes, so TCP and RDMA are measured
 on the same pair at the same time. The session starts on the control connection
-(probes.control): the prober's hello names `tcp_lat` or `tcp_bw`; the responder opens
+(fabricprobe.probes.control): the prober's hello names `tcp_lat` or `tcp_bw`; the responder opens
 an ephemeral data listener on the address the control connection arrived at and
 answers `ready {data_port, token}`. The prober then opens one data connection per
 stream from the same source address and sends the 16-byte token first, so a stray
@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.control import (
+from fabricprobe.probes.control import (
     DEFAULT_PORT,
     DEFAULT_TIMEOUT_S,
     ControlClient,
@@ -45,8 +45,8 @@ from probes.control import (
     require_int,
     require_str,
 )
-from probes.errors import PeerError
-from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
+from fabricprobe.probes.errors import PeerError
+from fabricprobe.probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
 MIN_SIZE = 1
 MAX_SIZE = 1 << 20  # 1 MiB
@@ -575,7 +575,7 @@ def accept_streams(
 def _native_echo() -> Callable[[int, int], int] | None:
     """The compiled echo loop (probes/rdma/native) when it is built, else None."""
     try:
-        from probes.rdma import native
+        from fabricprobe.probes.rdma import native
     except ImportError:
         return None
     return native.tcp_echo if native.available() else None

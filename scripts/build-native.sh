@@ -1,6 +1,6 @@
 #!/bin/bash
 # scripts/build-native.sh — build the probes' native engine (probes/rdma/native) in place.
-# Idempotent; run as root on the host (the lane VM sees the host's files read-only and
+# Idempotent (compiles only when fastpath.c or build.py changed); run as root on the host (the lane VM sees the host's files read-only and
 # loads the module built here).
 #   * libibverbs-dev (headers and the libibverbs.so link) from apt, when missing
 #   * cffi in .venv, when missing
@@ -18,4 +18,10 @@ if ! "$py" -c 'import cffi' 2>/dev/null; then
   echo "build-native: pip install cffi"
   "$(dirname "$py")/pip" install -q cffi
 fi
-"$py" probes/rdma/native/build.py
+native=probes/rdma/native
+built=$(ls "$native"/_fastpath*.so 2>/dev/null | head -1 || true)
+if [ -n "$built" ] && [ "$built" -nt "$native/fastpath.c" ] && [ "$built" -nt "$native/build.py" ]; then
+  echo "build-native: $built is current"
+else
+  "$py" "$native/build.py"
+fi

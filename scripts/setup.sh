@@ -3,8 +3,8 @@
 # Idempotent: what is already there is left alone. Run as root (apt, QEMU).
 #   * Debian packages for the soft-RoCE VM lane, perftest/sockperf/qperf (lane/install.sh)
 #   * promtool (Debian's prometheus package) for checking the metrics exposition
+#   * the native engine of the probes (scripts/build-native.sh)
 #   * .venv: the project (editable) with its dev extras, seeing Debian's pyverbs
-#   * the native engine of the RC probes (scripts/build-native.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 t0=$SECONDS
@@ -17,13 +17,14 @@ py=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
+# The probes' compiled hot loops (probes/rdma/native): libibverbs-dev + a C compiler. The
+# package build compiles them too (setup.py); this step brings the headers it needs.
+bash scripts/build-native.sh
 stamp=.venv/.fabricprobe-installed
-if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
   .venv/bin/pip install -q -e '.[dev]'
   touch "$stamp"
 fi
-# The RC probes' compiled hot loops (probes/rdma/native): libibverbs-dev + a C compiler.
-bash scripts/build-native.sh
 # pyverbs comes from Debian (python3-pyverbs, matching the system's rdma-core). The venv
 # sees only that one package through a .pth file, not the rest of dist-packages.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -11,7 +11,7 @@ bytes and nothing else (no QP or connection setup per request):
   (on RC that completion means the responder acknowledged the data). The sink's region
   is reused for every chunk: the bytes cross the fabric in full, only the landing place
   repeats.
-- `tcp`: the sink accepts one data connection (token-checked, as probes.tcp does) and
+- `tcp`: the sink accepts one data connection (token-checked, as fabricprobe.probes.tcp does) and
   reads `[8-byte length][payload]` frames, answering one byte per frame once the last
   payload byte is in; the sender's transfer ends at that byte.
 
@@ -27,7 +27,7 @@ import struct
 import time
 from typing import Any, Protocol
 
-from probes.control import (
+from fabricprobe.probes.control import (
     DEFAULT_PORT,
     ControlClient,
     RdmaEndpoint,
@@ -37,8 +37,8 @@ from probes.control import (
     require_int,
     require_str,
 )
-from probes.errors import PeerError, ProbeError
-from probes.tcp import TOKEN_BYTES, accept_streams, data_listener, open_data_connection
+from fabricprobe.probes.errors import PeerError, ProbeError
+from fabricprobe.probes.tcp import TOKEN_BYTES, accept_streams, data_listener, open_data_connection
 
 SESSION = "kv_sink"
 MAX_CHUNK = 1 << 20
@@ -125,8 +125,8 @@ class RdmaKvChannel:
         step_s: float = 30.0,
         sysfs_root: str = "/sys",
     ) -> None:
-        from probes.rdma.rc import DEPTH, local_device, source_address
-        from probes.rdma.verbs import RcEndpoint
+        from fabricprobe.probes.rdma.rc import DEPTH, local_device, source_address
+        from fabricprobe.probes.rdma.verbs import RcEndpoint
 
         if not 1 <= buffer <= MAX_CHUNK:
             raise ValueError(f"buffer {buffer} outside 1..{MAX_CHUNK}")
@@ -243,8 +243,8 @@ def serve_kv_sink(session: Session) -> dict[str, Any]:
         return {"transfers": transfers, "bytes": total}
     if transport != "rdma":
         raise PeerError(f"params.transport must be rdma or tcp, not {transport!r}")
-    from probes.rdma.rc import DEPTH, RESPONDER_SYSFS_ROOT, local_device
-    from probes.rdma.verbs import RcEndpoint
+    from fabricprobe.probes.rdma.rc import DEPTH, RESPONDER_SYSFS_ROOT, local_device
+    from fabricprobe.probes.rdma.verbs import RcEndpoint
 
     chunk = require_int(p, "chunk", 1, MAX_CHUNK, where="params.")
     remote = RdmaEndpoint.from_dict(

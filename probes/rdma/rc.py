@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from probes.control import (
+from fabricprobe.probes.control import (
     DEFAULT_PORT,
     MAX_KEEPALIVE_S,
     ControlClient,
@@ -37,9 +37,9 @@ from probes.control import (
     require_int,
     require_str,
 )
-from probes.errors import NotSupported, PeerError, ProbeError
-from probes.rdma.verbs import RcEndpoint, Spin, device_for_address
-from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
+from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError
+from fabricprobe.probes.rdma.verbs import RcEndpoint, Spin, device_for_address
+from fabricprobe.probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
 LAT_OPS = ("send", "write")
 BW_OPS = ("write", "send")
@@ -237,7 +237,7 @@ def loop_overhead_ns(engine: str = "pyverbs", rounds: int = 2000) -> int:
     two clock reads (and, in Python, the store into the sample array). Reported beside
     every figure."""
     if engine == "native":
-        from probes.rdma.native import clock_overhead_ns
+        from fabricprobe.probes.rdma.native import clock_overhead_ns
 
         return clock_overhead_ns()
     clock = time.perf_counter_ns
@@ -273,7 +273,7 @@ ENGINES = ("auto", "pyverbs", "native")
 
 def native_available() -> bool:
     """True when the compiled hot loops (probes/rdma/native) are built and load here."""
-    from probes.rdma import native
+    from fabricprobe.probes.rdma import native
 
     return native.available()
 
@@ -293,7 +293,7 @@ def _endpoint(engine: str, device: str, size: int, gid_index: int, op: str, rece
     """An RC endpoint of ENGINE; pyverbs' gets RECEIVES pre-posted (native posts its own)."""
     remote_access = op == "write"
     if engine == "native":
-        from probes.rdma.native import NativeRcEndpoint
+        from fabricprobe.probes.rdma.native import NativeRcEndpoint
 
         return NativeRcEndpoint(
             device, size, DEPTH, gid_index, remote_access=remote_access, inline=size

@@ -34,7 +34,7 @@ from pyverbs.pyverbs_error import PyverbsRDMAError
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
-from probes.control import (
+from fabricprobe.probes.control import (
     DEFAULT_PORT,
     ControlClient,
     RdmaEndpoint,
@@ -43,8 +43,8 @@ from probes.control import (
     require_dict,
     require_int,
 )
-from probes.errors import PeerError, ProbeError
-from probes.rdma.rc import (
+from fabricprobe.probes.errors import PeerError, ProbeError
+from fabricprobe.probes.rdma.rc import (
     RESPONDER_SYSFS_ROOT,
     SETUP_TIMEOUT_S,
     RdmaLink,
@@ -52,8 +52,8 @@ from probes.rdma.rc import (
     pick_engine,
     source_address,
 )
-from probes.rdma.verbs import PORT, Spin, _ipv6, _sysfs_gid, _verbs, e
-from probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
+from fabricprobe.probes.rdma.verbs import PORT, Spin, _ipv6, _sysfs_gid, _verbs, e
+from fabricprobe.probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
 QKEY = 0x1F1F1F1F
 GRH_BYTES = 40  # every UD receive buffer starts with room for the global routing header
@@ -318,7 +318,7 @@ class UdLink(RdmaLink):
 
 def _ud_endpoint(engine: str, device: str, gid_index: int) -> Any:
     if engine == "native":
-        from probes.rdma.native import NativeUdEndpoint
+        from fabricprobe.probes.rdma.native import NativeUdEndpoint
 
         return NativeUdEndpoint(device, gid_index, QKEY, DEPTH)
     return UdEndpoint(device, gid_index)

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from probes.control import IB_MTUS, RdmaEndpoint
-from probes.errors import NotSupported, PeerError, ProbeError, SysfsError
-from probes.sysfs import list_device_names
+from fabricprobe.probes.control import IB_MTUS, RdmaEndpoint
+from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError, SysfsError
+from fabricprobe.probes.sysfs import list_device_names
 
 try:  # Debian 12's rdma-core 44 names the module `enums`; newer releases `libibverbs_enums`
     import pyverbs.enums as e

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from probes.counters import counter_delta, counter_width
-from probes.errors import ParseError
-from probes.roce.host import CounterSample, HostView, ToolRun, is_soft
-from probes.roce.policy import IB_MTUS, Policy
-from probes.roce.result import CheckResult, Status
-from probes.roce.tools import (
+from fabricprobe.probes.counters import counter_delta, counter_width
+from fabricprobe.probes.errors import ParseError
+from fabricprobe.probes.roce.host import CounterSample, HostView, ToolRun, is_soft
+from fabricprobe.probes.roce.policy import IB_MTUS, Policy
+from fabricprobe.probes.roce.result import CheckResult, Status
+from fabricprobe.probes.roce.tools import (
     parse_dcb_app,
     parse_dcb_apptrust,
     parse_dcb_pfc,
@@ -24,7 +24,7 @@ from probes.roce.tools import (
     parse_lldptool_pfc,
     parse_mlnx_qos,
 )
-from probes.sysfs import Port, RdmaDevice, find_gid
+from fabricprobe.probes.sysfs import Port, RdmaDevice, find_gid
 
 # IB MTU overhead the kernel subtracts from the netdev MTU for RoCE (iboe_get_mtu):
 # GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4.

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from probes.counters import PortCounters, read_port_counters
-from probes.errors import ParseError
-from probes.ethtool import (
+from fabricprobe.probes.counters import PortCounters, read_port_counters
+from fabricprobe.probes.errors import ParseError
+from fabricprobe.probes.ethtool import (
     CommandResult,
     EcnConfig,
     Runner,
@@ -27,8 +27,8 @@ from probes.ethtool import (
     read_ecn_config,
     run_command,
 )
-from probes.roce.tools import NetdevAddrs, parse_ip_addr
-from probes.sysfs import RdmaDevice, list_device_names, read_device, read_optional
+from fabricprobe.probes.roce.tools import NetdevAddrs, parse_ip_addr
+from fabricprobe.probes.sysfs import RdmaDevice, list_device_names, read_device, read_optional
 
 _DENIED = ("Operation not permitted", "Permission denied", "must be root", "root privileges")
 _UNSUPPORTED = ("Operation not supported", "not supported", "No such device")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from probes.roce.policy import Policy
-from probes.roce.result import CheckResult, Status
+from fabricprobe.probes.roce.policy import Policy
+from fabricprobe.probes.roce.result import CheckResult, Status
 
 TITLE_LIVE = "live RDMA and TCP to the peer"
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from probes.errors import SysfsError
-from probes.roce.checks import PORT_CHECKS, Target, check_counters, check_device_port
-from probes.roce.host import HostView
-from probes.roce.live import Measure, check_live
-from probes.roce.policy import Policy
-from probes.roce.result import CheckResult, Report, Status
+from fabricprobe.probes.errors import SysfsError
+from fabricprobe.probes.roce.checks import PORT_CHECKS, Target, check_counters, check_device_port
+from fabricprobe.probes.roce.host import HostView
+from fabricprobe.probes.roce.live import Measure, check_live
+from fabricprobe.probes.roce.policy import Policy
+from fabricprobe.probes.roce.result import CheckResult, Report, Status
 
 TITLE_PRESENT = "RDMA device present"
 

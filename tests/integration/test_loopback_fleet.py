@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.agent import Agent
-from agent.config import AgentConfig
-from collector.assign import PlanConfig
-from collector.service import ApiConfig, CollectorServer, ServerConfig
-from probes.ethtool import CommandResult
+from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.config import AgentConfig
+from fabricprobe.collector.assign import PlanConfig
+from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.probes.ethtool import CommandResult
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -9,14 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from collector.api import fabricprobe_pb2 as pb
-from collector.service import CollectorServer, ServerConfig
-from collector.sketchwire import to_wire
+from fabricprobe.collector.service import CollectorServer, ServerConfig
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.probes.tcp import run_pingpong
 from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import SpanSender
-from probes.responder import Responder, load_session_modules
-from probes.tcp import run_pingpong
 
 
 @pytest.fixture

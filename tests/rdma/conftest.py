@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.control import wait_listening
-from probes.sysfs import read_required
+from fabricprobe.probes.control import wait_listening
+from fabricprobe.probes.sysfs import read_required
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,10 @@ def lane_hosts() -> list[LaneHost]:
 def start_responder(hosts: list[LaneHost], port: int) -> subprocess.Popen[bytes]:
     """A real `probe serve` process answering on every lane host's address."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{port}"]
+        [
+            *(sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{port}"),
+            *("--log-level", "warning"),
+        ]
     )
     for h in hosts:
         wait_listening(h.ip, port, timeout=120)

@@ -7,10 +7,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent.agent import Agent
-from agent.config import AgentConfig
-from collector.assign import PlanConfig
-from collector.service import ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.config import AgentConfig
+from fabricprobe.collector.assign import PlanConfig
+from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 
 
 def test_lane_hosts_rdma_and_tcp_into_metrics(lane_hosts, tmp_path: Path) -> None:

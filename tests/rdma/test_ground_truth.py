@@ -16,11 +16,14 @@ from __future__ import annotations
 import signal
 import time
 
-from collector.analysis import AnalysisConfig
-from collector.api import fabricprobe_pb2 as pb
-from collector.service import CollectorServer, ServerConfig
-from collector.sketchwire import to_wire
-from fabricprobe import netem
+from fabricprobe.cli import netem
+from fabricprobe.collector.analysis import AnalysisConfig
+from fabricprobe.collector.service import CollectorServer, ServerConfig
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.probes.counters import read_port_counters
+from fabricprobe.probes.rdma.rc import rc_latency
+from fabricprobe.probes.stats import LatencySketch
 from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import (
     Host,
@@ -31,9 +34,6 @@ from fabricprobe.workload.pipeline import (
 )
 from fabricprobe.workload.spans import SpanSender
 from fabricprobe.workload.transfer import KvChannel
-from probes.counters import read_port_counters
-from probes.rdma.rc import rc_latency
-from probes.stats import LatencySketch
 from tests.rdma.conftest import LaneHost, start_responder
 
 PORT = 4797

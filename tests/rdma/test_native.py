@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from probes.rdma.native import CompletionError, NativeRcEndpoint, available
+from fabricprobe.probes.rdma.native import CompletionError, NativeRcEndpoint, available
 
 SIZE = 2
 ITERS = 1000

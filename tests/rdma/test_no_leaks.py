@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from probes.rdma.rc import RcPingLink, rc_latency
-from probes.rdma.ud import UdLink, ud_probe
+from fabricprobe.probes.rdma.rc import RcPingLink, rc_latency
+from fabricprobe.probes.rdma.ud import UdLink, ud_probe
 from tests.rdma.conftest import rdma_resources, start_responder
 
 PORT = 4795

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.probing import Links, ProbeSpec
-from fabricprobe import netem
-from probes.control import LinkStale
-from probes.rdma.rc import RcPingLink, rc_bandwidth, rc_latency
-from probes.rdma.ud import UdLink, ud_probe
+from fabricprobe.agent.probing import Links, ProbeSpec
+from fabricprobe.cli import netem
+from fabricprobe.probes.control import LinkStale
+from fabricprobe.probes.rdma.rc import RcPingLink, rc_bandwidth, rc_latency
+from fabricprobe.probes.rdma.ud import UdLink, ud_probe
 from tests.rdma.conftest import rdma_resources, start_responder
 
 PORT = 4793

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from probes.rdma.verbs import RcEndpoint
+from fabricprobe.probes.rdma.verbs import RcEndpoint
 
 MESSAGES = 1000
 SIZE = 64

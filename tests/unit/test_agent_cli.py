@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from agent.config import AgentConfig, ConfigError, apply, load_toml
-from collector.config import CollectorSettings
+from fabricprobe.agent.config import AgentConfig, apply, load_toml
 from fabricprobe.cli import main
+from fabricprobe.collector.config import CollectorSettings
+from fabricprobe.core.errors import ConfigError
 
 
 def run(*args: str) -> tuple[int, str]:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.counters import CounterSampler, netdevs_of
-from probes.ethtool import CommandResult
-from probes.sysfs import read_devices
+from fabricprobe.agent.counters import CounterSampler, netdevs_of
+from fabricprobe.probes.ethtool import CommandResult
+from fabricprobe.probes.sysfs import read_devices
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -87,8 +87,8 @@ def test_unreadable_sysfs_is_skipped_not_fatal(tmp_path: Path) -> None:
 
 
 def test_change_filter_sends_moved_counters_and_periodic_keyframes() -> None:
-    from agent.counters import ChangeFilter
-    from collector.api import fabricprobe_pb2 as pb
+    from fabricprobe.agent.counters import ChangeFilter
+    from fabricprobe.core.api import fabricprobe_pb2 as pb
 
     def r(name: str, v: int) -> pb.CounterReading:
         return pb.CounterReading(kind="rdma", device="d", port=1, priority=-1, name=name, value=v)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent.probing import (
+from fabricprobe.agent.probing import (
     RUNNERS,
     ProbeContext,
     ProbeOutcome,
@@ -18,12 +18,12 @@ from agent.probing import (
     Scheduler,
     tcp_pingpong,
 )
-from agent.window import WindowAggregator
-from collector.sketchwire import from_wire
-from probes.control import ControlClient
-from probes.responder import Responder, load_session_modules
-from probes.stats import LatencySketch
-from probes.tcp import open_data_connection
+from fabricprobe.agent.window import WindowAggregator
+from fabricprobe.core.sketchwire import from_wire
+from fabricprobe.probes.control import ControlClient
+from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.probes.tcp import open_data_connection
 
 
 @pytest.fixture
@@ -174,14 +174,14 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     """The RC runner sets a link up once and reuses it; a link its responder let go is
     set up again within the same burst; a dead peer is a failed burst with its exchanges
     lost; a target no longer assigned has its link closed. (The link stands in for
-    probes.rdma.rc's, which needs an RDMA device: the lane tests run the real one.)"""
+    fabricprobe.probes.rdma.rc's, which needs an RDMA device: the lane tests run the real one.)"""
     import importlib
     import sys
     import types
     from array import array
 
-    from probes.control import LinkStale
-    from probes.errors import PeerError
+    from fabricprobe.probes.control import LinkStale
+    from fabricprobe.probes.errors import PeerError
 
     links: list[FakeLink] = []
 
@@ -206,15 +206,15 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     def fake_rc_bandwidth(peer: str, **kw: object) -> object:
         return types.SimpleNamespace(completed=8, size=kw["size"], duration_s=0.5, error=None)
 
-    fake = types.ModuleType("probes.rdma.rc")
+    fake = types.ModuleType("fabricprobe.probes.rdma.rc")
     fake.RcPingLink = FakeLink  # type: ignore[attr-defined]
     fake.rc_bandwidth = fake_rc_bandwidth  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "probes.rdma.rc", fake)
-    monkeypatch.setattr("agent.probing.RUNNERS", dict(RUNNERS))
-    import agent.rdma_runners
+    monkeypatch.setitem(sys.modules, "fabricprobe.probes.rdma.rc", fake)
+    monkeypatch.setattr("fabricprobe.agent.probing.RUNNERS", dict(RUNNERS))
+    import fabricprobe.agent.rdma_runners
 
-    mod = importlib.reload(agent.rdma_runners)
-    from agent import probing
+    mod = importlib.reload(fabricprobe.agent.rdma_runners)
+    from fabricprobe.agent import probing
 
     runner = probing.RUNNERS["rdma_rc_lat"]
     ctx = ProbeContext(bind="10.0.0.1", timeout=1.0, sysfs_root="/x")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.spool import Spool, SpoolKey
+from fabricprobe.agent.spool import Spool, SpoolKey
 
 
 def test_fifo_ack_and_reopen(tmp_path: Path) -> None:

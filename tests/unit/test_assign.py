@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from collector.assign import HostSpec, PlanConfig, Planner, plan_peers, targets_for
+from fabricprobe.collector.assign import HostSpec, PlanConfig, Planner, plan_peers, targets_for
 
 
 def fleet(tors: int, per_tor: int) -> list[HostSpec]:

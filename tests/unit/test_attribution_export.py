@@ -8,12 +8,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from collector.api import fabricprobe_pb2 as pb
-from collector.attribution import Attribution
-from collector.attribution_exporter import AttributionCollector
-from collector.sketchwire import to_wire
-from collector.store import WindowStore
-from probes.stats import LatencySketch
+from fabricprobe.collector.attribution import Attribution
+from fabricprobe.collector.attribution_exporter import AttributionCollector
+from fabricprobe.collector.store import WindowStore
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.probes.stats import LatencySketch
 from tests.unit.spanmaker import S, batch, kv_span, span
 
 CATALOGUE = Path(__file__).resolve().parents[2] / "collector" / "metrics.toml"

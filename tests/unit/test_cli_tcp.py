@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from fabricprobe.cli import main
-from probes.responder import Responder, load_session_modules
+from fabricprobe.probes.responder import Responder, load_session_modules
 from tests.unit.test_tcp_probe import LOOPBACK, start_serve
 
 load_session_modules()

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from collector.api import fabricprobe_pb2 as pb
-from collector.exporter import RTT_BUCKETS_S, FabricCollector, sketch_histogram
-from collector.rpcstats import RpcStats
-from collector.sketchwire import from_wire, merged, to_wire
-from collector.store import WindowStore
-from probes.stats import LatencySketch
+from fabricprobe.collector.exporter import RTT_BUCKETS_S, FabricCollector, sketch_histogram
+from fabricprobe.collector.rpcstats import RpcStats
+from fabricprobe.collector.store import WindowStore
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import from_wire, merged, to_wire
+from fabricprobe.probes.stats import LatencySketch
 
 CATALOGUE = Path(__file__).resolve().parents[2] / "collector" / "metrics.toml"
 S = 1_000_000_000

@@ -11,12 +11,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from agent.client import CollectorClient
-from collector.api import fabricprobe_pb2 as pb
-from collector.auth import TokenAuth, read_token_file
-from collector.service import ApiConfig, CollectorServer, ServerConfig
-from collector.sketchwire import to_wire
-from probes.stats import LatencySketch
+from fabricprobe.agent.client import CollectorClient
+from fabricprobe.collector.auth import TokenAuth, read_token_file
+from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.probes.stats import LatencySketch
 
 TOKENS = {"h1": "token-for-h1-0123456789", "h2": "token-for-h2-0123456789"}
 
@@ -135,8 +135,8 @@ def test_health_and_reflection(server: CollectorServer) -> None:
 
 
 def test_agent_with_its_token_file(server: CollectorServer, tmp_path: Path) -> None:
-    from agent.agent import Agent
-    from agent.config import AgentConfig
+    from fabricprobe.agent.agent import Agent
+    from fabricprobe.agent.config import AgentConfig
 
     token = tmp_path / "token"
     token.write_text(TOKENS["h2"] + "\n")
@@ -163,9 +163,9 @@ def test_agent_with_its_token_file(server: CollectorServer, tmp_path: Path) -> N
 
 
 def test_silent_hosts_are_forgotten_and_the_fleet_replanned() -> None:
-    from collector.assign import Planner
-    from collector.service import AgentApi
-    from collector.store import WindowStore
+    from fabricprobe.collector.assign import Planner
+    from fabricprobe.collector.service import AgentApi
+    from fabricprobe.collector.store import WindowStore
 
     now = [0]
     store = WindowStore(stale_after=30, forget_after=60, clock=lambda: now[0])

@@ -6,10 +6,17 @@ import random
 
 import pytest
 
-from collector.api import fabricprobe_pb2 as pb
-from collector.sketchwire import MAX_SLOTS, MergedSketch, from_wire, merged, slot_value_ns, to_wire
-from probes.errors import ParseError
-from probes.stats import LatencySketch
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import (
+    MAX_SLOTS,
+    MergedSketch,
+    from_wire,
+    merged,
+    slot_value_ns,
+    to_wire,
+)
+from fabricprobe.probes.errors import ParseError
+from fabricprobe.probes.stats import LatencySketch
 
 
 def random_sketch(rng: random.Random, kind: str = "rtt") -> LatencySketch:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from collector.api import fabricprobe_pb2 as pb
-from collector.sketchwire import to_wire
-from collector.store import ReportError, WindowStore
-from probes.stats import LatencySketch
+from fabricprobe.collector.store import ReportError, WindowStore
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.probes.stats import LatencySketch
 
 S = 1_000_000_000
 
@@ -111,7 +111,7 @@ def test_hosts_go_stale_then_are_forgotten(store: WindowStore) -> None:
 def test_rate_of_a_counter_absent_from_the_newest_window_is_zero(store: WindowStore) -> None:
     from prometheus_client import CollectorRegistry
 
-    from collector.exporter import FabricCollector
+    from fabricprobe.collector.exporter import FabricCollector
 
     store.take(report("a", 1, 10, counters=[("rcvd_pkts", 100, 64)]))
     store.take(report("a", 2, 20, counters=[("rcvd_pkts", 300, 64)]))

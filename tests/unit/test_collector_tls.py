@@ -10,12 +10,12 @@ from pathlib import Path
 import grpc  # type: ignore[import-untyped]
 import pytest
 
-from agent.agent import Agent
-from agent.client import CollectorClient, channel_credentials
-from agent.config import AgentConfig
-from collector.api import fabricprobe_pb2 as pb
-from collector.auth import MutualTls
-from collector.service import CollectorServer, ServerConfig
+from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.client import CollectorClient, channel_credentials
+from fabricprobe.agent.config import AgentConfig
+from fabricprobe.collector.auth import MutualTls
+from fabricprobe.collector.service import CollectorServer, ServerConfig
+from fabricprobe.core.api import fabricprobe_pb2 as pb
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from probes.control import (
+from fabricprobe.probes.control import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
     Channel,
@@ -27,8 +27,8 @@ from probes.control import (
     require_float,
     require_int,
 )
-from probes.errors import ParseError, PeerError, ProbeError
-from probes.responder import Responder
+from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
+from fabricprobe.probes.responder import Responder
 
 EP = {
     "qpn": 0x11,

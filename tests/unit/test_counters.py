@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import probes.counters as counters_mod
-from probes.counters import (
+import fabricprobe.probes.counters as counters_mod
+from fabricprobe.probes.counters import (
     CounterDelta,
     counter_delta,
     counter_deltas,
@@ -18,7 +18,7 @@ from probes.counters import (
     parse_counter,
     read_port_counters,
 )
-from probes.errors import ParseError
+from fabricprobe.probes.errors import ParseError
 
 SYS = Path(__file__).resolve().parents[1] / "fixtures" / "sys"
 

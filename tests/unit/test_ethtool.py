@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.errors import NotSupported, ParseError, ProbeError
-from probes.ethtool import (
+from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError
+from fabricprobe.probes.ethtool import (
     CommandResult,
     parse_ethtool_stats,
     parse_pfc_stats,

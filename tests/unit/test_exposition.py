@@ -9,9 +9,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from collector.exporter import FabricCollector
-from collector.exposition import render, serve_metrics
-from collector.store import WindowStore
+from fabricprobe.collector.exporter import FabricCollector
+from fabricprobe.collector.exposition import render, serve_metrics
+from fabricprobe.collector.store import WindowStore
 from tests.unit.test_collector_export import full_store
 
 

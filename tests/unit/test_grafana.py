@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grafana import build
+from fabricprobe.grafana import build
 
 ROOT = Path(__file__).resolve().parents[2]
 METRIC = re.compile(r"\b(fabricprobe[a-z0-9_:]*)(\{[^}]*\})?")
@@ -44,7 +44,7 @@ def queries() -> list[str]:
 
 
 def test_committed_files_are_current() -> None:
-    assert build.main(["--check"]) == 0, "run: python -m grafana.build"
+    assert build.main(["--check"]) == 0, "run: python -m fabricprobe.grafana.build"
 
 
 @pytest.mark.parametrize("expr", queries())

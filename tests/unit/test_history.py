@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collector.api import fabricprobe_pb2 as pb
-from collector.history import FabricHistory
-from collector.store import WindowStore
+from fabricprobe.collector.history import FabricHistory
+from fabricprobe.collector.store import WindowStore
+from fabricprobe.core.api import fabricprobe_pb2 as pb
 from tests.unit.test_collector_store import Clock, S, report
 
 

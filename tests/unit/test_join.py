@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from collector.history import CounterRate, FabricWindow, rates_frame, windows_frame
-from collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
-from collector.stages import RequestRecord, StageRecord
+from fabricprobe.collector.history import CounterRate, FabricWindow, rates_frame, windows_frame
+from fabricprobe.collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
+from fabricprobe.collector.stages import RequestRecord, StageRecord
 
 S = 1_000_000_000
 

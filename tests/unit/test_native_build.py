@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from probes.errors import PeerError, ProbeError
-from probes.rdma import native
-from probes.rdma.native import (
+from fabricprobe.probes.errors import PeerError, ProbeError
+from fabricprobe.probes.rdma import native
+from fabricprobe.probes.rdma.native import (
     WC_STATUS,
     CompletionError,
     NativeError,
@@ -78,7 +78,7 @@ def test_status_names_follow_the_header() -> None:
 
 
 def test_each_engine_reports_the_cost_of_its_own_timing() -> None:
-    from probes.rdma import native, rc
+    from fabricprobe.probes.rdma import native, rc
 
     assert 0 < native.clock_overhead_ns() < 1_000_000
     assert 0 < rc.loop_overhead_ns("native") < 1_000_000

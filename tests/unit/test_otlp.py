@@ -9,8 +9,8 @@ import grpc  # type: ignore[import-untyped]
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from collector.otlp import BatchRefused, TraceIngest, add_trace_service
-from collector.stages import RequestRecord, StageRecord
+from fabricprobe.collector.otlp import BatchRefused, TraceIngest, add_trace_service
+from fabricprobe.collector.stages import RequestRecord, StageRecord
 from tests.unit.spanmaker import S, batch, kv_span, span
 
 Taken = list[tuple[list[StageRecord], list[RequestRecord]]]
@@ -74,7 +74,7 @@ def test_grpc_partial_success_and_status_codes(stub: ts_grpc.TraceServiceStub) -
 
 
 def test_the_collector_serves_otlp_and_refuses_a_batch_over_its_message_limit() -> None:
-    from collector.service import MAX_MESSAGE_BYTES, CollectorServer, ServerConfig
+    from fabricprobe.collector.service import MAX_MESSAGE_BYTES, CollectorServer, ServerConfig
 
     server = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""))
     server.start()

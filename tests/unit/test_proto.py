@@ -14,14 +14,14 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
     stale = [
         name
         for name in GENERATED
-        if (tmp_path / "collector" / "api" / name).read_bytes()
-        != (ROOT / "collector" / "api" / name).read_bytes()
+        if (tmp_path / "fabricprobe" / "core" / "api" / name).read_bytes()
+        != (ROOT / "fabricprobe" / "core" / "api" / name).read_bytes()
     ]
     assert not stale, f"stale generated code {stale}: run scripts/gen-proto.sh and commit"
 
 
 def test_api_round_trip() -> None:
-    from collector.api import fabricprobe_pb2 as pb
+    from fabricprobe.core.api import fabricprobe_pb2 as pb
 
     msg = pb.WindowReport(host="h1", epoch=7, seq=3)
     rtt = pb.Sketch(kind="rtt", count=1, slots=[3], counts=[1])

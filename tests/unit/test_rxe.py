@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from fabricprobe.cli import main
-from probes import rxe
+from fabricprobe.probes import rxe
 from tests.unit.sysfs_builder import add_netdev, add_rdma_device
 
 V2 = "0000:0000:0000:0000:0000:ffff:c000:0201"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.stages import SpanError, parse_span
+from fabricprobe.collector.stages import SpanError, parse_span
 from tests.unit.spanmaker import S, kv_span, span
 
 

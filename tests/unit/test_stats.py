@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from probes.stats import PERCENTILES, LatencySketch
+from fabricprobe.probes.stats import PERCENTILES, LatencySketch
 
 
 @pytest.mark.parametrize("seed", range(8))

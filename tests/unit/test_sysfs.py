@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.errors import SysfsError
-from probes.sysfs import Gid, find_gid, read_device, read_devices
+from fabricprobe.probes.errors import SysfsError
+from fabricprobe.probes.sysfs import Gid, find_gid, read_device, read_devices
 from tests.unit.sysfs_builder import add_rdma_device
 
 V2 = "0000:0000:0000:0000:0000:ffff:c000:0201"

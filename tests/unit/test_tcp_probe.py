@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from probes import tcp
-from probes.control import ControlClient, Registry, Session
-from probes.errors import PeerError
-from probes.responder import Responder
-from probes.stats import LatencySketch, one_way_from_rtt
+from fabricprobe.probes import tcp
+from fabricprobe.probes.control import ControlClient, Registry, Session
+from fabricprobe.probes.errors import PeerError
+from fabricprobe.probes.responder import Responder
+from fabricprobe.probes.stats import LatencySketch, one_way_from_rtt
 
 LOOPBACK = "127.0.0.1"
 

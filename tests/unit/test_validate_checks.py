@@ -7,9 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from probes.roce import HostView, Policy, ReplayRunner, Report, Status, Thresholds, validate
-from probes.roce.checks import Target, check_pfc, check_rdma_cm, evaluate_counters, iboe_mtu
-from probes.roce.host import CounterSample
+from fabricprobe.probes.roce import (
+    HostView,
+    Policy,
+    ReplayRunner,
+    Report,
+    Status,
+    Thresholds,
+    validate,
+)
+from fabricprobe.probes.roce.checks import (
+    Target,
+    check_pfc,
+    check_rdma_cm,
+    evaluate_counters,
+    iboe_mtu,
+)
+from fabricprobe.probes.roce.host import CounterSample
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SYS = FIXTURES / "sys"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import fabricprobe.commands.validate as validate_cmd
+import fabricprobe.cli.commands.validate as validate_cmd
 from fabricprobe.cli import main
-from probes.roce import LiveMeasurement, PathFigures
+from fabricprobe.probes.roce import LiveMeasurement, PathFigures
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SYS = FIXTURES / "sys"
@@ -145,11 +145,11 @@ def test_peer_without_a_measurer_is_a_skip(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(
         validate_cmd,
         "probe_measure",
-        lambda sysfs, dev, bind, soft: (None, "probes.tcp is not installed"),
+        lambda sysfs, dev, bind, soft: (None, "fabricprobe.probes.tcp is not installed"),
     )
     code, out, _ = run(*fixture_args("mlx5", "mlx5"), "--window", "0", "--peer", "10.0.0.2")
     assert code == 0
-    assert "live check not available: probes.tcp is not installed" in out
+    assert "live check not available: fabricprobe.probes.tcp is not installed" in out
 
 
 def test_peer_measured(monkeypatch: pytest.MonkeyPatch) -> None:

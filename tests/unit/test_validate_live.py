@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from probes.roce import LiveMeasurement, PathFigures, Policy, Status
-from probes.roce.live import check_live, evaluate_live
-from probes.roce.policy import Thresholds
+from fabricprobe.probes.roce import LiveMeasurement, PathFigures, Policy, Status
+from fabricprobe.probes.roce.live import check_live, evaluate_live
+from fabricprobe.probes.roce.policy import Thresholds
 
 GOOD_RDMA = PathFigures(rtt_p50_us=4.2, rtt_p99_us=7.9, gbps=362.0)
 TCP = PathFigures(rtt_p50_us=24.0, rtt_p99_us=61.0, gbps=38.5)
@@ -49,9 +49,9 @@ def test_bandwidth_threshold_only_when_set() -> None:
 
 
 def test_check_live_without_a_measurer() -> None:
-    r = check_live("h", None, Policy(), "probes.tcp is not installed")
+    r = check_live("h", None, Policy(), "fabricprobe.probes.tcp is not installed")
     assert r.status is Status.SKIP
-    assert r.message == "live check not available: probes.tcp is not installed"
+    assert r.message == "live check not available: fabricprobe.probes.tcp is not installed"
 
 
 def test_check_live_measure_raises() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.roce.policy import Policy, PolicyError, load_policy, parse_policy
+from fabricprobe.probes.roce.policy import Policy, PolicyError, load_policy, parse_policy
 
 
 def test_defaults_follow_common_practice() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.errors import ParseError
-from probes.roce.tools import (
+from fabricprobe.probes.errors import ParseError
+from fabricprobe.probes.roce.tools import (
     dscp_value,
     parse_dcb_app,
     parse_dcb_apptrust,

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 
-from collector.service import CollectorServer, ServerConfig
 from fabricprobe.cli import main
+from fabricprobe.collector.service import CollectorServer, ServerConfig
+from fabricprobe.probes.responder import Responder, load_session_modules
 from fabricprobe.workload.models import PRESETS, model_shape
 from fabricprobe.workload.pipeline import STAGE_ORDER, Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.summary import summarise
 from fabricprobe.workload.transfer import TcpKvChannel
-from probes.responder import Responder, load_session_modules
 
 
 def test_kv_bytes_follow_the_shape_and_gqa() -> None:

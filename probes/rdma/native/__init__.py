@@ -3,7 +3,7 @@ Python.
 
 Why: under emulation each Python-level verbs call costs more than the fabric round trip
 it times, and pyverbs exposes no raw pointers, so a compiled loop has to own its verbs
-resources. `NativeRcEndpoint` mirrors `probes.rdma.verbs.RcEndpoint` as rc.py uses it
+resources. `NativeRcEndpoint` mirrors `fabricprobe.probes.rdma.verbs.RcEndpoint` as rc.py uses it
 (same constructor, `endpoint()`, `connect()`, `close()`, context manager) and adds whole
 loops: `send_pingpong`, `write_pingpong`, `bandwidth`. `NativeUdEndpoint` does the same
 for ud.py's UdEndpoint, with `probe` (a prober's round) and `answer` (a responder's).
@@ -25,8 +25,8 @@ import threading
 from array import array
 from typing import Any, Self
 
-from probes.control import IB_MTUS, RdmaEndpoint
-from probes.errors import NotSupported, PeerError, ProbeError
+from fabricprobe.probes.control import IB_MTUS, RdmaEndpoint
+from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError
 
 PORT = 1
 BW_OPS = ("write", "send")
@@ -97,7 +97,7 @@ def status_name(status: int) -> str:
 def _load() -> Any:
     """The compiled cffi module (untyped: Any), or NativeError saying how to build it."""
     try:
-        return importlib.import_module("probes.rdma.native._fastpath")
+        return importlib.import_module("fabricprobe.probes.rdma.native._fastpath")
     except ImportError as err:
         raise NativeError(
             f"the native engine is not built ({err}); run scripts/build-native.sh"

@@ -1,8 +1,12 @@
-"""Build the native engine: fastpath.c as the cffi extension `probes.rdma.native._fastpath`.
+"""Build the native engine: fastpath.c as the cffi extension
+`fabricprobe.probes.rdma.native._fastpath`.
 
-API mode (compiled against libibverbs' headers, linked with -libverbs), built in a
-scratch directory so that only the finished `_fastpath*.so` lands beside this file.
-Run it through scripts/build-native.sh, which installs what the build needs first.
+The package build compiles it (setup.py hands `builder` to cffi's setuptools integration),
+so a wheel or an sdist install has it; `main()` rebuilds it in place after fastpath.c
+changes (scripts/build-native.sh, which installs what the build needs first).
+
+API mode: compiled against libibverbs' headers and linked with -libverbs, in a scratch
+directory so that only the finished `_fastpath*.so` lands beside this file.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-MODULE = "probes.rdma.native._fastpath"
+MODULE = "fabricprobe.probes.rdma.native._fastpath"
 
 # What Python sees of fastpath.c; the endpoint itself stays opaque.
 CDEF = """
@@ -78,6 +82,8 @@ def build(dest: Path = HERE) -> Path:
     with tempfile.TemporaryDirectory(prefix="fastpath-build.") as tmp:
         built = Path(builder().compile(tmpdir=tmp))
         target = dest / built.name
+        for stale in dest.glob("_fastpath*.so"):  # the package build names it *.abi3.so
+            stale.unlink()
         shutil.copy2(built, target)
     return target
 

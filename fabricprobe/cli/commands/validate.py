@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fabricprobe.options import (
+from fabricprobe.cli.options import (
     OneLineCommand,
     bind_option,
     fail,
@@ -18,11 +18,19 @@ from fabricprobe.options import (
     print_json,
     sysfs_option,
 )
-from probes.errors import ProbeError
-from probes.roce import HostView, Policy, PolicyError, ReplayRunner, Report, Status, load_policy
-from probes.roce.host import is_soft
-from probes.roce.live import LiveMeasurement, Measure, PathFigures
-from probes.roce.validate import validate as run_validation
+from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.roce import (
+    HostView,
+    Policy,
+    PolicyError,
+    ReplayRunner,
+    Report,
+    Status,
+    load_policy,
+)
+from fabricprobe.probes.roce.host import is_soft
+from fabricprobe.probes.roce.live import LiveMeasurement, Measure, PathFigures
+from fabricprobe.probes.roce.validate import validate as run_validation
 
 _STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
 
@@ -46,8 +54,8 @@ def probe_measure(
     """
     bw_size, bw_outstanding = (4096, 4) if soft else (LIVE_RDMA_BW_SIZE, 16)
     try:
-        from probes import tcp as tcp_lib
-        from probes.control import DEFAULT_PORT, parse_hostport
+        from fabricprobe.probes import tcp as tcp_lib
+        from fabricprobe.probes.control import DEFAULT_PORT, parse_hostport
     except ImportError as e:  # pragma: no cover - the library ships with the package
         return None, f"the TCP probe library is missing ({e})"
 
@@ -65,7 +73,7 @@ def probe_measure(
         except (ProbeError, OSError) as e:
             tcp = PathFigures(error=str(e))
         try:
-            from probes.rdma import rc
+            from fabricprobe.probes.rdma import rc
         except ImportError as e:
             return LiveMeasurement(peer, None, tcp, f"RDMA probes need pyverbs ({e})")
         try:

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from fabricprobe.options import (
+from fabricprobe.cli.options import (
     OneLineCommand,
     SizeParam,
     bind_option,
@@ -20,10 +20,10 @@ from fabricprobe.options import (
     resolve_peer,
     timeout_option,
 )
-from fabricprobe.render import latency_table, loss_line, progress_bar
-from probes import tcp as tcp_lib
-from probes.control import format_hostport
-from probes.errors import PeerError
+from fabricprobe.cli.render import latency_table, loss_line, progress_bar
+from fabricprobe.probes import tcp as tcp_lib
+from fabricprobe.probes.control import format_hostport
+from fabricprobe.probes.errors import PeerError
 
 DEFAULT_ITERS = 10_000
 DEFAULT_WARMUP = 100

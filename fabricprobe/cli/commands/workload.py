@@ -10,12 +10,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from fabricprobe.options import OneLineCommand, fail, print_json
+from fabricprobe.cli.options import OneLineCommand, fail, print_json
+from fabricprobe.probes.control import DEFAULT_PORT, parse_hostport
+from fabricprobe.probes.errors import ProbeError
 from fabricprobe.workload.models import DTYPE_BYTES, PRESETS, ModelShape, model_shape
 from fabricprobe.workload.pipeline import Host, RequestResult, WorkloadConfig, run_pipeline
 from fabricprobe.workload.summary import summarise
-from probes.control import DEFAULT_PORT, parse_hostport
-from probes.errors import ProbeError
 
 
 def parse_hosts(specs: tuple[str, ...]) -> dict[str, Host]:
@@ -42,7 +42,7 @@ def parse_paths(specs: tuple[str, ...], hosts: dict[str, Host]) -> list[tuple[Ho
 
 @contextlib.contextmanager
 def _local_responder(address: str, port: int) -> Iterator[int]:
-    from probes.responder import Responder, load_session_modules
+    from fabricprobe.probes.responder import Responder, load_session_modules
 
     load_session_modules()
     with Responder(address, port) as r:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 import signal
-import sys
 from types import FrameType
 
 import click
 
-from fabricprobe.options import OneLineCommand, fail
-from probes.control import DEFAULT_PORT, format_hostport, parse_hostport
-from probes.errors import ProbeError
-from probes.responder import Responder, load_session_modules, log
+from fabricprobe.cli.options import OneLineCommand, fail, log_format_option, log_level_option
+from fabricprobe.core.logs import setup_logging
+from fabricprobe.probes.control import DEFAULT_PORT, format_hostport, parse_hostport
+from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.responder import Responder, load_session_modules, log
 
 
 @click.command(
@@ -44,18 +43,21 @@ Examples:
     show_default=True,
     help="Seconds a session may wait for its prober before it is ended.",
 )
-def serve(listen: str, max_sessions: int, idle_timeout: float) -> None:
+@log_level_option
+@log_format_option
+def serve(
+    listen: str, max_sessions: int, idle_timeout: float, log_level: str, log_format: str
+) -> None:
     """Answer probe sessions from peers until SIGINT or SIGTERM.
 
-    Logs one line per session on stderr: the prober, the session kind, how it ended.
+    Logs one line per session on stderr (at info): the prober, the session kind, how it
+    ended. `--log-level warning` keeps only what went wrong.
     """
     try:
         host, port = parse_hostport(listen, DEFAULT_PORT, allow_port_zero=True)
     except ValueError as e:
         fail(f"--listen: {e}")
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.INFO, format="%(asctime)s probe serve: %(message)s"
-    )
+    setup_logging(log_level, log_format)
     load_session_modules()
     responder = Responder(host, port, max_sessions=max_sessions, idle_timeout=idle_timeout)
     try:

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from probes.stats import LatencySummary, one_way_from_rtt
-from probes.sysfs import RdmaDevice
+from fabricprobe.probes.stats import LatencySummary, one_way_from_rtt
+from fabricprobe.probes.sysfs import RdmaDevice
 
 
 @contextmanager

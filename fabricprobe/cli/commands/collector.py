@@ -10,11 +10,12 @@ from typing import Any
 
 import click
 
-from agent.config import ConfigError, apply, load_toml
-from collector.config import CollectorSettings
-from collector.logs import setup_logging
-from collector.service import CollectorServer
-from fabricprobe.options import fail, log_format_option, log_level_option
+from fabricprobe.agent.config import apply, load_toml
+from fabricprobe.cli.options import fail, log_format_option, log_level_option
+from fabricprobe.collector.config import CollectorSettings
+from fabricprobe.collector.service import CollectorServer
+from fabricprobe.core.errors import ConfigError
+from fabricprobe.core.logs import setup_logging
 
 log = logging.getLogger("fabricprobe.collector")
 

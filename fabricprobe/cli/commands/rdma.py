@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from fabricprobe.options import (
+from fabricprobe.cli.options import (
     OneLineCommand,
     SizeParam,
     bind_option,
@@ -20,9 +20,9 @@ from fabricprobe.options import (
     sysfs_option,
     timeout_option,
 )
-from fabricprobe.render import latency_table, loss_line, progress_bar
-from probes import tcp as tcp_lib
-from probes.errors import ProbeError
+from fabricprobe.cli.render import latency_table, loss_line, progress_bar
+from fabricprobe.probes import tcp as tcp_lib
+from fabricprobe.probes.errors import ProbeError
 
 T = TypeVar("T")
 SIZE = SizeParam(1, 1 << 20)
@@ -74,9 +74,9 @@ def _beside(call: Callable[[], T]) -> T:
 
 
 def _rc() -> Any:
-    """probes.rdma.rc imports pyverbs: load it only when an RDMA command runs."""
+    """fabricprobe.probes.rdma.rc imports pyverbs: load it only when an RDMA command runs."""
     try:
-        from probes.rdma import rc
+        from fabricprobe.probes.rdma import rc
     except ImportError as e:
         fail(f"RDMA probes need pyverbs ({e}); see the README's install section")
     return rc

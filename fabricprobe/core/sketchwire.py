@@ -19,9 +19,9 @@ from functools import lru_cache
 
 from hdrh.histogram import HdrHistogram
 
-from collector.api import fabricprobe_pb2 as pb
-from probes.errors import ParseError
-from probes.stats import HIGHEST_NS, LOWEST_NS, SIGNIFICANT_DIGITS, LatencySketch
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.probes.errors import ParseError
+from fabricprobe.probes.stats import HIGHEST_NS, LOWEST_NS, SIGNIFICANT_DIGITS, LatencySketch
 
 _TEMPLATE = HdrHistogram(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
 MAX_SLOTS = _TEMPLATE.counts_len

@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
-from probes.control import DEFAULT_PORT, parse_hostport
+from fabricprobe.probes.control import DEFAULT_PORT, parse_hostport
 
 sysfs_option = click.option(
     "--sysfs",
@@ -24,14 +24,16 @@ log_format_option = click.option(
     type=click.Choice(["json", "text"]),
     default="json",
     show_default=True,
+    envvar="FABRICPROBE_LOG_FORMAT",
     help="Log lines on stderr: JSON objects, or text for people.",
 )
 log_level_option = click.option(
     "--log-level",
-    type=click.Choice(["debug", "info", "warning"]),
+    type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
     show_default=True,
-    help="Least severe level logged.",
+    envvar="FABRICPROBE_LOG_LEVEL",
+    help="Least severe level logged (also FABRICPROBE_LOG_LEVEL).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 

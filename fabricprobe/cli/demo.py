@@ -25,13 +25,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fabricprobe import netem
-from fabricprobe.render import devices_table, fmt_us
-from probes import tcp as tcp_lib
-from probes.control import wait_listening
-from probes.counters import counter_deltas, read_port_counters
-from probes.errors import ProbeError
-from probes.sysfs import read_device
+from fabricprobe.cli import netem
+from fabricprobe.cli.render import devices_table, fmt_us
+from fabricprobe.probes import tcp as tcp_lib
+from fabricprobe.probes.control import wait_listening
+from fabricprobe.probes.counters import counter_deltas, read_port_counters
+from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.sysfs import read_device
 
 DEMO_PORT = 4793
 SHOWN_COUNTERS = (
@@ -105,7 +105,7 @@ def run(
     port: int = DEMO_PORT,
 ) -> int:
     """The whole demo; returns a process exit code."""
-    from probes.rdma import rc  # pyverbs: only where RDMA exists
+    from fabricprobe.probes.rdma import rc  # pyverbs: only where RDMA exists
 
     t_start = time.monotonic()
     console.rule(

@@ -9,11 +9,12 @@ from typing import Any
 
 import click
 
-from agent.agent import Agent
-from agent.config import AgentConfig, ConfigError, apply, load_toml
-from collector.logs import setup_logging
-from fabricprobe.options import fail, log_format_option, log_level_option, sysfs_option
-from probes.errors import ProbeError
+from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.config import AgentConfig, apply, load_toml
+from fabricprobe.cli.options import fail, log_format_option, log_level_option, sysfs_option
+from fabricprobe.core.errors import ConfigError
+from fabricprobe.core.logs import setup_logging
+from fabricprobe.probes.errors import ProbeError
 
 log = logging.getLogger("fabricprobe.agent")
 

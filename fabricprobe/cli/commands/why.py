@@ -9,10 +9,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from fabricprobe.options import OneLineCommand, fail, print_json
-from probes.control import parse_hostport
+from fabricprobe.cli.options import OneLineCommand, fail, print_json
+from fabricprobe.probes.control import parse_hostport
 
-WHY_METHOD = "/fabricprobe.Attribution/Why"  # collector.attribution.WHY_METHOD
+WHY_METHOD = "/fabricprobe.Attribution/Why"  # fabricprobe.collector.attribution.WHY_METHOD
 
 
 def query(

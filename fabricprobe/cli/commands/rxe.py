@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from fabricprobe.options import fail, json_option, print_json, sysfs_option
-from fabricprobe.render import devices_table
-from probes import rxe as rxe_lib
-from probes.errors import ProbeError
-from probes.sysfs import RdmaDevice, read_devices
+from fabricprobe.cli.options import fail, json_option, print_json, sysfs_option
+from fabricprobe.cli.render import devices_table
+from fabricprobe.probes import rxe as rxe_lib
+from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.sysfs import RdmaDevice, read_devices
 
 
 @click.group()

@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from collector.api import fabricprobe_pb2 as collector_dot_api_dot_fabricprobe__pb2
+from fabricprobe.core.api import fabricprobe_pb2 as fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in collector/api/fabricprobe_pb2_grpc.py depends on'
+        + ' but the generated code in fabricprobe/core/api/fabricprobe_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,23 +37,23 @@ class CollectorStub:
         """
         self.Register = channel.unary_unary(
                 '/fabricprobe.v1.Collector/Register',
-                request_serializer=collector_dot_api_dot_fabricprobe__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=collector_dot_api_dot_fabricprobe__pb2.RegisterResponse.FromString,
+                request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RegisterResponse.FromString,
                 _registered_method=True)
         self.GetAssignments = channel.unary_unary(
                 '/fabricprobe.v1.Collector/GetAssignments',
-                request_serializer=collector_dot_api_dot_fabricprobe__pb2.AssignmentsRequest.SerializeToString,
-                response_deserializer=collector_dot_api_dot_fabricprobe__pb2.Assignments.FromString,
+                request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.AssignmentsRequest.SerializeToString,
+                response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Assignments.FromString,
                 _registered_method=True)
         self.Report = channel.stream_stream(
                 '/fabricprobe.v1.Collector/Report',
-                request_serializer=collector_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
-                response_deserializer=collector_dot_api_dot_fabricprobe__pb2.Ack.FromString,
+                request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
+                response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Ack.FromString,
                 _registered_method=True)
         self.ReportWindow = channel.unary_unary(
                 '/fabricprobe.v1.Collector/ReportWindow',
-                request_serializer=collector_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
-                response_deserializer=collector_dot_api_dot_fabricprobe__pb2.Ack.FromString,
+                request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
+                response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Ack.FromString,
                 _registered_method=True)
 
 
@@ -95,23 +95,23 @@ def add_CollectorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
-                    request_deserializer=collector_dot_api_dot_fabricprobe__pb2.RegisterRequest.FromString,
-                    response_serializer=collector_dot_api_dot_fabricprobe__pb2.RegisterResponse.SerializeToString,
+                    request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RegisterRequest.FromString,
+                    response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RegisterResponse.SerializeToString,
             ),
             'GetAssignments': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAssignments,
-                    request_deserializer=collector_dot_api_dot_fabricprobe__pb2.AssignmentsRequest.FromString,
-                    response_serializer=collector_dot_api_dot_fabricprobe__pb2.Assignments.SerializeToString,
+                    request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.AssignmentsRequest.FromString,
+                    response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Assignments.SerializeToString,
             ),
             'Report': grpc.stream_stream_rpc_method_handler(
                     servicer.Report,
-                    request_deserializer=collector_dot_api_dot_fabricprobe__pb2.WindowReport.FromString,
-                    response_serializer=collector_dot_api_dot_fabricprobe__pb2.Ack.SerializeToString,
+                    request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WindowReport.FromString,
+                    response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Ack.SerializeToString,
             ),
             'ReportWindow': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportWindow,
-                    request_deserializer=collector_dot_api_dot_fabricprobe__pb2.WindowReport.FromString,
-                    response_serializer=collector_dot_api_dot_fabricprobe__pb2.Ack.SerializeToString,
+                    request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WindowReport.FromString,
+                    response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Ack.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,8 +139,8 @@ class Collector:
             request,
             target,
             '/fabricprobe.v1.Collector/Register',
-            collector_dot_api_dot_fabricprobe__pb2.RegisterRequest.SerializeToString,
-            collector_dot_api_dot_fabricprobe__pb2.RegisterResponse.FromString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RegisterRequest.SerializeToString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RegisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -166,8 +166,8 @@ class Collector:
             request,
             target,
             '/fabricprobe.v1.Collector/GetAssignments',
-            collector_dot_api_dot_fabricprobe__pb2.AssignmentsRequest.SerializeToString,
-            collector_dot_api_dot_fabricprobe__pb2.Assignments.FromString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.AssignmentsRequest.SerializeToString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Assignments.FromString,
             options,
             channel_credentials,
             insecure,
@@ -193,8 +193,8 @@ class Collector:
             request_iterator,
             target,
             '/fabricprobe.v1.Collector/Report',
-            collector_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
-            collector_dot_api_dot_fabricprobe__pb2.Ack.FromString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -220,8 +220,8 @@ class Collector:
             request,
             target,
             '/fabricprobe.v1.Collector/ReportWindow',
-            collector_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
-            collector_dot_api_dot_fabricprobe__pb2.Ack.FromString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,8 +7,8 @@ import os
 import click
 from rich.console import Console
 
-from fabricprobe.options import OneLineCommand, fail, sysfs_option
-from probes.errors import ProbeError
+from fabricprobe.cli.options import OneLineCommand, fail, sysfs_option
+from fabricprobe.probes.errors import ProbeError
 
 
 @click.command(
@@ -41,7 +41,7 @@ Examples:
 @sysfs_option
 def demo(fabric_file: str | None, iters: int, delay: str, sysfs_root: str) -> None:
     """Measure every path of a soft-RoCE fabric: RDMA beside TCP, the slow path, counters."""
-    from fabricprobe import demo as demo_lib
+    from fabricprobe.cli import demo as demo_lib
 
     if not fabric_file:
         fail(

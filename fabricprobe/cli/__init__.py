@@ -15,17 +15,17 @@ from fabricprobe import __version__
 
 # command name -> "module:attribute", in the order `probe --help` lists them
 COMMANDS: dict[str, str] = {
-    "validate": "fabricprobe.commands.validate:validate",
-    "lat": "fabricprobe.commands.rdma:lat",
-    "bw": "fabricprobe.commands.rdma:bw",
-    "tcp": "fabricprobe.commands.tcp:tcp",
-    "serve": "fabricprobe.commands.serve:serve",
-    "agent": "fabricprobe.commands.agent:agent",
-    "collector": "fabricprobe.commands.collector:collector",
-    "rxe": "fabricprobe.commands.rxe:rxe",
-    "demo": "fabricprobe.commands.demo:demo",
-    "workload": "fabricprobe.commands.workload:workload",
-    "why": "fabricprobe.commands.why:why",
+    "validate": "fabricprobe.cli.commands.validate:validate",
+    "lat": "fabricprobe.cli.commands.rdma:lat",
+    "bw": "fabricprobe.cli.commands.rdma:bw",
+    "tcp": "fabricprobe.cli.commands.tcp:tcp",
+    "serve": "fabricprobe.cli.commands.serve:serve",
+    "agent": "fabricprobe.cli.commands.agent:agent",
+    "collector": "fabricprobe.cli.commands.collector:collector",
+    "rxe": "fabricprobe.cli.commands.rxe:rxe",
+    "demo": "fabricprobe.cli.commands.demo:demo",
+    "workload": "fabricprobe.cli.commands.workload:workload",
+    "why": "fabricprobe.cli.commands.why:why",
 }
 
 
