@@ -164,7 +164,9 @@ def fabric_sections(expo: frames.Exposition) -> tuple[list[Section], list[Pictur
                 f"heatmap_{i}.png",
                 figures.heatmaps(p50, p99, lossm, title, left),
                 title,
-                "Grey cells: pair not probed. " + (f"{left} more hosts not shown." if left else ""),
+                "Grey cells: pair not probed. Colours rank the cells of each panel on its own"
+                " scale; the bucket resolution above bounds what a difference means."
+                + (f" {left} more hosts not shown." if left else ""),
             )
         )
         heat_parts.append(f"<h3>{esc(title)}</h3>{pics[-1].tag()}")
@@ -241,11 +243,17 @@ def requests_section(g: Gathered) -> tuple[Section, list[Picture]]:
             [k, number(r.get(f"{k}_s", float("nan")) * 1e3, "{:,.2f}")]
             for k in ("ttft", "itl", "e2e")
         ]
+        figs, absent = frames.fabric_figures(r), "not measured"
         parts.append(
             '<div class="request">'
             f"<h3>request {esc(r['request_id'], 80)}</h3><p>{esc(path, 120)}</p>"
             + table(["stage", "ms"], stages)
-            + table(["fabric at the time", "value"], frames.fabric_figures(r))
+            + table(["fabric at the time", "value"], [f for f in figs if f[1] != absent])
+            + (
+                para("not measured: " + ", ".join(n for n, v in figs if v == absent))
+                if any(v == absent for _, v in figs)
+                else ""
+            )
             + "</div>"
         )
     return Section(title, parts), [pic]

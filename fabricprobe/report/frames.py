@@ -116,10 +116,11 @@ def rtt_buckets(expo: Exposition) -> pd.DataFrame:
     df = expo.get(RTT_FAMILY + "_bucket")
     cols = [*PATH_KEYS, "le", "count"]
     if df.empty or "le" not in df.columns:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame({c: pd.Series(dtype=float if c in ("le", "count") else str)
+                             for c in cols})  # fmt: skip
     out = df.reindex(columns=[*PATH_KEYS, "le", "value"]).copy()
     out[PATH_KEYS] = out[PATH_KEYS].fillna("").astype(str)
-    out["le"] = out["le"].map(_le)
+    out["le"] = out["le"].map(_le).astype(float)
     out = out.rename(columns={"value": "count"}).dropna(subset=["le", "count"])
     out = out[out["count"] >= 0]
     return out.sort_values([*PATH_KEYS, "le"]).reset_index(drop=True)[cols]

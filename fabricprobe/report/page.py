@@ -22,7 +22,7 @@ th { background: #f3f3f3; } td.l, th.l { text-align: left; }
 img { max-width: 100%; border: 1px solid #eee; }
 p.note { color: #555; font-size: 0.85em; } p.error { color: #b00; }
 dl.meta dt { font-weight: bold; float: left; width: 10em; } dl.meta dd { margin-left: 10em; }
-.request { display: inline-block; vertical-align: top; margin: 0 1em 1em 0; }
+.request { display: inline-block; vertical-align: top; margin: 0 1em 1em 0; max-width: 18em; }
 """
 
 
