@@ -139,3 +139,21 @@ def test_the_token_goes_to_the_collector_only(recorder: str, tmp_path: Path) -> 
 def test_only_http_urls_are_read() -> None:
     with pytest.raises(SourceError, match="only http"):
         fetch_metrics("file:///etc/passwd", ClientAuth(insecure=True), timeout=1)
+
+
+def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fabricprobe.cli import main
+    from tests.integration.test_loopback_fleet import free_port
+
+    res = CliRunner().invoke(main, ["report", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "no credentials" in res.output
+    res = CliRunner().invoke(main, ["report", "--insecure", "--cert-file", "c"])
+    assert res.exit_code == 2 and "go together" in res.output
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    args = ["report", "--insecure", "--metrics-url", dead, "--out", str(tmp_path), "--timeout", "2"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and res.output.startswith(f"probe: error: {dead}: ")
+    assert len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "report.html").exists()
