@@ -18,7 +18,7 @@ from matplotlib.colors import LogNorm, Normalize
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from fabricprobe.collector.stages import STAGES
 from fabricprobe.report.frames import PATH_KEYS, clip, path_name
@@ -133,7 +133,10 @@ def heatmaps(
         bar = fig.colorbar(im, ax=ax, shrink=0.8, label=f"{what} RTT (µs, log scale)")
         plain = FuncFormatter(lambda v, _: _sig(v))
         bar.ax.yaxis.set_major_formatter(plain)
-        bar.ax.yaxis.set_minor_formatter(plain)
+        # 1-2-5 ticks, the in-between ones labelled unless the scale spans two decades
+        lo, hi = bar.ax.get_ylim()
+        bar.ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+        bar.ax.yaxis.set_minor_formatter(NullFormatter() if hi > 100 * lo else plain)
     lim = float(np.nanmax(loss.to_numpy(dtype=float))) if loss.notna().to_numpy().any() else 0.0
     im2 = _grid(axes[2], loss * 100, "loss (%)", Normalize(0, max(lim * 100, 1.0)), "{:.1f}",
                 "Reds", xlabel="dst")  # fmt: skip
