@@ -288,10 +288,11 @@ def with_tor(df: pd.DataFrame, topology: pd.DataFrame) -> pd.DataFrame:
 # -- the Why reply ----------------------------------------------------------------------
 
 
-def slowest_frame(rows: Iterable[Mapping[str, Any]], limit: int) -> tuple[pd.DataFrame, int]:
-    """The Why reply's slowest requests, figures as numbers (bad ones NaN), at most LIMIT;
-    and how many more there were."""
-    good = [dict(r) for r in rows if isinstance(r, Mapping)]
+def slowest_frame(rows: Any, limit: int) -> tuple[pd.DataFrame, int]:
+    """The Why reply's slowest requests (a list of flat dicts), figures as numbers (bad
+    ones NaN), at most LIMIT; and how many more there were."""
+    listed = rows if isinstance(rows, list | tuple) else []
+    good = [dict(r) for r in listed if isinstance(r, Mapping)]
     df = pd.DataFrame(good)
     if df.empty:
         return pd.DataFrame(columns=["request_id", "src", "dst", "transport"]), 0

@@ -159,6 +159,8 @@ def test_slowest_and_waterfall_take_what_they_can() -> None:
     ]  # fmt: skip
     slow, more = frames.slowest_frame(rows, limit=2)
     assert list(slow["request_id"]) == ["r1", "r2"] and more == 1
+    for junk in (5, "text", {"request_id": "r"}, None):
+        assert frames.slowest_frame(junk, limit=2)[0].empty
     wf = frames.waterfall(slow)
     r1 = wf[wf["request_id"] == "r1"]
     assert list(r1["stage"]) == ["queue", "prefill", "kv_transfer"]
