@@ -173,3 +173,16 @@ def test_grafana_provisioning_files() -> None:
     assert ds["apiVersion"] == 1 and ds["datasources"][0]["type"] == "prometheus"
     dash = yaml.safe_load((base / "dashboards" / "fabricprobe.yaml").read_text())
     assert dash["providers"][0]["type"] == "file" and dash["providers"][0]["options"]["path"]
+
+
+def test_example_prometheus_config() -> None:
+    if not shutil.which("promtool"):
+        pytest.fail("promtool is missing: run scripts/setup.sh", pytrace=False)
+    res = subprocess.run(
+        ["promtool", "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
