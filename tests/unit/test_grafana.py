@@ -24,7 +24,7 @@ def catalogue() -> dict[str, set[str]]:
     """metric name as queried -> labels it carries."""
     data = tomllib.loads((ROOT / "collector" / "metrics.toml").read_text())
     out: dict[str, set[str]] = {}
-    for m in data["metric"] + data.get("attribution_metric", []):
+    for m in data["metric"] + data.get("attribution_metric", []) + data.get("rawstore_metric", []):
         labels = set(m["labels"])
         if m["type"] == "histogram":
             for suffix in HIST_SUFFIXES:
