@@ -17,6 +17,7 @@ full detail for drill-down (`probe windows`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -175,10 +176,8 @@ class RawWindowWriter:
                 self.write_errors += 1
                 self.rows_dropped += len(rows)
                 log.warning("raw windows: cannot write %s: %s", target, err)
-                try:
+                with contextlib.suppress(OSError):
                     tmp.unlink(missing_ok=True)
-                except OSError:
-                    pass
                 continue
             written += len(rows)
         self.rows_written += written
