@@ -137,6 +137,13 @@ def test_monitoring_objects(tmp_path: Path) -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     ports = {p["name"] for p in svc["spec"]["ports"]}
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= ports
+    (pm,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= (
+        ds["spec"]["template"]["metadata"]["labels"].items()
+    )
+    agent_ports = {p["name"] for p in agent_container(docs)["ports"]}
+    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= agent_ports
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump(rule["spec"]))
