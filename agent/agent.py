@@ -239,6 +239,11 @@ class Agent:
 
     # -- collector ----------------------------------------------------------------------
 
+    @property
+    def tools_missing(self) -> set[str]:
+        """Counter tools found missing on the newest sample (their counters are absent)."""
+        return set(self.sampler.tools_missing)
+
     def host_info(self) -> pb.HostInfo:
         return host_info(
             self.cfg.host,

@@ -69,6 +69,7 @@ PFC_FAMILIES = {  # reading name -> (family, help, scale)
     ),
     "rx_discards": ("pfc_rx_discards", "Packets dropped for lack of buffer per priority.", 1.0),
 }
+TOOLS = ("ethtool",)  # tools the agent runs to read counters
 # hw_counters entries that are settings, not counts
 NOT_COUNTERS = {"lifespan"}
 
@@ -90,6 +91,9 @@ class AgentView(Protocol):
 
     @property
     def registered(self) -> bool: ...
+
+    @property
+    def tools_missing(self) -> set[str]: ...
 
 
 @dataclass
@@ -174,6 +178,14 @@ def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Famili
         "agent_last_ack_timestamp_seconds", "When the collector last acknowledged a window.", []
     )
     last.add_metric([], agent.last_ack_unix_s)
+    tools = f.gauge(
+        "agent_tool_missing",
+        "1 when a tool the agent reads counters with is not installed (its counters are absent).",
+        ["tool"],
+    )
+    missing = agent.tools_missing
+    for tool in TOOLS:
+        tools.add_metric([tool], 1.0 if tool in missing else 0.0)
     if report is None or not report.HasField("agent"):
         return
     a = report.agent

@@ -522,6 +522,17 @@ ALERTS: list[dict[str, Any]] = [
         "annotations": {"summary": "agent on {{ $labels.src }} cannot deliver its windows"},
     },
     {
+        # from the agents' own /metrics (no src label: the scrape target names the host)
+        "alert": "FabricprobeAgentToolMissing",
+        "expr": "fabricprobe_agent_tool_missing == 1",
+        "for": "10m",
+        "labels": {"severity": "ticket"},
+        "annotations": {
+            "summary": "{{ $labels.instance }} has no {{ $labels.tool }}: its PFC, ECN and "
+            "discard counters are absent and the pause-storm alert cannot fire there"
+        },
+    },
+    {
         "alert": "FabricprobeAgentRefusingProbes",
         "expr": "increase(fabricprobe_agent_probe_sessions_refused_total[15m]) > 0",
         "for": "15m",

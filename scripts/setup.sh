@@ -13,6 +13,10 @@ bash lane/install.sh
 if ! command -v promtool >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
+# ethtool: the agent reads PFC, ECN and discard counters with `ethtool -S`.
+if ! command -v ethtool >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ethtool >/dev/null
+fi
 # helm and systemd-analyze for the deploy checks (tests/unit/test_deploy.py).
 bash scripts/install-deploy-tools.sh
 # The project needs Python 3.11: Debian's python3-pyverbs extension is built for 3.11.

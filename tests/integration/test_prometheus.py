@@ -33,6 +33,7 @@ from fabricprobe.probes.stats import LatencySketch
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+AGENT_METRICS = 19795  # each agent's own /metrics, on its own loopback address
 # Alerts whose expression is empty on a healthy fleet by design.
 QUIET = {"FabricprobeCollectorDown"}
 
@@ -77,7 +78,7 @@ def with_variables(expr: str) -> str:
     return re.sub(r'=~"\$\w+"', '=~".*"', expr)
 
 
-def agent_config(tmp: Path, address: str, collector_port: int) -> AgentConfig:
+def agent_config(tmp: Path, address: str, collector_port: int, port: int) -> AgentConfig:
     name = "host-" + address.rsplit(".", 1)[1]
     return AgentConfig(
         host=name,
@@ -90,6 +91,7 @@ def agent_config(tmp: Path, address: str, collector_port: int) -> AgentConfig:
         insecure=True,
         window_s=1.0,
         probe_timeout=3.0,
+        metrics_listen=f"{address}:{port}",
     )
 
 
@@ -213,11 +215,13 @@ def prometheus(collector: CollectorServer, tmp_path: Path) -> Iterator[Prom]:
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 1s}\n"
+        "global: {scrape_interval: 2s, evaluation_interval: 1s, scrape_timeout: 2s}\n"
         f"rule_files: [{ROOT / 'grafana' / 'rules.yml'}]\n"
         "scrape_configs:\n"
         "  - job_name: fabricprobe-collector\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{collector.metrics_port}']}}]\n"
+        "  - job_name: fabricprobe-agent\n"
+        f"    static_configs: [{{targets: {[f'{h}:{AGENT_METRICS}' for h in HOSTS]}}}]\n"
     )
     log = (tmp_path / "prometheus.log").open("wb")
     proc = subprocess.Popen(
@@ -244,7 +248,7 @@ def prometheus(collector: CollectorServer, tmp_path: Path) -> Iterator[Prom]:
 def test_every_dashboard_query_and_rule_returns_data(
     collector: CollectorServer, prometheus: Prom, tmp_path: Path
 ) -> None:
-    configs = [agent_config(tmp_path, a, collector.port) for a in HOSTS]
+    configs = [agent_config(tmp_path, a, collector.port, AGENT_METRICS) for a in HOSTS]
     configs[0].sysfs_root, configs[0].ethtool = str(FIXTURES / "sys" / "mlx5"), True
     agents = [Agent(configs[0], ethtool_runner=rising_ethtool())]
     agents += [Agent(c) for c in configs[1:]]
@@ -288,7 +292,13 @@ def test_every_dashboard_query_and_rule_returns_data(
         try:
             wait_for(lambda: not missing(), 45, "every query to return data")
         except AssertionError:
-            raise AssertionError("queries without data:\n" + "\n".join(missing())) from None
+            targets = [
+                (t["scrapeUrl"], t["health"], t["lastError"])
+                for t in prometheus.get("/api/v1/targets")["activeTargets"]
+            ]
+            raise AssertionError(
+                "queries without data:\n" + "\n".join(missing()) + f"\ntargets: {targets}"
+            ) from None
 
         groups = prometheus.get("/api/v1/rules")["groups"]
         rules = [r for g in groups for r in g["rules"]]

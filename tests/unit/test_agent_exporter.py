@@ -103,6 +103,7 @@ def test_series_stay_within_the_per_host_budget() -> None:
         acked=3,
         last_ack_unix_s=1.0,
         registered=True,
+        tools_missing=set(),
     )
     reg = CollectorRegistry()
     reg.register(AgentCollector(view))  # type: ignore[arg-type]
@@ -128,6 +129,7 @@ def test_a_bad_part_never_fails_the_scrape() -> None:
         acked=0,
         last_ack_unix_s=0.0,
         registered=False,
+        tools_missing={"ethtool"},
     )
     reg = CollectorRegistry()
     reg.register(AgentCollector(view))  # type: ignore[arg-type]
@@ -145,7 +147,41 @@ def test_counter_names_that_cannot_be_metric_names_are_skipped(name: str) -> Non
         acked=0,
         last_ack_unix_s=0.0,
         registered=False,
+        tools_missing={"ethtool"},
     )
     reg = CollectorRegistry()
     reg.register(AgentCollector(view))  # type: ignore[arg-type]
     assert "fabricprobe_rdma_" not in generate_latest(reg).decode()
+
+
+def test_a_missing_ethtool_is_loud_and_heals(caplog: pytest.LogCaptureFixture) -> None:
+    devices = discover_devices(str(FIXTURES / "sys" / "mlx5"))
+    installed = [False]
+
+    def runner(argv: Sequence[str], timeout: float) -> CommandResult:
+        if not installed[0]:
+            raise FileNotFoundError(2, "No such file or directory", "ethtool")
+        return ethtool(argv, timeout)
+
+    sampler = CounterSampler(str(FIXTURES / "sys" / "mlx5"), devices, netdevs_of(devices), runner)
+    with caplog.at_level("ERROR", logger="fabricprobe.agent"):
+        first = sampler.sample()
+        sampler.sample()
+    assert sampler.tools_missing == {"ethtool"}
+    assert not [r for r in first if r.kind in ("pfc", "netdev")]
+    loud = [r for r in caplog.records if "ethtool is not installed" in r.getMessage()]
+    assert len(loud) == 1 and "pause-storm alert cannot fire" in loud[0].getMessage()
+    view = SimpleNamespace(
+        last_report=None,
+        latest_counters=first,
+        acked=0,
+        last_ack_unix_s=0.0,
+        registered=True,
+        tools_missing=sampler.tools_missing,
+    )
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(view))  # type: ignore[arg-type]
+    assert 'fabricprobe_agent_tool_missing{tool="ethtool"} 1.0' in generate_latest(reg).decode()
+    installed[0] = True
+    healed = sampler.sample()
+    assert sampler.tools_missing == set() and [r for r in healed if r.kind == "pfc"]

@@ -24,13 +24,17 @@ def catalogue() -> dict[str, set[str]]:
     """metric name as queried -> labels it carries."""
     data = tomllib.loads((ROOT / "collector" / "metrics.toml").read_text())
     out: dict[str, set[str]] = {}
-    for m in data["metric"] + data.get("attribution_metric", []) + data.get("rawstore_metric", []):
+    tables = ("metric", "attribution_metric", "rawstore_metric", "agent_metric")
+    for m in (row for table in tables for row in data.get(table, [])):
         labels = set(m["labels"])
         if m["type"] == "histogram":
             for suffix in HIST_SUFFIXES:
-                out[m["name"] + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
-        else:
-            out[m["name"]] = labels
+                name = m["name"] + suffix
+                out[name] = (
+                    out.get(name, set()) | labels | ({"le"} if suffix == "_bucket" else set())
+                )
+        else:  # a name both the collector and the agents export carries either's labels
+            out[m["name"]] = out.get(m["name"], set()) | labels
     for r in build.RECORDING:  # recording rules keep the path labels
         out[r["record"]] = {"src", "dst", "transport", "op", "size"}
     return out
