@@ -45,7 +45,7 @@ def test_good_host_exits_0() -> None:
     code, out, _ = run(*fixture_args("mlx5", "mlx5"))
     assert code == 0
     assert "PASS" in out and "FAIL" not in out
-    assert out.strip().splitlines()[-1].startswith("OK: 8 pass, 0 warn, 0 fail, 0 skip")
+    assert out.strip().splitlines()[-1].startswith("OK: 20 pass, 0 warn, 0 fail, 1 skip")
 
 
 def test_misconfigured_host_exits_1_with_fix() -> None:
@@ -68,9 +68,9 @@ def test_json_is_valid_and_complete(tmp_path: Path) -> None:
     assert code == 1
     doc = json.loads(out)
     assert doc["ok"] is False
-    assert doc["summary"]["fail"] == 1
+    assert doc["summary"]["fail"] == 2
     failed = [r for r in doc["results"] if r["status"] == "FAIL"]
-    assert [r["check"] for r in failed] == ["ecn"]
+    assert [r["check"] for r in failed] == ["ecn_rp", "ecn_np"]
     assert failed[0]["fix"].startswith("echo 1 > ")
     assert doc["policy"]["dscp"] == 26
 
@@ -95,7 +95,9 @@ def test_rxe_host_exits_0_with_skips() -> None:
     assert code == 0
     doc = json.loads(out)
     skipped = {r["check"] for r in doc["results"] if r["status"] == "SKIP"}
-    assert skipped == {"pfc", "trust", "ecn"}
+    assert skipped == set(
+        "pfc trust ecn_rp ecn_np cnp ets global_pause buffers dcbx link fec pcie acs firmware".split()
+    )
 
 
 def test_priority_and_dscp_flags_override_the_policy_file(tmp_path: Path) -> None:
