@@ -95,7 +95,7 @@ def test_rxe_host_exits_0_with_skips() -> None:
     assert code == 0
     doc = json.loads(out)
     skipped = {r["check"] for r in doc["results"] if r["status"] == "SKIP"}
-    assert skipped == set(  # noqa: C405
+    assert skipped == set(
         [
             "pfc",
             "trust",
