@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from itertools import takewhile
 from pathlib import Path
 from typing import TypeVar
 
@@ -656,7 +657,10 @@ def check_acs(view: HostView, t: Target, policy: Policy) -> CheckResult:
     for gpu, vendor in gpus:
         gpu_path = _pci_path(view, gpu)
         ev.append(f"GPU {gpu} ({vendor}): path {' > '.join(gpu_path)}")
-        common = [a for a, b in zip(nic_path, gpu_path, strict=False) if a == b]
+        common = [
+            a
+            for a, _ in takewhile(lambda ab: ab[0] == ab[1], zip(nic_path, gpu_path, strict=False))
+        ]
         if not common:
             continue  # different root ports: P2P crosses the root complex, ACS not involved
         shared.append(gpu)
