@@ -29,12 +29,12 @@ from fabricprobe.probes.control import ProtocolError, decode_payload, parse_host
 from fabricprobe.probes.counters import parse_counter
 from fabricprobe.probes.errors import ParseError
 from fabricprobe.probes.roce import policy as roce_policy
-from fabricprobe.probes.roce import tools
+from fabricprobe.probes.roce import hwtools, tools
 from fabricprobe.probes.sysfs import Gid
 from tests.conftest import FuzzCounter
 
-N = 1_000  # examples per target
-BATCH = 8  # inputs per example: 8,000 inputs per target, over 100,000 in all
+N = 500  # examples per target
+BATCH = 8  # inputs per example: 4,000 inputs per target, over 100,000 over the 29 targets
 
 # Words the tools print, so that shuffled lines reach deep into each parser.
 VOCAB = [
@@ -192,6 +192,27 @@ TEXT_PARSERS: list[tuple[str, Callable[[str], object], tuple[type[BaseException]
     ("roce.policy.parse_policy", roce_policy.parse_policy, (roce_policy.PolicyError,)),
     ("control.parse_hostport", parse_hostport, (ValueError,)),
     ("sysfs.Gid.ipv4", lambda s: Gid(0, s, "RoCE v2", None).ipv4, ()),
+    *(
+        (f"roce.hwtools.{f.__name__}", f, (ParseError,))
+        for f in (
+            hwtools.parse_dcb_ets,
+            hwtools.parse_mlnx_qos_ets,
+            hwtools.parse_dcb_buffer,
+            hwtools.parse_mlnx_qos_buffers,
+            hwtools.parse_dcb_dcbx,
+            hwtools.parse_mlnx_qos_dcbx,
+            hwtools.parse_dcb_app_ports,
+            hwtools.parse_lldptool_app,
+            hwtools.parse_ethtool_pause,
+            hwtools.parse_ethtool_link,
+            hwtools.parse_ethtool_driver,
+            hwtools.parse_ethtool_fec,
+            hwtools.parse_mlxlink,
+            hwtools.parse_link_speed,
+            hwtools.parse_link_width,
+            hwtools.parse_lspci_caps,
+        )
+    ),
 ]
 
 

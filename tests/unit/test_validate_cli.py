@@ -210,3 +210,21 @@ def test_help_smoke() -> None:
     assert proc.returncode == 0
     assert "probe validate --device mlx5_0" in proc.stdout
     assert "Exit status: 0 when nothing FAILs" in proc.stdout
+
+
+def test_fix_commands_are_never_split_at_80_columns(tmp_path: Path) -> None:
+    root = sys_with_overlay(tmp_path, "ecn_off")
+    args = ["validate", "--sysfs", str(root), "--replay", str(TOOLS / "mlx5")]
+    args += ["--replay", str(TOOLS / "pfc_wrong_priority"), "--window", "0"]
+    res = CliRunner().invoke(main, [*args, "--json"], env={"COLUMNS": "80"})
+    fixes = [
+        r["fix"] for r in json.loads(res.stdout)["results"] if r["fix"] and r["status"] != "PASS"
+    ]
+    assert len(fixes) >= 3 and any(len(f) > 80 for f in fixes)
+    res = CliRunner().invoke(main, args, env={"COLUMNS": "80"})
+    assert res.exit_code == 1
+    lines = res.stdout.splitlines()
+    for fix in fixes:
+        assert any(fix in line for line in lines), f"fix split across lines: {fix}"
+    table = [ln for ln in lines if not ln.startswith("[")]
+    assert max(len(ln) for ln in table[:-1]) <= 80  # the table itself fits the terminal
