@@ -28,8 +28,8 @@ from fabricprobe.probes import ethtool
 from fabricprobe.probes.control import ProtocolError, decode_payload, parse_hostport
 from fabricprobe.probes.counters import parse_counter
 from fabricprobe.probes.errors import ParseError
-from fabricprobe.probes.roce import policy as roce_policy
 from fabricprobe.probes.roce import hwtools, tools
+from fabricprobe.probes.roce import policy as roce_policy
 from fabricprobe.probes.sysfs import Gid
 from tests.conftest import FuzzCounter
 
