@@ -10,10 +10,18 @@ of them:
     cnp_priority = 6
     cnp_dscp = 48
     mtu = 4096
+    lossless = true          # RoCE traffic off `priority` (rdma_cm ToS 0) is a FAIL
+    roce_bw_min_pct = 50     # ETS share of the RoCE traffic class
+    dcbx = "any"             # or "host" / "firmware"
+    link_speed_gbps = 100    # 0: the port's fastest supported mode
+    link_lanes = 4           # 0: not checked
+    firmware_min = "28.39.1002"
 
     [thresholds]
     pause_duration_warn_pct = 1.0
     rdma_rtt_p99_us_max = 100.0
+    pre_fec_ber_warn = 1e-6
+    post_fec_ber_fail = 1e-12
 """
 
 from __future__ import annotations
