@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.agent import EX_SOFTWARE, Agent
 from fabricprobe.agent.config import AgentConfig, apply, load_toml
 from fabricprobe.cli.options import fail, log_format_option, log_level_option, sysfs_option
 from fabricprobe.core.errors import ConfigError
@@ -106,3 +106,6 @@ def agent(
     signal.signal(signal.SIGINT, on_signal)
     the_agent.wait()
     the_agent.close()
+    if the_agent.failure:
+        # A dead thread: exit non-zero so systemd's Restart=on-failure starts a fresh agent.
+        fail(f"agent thread died: {the_agent.failure}", EX_SOFTWARE)
