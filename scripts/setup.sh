@@ -14,6 +14,10 @@ bash lane/install.sh
 if ! command -v promtool >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
+# ethtool: the agent reads PFC, ECN and discard counters with `ethtool -S`.
+if ! command -v ethtool >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ethtool >/dev/null
+fi
 # headless Chromium renders `probe report` in its test (tests/integration/test_report.py).
 if ! command -v chromium >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null

@@ -137,6 +137,13 @@ def test_monitoring_objects(tmp_path: Path) -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     ports = {p["name"] for p in svc["spec"]["ports"]}
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= ports
+    (pm,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= (
+        ds["spec"]["template"]["metadata"]["labels"].items()
+    )
+    agent_ports = {p["name"] for p in agent_container(docs)["ports"]}
+    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= agent_ports
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump(rule["spec"]))
@@ -173,3 +180,16 @@ def test_grafana_provisioning_files() -> None:
     assert ds["apiVersion"] == 1 and ds["datasources"][0]["type"] == "prometheus"
     dash = yaml.safe_load((base / "dashboards" / "fabricprobe.yaml").read_text())
     assert dash["providers"][0]["type"] == "file" and dash["providers"][0]["options"]["path"]
+
+
+def test_example_prometheus_config() -> None:
+    if not shutil.which("promtool"):
+        pytest.fail("promtool is missing: run scripts/setup.sh", pytrace=False)
+    res = subprocess.run(
+        ["promtool", "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
