@@ -15,7 +15,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 
@@ -176,70 +175,3 @@ class Attribution:
         if window_s is None:
             self._cache = out
         return out
-
-
-# -- the `probe why` query: JSON over a generic gRPC method (no generated code needed) --
-
-WHY_METHOD = "/fabricprobe.Attribution/Why"
-MAX_WHY = 200
-
-
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Rows as JSON-safe dicts (NaN -> None)."""
-    clean = df.astype(object).where(df.notna(), None)
-    return [{str(k): v for k, v in row.items()} for row in clean.to_dict("records")]
-
-
-def why_report(res: Analysis, slowest: int = 10, by: str = "e2e_s") -> dict[str, Any]:
-    """The slowest requests of the analysed window with their path's figures at the time,
-    the path ranking, the communication-bound flag and goodput."""
-    req = res.requests
-    if by not in req.columns:
-        raise ValueError(f"cannot sort by {by!r}")
-    # an empty window (or one whose figures are all missing) has an object-typed column
-    ranked = req.assign(**{by: pd.to_numeric(req[by], errors="coerce")}).dropna(subset=[by])
-    top = ranked.nlargest(min(slowest, MAX_WHY), by)
-    kv = res.kv.drop(columns=["stage", "derived"], errors="ignore")
-    fabric_cols = [c for c in kv.columns if c not in top.columns or c == "request_id"]
-    top = top.merge(kv[fabric_cols], on="request_id", how="left")
-    return {
-        "now_ns": res.now_ns,
-        "slowest": _records(top),
-        "paths": _records(res.paths),
-        "communication_bound": res.communication_bound,
-        "goodput": _records(res.goodput),
-        "stages": len(res.stages),
-    }
-
-
-def add_why_service(server: Any, attribution: Attribution) -> None:
-    """Serve why_report() as JSON at WHY_METHOD on SERVER."""
-    import json
-
-    import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-
-    def why(request: dict[str, Any], context: Any) -> dict[str, Any]:
-        try:
-            n = int(request.get("slowest", 10))
-            window = request.get("window_s")
-            res = attribution.analyse(window_s=float(window) if window else None)
-            return why_report(res, n, str(request.get("by", "e2e_s")))
-        except (TypeError, ValueError) as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"why: {e}")
-            raise AssertionError("context.abort returned") from None  # pragma: no cover
-
-    def load(data: bytes) -> dict[str, Any]:
-        obj = json.loads(data or b"{}")
-        return obj if isinstance(obj, dict) else {}
-
-    handler = grpc.method_handlers_generic_handler(
-        "fabricprobe.Attribution",
-        {
-            "Why": grpc.unary_unary_rpc_method_handler(
-                why,
-                request_deserializer=load,
-                response_serializer=lambda obj: json.dumps(obj, default=str).encode(),
-            )
-        },
-    )
-    server.add_generic_rpc_handlers((handler,))

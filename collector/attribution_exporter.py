@@ -22,8 +22,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from fabricprobe.collector.attribution import Attribution, add_why_service
+from fabricprobe.collector.attribution import Attribution
 from fabricprobe.collector.otlp import add_trace_service
+from fabricprobe.collector.query import add_query_service
 from fabricprobe.collector.store import WindowStore
 
 P = "fabricprobe_"
@@ -146,7 +147,7 @@ def attach_attribution(
     REGISTRY, and keep the fabric history fed from STORE until STOP is set."""
     attribution = Attribution(store)
     add_trace_service(server, attribution.ingest)
-    add_why_service(server, attribution)
+    add_query_service(server, attribution)
     registry.register(AttributionCollector(attribution))
     attribution.run_sync(stop)
     return attribution

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
@@ -12,25 +11,44 @@ from rich.table import Table
 from fabricprobe.cli.options import OneLineCommand, fail, print_json
 from fabricprobe.probes.control import parse_hostport
 
-WHY_METHOD = "/fabricprobe.Attribution/Why"  # fabricprobe.collector.attribution.WHY_METHOD
+
+def reply_dict(reply: Any) -> dict[str, Any]:
+    """A WhyReply as plain JSON-ready data: one flat dict per request (figures that were
+    not measured are absent; counter rates sit beside the other figures)."""
+
+    def fields(msg: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for fd, value in msg.ListFields():
+            if fd.name == "counter_rates":
+                out.update(dict(value))
+            else:
+                out[fd.name] = value
+        return out
+
+    return {
+        "now_ns": reply.now_ns,
+        "slowest": [fields(r) for r in reply.slowest],
+        "paths": [fields(p) for p in reply.paths],
+        "communication_bound": reply.communication_bound,
+        "goodput": [fields(reply.goodput)] if reply.HasField("goodput") else [],
+        "stages": reply.stages,
+    }
 
 
 def query(
     collector: str, slowest: int, window_s: float | None, by: str, timeout: float = 30.0
 ) -> dict[str, Any]:
-    """Ask the collector's attribution service (JSON over one gRPC method)."""
+    """Ask the collector's Query service for the Why report."""
     import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+
+    from fabricprobe.core.api import fabricprobe_pb2 as pb
+    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
     host, port = parse_hostport(collector, 4794)
     with grpc.insecure_channel(f"{host}:{port}") as channel:
-        call = channel.unary_unary(
-            WHY_METHOD,
-            request_serializer=lambda o: json.dumps(o).encode(),
-            response_deserializer=json.loads,
-        )
-        body = {"slowest": slowest, "window_s": window_s, "by": by}
-        reply: dict[str, Any] = call(body, timeout=timeout)
-        return reply
+        request = pb.WhyRequest(slowest=slowest, window_s=window_s or 0.0, by=by)
+        reply = pb_grpc.QueryStub(channel).Why(request, timeout=timeout)
+        return reply_dict(reply)
 
 
 def _ms(v: Any) -> str:
