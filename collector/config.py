@@ -26,6 +26,7 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from fabricprobe.collector.assign import DEFAULT_KINDS, PlanConfig
 from fabricprobe.collector.auth import (
     Authenticator,
+    GateConfig,
     Insecure,
     MutualTls,
     TokenAuth,
@@ -49,7 +50,14 @@ class CollectorSettings:
     bursts_per_second: int = 20
     stale_after_s: float = 30.0
     forget_after_s: float = 600.0
-    reports_per_second: float = 50.0
+    reports_per_second: float = 50.0  # calls and stream messages per identity
+    report_burst: float = 500.0
+    streams_per_identity: int = 4
+    stream_idle_s: float = 60.0
+    health: str = "open"  # open, any (authenticated) or off
+    reflection: str = "any"
+    reader_names: list[str] = field(default_factory=list)  # mutual TLS: Query callers
+    ingest_names: list[str] = field(default_factory=list)  # mutual TLS: OTLP senders
     workers: int = 64
     grace_s: float = 5.0
     insecure: bool = False
@@ -73,6 +81,15 @@ class CollectorSettings:
             raise ConfigError(str(e)) from None
         if not 0.1 <= self.report_interval_s <= 3600:
             raise ConfigError("report_interval_s: must be within 0.1..3600")
+        for name in ("health", "reflection"):
+            if getattr(self, name) not in ("open", "any", "off"):
+                raise ConfigError(f"{name}: one of open, any, off")
+        if not 4 <= self.workers <= 1024:
+            raise ConfigError("workers: must be within 4..1024")
+        if not 1 <= self.streams_per_identity <= self.workers // 2:
+            raise ConfigError("streams_per_identity: must be within 1..workers/2")
+        if not (0 < self.reports_per_second <= 1e6 and 1 <= self.report_burst <= 1e7):
+            raise ConfigError("reports_per_second/report_burst out of range")
         return ServerConfig(
             listen=self.listen,
             metrics_listen=self.metrics_listen,
@@ -80,10 +97,15 @@ class CollectorSettings:
             grace=self.grace_s,
             stale_after=self.stale_after_s,
             forget_after=self.forget_after_s,
-            api=ApiConfig(
-                report_interval_ms=int(self.report_interval_s * 1000),
-                reports_per_second=self.reports_per_second,
-                plan=plan,
+            api=ApiConfig(report_interval_ms=int(self.report_interval_s * 1000), plan=plan),
+            gate=GateConfig(
+                rate=self.reports_per_second,
+                burst=self.report_burst,
+                streams_per_identity=self.streams_per_identity,
+                max_streams=self.workers // 2,
+                stream_idle_s=self.stream_idle_s,
+                health=self.health,
+                reflection=self.reflection,
             ),
         )
 
@@ -96,7 +118,13 @@ class CollectorSettings:
             if self.client_ca:
                 if not all(tls):
                     raise ConfigError("client_ca needs tls_cert and tls_key")
-                return MutualTls.from_files(self.tls_cert, self.tls_key, self.client_ca)
+                return MutualTls.from_files(
+                    self.tls_cert,
+                    self.tls_key,
+                    self.client_ca,
+                    readers=frozenset(self.reader_names),
+                    ingest=frozenset(self.ingest_names),
+                )
             if self.token_file:
                 creds = None
                 if all(tls):

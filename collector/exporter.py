@@ -20,6 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from fabricprobe.collector.auth import REFUSALS, Gate
 from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
 from fabricprobe.collector.store import PathStats, StoreSnapshot, WindowStore
 from fabricprobe.core.sketchwire import MergedSketch
@@ -85,13 +86,17 @@ def _path_labels(key: tuple[str, str, str, str, int]) -> list[str]:
 class FabricCollector(Collector):
     """prometheus_client collector over a WindowStore."""
 
-    def __init__(self, store: WindowStore, rpc: RpcStats | None = None) -> None:
+    def __init__(
+        self, store: WindowStore, rpc: RpcStats | None = None, gate: Gate | None = None
+    ) -> None:
         self.store = store
         self.rpc = rpc or RpcStats()
+        self.gate = gate
 
     def describe(self) -> Iterator[Metric]:
         yield from self._families().values()
         yield from self._rpc_families()
+        yield from self._gate_families()
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
@@ -105,7 +110,41 @@ class FabricCollector(Collector):
         dur.add_metric([], time.perf_counter() - started)
         yield from fams.values()
         yield from self._rpc_families()
+        yield from self._gate_families()
         yield dur
+
+    def _gate_families(self) -> Iterator[Metric]:
+        if self.gate is not None:
+            refused, evicted, held, streams = self.gate.limits.snapshot()
+            idle = self.gate.idle_cancelled
+        else:
+            refused, evicted, held, streams, idle = dict.fromkeys(REFUSALS, 0), 0, 0, 0, 0
+        p = "fabricprobe_collector_"
+        calls = CounterMetricFamily(
+            p + "calls_refused",
+            "Calls the authentication layer refused before any servicer ran, by reason.",
+            labels=["reason"],
+        )
+        for reason in REFUSALS:
+            calls.add_metric([reason], float(refused.get(reason, 0)))
+        yield calls
+        ev = CounterMetricFamily(
+            p + "identities_evicted",
+            "Callers forgotten by the bounded limits table (their bucket starts full again).",
+        )
+        ev.add_metric([], float(evicted))
+        yield ev
+        ids = GaugeMetricFamily(p + "identities", "Callers whose rate and streams are tracked.")
+        ids.add_metric([], float(held))
+        yield ids
+        st = GaugeMetricFamily(p + "streams", "Streaming calls open now.")
+        st.add_metric([], float(streams))
+        yield st
+        cancelled = CounterMetricFamily(
+            p + "streams_idle_cancelled", "Streams cancelled for sending nothing too long."
+        )
+        cancelled.add_metric([], float(idle))
+        yield cancelled
 
     def _rpc_families(self) -> Iterator[Metric]:
         buckets, sums, codes = self.rpc.snapshot()

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
@@ -23,7 +23,16 @@ from prometheus_client import CollectorRegistry
 
 from fabricprobe.collector.assign import HostSpec, PlanConfig, Planner
 from fabricprobe.collector.attribution_exporter import attach_attribution
-from fabricprobe.collector.auth import Authenticator, AuthError, Insecure
+from fabricprobe.collector.auth import (
+    HOST,
+    INGEST,
+    READER,
+    Authenticator,
+    Gate,
+    GateConfig,
+    Insecure,
+    Policy,
+)
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import serve_metrics
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
@@ -34,38 +43,16 @@ from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 log = logging.getLogger("fabricprobe.collector")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Collector"].full_name
+QUERY_SERVICE = pb.DESCRIPTOR.services_by_name["Query"].full_name
+TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 MAX_MESSAGE_BYTES = 4 << 20  # a window of 32 peers x 3 kinds is ~100 KiB; 4 MiB is ample
 MAX_ADDRESSES = 16
 MAX_DEVICES = 32
 
 
-class RateLimited(Exception):
-    """A host sent more reports than its rate allows."""
-
-
-class _Bucket:
-    """Token bucket: RATE per second, up to BURST at once."""
-
-    __slots__ = ("burst", "last", "rate", "tokens")
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate, self.burst, self.tokens, self.last = rate, burst, burst, time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
-
-
 @dataclass
 class ApiConfig:
     report_interval_ms: int = 10_000
-    reports_per_second: float = 50.0  # per host; replays after an outage come in bursts
-    report_burst: float = 500.0
     plan: PlanConfig = field(default_factory=PlanConfig)
 
 
@@ -100,7 +87,6 @@ class AgentApi:
 
     def __init__(self, store: WindowStore, planner: Planner, cfg: ApiConfig) -> None:
         self.store, self.planner, self.cfg = store, planner, cfg
-        self._buckets: dict[str, _Bucket] = {}
         self._lock = threading.Lock()
         self._sent: dict[str, pb.Assignments] = {}  # host -> its current assignments
 
@@ -145,18 +131,7 @@ class AgentApi:
         return msg
 
     def report(self, report: pb.WindowReport) -> pb.Ack:
-        """Take one report; raises RateLimited or ReportError."""
-        with self._lock:
-            bucket = self._buckets.get(report.host)
-            if bucket is None:
-                bucket = self._buckets[report.host] = _Bucket(
-                    self.cfg.reports_per_second, self.cfg.report_burst
-                )
-            allowed = bucket.take()
-        if not allowed:
-            raise RateLimited(
-                f"host {report.host} exceeds {self.cfg.reports_per_second:g} reports/s"
-            )
+        """Take one report; raises ReportError."""
         res = self.store.take(report)
         return pb.Ack(
             epoch=report.epoch,
@@ -173,7 +148,6 @@ class AgentApi:
         with self._lock:
             for h in [*gone, *stale]:
                 self._sent.pop(h, None)
-                self._buckets.pop(h, None)
         return gone
 
 
@@ -196,21 +170,15 @@ def _check_host_info(info: pb.HostInfo) -> None:
 
 
 class CollectorServicer(pb_grpc.CollectorServicer):
-    """gRPC edge: authenticate, check the caller speaks for itself, delegate to AgentApi."""
+    """gRPC edge of AgentApi. Who may call, and for which host, the server's Gate
+    (collector/auth.py) has decided before any of these runs."""
 
-    def __init__(self, api: AgentApi, auth: Authenticator) -> None:
-        self.api, self.auth = api, auth
-
-    def _caller(self, context: grpc.ServicerContext, claimed: str) -> None:
-        try:
-            self.auth.check(context, claimed)
-        except AuthError as e:
-            context.abort(e.code, str(e))
+    def __init__(self, api: AgentApi) -> None:
+        self.api = api
 
     def Register(
         self, request: pb.RegisterRequest, context: grpc.ServicerContext
     ) -> pb.RegisterResponse:
-        self._caller(context, request.host.host)
         try:
             resp = self.api.register(request.host)
         except ReportError as e:
@@ -221,7 +189,6 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     def GetAssignments(
         self, request: pb.AssignmentsRequest, context: grpc.ServicerContext
     ) -> pb.Assignments:
-        self._caller(context, request.host)
         if request.host not in self.api.store.hosts:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{request.host}: register first")
         return self.api.assignments(request.host)
@@ -236,11 +203,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         return self._take(request, context)
 
     def _take(self, report: pb.WindowReport, context: grpc.ServicerContext) -> pb.Ack:
-        self._caller(context, report.host)
         try:
             return self.api.report(report)
-        except RateLimited as e:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ReportError as e:
             code = (
                 grpc.StatusCode.FAILED_PRECONDITION
@@ -251,15 +215,39 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         raise AssertionError("context.abort returned")  # pragma: no cover
 
 
+def _collector_method(name: str) -> str:
+    return f"/{SERVICE_NAME}/{name}"
+
+
+def policy(gate: GateConfig) -> Policy:
+    """The role each service on the port needs, and the host each agent call names."""
+    return Policy(
+        roles={
+            SERVICE_NAME: HOST,
+            TRACE_SERVICE: INGEST,
+            QUERY_SERVICE: READER,
+            health.SERVICE_NAME: gate.health,
+            reflection.SERVICE_NAME: gate.reflection,
+        },
+        claims={
+            _collector_method("Register"): lambda r: str(r.host.host),
+            _collector_method("GetAssignments"): lambda r: str(r.host),
+            _collector_method("Report"): lambda r: str(r.host),
+            _collector_method("ReportWindow"): lambda r: str(r.host),
+        },
+    )
+
+
 @dataclass
 class ServerConfig:
     listen: str = "127.0.0.1:4794"
     metrics_listen: str = "127.0.0.1:9794"  # "" serves no /metrics
-    workers: int = 64
+    workers: int = 64  # the gRPC worker pool; streams may hold at most half of it
     grace: float = 5.0
     stale_after: float = 30.0
     forget_after: float = 600.0
     api: ApiConfig = field(default_factory=ApiConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 def split_hostport(text: str) -> tuple[str, int]:
@@ -279,8 +267,11 @@ class CollectorServer:
         self.planner = Planner(cfg.api.plan)
         self.api = AgentApi(self.store, self.planner, cfg.api)
         self.rpc_stats = RpcStats()
+        workers = max(4, cfg.workers)
+        gate_cfg = replace(cfg.gate, max_streams=min(cfg.gate.max_streams, max(1, workers // 2)))
+        self.gate = Gate(self.auth, policy(gate_cfg), gate_cfg)
         self.registry = CollectorRegistry()
-        self.registry.register(FabricCollector(self.store, self.rpc_stats))
+        self.registry.register(FabricCollector(self.store, self.rpc_stats, self.gate))
         self.health = health.HealthServicer()
         self.port = 0
         self.metrics_port = 0
@@ -290,27 +281,39 @@ class CollectorServer:
         self._reaper: threading.Thread | None = None
 
     def start(self) -> None:
+        workers = max(4, self.cfg.workers)
         opts = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # one collector per port: without this gRPC sets SO_REUSEPORT, and a second
+            # collector would bind the same port and take half the fleet
+            ("grpc.so_reuseport", 0),
         ]
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.cfg.workers, thread_name_prefix="grpc"),
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
             options=opts,
-            interceptors=[TimingInterceptor(self.rpc_stats)],
-            maximum_concurrent_rpcs=self.cfg.workers * 4,
+            # timing first, so that calls the gate refuses are counted by code too
+            interceptors=[TimingInterceptor(self.rpc_stats), self.gate],
+            # calls beyond this are refused at once (RESOURCE_EXHAUSTED), never queued long
+            maximum_concurrent_rpcs=workers * 2,
         )
-        pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api, self.auth), server)
-        # OTLP stage spans joined with the fabric (collector/attribution.py)
+        pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api), server)
+        # OTLP stage spans joined with the fabric (collector/attribution.py), and Query
         self.attribution = attach_attribution(server, self.store, self.registry, self._stop)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+            (SERVICE_NAME, QUERY_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         host, port = split_hostport(self.cfg.listen)
-        self.port = self.auth.add_port(server, f"{host}:{port}")
+        try:
+            self.port = self.auth.add_port(server, f"{host}:{port}")
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {self.cfg.listen}")
+            raise OSError(
+                f"cannot listen on {self.cfg.listen}: the address is in use"
+                " (another collector?) or not local"
+            )
         server.start()
         self._server = server
         for name in ("", SERVICE_NAME):
@@ -333,6 +336,7 @@ class CollectorServer:
     def _reap(self) -> None:
         every = max(0.5, min(self.cfg.stale_after, 10.0))
         while not self._stop.wait(every):
+            self.gate.cancel_idle()
             gone = self.api.expire()
             if gone:
                 log.info("forgot silent hosts=%s", gone)
