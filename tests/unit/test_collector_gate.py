@@ -190,3 +190,21 @@ def test_token_file_roles_are_checked(tmp_path: Path) -> None:
     f.write_text("a token-for-a-0123456789\nb token-for-a-0123456789\n")
     with pytest.raises(ValueError, match="twice"):
         read_token_file(f)
+
+
+def test_probe_why_sends_its_reader_token(server: CollectorServer, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fabricprobe.cli import main
+
+    token = tmp_path / "reader.token"
+    token.write_text(TOKENS["grafana"][0] + "\n")
+    base = ["why", "--collector", f"127.0.0.1:{server.port}"]
+    res = CliRunner().invoke(main, [*base, "--insecure", "--token-file", str(token), "--json"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, [*base, "--insecure"])
+    assert res.exit_code == 1 and "UNAUTHENTICATED" in res.output
+    res = CliRunner().invoke(main, base)  # no TLS and no --insecure: refused before calling
+    assert res.exit_code == 2 and "--insecure" in res.output
+    res = CliRunner().invoke(main, [*base, "--insecure", "--cert-file", str(token)])
+    assert res.exit_code == 2 and "--key-file" in res.output

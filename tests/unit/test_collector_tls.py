@@ -79,7 +79,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=d,
     )
     _issue(d, "collector", "/CN=collector", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for host in ("h1", "h2"):
+    for host in ("h1", "h2", "reader"):
         _issue(d, host, f"/CN={host}", f"subjectAltName=DNS:{host}\n")
     return d
 
@@ -87,7 +87,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def server(pki: Path) -> Iterator[CollectorServer]:
     auth = MutualTls.from_files(
-        str(pki / "collector.pem"), str(pki / "collector.key"), str(pki / "ca.pem")
+        str(pki / "collector.pem"),
+        str(pki / "collector.key"),
+        str(pki / "ca.pem"),
+        readers=frozenset({"reader"}),
     )
     s = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""), auth)
     s.start()
@@ -149,3 +152,23 @@ def test_agent_over_mutual_tls(pki: Path, server: CollectorServer, tmp_path: Pat
         assert agent.acked >= 1 and "h2" in server.store.hosts
     finally:
         agent.close()
+
+
+def test_why_over_mutual_tls_needs_a_reader_certificate(pki: Path, server: CollectorServer) -> None:
+    from click.testing import CliRunner
+
+    from fabricprobe.cli import main
+
+    base = ["why", "--collector", f"127.0.0.1:{server.port}", "--ca-file", str(pki / "ca.pem")]
+    reader = ["--cert-file", str(pki / "reader.pem"), "--key-file", str(pki / "reader.key")]
+    res = CliRunner().invoke(main, [*base, *reader, "--json"])
+    assert res.exit_code == 0, res.output
+    assert '"slowest": []' in res.output
+    res = CliRunner().invoke(
+        main, [*base, "--cert-file", str(pki / "h1.pem"), "--key-file", str(pki / "h1.key")]
+    )
+    assert res.exit_code == 1 and "PERMISSION_DENIED" in res.output  # a host is not a reader
+    c = client(pki, server, "reader")
+    with pytest.raises(grpc.RpcError) as e:  # and a reader is not a host
+        c.register(pb.HostInfo(host="reader"))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
