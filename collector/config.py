@@ -19,6 +19,7 @@ Example file::
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
@@ -32,6 +33,7 @@ from fabricprobe.collector.auth import (
     TokenAuth,
     read_token_file,
 )
+from fabricprobe.collector.exposition import load_web_config
 from fabricprobe.collector.service import ApiConfig, ServerConfig
 from fabricprobe.core.errors import ConfigError
 
@@ -59,6 +61,7 @@ class CollectorSettings:
     reader_names: list[str] = field(default_factory=list)  # mutual TLS: Query callers
     ingest_names: list[str] = field(default_factory=list)  # mutual TLS: OTLP senders
     workers: int = 64
+    web_config: str = ""  # /metrics TLS and basic auth, exporter-toolkit's web-config format
     grace_s: float = 5.0
     insecure: bool = False
     token_file: str = ""
@@ -84,6 +87,11 @@ class CollectorSettings:
         for name in ("health", "reflection"):
             if getattr(self, name) not in ("open", "any", "off"):
                 raise ConfigError(f"{name}: one of open, any, off")
+        if self.web_config:
+            try:
+                load_web_config(self.web_config)
+            except (OSError, ValueError, ssl.SSLError) as e:
+                raise ConfigError(f"web_config: {e}") from None
         if not 4 <= self.workers <= 1024:
             raise ConfigError("workers: must be within 4..1024")
         if not 1 <= self.streams_per_identity <= self.workers // 2:
@@ -93,6 +101,7 @@ class CollectorSettings:
         return ServerConfig(
             listen=self.listen,
             metrics_listen=self.metrics_listen,
+            web_config=self.web_config,
             workers=self.workers,
             grace=self.grace_s,
             stale_after=self.stale_after_s,

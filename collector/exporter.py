@@ -21,6 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from fabricprobe.collector.auth import REFUSALS, Gate
+from fabricprobe.collector.exposition import ScrapeStats
 from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
 from fabricprobe.collector.store import PathStats, StoreSnapshot, WindowStore
 from fabricprobe.core.sketchwire import MergedSketch
@@ -87,11 +88,16 @@ class FabricCollector(Collector):
     """prometheus_client collector over a WindowStore."""
 
     def __init__(
-        self, store: WindowStore, rpc: RpcStats | None = None, gate: Gate | None = None
+        self,
+        store: WindowStore,
+        rpc: RpcStats | None = None,
+        gate: Gate | None = None,
+        scrapes: ScrapeStats | None = None,
     ) -> None:
         self.store = store
         self.rpc = rpc or RpcStats()
         self.gate = gate
+        self.scrapes = scrapes or ScrapeStats()
 
     def describe(self) -> Iterator[Metric]:
         yield from self._families().values()
@@ -145,6 +151,22 @@ class FabricCollector(Collector):
         )
         cancelled.add_metric([], float(idle))
         yield cancelled
+        sc = self.scrapes
+        with sc.lock:
+            refused_http, renders = dict(sc.refused), sc.renders
+        http = CounterMetricFamily(
+            p + "scrapes_refused",
+            "Requests to /metrics turned away: busy, unauthorized or not found.",
+            labels=["reason"],
+        )
+        for reason in ScrapeStats.REASONS:
+            http.add_metric([reason], float(refused_http[reason]))
+        yield http
+        rendered = CounterMetricFamily(
+            p + "scrape_renders", "Renders of /metrics (one serves every GET within a second)."
+        )
+        rendered.add_metric([], float(renders))
+        yield rendered
 
     def _rpc_families(self) -> Iterator[Metric]:
         buckets, sums, codes = self.rpc.snapshot()

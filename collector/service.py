@@ -34,7 +34,7 @@ from fabricprobe.collector.auth import (
     Policy,
 )
 from fabricprobe.collector.exporter import FabricCollector
-from fabricprobe.collector.exposition import serve_metrics
+from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_config, serve_metrics
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -242,6 +242,9 @@ def policy(gate: GateConfig) -> Policy:
 class ServerConfig:
     listen: str = "127.0.0.1:4794"
     metrics_listen: str = "127.0.0.1:9794"  # "" serves no /metrics
+    web_config: str = ""  # TLS and basic auth for /metrics (collector/exposition.py)
+    metrics_threads: int = 8  # /metrics requests served at once
+    metrics_cache_s: float = 1.0  # one render serves every GET within this
     workers: int = 64  # the gRPC worker pool; streams may hold at most half of it
     grace: float = 5.0
     stale_after: float = 30.0
@@ -271,7 +274,9 @@ class CollectorServer:
         gate_cfg = replace(cfg.gate, max_streams=min(cfg.gate.max_streams, max(1, workers // 2)))
         self.gate = Gate(self.auth, policy(gate_cfg), gate_cfg)
         self.registry = CollectorRegistry()
-        self.registry.register(FabricCollector(self.store, self.rpc_stats, self.gate))
+        self.scrapes = ScrapeStats()
+        self.web = load_web_config(cfg.web_config) if cfg.web_config else WebConfig()
+        self.registry.register(FabricCollector(self.store, self.rpc_stats, self.gate, self.scrapes))
         self.health = health.HealthServicer()
         self.port = 0
         self.metrics_port = 0
@@ -320,7 +325,15 @@ class CollectorServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.cfg.metrics_listen:
             mhost, mport = split_hostport(self.cfg.metrics_listen)
-            self._http = serve_metrics(mhost, mport, self.registry)
+            self._http = serve_metrics(
+                mhost,
+                mport,
+                self.registry,
+                web=self.web,
+                stats=self.scrapes,
+                max_threads=self.cfg.metrics_threads,
+                cache_s=self.cfg.metrics_cache_s,
+            )
             self.metrics_port = int(self._http.server_address[1])
         self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         self._reaper.start()

@@ -33,6 +33,11 @@ Examples:
 @click.option(
     "--metrics-listen", metavar="ADDR:PORT", help="Where /metrics is served [0.0.0.0:9794]."
 )
+@click.option(
+    "--web-config",
+    type=click.Path(dir_okay=False),
+    help="TLS and basic auth for /metrics (exporter-toolkit's web-config YAML).",
+)
 @click.option("--report-interval", type=click.FloatRange(0.1, 3600), help="Window seconds [10].")
 @click.option("--budget", type=click.IntRange(1, 1024), help="Peers each host probes [16].")
 @click.option("--probe-interval", type=click.FloatRange(0.1, 3600), help="Seconds per burst [10].")
