@@ -319,22 +319,26 @@ class CollectorServer:
                 f"cannot listen on {self.cfg.listen}: the address is in use"
                 " (another collector?) or not local"
             )
+        if self.cfg.metrics_listen:  # before the API serves: a failure here leaves nothing up
+            mhost, mport = split_hostport(self.cfg.metrics_listen)
+            try:
+                self._http = serve_metrics(
+                    mhost,
+                    mport,
+                    self.registry,
+                    web=self.web,
+                    stats=self.scrapes,
+                    max_threads=self.cfg.metrics_threads,
+                    cache_s=self.cfg.metrics_cache_s,
+                )
+            except OSError as e:
+                server.stop(0)
+                raise OSError(f"cannot serve /metrics on {self.cfg.metrics_listen}: {e}") from e
+            self.metrics_port = int(self._http.server_address[1])
         server.start()
         self._server = server
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        if self.cfg.metrics_listen:
-            mhost, mport = split_hostport(self.cfg.metrics_listen)
-            self._http = serve_metrics(
-                mhost,
-                mport,
-                self.registry,
-                web=self.web,
-                stats=self.scrapes,
-                max_threads=self.cfg.metrics_threads,
-                cache_s=self.cfg.metrics_cache_s,
-            )
-            self.metrics_port = int(self._http.server_address[1])
         self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         self._reaper.start()
         log.info(
