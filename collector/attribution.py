@@ -10,6 +10,7 @@ to the window store, turning what reports brought into rows on a short period.
 from __future__ import annotations
 
 import bisect
+import math
 import threading
 import time
 from collections import deque
@@ -36,7 +37,35 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
     60.0,
 )  # fmt: skip
 MAX_PATHS = 1024  # distinct (src, dst, transport) label sets; the rest are counted as "other"
+MAX_RECORDS = 50_000  # stage records kept (and as many request records), newest first
+MAX_BYTES = 2**53  # a KV transfer larger than this (8 PiB) is not a measurement
+MAX_SECONDS = 86_400.0  # request figures (TTFT, e2e) beyond a day are not either
+FUTURE_TOLERANCE_NS = 300 * 10**9  # records may end this far past the collector's clock
 PathLabels = tuple[str, str, str]
+
+
+def _seconds_ok(v: float | None) -> bool:
+    return v is None or (math.isfinite(v) and 0.0 <= v <= MAX_SECONDS)
+
+
+def stage_ok(s: StageRecord, now_ns: int) -> bool:
+    """A stage record whose figures can go into a frame and a histogram: times in
+    range and ordered, bytes a count a float holds exactly."""
+    return (
+        0 <= s.start_ns <= s.end_ns <= now_ns + FUTURE_TOLERANCE_NS
+        and 0 <= s.bytes <= MAX_BYTES
+        and s.duration_s <= MAX_SECONDS
+    )
+
+
+def request_ok(r: RequestRecord, now_ns: int) -> bool:
+    counts = (r.output_tokens, r.prompt_tokens)
+    return (
+        0 <= r.start_ns <= r.end_ns <= now_ns + FUTURE_TOLERANCE_NS
+        and _seconds_ok(r.ttft_s)
+        and _seconds_ok(r.e2e_s)
+        and all(n is None or 0 <= n <= MAX_BYTES for n in counts)
+    )
 
 
 @dataclass
@@ -81,7 +110,7 @@ class Attribution:
         store: WindowStore | None = None,
         cfg: AnalysisConfig | None = None,
         *,
-        max_records: int = 200_000,
+        max_records: int = MAX_RECORDS,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self.store = store
@@ -99,10 +128,20 @@ class Attribution:
             store.listeners.append(self.history)
         self.ingest = TraceIngest(self.take)
         self._cache: Analysis | None = None
+        self.last_good: Analysis | None = None  # what a scrape shows when analysis fails
+        self.analysis_failures = 0
+        self.dropped_values = 0  # records whose figures were out of range
 
     def take(self, stages: list[StageRecord], requests: list[RequestRecord]) -> None:
-        """Keep records from one OTLP batch and count them into the histograms."""
+        """Keep records from one OTLP batch and count them into the histograms; records
+        whose figures are out of range (stage_ok, request_ok) are counted and dropped."""
+        now = self.clock()
+        good_st = [s for s in stages if stage_ok(s, now)]
+        good_rq = [r for r in requests if request_ok(r, now)]
+        dropped = len(stages) - len(good_st) + len(requests) - len(good_rq)
+        stages, requests = good_st, good_rq
         with self.lock:
+            self.dropped_values += dropped
             self.stages.extend(stages)
             self.requests.extend(requests)
             pairs = {(s.src, s.dst) for s in stages if s.stage in FABRIC_STAGES}
@@ -175,3 +214,15 @@ class Attribution:
         if window_s is None:
             self._cache = out
         return out
+
+    def analyse_or_last(self) -> Analysis | None:
+        """analyse(), or when it fails the last analysis that did not (counted in
+        analysis_failures): a scrape never fails for what one batch of spans held."""
+        try:
+            res = self.analyse()
+        except Exception:  # pandas raises many kinds; the scrape must go on
+            with self.lock:
+                self.analysis_failures += 1
+            return self.last_good
+        self.last_good = res
+        return res

@@ -19,6 +19,7 @@ Example file::
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 from dataclasses import dataclass, field
 
@@ -61,6 +62,7 @@ class CollectorSettings:
     reader_names: list[str] = field(default_factory=list)  # mutual TLS: Query callers
     ingest_names: list[str] = field(default_factory=list)  # mutual TLS: OTLP senders
     workers: int = 64
+    fleet_networks: list[str] = field(default_factory=list)  # e.g. ["10.0.0.0/16"]
     web_config: str = ""  # /metrics TLS and basic auth, exporter-toolkit's web-config format
     grace_s: float = 5.0
     insecure: bool = False
@@ -106,7 +108,11 @@ class CollectorSettings:
             grace=self.grace_s,
             stale_after=self.stale_after_s,
             forget_after=self.forget_after_s,
-            api=ApiConfig(report_interval_ms=int(self.report_interval_s * 1000), plan=plan),
+            api=ApiConfig(
+                report_interval_ms=int(self.report_interval_s * 1000),
+                plan=plan,
+                fleet_networks=tuple(self._networks()),
+            ),
             gate=GateConfig(
                 rate=self.reports_per_second,
                 burst=self.report_burst,
@@ -117,6 +123,15 @@ class CollectorSettings:
                 reflection=self.reflection,
             ),
         )
+
+    def _networks(self) -> list[str]:
+        out = []
+        for n in self.fleet_networks:
+            try:
+                out.append(str(ipaddress.ip_network(n, strict=False)))
+            except ValueError as e:
+                raise ConfigError(f"fleet_networks: {e}") from None
+        return out
 
     def authenticator(self) -> Authenticator:
         """The authentication mode asked for; plain text only with `insecure`."""

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from fabricprobe.collector.auth import REFUSALS, Gate
 from fabricprobe.collector.exposition import ScrapeStats
 from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
-from fabricprobe.collector.store import PathStats, StoreSnapshot, WindowStore
+from fabricprobe.collector.store import DROPS, PathStats, StoreSnapshot, WindowStore
 from fabricprobe.core.sketchwire import MergedSketch
 
 # RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
@@ -324,6 +324,11 @@ class FabricCollector(Collector):
                 p + "collector_sketch_merges", "Latency sketches merged by the collector."
             ),
             "hosts": GaugeMetricFamily(p + "collector_hosts", "Agents known to the collector."),
+            "dropped": CounterMetricFamily(
+                p + "collector_dropped",
+                "Records the collector's bounds and checks kept out, by what they were.",
+                labels=["what"],
+            ),
         }
         return f
 
@@ -373,6 +378,8 @@ class FabricCollector(Collector):
         f["rejected"].add_metric([], float(snap.rejected_total))
         f["merges"].add_metric([], float(snap.merges_total))
         f["hosts"].add_metric([], float(len(snap.hosts)))
+        for what in DROPS:
+            f["dropped"].add_metric([what], float(snap.dropped.get(what, 0)))
 
     @staticmethod
     def _fill_path(labels: list[str], st: PathStats, f: dict[str, Any]) -> None:

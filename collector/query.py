@@ -145,7 +145,13 @@ class QueryServicer(pb_grpc.QueryServicer):
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"why: {e}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
-        res = self.attribution.analyse(window_s=window_s)
+        try:
+            res = self.attribution.analyse(window_s=window_s)
+        except Exception as e:  # pandas raises many kinds; say so, stay up
+            with self.attribution.lock:
+                self.attribution.analysis_failures += 1
+            context.abort(grpc.StatusCode.INTERNAL, f"why: the analysis failed: {e!s:.200}")
+            raise AssertionError("context.abort returned") from None  # pragma: no cover
         return why_reply(res, n, by)
 
 

@@ -8,7 +8,9 @@ wires the servicer, health, reflection, /metrics and graceful shutdown together.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +34,8 @@ from fabricprobe.collector.auth import (
     GateConfig,
     Insecure,
     Policy,
+    identity_of,
+    peer_address,
 )
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_config, serve_metrics
@@ -48,12 +52,67 @@ TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 MAX_MESSAGE_BYTES = 4 << 20  # a window of 32 peers x 3 kinds is ~100 KiB; 4 MiB is ample
 MAX_ADDRESSES = 16
 MAX_DEVICES = 32
+MAX_PORTS = 16  # per device
+MAX_GIDS = 256  # per port
+MAX_KINDS = 32
+MAX_LABEL = 128  # topology, version, device and kind names: they become label values
+
+
+class AddressRefused(ReportError):
+    """A registration naming an address that is not the host's."""
+
+
+def _is_local(ip: str) -> bool:
+    """Whether IP is assigned to this machine (binding to it succeeds only then)."""
+    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
+        return False
+
+
+def check_addresses(
+    info: pb.HostInfo,
+    owned: frozenset[str],
+    source: str,
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...],
+) -> None:
+    """Each address INFO registers must be the host's: the connection's SOURCE, an IP its
+    certificate names (OWNED), inside one of the fleet's NETWORKS, or, for a caller on
+    this machine (a loopback source), one of this machine's addresses. A name is taken
+    only when it is the host's own name. AddressRefused says which address failed."""
+    try:
+        src = ipaddress.ip_address(source) if source else None
+    except ValueError:
+        src = None
+    for text in info.addresses:
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            if text == info.host:
+                continue
+            raise AddressRefused(
+                f"address {text[:64]!r} is neither an IP nor the host's name"
+            ) from None
+        if ip == src or str(ip) in owned or any(ip in n for n in networks):
+            continue
+        if src is not None and src.is_loopback and (ip.is_loopback or _is_local(str(ip))):
+            continue
+        raise AddressRefused(
+            f"address {ip} is not this host's: not the connection's source ({source or '?'}),"
+            " not in its certificate, not in the fleet's networks (fleet_networks)"
+        )
 
 
 @dataclass
 class ApiConfig:
     report_interval_ms: int = 10_000
     plan: PlanConfig = field(default_factory=PlanConfig)
+    # networks every registered address may lie in, and the only ones probes are sent
+    # to (empty: an address must be the caller's own, see check_addresses)
+    fleet_networks: tuple[str, ...] = ()
 
 
 def host_spec(info: pb.HostInfo) -> HostSpec:
@@ -87,11 +146,19 @@ class AgentApi:
 
     def __init__(self, store: WindowStore, planner: Planner, cfg: ApiConfig) -> None:
         self.store, self.planner, self.cfg = store, planner, cfg
+        self.networks = tuple(ipaddress.ip_network(n) for n in cfg.fleet_networks)
         self._lock = threading.Lock()
         self._sent: dict[str, pb.Assignments] = {}  # host -> its current assignments
+        self.targets_dropped = 0  # targets outside the fleet's networks never sent
 
-    def register(self, info: pb.HostInfo) -> pb.RegisterResponse:
+    def register(
+        self, info: pb.HostInfo, *, owned: frozenset[str] = frozenset(), source: str | None = None
+    ) -> pb.RegisterResponse:
+        """Add or refresh INFO's host. With SOURCE (the caller's address; the gRPC edge
+        always gives it) each address must be the host's (check_addresses)."""
         _check_host_info(info)
+        if source is not None:
+            check_addresses(info, owned, source, self.networks)
         self.store.register(info)
         self.planner.upsert(host_spec(info))
         return pb.RegisterResponse(
@@ -107,6 +174,11 @@ class AgentApi:
         if cached is not None and cached.generation == gen:
             return cached
         gen, targets = self.planner.assignments(host)
+        if self.networks:  # the fleet's probes go nowhere else
+            kept = tuple(t for t in targets if self._in_fleet(t.address))
+            with self._lock:
+                self.targets_dropped += len(targets) - len(kept)
+            targets = kept
         msg = pb.Assignments(
             host=host,
             generation=gen,
@@ -129,6 +201,13 @@ class AgentApi:
         with self._lock:
             self._sent[host] = msg
         return msg
+
+    def _in_fleet(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in n for n in self.networks)
 
     def report(self, report: pb.WindowReport) -> pb.Ack:
         """Take one report; raises ReportError."""
@@ -165,8 +244,22 @@ def _check_host_info(info: pb.HostInfo) -> None:
         raise ReportError(f"bad host name {info.host[:60]!r}")
     if len(info.addresses) > MAX_ADDRESSES or len(info.devices) > MAX_DEVICES:
         raise ReportError("too many addresses or devices")
+    if any(len(a) > 253 for a in info.addresses):
+        raise ReportError("an address over 253 characters")
     if not 0 <= info.probe_port < 65536:
         raise ReportError("probe_port out of range")
+    if len(info.topology) > MAX_LABEL or len(info.version) > MAX_LABEL:
+        raise ReportError(f"topology and version are at most {MAX_LABEL} characters")
+    if len(info.probe_kinds) > MAX_KINDS or any(len(k) > MAX_LABEL for k in info.probe_kinds):
+        raise ReportError(f"at most {MAX_KINDS} probe kinds of {MAX_LABEL} characters")
+    for d in info.devices:
+        if len(d.name) > MAX_LABEL or len(d.driver) > MAX_LABEL or len(d.ports) > MAX_PORTS:
+            raise ReportError(f"device {d.name[:40]!r}: name, driver or ports out of bounds")
+        for p in d.ports:
+            if len(p.gids) > MAX_GIDS or len(p.state) > MAX_LABEL or len(p.link_layer) > 64:
+                raise ReportError(f"device {d.name[:40]!r} port {p.number}: out of bounds")
+            if any(len(g.gid) > 64 or len(g.type) > 32 or len(g.netdev) > 64 for g in p.gids):
+                raise ReportError(f"device {d.name[:40]!r} port {p.number}: bad GID entry")
 
 
 class CollectorServicer(pb_grpc.CollectorServicer):
@@ -179,8 +272,15 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     def Register(
         self, request: pb.RegisterRequest, context: grpc.ServicerContext
     ) -> pb.RegisterResponse:
+        ident = identity_of(context)
         try:
-            resp = self.api.register(request.host)
+            resp = self.api.register(
+                request.host,
+                owned=ident.addresses if ident is not None else frozenset(),
+                source=peer_address(context),
+            )
+        except AddressRefused as e:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"register: {e}")
         except ReportError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register: {e}")
         log.info("registered host=%s addresses=%s", request.host.host, list(request.host.addresses))
