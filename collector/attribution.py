@@ -30,13 +30,14 @@ from fabricprobe.collector.history import FabricHistory
 from fabricprobe.collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
 from fabricprobe.collector.otlp import TraceIngest
 from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
-from fabricprobe.collector.store import WindowStore
+from fabricprobe.collector.store import WindowStore, host_pair
 
 DURATION_BUCKETS_S: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0,
 )  # fmt: skip
 MAX_PATHS = 1024  # distinct (src, dst, transport) label sets; the rest are counted as "other"
+MAX_PAIRS = 4096  # host pairs whose fabric history is kept for the join
 MAX_RECORDS = 50_000  # stage records kept (and as many request records), newest first
 MAX_BYTES = 2**53  # a KV transfer larger than this (8 PiB) is not a measurement
 MAX_SECONDS = 86_400.0  # request figures (TTFT, e2e) beyond a day are not either
@@ -131,6 +132,7 @@ class Attribution:
         self.last_good: Analysis | None = None  # what a scrape shows when analysis fails
         self.analysis_failures = 0
         self.dropped_values = 0  # records whose figures were out of range
+        self.pairs_dropped = 0  # KV host pairs beyond MAX_PAIRS, not watched
 
     def take(self, stages: list[StageRecord], requests: list[RequestRecord]) -> None:
         """Keep records from one OTLP batch and count them into the histograms; records
@@ -157,8 +159,24 @@ class Attribution:
                 if r.itl_s is not None:
                     self.itl_hist.observe(r.itl_s)
             self._cache = None
+        pairs = self._bounded(pairs)
         if pairs:  # the fabric of these paths is now wanted for the join
             self.history.watch(pairs, self.store)
+
+    def _bounded(self, pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The host pairs of PAIRS the fabric history may watch: one end at least is a host the
+        store knows (no agent at either end, no fabric figures to keep), and at most
+        MAX_PAIRS in all; the others are counted in pairs_dropped."""
+        if self.store is not None:
+            known = self.store.hosts
+            pairs = {p for p in pairs if p[0] in known or p[1] in known}
+        new = sorted({host_pair(a, b) for a, b in pairs} - self.history.pairs)
+        room = max(0, MAX_PAIRS - len(self.history.pairs))
+        if len(new) > room:
+            with self.lock:
+                self.pairs_dropped += len(new) - room
+            return set(new[:room])
+        return set(new)
 
     def _kv_hist(self, s: StageRecord) -> Histogram:
         key = (s.src, s.dst, s.transport or "unknown")

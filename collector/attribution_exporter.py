@@ -98,6 +98,11 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             "Stage and request records dropped for figures out of range.",
             labels=[],
         ),
+        "pairs_dropped": CounterMetricFamily(
+            P + "attribution_pairs_dropped",
+            "KV host pairs beyond the bound whose fabric history is not kept.",
+            labels=[],
+        ),
         "history_dropped": CounterMetricFamily(
             P + "fabric_history_dropped",
             "Reports whose fabric windows the join's history had no room for.",
@@ -133,6 +138,7 @@ class AttributionCollector(Collector):
         f["history_dropped"].add_metric([], float(a.history.inbox_dropped))
         f["analysis_failures"].add_metric([], float(a.analysis_failures))
         f["dropped_values"].add_metric([], float(a.dropped_values))
+        f["pairs_dropped"].add_metric([], float(a.pairs_dropped))
         yield from f.values()
 
     @staticmethod

@@ -274,3 +274,24 @@ def test_the_planner_sends_probes_only_inside_the_fleet_networks() -> None:
     targets = a.assignments("h1").targets
     assert {t.address for t in targets} == {"10.1.0.2"}
     assert a.targets_dropped == 1
+
+
+def test_kv_pairs_watched_are_bounded_and_only_between_fleet_hosts() -> None:
+    from fabricprobe.collector.attribution import MAX_PAIRS, Attribution
+    from fabricprobe.collector.stages import StageRecord
+
+    store = WindowStore()
+    for i in range(100):
+        store.register(pb.HostInfo(host=f"h{i}"))
+    a = Attribution(store)
+    now = time.time_ns()
+    stages = [
+        StageRecord("r", "kv_transfer", now - S, now, f"h{i}", f"h{j}", transport="rdma", bytes=1)
+        for i in range(100)
+        for j in range(i + 1, 100)
+    ]  # 4,950 pairs
+    stages.append(StageRecord("r", "kv_transfer", now - S, now, "nobody", "stranger", bytes=1))
+    a.take(stages, [])
+    assert len(a.history.pairs) == MAX_PAIRS
+    assert a.pairs_dropped == 4950 - MAX_PAIRS
+    assert all("stranger" not in p for p in a.history.pairs)
