@@ -22,8 +22,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from fabricprobe.collector.attribution import Attribution, add_why_service
+from fabricprobe.collector.attribution import Attribution
 from fabricprobe.collector.otlp import add_trace_service
+from fabricprobe.collector.query import add_query_service
 from fabricprobe.collector.store import WindowStore
 
 P = "fabricprobe_"
@@ -87,6 +88,21 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
         "rejected": CounterMetricFamily(
             P + "otlp_spans_rejected", "Spans refused as malformed or oversized.", labels=[]
         ),
+        "analysis_failures": CounterMetricFamily(
+            P + "attribution_failures",
+            "Analyses that failed; the last good one was served instead.",
+            labels=[],
+        ),
+        "dropped_values": CounterMetricFamily(
+            P + "attribution_dropped",
+            "Stage and request records dropped for figures out of range.",
+            labels=[],
+        ),
+        "pairs_dropped": CounterMetricFamily(
+            P + "attribution_pairs_dropped",
+            "KV host pairs beyond the bound whose fabric history is not kept.",
+            labels=[],
+        ),
         "history_dropped": CounterMetricFamily(
             P + "fabric_history_dropped",
             "Reports whose fabric windows the join's history had no room for.",
@@ -114,29 +130,41 @@ class AttributionCollector(Collector):
                 f["kv"].add_metric(list(path), h.buckets(), h.total)
             f["ttft"].add_metric([], a.ttft_hist.buckets(), a.ttft_hist.total)
             f["itl"].add_metric([], a.itl_hist.buckets(), a.itl_hist.total)
-        res = a.analyse()
+        res = a.analyse_or_last()
+        if res is not None:
+            self._analysis(res, f)
+        f["received"].add_metric([], float(a.ingest.received_total))
+        f["rejected"].add_metric([], float(a.ingest.rejected_total))
+        f["history_dropped"].add_metric([], float(a.history.inbox_dropped))
+        f["analysis_failures"].add_metric([], float(a.analysis_failures))
+        f["dropped_values"].add_metric([], float(a.dropped_values))
+        f["pairs_dropped"].add_metric([], float(a.pairs_dropped))
+        yield from f.values()
+
+    @staticmethod
+    def _analysis(res: Any, f: dict[str, Any]) -> None:
+        def add(name: str, labels: list[str], value: Any) -> None:
+            v = float(value)
+            if math.isfinite(v):  # a figure that is not finite is not exported
+                f[name].add_metric(labels, v)
+
         for row in res.paths.itertuples(index=False):
             labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
-            f["explained"].add_metric(labels, float(row.explained_s))
-            f["bound"].add_metric(labels, 1.0 if row.fabric_bound else 0.0)
+            add("explained", labels, row.explained_s)
+            add("bound", labels, 1.0 if row.fabric_bound else 0.0)
         corr = res.correlation.dropna(subset=["rho_rtt_p99"])
         if len(corr):
             newest = corr[corr["window"] == corr["window"].max()]
             for row in newest.itertuples(index=False):
                 labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
-                f["rho"].add_metric(labels, float(row.rho_rtt_p99))
+                add("rho", labels, row.rho_rtt_p99)
         share = res.requests["fabric_share_ttft"].median() if len(res.requests) else math.nan
-        if not math.isnan(share):
-            f["share"].add_metric([], float(share))
-        f["comm"].add_metric([], 1.0 if res.communication_bound else 0.0)
+        add("share", [], share)
+        add("comm", [], 1.0 if res.communication_bound else 0.0)
         if len(res.goodput):
             g = res.goodput.iloc[0]
-            f["goodput"].add_metric([], float(g["goodput_tps"]))
-            f["throughput"].add_metric([], float(g["throughput_tps"]))
-        f["received"].add_metric([], float(a.ingest.received_total))
-        f["rejected"].add_metric([], float(a.ingest.rejected_total))
-        f["history_dropped"].add_metric([], float(a.history.inbox_dropped))
-        yield from f.values()
+            add("goodput", [], g["goodput_tps"])
+            add("throughput", [], g["throughput_tps"])
 
 
 def attach_attribution(
@@ -146,7 +174,7 @@ def attach_attribution(
     REGISTRY, and keep the fabric history fed from STORE until STOP is set."""
     attribution = Attribution(store)
     add_trace_service(server, attribution.ingest)
-    add_why_service(server, attribution)
+    add_query_service(server, attribution)
     registry.register(AttributionCollector(attribution))
     attribution.run_sync(stop)
     return attribution

@@ -11,7 +11,13 @@ import click
 
 from fabricprobe.agent.agent import EX_SOFTWARE, Agent
 from fabricprobe.agent.config import AgentConfig, apply, load_toml
-from fabricprobe.cli.options import fail, log_format_option, log_level_option, sysfs_option
+from fabricprobe.cli.options import (
+    collector_credential_options,
+    fail,
+    log_format_option,
+    log_level_option,
+    sysfs_option,
+)
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.logs import setup_logging
 from fabricprobe.probes.errors import ProbeError
@@ -52,13 +58,7 @@ Examples:
 @click.option("--spool-max-windows", type=click.IntRange(1), help="Spool bound in windows [8640].")
 @click.option("--spool-max-bytes", type=click.IntRange(4096), help="Spool bound in bytes [64 MiB].")
 @click.option("--no-ethtool", "no_ethtool", is_flag=True, help="Do not run `ethtool -S`.")
-@click.option("--insecure", is_flag=True, default=None, help="Plain text to the collector.")
-@click.option(
-    "--token-file", type=click.Path(dir_okay=False), help="File holding this host's token."
-)
-@click.option("--ca-file", type=click.Path(dir_okay=False), help="CA of the collector (TLS).")
-@click.option("--cert-file", type=click.Path(dir_okay=False), help="Client certificate (PEM).")
-@click.option("--key-file", type=click.Path(dir_okay=False), help="Client key (PEM).")
+@collector_credential_options("File holding this host's token.")
 @log_format_option
 @log_level_option
 @sysfs_option
