@@ -218,28 +218,3 @@ timeout_option = click.option(
     show_default=True,
     help="Deadline in seconds for each step; a silent peer ends the run as loss.",
 )
-
-
-# --- credentials of the commands that query a collector (report; same as an agent's) ---
-
-_CLIENT_AUTH = [
-    click.option("--insecure", is_flag=True, help="Plain text to the collector."),
-    click.option(
-        "--token-file",
-        type=click.Path(dir_okay=False),
-        help="File holding a token the collector knows.",
-    ),
-    click.option("--ca-file", type=click.Path(dir_okay=False), help="CA of the collector (TLS)."),
-    click.option("--cert-file", type=click.Path(dir_okay=False), help="Client certificate (PEM)."),
-    click.option("--key-file", type=click.Path(dir_okay=False), help="Client key (PEM)."),
-    click.option(
-        "--server-name", help="TLS name to expect from the collector, if not its address."
-    ),
-]
-
-
-def client_auth_options(f: Any) -> Any:
-    """--insecure, --token-file, --ca-file, --cert-file, --key-file, --server-name."""
-    for option in reversed(_CLIENT_AUTH):
-        f = option(f)
-    return f

@@ -9,6 +9,7 @@ unreadable /metrics ends the report, since every other section leans on it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,13 +19,7 @@ import pandas as pd
 
 from fabricprobe.report import figures, frames
 from fabricprobe.report.page import Picture, Section, esc, number, page, para, table
-from fabricprobe.report.sources import (
-    ClientAuth,
-    SourceError,
-    fetch_metrics,
-    prometheus_range,
-    query_why,
-)
+from fabricprobe.report.sources import HttpAuth, SourceError, fetch_metrics, prometheus_range
 
 MAX_PATHS = 12  # paths drawn in one CDF or over-time figure
 MAX_HOSTS = 40  # hosts per heatmap axis
@@ -38,7 +33,7 @@ class ReportOptions:
     collector: str
     metrics_url: str
     out_dir: Path
-    auth: ClientAuth
+    auth: HttpAuth
     window_s: float = 600.0
     prometheus: str = ""
     timeout: float = 30.0
@@ -64,19 +59,19 @@ def rtt_query(q: float, rate_s: float) -> str:
     )
 
 
-def gather(opts: ReportOptions) -> Gathered:
-    """Read every source; SourceError when /metrics cannot be read."""
+WhyQuery = Callable[[int, float, float], dict[str, Any]]  # (slowest, window_s, timeout)
+
+
+def gather(opts: ReportOptions, why_query: WhyQuery) -> Gathered:
+    """Read every source; SourceError when /metrics cannot be read. WHY_QUERY asks the
+    collector for its Why report (the slowest requests with their paths' figures, as
+    `probe why --json` prints it) and raises SourceError when it cannot."""
     now = time.time()
     text = fetch_metrics(opts.metrics_url, opts.auth, timeout=opts.timeout)
-    why, why_error = None, ""
+    why: dict[str, Any] | None = None
+    why_error = ""
     try:
-        why = query_why(
-            opts.auth,
-            opts.collector,
-            slowest=min(opts.slowest, 200),
-            window_s=opts.window_s,
-            timeout=opts.timeout,
-        )
+        why = why_query(min(opts.slowest, 200), opts.window_s, opts.timeout)
     except SourceError as e:
         why_error = str(e)
     prom: dict[str, pd.DataFrame] = {}

@@ -1,12 +1,12 @@
-"""Where the report's data comes from: a collector's /metrics and Why query, and
-optionally a Prometheus HTTP API. Every call has a deadline and a size bound.
-
-Credentials mean what they mean to an agent: TLS with the collector's CA (and a client
-certificate), a bearer token, or plain text only when asked for (`insecure`).
+"""Where the report's data comes from over HTTP: a collector's /metrics and, optionally,
+a Prometheus HTTP API. Every call has a deadline and a size bound. (The Why query is a
+gRPC call the command makes with the collector credentials every client shares, and
+hands to build.gather().)
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import ssl
 import urllib.error
@@ -16,14 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-
-from fabricprobe.agent.client import channel_credentials
-from fabricprobe.collector.attribution import WHY_METHOD
 from fabricprobe.core.errors import ConfigError
 
 MAX_BODY = 64 << 20  # bytes read from one HTTP answer
-MAX_MESSAGE = 16 << 20  # bytes of one gRPC reply
 
 
 class SourceError(Exception):
@@ -31,95 +26,53 @@ class SourceError(Exception):
 
 
 @dataclass(frozen=True)
-class ClientAuth:
-    """How a client command reaches a secured collector."""
+class HttpAuth:
+    """How the report reads /metrics and Prometheus: TLS checked against CA_FILE (else the
+    system's CAs), a client certificate if given, and HTTP basic auth for the collector's
+    /metrics (its web config's basic_auth_users), only over https."""
 
-    insecure: bool = False
-    token_file: str = ""
     ca_file: str = ""
     cert_file: str = ""
     key_file: str = ""
-    server_name: str = ""  # TLS name to expect, if not the address
-
-    def validate(self) -> None:
-        if not (self.insecure or self.token_file or self.ca_file):
-            raise ConfigError(
-                "no credentials: give --token-file or --ca-file (TLS), or --insecure for plain text"
-            )
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ConfigError("--cert-file and --key-file go together")
-        if self.cert_file and not self.ca_file:
-            raise ConfigError("--cert-file needs --ca-file: a client certificate is sent over TLS")
-
-    def token(self) -> str | None:
-        if not self.token_file:
-            return None
-        try:
-            text = Path(self.token_file).read_text().strip()
-        except OSError as e:
-            raise ConfigError(f"{self.token_file}: {e.strerror}") from None
-        if not text or any(c.isspace() for c in text):
-            raise ConfigError(f"{self.token_file}: expected one token")
-        return text
-
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        token = self.token()
-        return (("authorization", f"Bearer {token}"),) if token else ()
-
-    def channel(self, target: str) -> grpc.Channel:
-        opts: list[tuple[str, object]] = [("grpc.max_receive_message_length", MAX_MESSAGE)]
-        if self.server_name:
-            opts.append(("grpc.ssl_target_name_override", self.server_name))
-        if not self.ca_file:
-            return grpc.insecure_channel(target, options=opts)
-        try:
-            creds = channel_credentials(self.ca_file, self.cert_file, self.key_file)
-        except OSError as e:
-            raise ConfigError(f"{e.filename}: {e.strerror}") from None
-        return grpc.secure_channel(target, creds, options=opts)
+    basic_file: str = ""  # one line: USER:PASSWORD
 
     def ssl_context(self) -> ssl.SSLContext:
-        """For https URLs: the CA given (else the system's), the client certificate if any."""
-        ctx = ssl.create_default_context(cafile=self.ca_file or None)
-        if self.cert_file:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file or None)
+            if self.cert_file:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+        except OSError as e:
+            raise ConfigError(f"{e.filename or self.ca_file}: {e.strerror}") from None
         return ctx
 
-
-def query_why(
-    auth: ClientAuth, target: str, *, slowest: int, window_s: float | None, timeout: float
-) -> dict[str, Any]:
-    """The collector's Why report: the slowest requests of the window with their paths'
-    fabric figures, as one dict ({"slowest": [flat dict per request], "paths": ...})."""
-    with auth.channel(target) as channel:
-        call = channel.unary_unary(
-            WHY_METHOD,
-            request_serializer=lambda o: json.dumps(o).encode(),
-            response_deserializer=json.loads,
-        )
-        body = {"slowest": slowest, "window_s": window_s, "by": "e2e_s"}
+    def basic(self) -> str | None:
+        """The Authorization header value of BASIC_FILE, None without one."""
+        if not self.basic_file:
+            return None
         try:
-            reply = call(body, timeout=timeout, metadata=auth.metadata())
-        except grpc.RpcError as e:
-            raise SourceError(f"collector {target}: {e.code().name}: {e.details()}") from None
-        except ValueError as e:  # not JSON
-            raise SourceError(f"collector {target}: unreadable Why reply: {e}") from None
-    if not isinstance(reply, dict):
-        raise SourceError(f"collector {target}: the Why reply is not an object")
-    return reply
+            text = Path(self.basic_file).read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"{self.basic_file}: {e.strerror}") from None
+        user, sep, password = text.partition(":")
+        if not sep or not user or "\n" in text:
+            raise ConfigError(f"{self.basic_file}: expected one line USER:PASSWORD")
+        return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
 
 
 def http_get(
-    url: str, auth: ClientAuth, *, timeout: float, token: bool = True, accept: str = "*/*"
+    url: str, auth: HttpAuth, *, timeout: float, basic: bool = False, accept: str = "*/*"
 ) -> bytes:
-    """GET URL (http or https) with a deadline, at most MAX_BODY bytes."""
+    """GET URL (http or https) with a deadline, at most MAX_BODY bytes; with BASIC, the
+    basic-auth header (https only: a password never goes out in clear)."""
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in ("http", "https"):
         raise SourceError(f"{url}: only http and https URLs are read")
     req = urllib.request.Request(url, headers={"Accept": accept})
-    bearer = auth.token() if token else None
-    if bearer:
-        req.add_header("Authorization", f"Bearer {bearer}")
+    header = auth.basic() if basic else None
+    if header:
+        if scheme != "https":
+            raise ConfigError(f"{url}: basic auth only over https")
+        req.add_header("Authorization", header)
     ctx = auth.ssl_context() if scheme == "https" else None
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
@@ -134,8 +87,8 @@ def http_get(
     return body
 
 
-def fetch_metrics(url: str, auth: ClientAuth, *, timeout: float) -> str:
-    body = http_get(url, auth, timeout=timeout, accept="text/plain;version=0.0.4")
+def fetch_metrics(url: str, auth: HttpAuth, *, timeout: float) -> str:
+    body = http_get(url, auth, timeout=timeout, basic=True, accept="text/plain;version=0.0.4")
     return body.decode("utf-8", errors="replace")
 
 
@@ -146,16 +99,16 @@ def prometheus_range(
     start: float,
     end: float,
     step: float,
-    auth: ClientAuth,
+    auth: HttpAuth,
     timeout: float,
 ) -> list[Any]:
-    """One /api/v1/query_range answer's result (a matrix). The collector's token is not
-    sent: Prometheus is another service."""
+    """One /api/v1/query_range answer's result (a matrix). The collector's password is
+    not sent: Prometheus is another service."""
     args = urllib.parse.urlencode(
         {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
     )
     url = f"{base.rstrip('/')}/api/v1/query_range?{args}"
-    body = http_get(url, auth, timeout=timeout, token=False, accept="application/json")
+    body = http_get(url, auth, timeout=timeout, accept="application/json")
     try:
         doc = json.loads(body)
     except ValueError:

@@ -22,12 +22,13 @@ from matplotlib.image import imread
 
 from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
+from fabricprobe.cli.commands.why import query as why_query
+from fabricprobe.cli.options import CollectorCredentials
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.auth import MutualTls
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.probes.ethtool import CommandResult
 from fabricprobe.probes.responder import Responder, load_session_modules
-from fabricprobe.report.sources import ClientAuth, SourceError, query_why
 from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import emit_request
@@ -44,7 +45,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
              "ca.pem", "-days", "2", "-subj", "/CN=report test CA", cwd=d)  # fmt: skip
     _issue(d, "collector", "/CN=collector", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in [*HOSTS, "reader"]:
+    for name in [*HOSTS, "reader", "engine"]:
         _issue(d, name, f"/CN={name}", f"subjectAltName=DNS:{name}\n")
     return d
 
@@ -52,7 +53,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def collector(pki: Path) -> Iterator[CollectorServer]:
     auth = MutualTls.from_files(
-        str(pki / "collector.pem"), str(pki / "collector.key"), str(pki / "ca.pem")
+        str(pki / "collector.pem"),
+        str(pki / "collector.key"),
+        str(pki / "ca.pem"),
+        readers=frozenset({"reader"}),  # the report's certificate: it may query
+        ingest=frozenset({"engine"}),  # the inference server's: it may send spans
     )
     cfg = ServerConfig(
         listen="127.0.0.1:0",
@@ -132,8 +137,8 @@ def send_spans(pki: Path, port: int, responder_port: int) -> list[str]:
 
     creds = grpc.ssl_channel_credentials(
         (pki / "ca.pem").read_bytes(),
-        (pki / "reader.key").read_bytes(),
-        (pki / "reader.pem").read_bytes(),
+        (pki / "engine.key").read_bytes(),
+        (pki / "engine.pem").read_bytes(),
     )
     provider = TracerProvider(resource=Resource.create({"service.name": "report-test"}))
     exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{port}", credentials=creds, timeout=10)
@@ -251,9 +256,22 @@ def test_report_renders_in_chromium(
         assert not res.stderr, res.stderr  # every source answered
 
         # plain text, or TLS without the client certificate: the collector refuses
-        for auth in (ClientAuth(insecure=True), ClientAuth(ca_file=str(pki / "ca.pem"))):
-            with pytest.raises(SourceError, match="UNAVAILABLE"):
-                query_why(auth, f"127.0.0.1:{collector.port}", slowest=1, window_s=60, timeout=5)
+        for creds in (
+            CollectorCredentials(insecure=True),
+            CollectorCredentials(ca_file=str(pki / "ca.pem")),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                why_query(f"127.0.0.1:{collector.port}", 1, 60, "e2e_s", 5, creds)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        # a host's certificate does not make a reader
+        host = CollectorCredentials(
+            ca_file=str(pki / "ca.pem"),
+            cert_file=str(pki / "host-2.pem"),
+            key_file=str(pki / "host-2.key"),
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            why_query(f"127.0.0.1:{collector.port}", 1, 60, "e2e_s", 5, host)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
         for a in agents:
             a.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import http.server
 import re
 import threading
@@ -13,7 +14,8 @@ import pytest
 
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.report import build
-from fabricprobe.report.sources import ClientAuth, SourceError, fetch_metrics, prometheus_range
+from fabricprobe.report.sources import HttpAuth, SourceError, fetch_metrics, prometheus_range
+from tests.unit.test_metrics_http import pki, registry, web_config  # noqa: F401  (pki: a fixture)
 
 EVIL = '<script>alert("x")</script>$\\frac{a}{b}$' + "x" * 300
 
@@ -45,7 +47,7 @@ def opts(tmp_path: Path) -> build.ReportOptions:
         collector="127.0.0.1:1",
         metrics_url="http://127.0.0.1:1/metrics",
         out_dir=tmp_path / "out",
-        auth=ClientAuth(insecure=True),
+        auth=HttpAuth(),
     )
 
 
@@ -88,16 +90,17 @@ def test_sources_that_failed_say_so(opts: build.ReportOptions) -> None:
     assert pics == []
 
 
-def test_credentials_are_checked_like_an_agents(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no credentials"):
-        ClientAuth().validate()
-    with pytest.raises(ConfigError, match="go together"):
-        ClientAuth(ca_file="ca", cert_file="c").validate()
-    (tmp_path / "tok").write_text("two words\n")
-    with pytest.raises(ConfigError, match="one token"):
-        ClientAuth(token_file=str(tmp_path / "tok")).metadata()
+def test_basic_auth_files_are_checked(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("no colon here\n")
+    with pytest.raises(ConfigError, match="USER:PASSWORD"):
+        HttpAuth(basic_file=str(tmp_path / "pw")).basic()
     with pytest.raises(ConfigError, match="No such file"):
-        ClientAuth(token_file=str(tmp_path / "none")).metadata()
+        HttpAuth(basic_file=str(tmp_path / "none")).basic()
+    (tmp_path / "pw").write_text("prom:s3cret:with:colons\n")
+    assert (
+        HttpAuth(basic_file=str(tmp_path / "pw")).basic()
+        == "Basic " + base64.b64encode(b"prom:s3cret:with:colons").decode()
+    )
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
@@ -125,11 +128,15 @@ def recorder() -> Iterator[str]:
     server.server_close()
 
 
-def test_the_token_goes_to_the_collector_only(recorder: str, tmp_path: Path) -> None:
-    (tmp_path / "tok").write_text("s3cret-token-0123456789\n")
-    auth = ClientAuth(token_file=str(tmp_path / "tok"))
-    assert fetch_metrics(recorder + "/metrics", auth, timeout=5) == "fabricprobe_host_up 1\n"
-    assert _Recorder.seen[-1]["Authorization"] == "Bearer s3cret-token-0123456789"
+def test_the_password_goes_to_the_collector_only_and_never_in_clear(
+    recorder: str, tmp_path: Path
+) -> None:
+    (tmp_path / "pw").write_text("prom:s3cret\n")
+    auth = HttpAuth(basic_file=str(tmp_path / "pw"))
+    with pytest.raises(ConfigError, match="basic auth only over https"):
+        fetch_metrics(recorder + "/metrics", auth, timeout=5)
+    assert _Recorder.seen == []  # refused before connecting
+    assert fetch_metrics(recorder + "/metrics", HttpAuth(), timeout=5) == "fabricprobe_host_up 1\n"
     with pytest.raises(SourceError, match="not JSON"):  # the recorder answers text
         prometheus_range(recorder, "up", start=0, end=1, step=1, auth=auth, timeout=5)
     assert "Authorization" not in _Recorder.seen[-1]
@@ -138,7 +145,7 @@ def test_the_token_goes_to_the_collector_only(recorder: str, tmp_path: Path) -> 
 
 def test_only_http_urls_are_read() -> None:
     with pytest.raises(SourceError, match="only http"):
-        fetch_metrics("file:///etc/passwd", ClientAuth(insecure=True), timeout=1)
+        fetch_metrics("file:///etc/passwd", HttpAuth(), timeout=1)
 
 
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
@@ -148,7 +155,7 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     from tests.integration.test_loopback_fleet import free_port
 
     res = CliRunner().invoke(main, ["report", "--out", str(tmp_path)])
-    assert res.exit_code == 2 and "no credentials" in res.output
+    assert res.exit_code == 2 and "no TLS: give --ca-file" in res.output
     res = CliRunner().invoke(main, ["report", "--insecure", "--cert-file", "c"])
     assert res.exit_code == 2 and "go together" in res.output
     dead = f"http://127.0.0.1:{free_port()}/metrics"
@@ -157,3 +164,23 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     assert res.exit_code == 1 and res.output.startswith(f"probe: error: {dead}: ")
     assert len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "report.html").exists()
+
+
+def test_metrics_behind_a_web_config(pki: Path, tmp_path: Path) -> None:  # noqa: F811
+    """TLS and basic auth as the collector's /metrics serves them (its web config)."""
+    from fabricprobe.collector.exposition import load_web_config, serve_metrics
+
+    reg, _ = registry()
+    server = serve_metrics("127.0.0.1", 0, reg, web=load_web_config(str(web_config(pki))))
+    url = f"https://127.0.0.1:{server.server_address[1]}/metrics"
+    (tmp_path / "pw").write_text("prometheus:s3cret\n")
+    try:
+        good = HttpAuth(ca_file=str(pki / "ca.pem"), basic_file=str(tmp_path / "pw"))
+        assert "fabricprobe_test_value 1.0" in fetch_metrics(url, good, timeout=5)
+        with pytest.raises(SourceError, match="HTTP 401"):
+            fetch_metrics(url, HttpAuth(ca_file=str(pki / "ca.pem")), timeout=5)
+        with pytest.raises(SourceError, match="CERTIFICATE_VERIFY_FAILED"):
+            fetch_metrics(url, HttpAuth(basic_file=str(tmp_path / "pw")), timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()

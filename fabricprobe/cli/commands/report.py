@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from fabricprobe.cli.options import OneLineCommand, client_auth_options, fail
+from fabricprobe.cli.commands.why import query
+from fabricprobe.cli.options import (
+    CollectorCredentials,
+    OneLineCommand,
+    collector_credential_options,
+    fail,
+)
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.probes.control import parse_hostport
 
@@ -34,7 +41,9 @@ Examples:
               show_default=True, help="Seconds back: requests, RTT over time.")  # fmt: skip
 @click.option("--timeout", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
               help="Seconds each source may take.")  # fmt: skip
-@client_auth_options
+@click.option("--metrics-auth-file", type=click.Path(dir_okay=False),
+              help="USER:PASSWORD for /metrics behind a web config (https only).")  # fmt: skip
+@collector_credential_options("File holding a token the collector knows (Why query).")
 def report(
     collector: str,
     metrics_url: str | None,
@@ -42,47 +51,53 @@ def report(
     out_dir: str,
     window_s: float,
     timeout: float,
-    insecure: bool,
-    token_file: str | None,
-    ca_file: str | None,
-    cert_file: str | None,
-    key_file: str | None,
-    server_name: str | None,
+    metrics_auth_file: str | None,
+    **creds: str | bool | None,
 ) -> None:
     """Write OUT/report.html, one self-contained page (pictures inline, nothing fetched
     when it opens): RTT CDFs per path, src x dst and ToR heatmaps of RTT and loss, the
     slowest requests' stages beside their path's fabric at the time, counters and
     validate verdicts per host; and RTT over time when --prometheus is given. The PNGs
-    are written beside it. Credentials mean what they mean to `probe agent`."""
+    are written beside it. The credentials are those of `probe why`; https URLs are
+    checked against --ca-file, with the client certificate."""
     from fabricprobe.report.build import ReportOptions, gather, write
-    from fabricprobe.report.sources import ClientAuth, SourceError
+    from fabricprobe.report.sources import HttpAuth, SourceError
 
-    auth = ClientAuth(
-        insecure=insecure,
-        token_file=token_file or "",
-        ca_file=ca_file or "",
-        cert_file=cert_file or "",
-        key_file=key_file or "",
-        server_name=server_name or "",
-    )
+    cc = CollectorCredentials(**creds)  # type: ignore[arg-type]
+    cc.check()
     try:
-        auth.validate()
         host, port = parse_hostport(collector, 4794)
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:
         fail(str(e))
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    url = metrics_url or (f"http://{target.rsplit(':', 1)[0]}:9794/metrics")
+    url = metrics_url or f"http://{target.rsplit(':', 1)[0]}:9794/metrics"
+    http = HttpAuth(
+        ca_file=cc.ca_file or "",
+        cert_file=cc.cert_file or "",
+        key_file=cc.key_file or "",
+        basic_file=metrics_auth_file or "",
+    )
     opts = ReportOptions(
         collector=target,
         metrics_url=url,
         out_dir=Path(out_dir),
-        auth=auth,
+        auth=http,
         window_s=window_s,
         prometheus=prometheus,
         timeout=timeout,
     )
+
+    def why_query(slowest: int, window: float, deadline: float) -> dict[str, Any]:
+        """`probe why`'s own query, its errors turned into the report's."""
+        import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+
+        try:
+            return query(target, slowest, window, "e2e_s", deadline, cc)
+        except grpc.RpcError as e:
+            raise SourceError(f"collector {target}: {e.code().name}: {e.details()}") from None
+
     try:
-        gathered = gather(opts)
+        gathered = gather(opts, why_query)
         page = write(gathered, opts)
     except ConfigError as e:
         fail(str(e))
