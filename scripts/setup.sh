@@ -3,6 +3,7 @@
 # Idempotent: what is already there is left alone. Run as root (apt, QEMU).
 #   * Debian packages for the soft-RoCE VM lane, perftest/sockperf/qperf (lane/install.sh)
 #   * promtool (Debian's prometheus package) for checking the metrics exposition
+#   * chromium, headless, for checking what `probe report` shows
 #   * helm and systemd-analyze for the deploy checks (scripts/install-deploy-tools.sh)
 #   * the native engine of the probes (scripts/build-native.sh)
 #   * .venv: the project (editable) with its dev extras, seeing Debian's pyverbs
@@ -16,6 +17,10 @@ fi
 # ethtool: the agent reads PFC, ECN and discard counters with `ethtool -S`.
 if ! command -v ethtool >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ethtool >/dev/null
+fi
+# headless Chromium renders `probe report` in its test (tests/integration/test_report.py).
+if ! command -v chromium >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
 fi
 # helm and systemd-analyze for the deploy checks (tests/unit/test_deploy.py).
 bash scripts/install-deploy-tools.sh

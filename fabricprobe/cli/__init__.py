@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "workload": "fabricprobe.cli.commands.workload:workload",
     "why": "fabricprobe.cli.commands.why:why",
     "windows": "fabricprobe.cli.commands.windows:windows",
+    "report": "fabricprobe.cli.commands.report:report",
 }
 
 

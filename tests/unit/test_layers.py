@@ -28,6 +28,7 @@ FLOORS = {
     "fabricprobe.collector": 3,
     "fabricprobe.workload": 3,
     "fabricprobe.grafana": 4,
+    "fabricprobe.report": 4,
     "fabricprobe.cli": 5,
     "fabricprobe.__main__": 6,
 }

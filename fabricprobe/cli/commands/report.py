@@ -1,0 +1,112 @@
+"""`probe report`: one HTML page (and its PNGs) of the fleet's paths, slow requests and hosts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fabricprobe.cli.commands.why import query
+from fabricprobe.cli.options import (
+    CollectorCredentials,
+    OneLineCommand,
+    collector_credential_options,
+    fail,
+)
+from fabricprobe.core.errors import ConfigError
+from fabricprobe.probes.control import parse_hostport
+
+
+@click.command(
+    cls=OneLineCommand,
+    epilog="""\b
+Examples:
+  probe report --insecure --out /tmp/fabric      # collector on 127.0.0.1
+  probe report --collector 10.0.0.9:4794 --ca-file ca.pem --cert-file me.pem \\
+      --key-file me.key --metrics-url http://10.0.0.9:9794/metrics
+  probe report --insecure --prometheus http://127.0.0.1:9090 --window 3600""",
+)
+@click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT",
+              help="Collector's API, for the Why query.")  # fmt: skip
+@click.option(
+    "--metrics-url", metavar="URL", help="Collector's /metrics [http://HOST:9794/metrics]."
+)
+@click.option(
+    "--prometheus", metavar="URL", default="", help="Prometheus HTTP API, for RTT over time."
+)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="fabricprobe-report",
+              show_default=True, help="Folder for report.html and its PNGs.")  # fmt: skip
+@click.option("--window", "window_s", type=click.FloatRange(1, 7 * 86400), default=600.0,
+              show_default=True, help="Seconds back: requests, RTT over time.")  # fmt: skip
+@click.option("--timeout", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
+              help="Seconds each source may take.")  # fmt: skip
+@click.option("--metrics-auth-file", type=click.Path(dir_okay=False),
+              help="USER:PASSWORD for /metrics behind a web config (https only).")  # fmt: skip
+@collector_credential_options("File holding a token the collector knows (Why query).")
+def report(
+    collector: str,
+    metrics_url: str | None,
+    prometheus: str,
+    out_dir: str,
+    window_s: float,
+    timeout: float,
+    metrics_auth_file: str | None,
+    **creds: str | bool | None,
+) -> None:
+    """Write OUT/report.html, one self-contained page (pictures inline, nothing fetched
+    when it opens): RTT CDFs per path, src x dst and ToR heatmaps of RTT and loss, the
+    slowest requests' stages beside their path's fabric at the time, counters and
+    validate verdicts per host; and RTT over time when --prometheus is given. The PNGs
+    are written beside it. The credentials are those of `probe why`; https URLs are
+    checked against --ca-file, with the client certificate."""
+    from fabricprobe.report.build import ReportOptions, gather, write
+    from fabricprobe.report.sources import HttpAuth, SourceError
+
+    cc = CollectorCredentials(**creds)  # type: ignore[arg-type]
+    cc.check()
+    try:
+        host, port = parse_hostport(collector, 4794)
+    except ValueError as e:
+        fail(str(e))
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    url = metrics_url or f"http://{target.rsplit(':', 1)[0]}:9794/metrics"
+    http = HttpAuth(
+        ca_file=cc.ca_file or "",
+        cert_file=cc.cert_file or "",
+        key_file=cc.key_file or "",
+        basic_file=metrics_auth_file or "",
+    )
+    opts = ReportOptions(
+        collector=target,
+        metrics_url=url,
+        out_dir=Path(out_dir),
+        auth=http,
+        window_s=window_s,
+        prometheus=prometheus,
+        timeout=timeout,
+    )
+
+    def why_query(slowest: int, window: float, deadline: float) -> dict[str, Any]:
+        """`probe why`'s own query, its errors turned into the report's."""
+        import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+
+        try:
+            return query(target, slowest, window, "e2e_s", deadline, cc)
+        except grpc.RpcError as e:
+            raise SourceError(f"collector {target}: {e.code().name}: {e.details()}") from None
+
+    try:
+        gathered = gather(opts, why_query)
+        page = write(gathered, opts)
+    except ConfigError as e:
+        fail(str(e))
+    except SourceError as e:
+        fail(str(e), 1)
+    except OSError as e:
+        fail(f"{out_dir}: {e.strerror}", 1)
+    click.echo(str(page))
+    if gathered.why_error:
+        click.echo(f"probe: warning: {gathered.why_error}", err=True)
+    if gathered.prom_error:
+        click.echo(f"probe: warning: {gathered.prom_error}", err=True)

@@ -1,0 +1,324 @@
+"""`probe report` against a real fleet on loopback: a collector over mutual TLS, three
+agents probing each other, workload spans through the OpenTelemetry SDK, a real
+Prometheus scraping the collector; the page is then rendered in headless Chromium and
+what the screenshot and the DOM show is checked."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc  # type: ignore[import-untyped]
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.config import AgentConfig
+from fabricprobe.cli.commands.why import query as why_query
+from fabricprobe.cli.options import CollectorCredentials
+from fabricprobe.collector.assign import PlanConfig
+from fabricprobe.collector.auth import MutualTls
+from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.probes.ethtool import CommandResult
+from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.workload.models import PRESETS
+from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
+from fabricprobe.workload.spans import emit_request
+from tests.integration.test_loopback_fleet import FIXTURES, free_port, wait_for
+from tests.unit.test_collector_tls import _issue, _openssl
+
+HOSTS = {"host-2": "127.0.0.2", "host-3": "127.0.0.3", "host-4": "127.0.0.4"}
+TOR = {"host-2": "tor-a", "host-3": "tor-a", "host-4": "tor-b"}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+             "ca.pem", "-days", "2", "-subj", "/CN=report test CA", cwd=d)  # fmt: skip
+    _issue(d, "collector", "/CN=collector", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in [*HOSTS, "reader", "engine"]:
+        _issue(d, name, f"/CN={name}", f"subjectAltName=DNS:{name}\n")
+    return d
+
+
+@pytest.fixture
+def collector(pki: Path) -> Iterator[CollectorServer]:
+    auth = MutualTls.from_files(
+        str(pki / "collector.pem"),
+        str(pki / "collector.key"),
+        str(pki / "ca.pem"),
+        readers=frozenset({"reader"}),  # the report's certificate: it may query
+        ingest=frozenset({"engine"}),  # the inference server's: it may send spans
+    )
+    cfg = ServerConfig(
+        listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        grace=0.5,
+        api=ApiConfig(report_interval_ms=1000, plan=PlanConfig(interval_ms=300, count=5, budget=8)),
+    )
+    server = CollectorServer(cfg, auth)
+    server.start()
+    yield server
+    server.stop(0)
+
+
+def agent_config(tmp: Path, pki: Path, name: str, port: int) -> AgentConfig:
+    return AgentConfig(
+        host=name,
+        collector=f"127.0.0.1:{port}",
+        topology=TOR[name],
+        probe_listen=f"{HOSTS[name]}:0",
+        spool_dir=str(tmp / name),
+        sysfs_root=str(tmp / "no-sysfs"),
+        ethtool=False,
+        ca_file=str(pki / "ca.pem"),
+        cert_file=str(pki / f"{name}.pem"),
+        key_file=str(pki / f"{name}.key"),
+        window_s=1.0,
+        probe_timeout=3.0,
+    )
+
+
+@pytest.fixture
+def prometheus(collector: CollectorServer, tmp_path: Path) -> Iterator[str]:
+    exe = shutil.which("prometheus")
+    assert exe, "Debian's prometheus package is needed (scripts/setup.sh installs it)"
+    port = free_port()
+    conf = tmp_path / "prometheus.yml"
+    conf.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: fabricprobe\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{collector.metrics_port}']}}]\n"
+    )
+    proc = subprocess.Popen(
+        [
+            exe,
+            f"--config.file={conf}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def prom_series(base: str, query: str) -> int:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            import json
+
+            return len(json.loads(r.read())["data"]["result"])
+    except OSError:
+        return 0
+
+
+def send_spans(pki: Path, port: int, responder_port: int) -> list[str]:
+    """Workload requests host-2 -> host-3 and host-4 -> host-3 as SDK spans, over TLS."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    creds = grpc.ssl_channel_credentials(
+        (pki / "ca.pem").read_bytes(),
+        (pki / "engine.key").read_bytes(),
+        (pki / "engine.pem").read_bytes(),
+    )
+    provider = TracerProvider(resource=Resource.create({"service.name": "report-test"}))
+    exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{port}", credentials=creds, timeout=10)
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
+    tracer = provider.get_tracer("report-test")
+    cfg = WorkloadConfig(
+        model=PRESETS["Qwen2.5-7B"],
+        prompt_tokens=64,
+        output_tokens=4,
+        prefill_s_per_token=1e-5,
+        decode_step_s=0.001,
+        requests=8,
+        transport="tcp",
+        port=responder_port,
+    )
+    dst = Host("host-3", HOSTS["host-3"])
+    paths = [(Host("host-2", HOSTS["host-2"]), dst), (Host("host-4", HOSTS["host-4"]), dst)]
+    results = run_pipeline(paths, cfg, on_request=lambda r: emit_request(tracer, r, "qwen"))
+    provider.force_flush(10_000)
+    provider.shutdown()
+    assert [r.error for r in results] == [None] * len(results)
+    return [r.request_id for r in results]
+
+
+def run_report(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fabricprobe", "report", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("chromium")
+    assert exe, "Debian's chromium package is needed (scripts/setup.sh installs it)"
+    return subprocess.run(
+        [
+            exe,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--force-device-scale-factor=1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def locate(shot: np.ndarray, picture: np.ndarray) -> tuple[int, int]:
+    """Where PICTURE (drawn at its own size) sits in SHOT: top-left (y, x). The search
+    key is the picture's most varied 48-pixel run of one row, so few places match it."""
+    h, w = picture.shape[:2]
+    best, y0, x0 = -1, 0, 0
+    for y in range(0, h, 4):
+        for x in range(0, w - 48, 16):
+            n = len({tuple(c) for c in picture[y, x : x + 48]})
+            if n > best:
+                best, y0, x0 = n, y, x
+    key = picture[y0, x0 : x0 + 48]
+    for dx in range(0, shot.shape[1] - w + 1):
+        seg = shot[y0 : shot.shape[0] - h + y0 + 1, dx + x0 : dx + x0 + 48]
+        for y in np.nonzero(np.all(np.abs(seg - key) <= 3, axis=(1, 2)))[0][:20]:
+            crop = shot[y : y + h, dx : dx + w]
+            if np.mean(np.abs(crop - picture) <= 3) > 0.99:
+                return int(y), int(dx)
+    raise AssertionError("picture not found in the screenshot")
+
+
+def test_report_renders_in_chromium(
+    collector: CollectorServer, prometheus: str, pki: Path, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    ethtool_text = (FIXTURES / "ethtool" / "mlx5_core.txt").read_text()
+
+    def ethtool(argv: Sequence[str], timeout: float) -> CommandResult:
+        return CommandResult(0, ethtool_text)
+
+    configs = [agent_config(tmp_path, pki, n, collector.port) for n in HOSTS]
+    configs[0].sysfs_root, configs[0].ethtool = str(FIXTURES / "sys" / "mlx5"), True
+    agents = [Agent(configs[0], ethtool_runner=ethtool)] + [Agent(c) for c in configs[1:]]
+    load_session_modules()
+    for a in agents:
+        a.start()
+    try:
+        with Responder(HOSTS["host-3"], 0) as kv_sink:
+            names = list(HOSTS)
+            pairs = len(names) * (len(names) - 1)
+            rtt = "fabricprobe_rtt_seconds_bucket"
+            wait_for(
+                lambda: (
+                    prom_series(prometheus, f'count(rate({rtt}{{le="+Inf"}}[5s]) > 0)') > 0
+                    and prom_series(prometheus, f'{rtt}{{le="+Inf"}}') >= pairs
+                ),
+                timeout=60,
+                what="every pair's RTT buckets in Prometheus, with a rate",
+            )
+            request_ids = send_spans(pki, collector.port, kv_sink.port)
+        wait_for(
+            lambda: len(collector.attribution.analyse(max_age_s=0).requests) >= len(request_ids),
+            what="the requests joined by the collector",
+        )
+        out = tmp_path / "report"
+        tls = ["--ca-file", str(pki / "ca.pem"), "--cert-file", str(pki / "reader.pem"),
+               "--key-file", str(pki / "reader.key")]  # fmt: skip
+        metrics = f"http://127.0.0.1:{collector.metrics_port}/metrics"
+        common = ["--collector", f"127.0.0.1:{collector.port}", "--window", "120",
+                  "--metrics-url", metrics]  # fmt: skip
+        res = run_report([*common, *tls, "--prometheus", prometheus, "--out", str(out)])
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == str(out / "report.html")
+        assert not res.stderr, res.stderr  # every source answered
+
+        # plain text, or TLS without the client certificate: the collector refuses
+        for creds in (
+            CollectorCredentials(insecure=True),
+            CollectorCredentials(ca_file=str(pki / "ca.pem")),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                why_query(f"127.0.0.1:{collector.port}", 1, 60, "e2e_s", 5, creds)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        # a host's certificate does not make a reader
+        host = CollectorCredentials(
+            ca_file=str(pki / "ca.pem"),
+            cert_file=str(pki / "host-2.pem"),
+            key_file=str(pki / "host-2.key"),
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            why_query(f"127.0.0.1:{collector.port}", 1, 60, "e2e_s", 5, host)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        for a in agents:
+            a.close()
+    took = time.monotonic() - started
+
+    page = out / "report.html"
+    html = page.read_text()
+    assert "http://" not in html.split("<body>", 1)[1].split("<dt>metrics</dt>")[0]
+    for png in ("rtt_cdf.png", "heatmap_0.png", "tor_matrix.png", "waterfall.png"):
+        assert (out / png).stat().st_size > 5000, png
+    assert (out / "rtt_p99_over_time.png").exists()
+
+    dom = chromium("--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr
+    text = dom.stdout
+    for heading in ("RTT over time (Prometheus)", "RTT per path", "Heatmaps: src × dst",
+                    "ToR matrix", "Slowest requests", "Counters per host",
+                    "Validate verdicts per host", "No verdicts reported"):  # fmt: skip
+        assert heading in text, heading
+    for s in names:
+        for d in names:
+            if s != d:
+                assert f"{s} → {d} tcp pingpong 64 B" in text, (s, d)
+    shown = [r for r in request_ids if f"request {r}" in text]
+    assert len(shown) == min(10, len(request_ids)), shown
+    assert "host-2 → host-3 tcp" in text and "host-4 → host-3 tcp" in text
+    assert "tor-a" in text and "tor-b" in text
+    # the join found each request's path figures: its RTT p99 at the time is a number
+    p99 = re.findall(r'<td class="l">RTT p99</td><td>([^<]*)</td>', text)
+    assert len(p99) == len(shown) and all(v.endswith(" µs") for v in p99), p99
+
+    shot_file = tmp_path / "shot.png"
+    shot = chromium(f"--screenshot={shot_file}", "--window-size=1400,6000", page.as_uri())
+    assert shot.returncode == 0, shot.stderr
+    screen = (imread(shot_file)[:, :, :3] * 255).astype(np.int16)
+    heat = (imread(out / "heatmap_0.png")[:, :, :3] * 255).astype(np.int16)
+    top, left = locate(screen, heat)
+    # the p50 panel (the left third of the heatmap as the browser drew it): its cells are
+    # areas of one colour each, several colours for several RTTs, grey where not probed
+    h, w = heat.shape[:2]
+    panel = screen[top : top + h, left : left + w // 3].reshape(-1, 3)
+    colours, area = np.unique(panel, axis=0, return_counts=True)
+    cells = [c for c, n in zip(colours, area, strict=True) if n >= 400 and np.ptp(c) > 30]
+    assert len(cells) >= 3, f"{len(cells)} cell colours in the p50 heatmap"
+    grey = np.all(np.abs(panel - 238) <= 2, axis=1).sum()  # unprobed diagonal cells
+    assert grey > 1000
+    for png in ("waterfall.png",):
+        pic = (imread(out / png)[:, :, :3] * 255).astype(np.int16)
+        locate(screen, pic)  # drawn, not a broken-image icon
+    print(f"report test: fleet and report in {took:.1f} s")
