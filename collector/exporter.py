@@ -295,6 +295,26 @@ class FabricCollector(Collector):
                 "Windows dropped because the agent's spool was full.",
                 labels=["src"],
             ),
+            "spool_write_failures": CounterMetricFamily(
+                p + "agent_spool_write_failures",
+                "Window writes the agent's disk refused (ENOSPC, EIO...); kept in memory.",
+                labels=["src"],
+            ),
+            "spool_quarantined": CounterMetricFamily(
+                p + "agent_spool_quarantined",
+                "Corrupt spool files the agent moved to quarantine.",
+                labels=["src"],
+            ),
+            "spool_memory": GaugeMetricFamily(
+                p + "agent_spool_memory_windows",
+                "Windows the agent holds in memory because its disk refused them.",
+                labels=["src"],
+            ),
+            "thread_failures": CounterMetricFamily(
+                p + "agent_thread_failures",
+                "Agent processes on this host ended by a dead thread (then restarted).",
+                labels=["src"],
+            ),
             "links": GaugeMetricFamily(
                 p + "agent_probe_links",
                 "Kept probe links the agent holds to its targets.",
@@ -370,6 +390,10 @@ class FabricCollector(Collector):
                 f["spool"].add_metric([name], float(a.spool_depth))
                 f["spool_bytes"].add_metric([name], float(a.spool_bytes))
                 f["spool_dropped"].add_metric([name], float(a.spool_dropped))
+                f["spool_write_failures"].add_metric([name], float(a.spool_write_failures))
+                f["spool_quarantined"].add_metric([name], float(a.spool_quarantined))
+                f["spool_memory"].add_metric([name], float(a.spool_memory_windows))
+                f["thread_failures"].add_metric([name], float(a.thread_failures))
                 f["links"].add_metric([name], float(a.links))
                 f["sessions"].add_metric([name], float(a.sessions))
                 f["refused"].add_metric([name], float(a.sessions_refused))

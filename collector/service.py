@@ -39,6 +39,8 @@ from fabricprobe.collector.auth import (
 )
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_config, serve_metrics
+from fabricprobe.collector.exposition import serve_metrics
+from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -351,6 +353,7 @@ class ServerConfig:
     forget_after: float = 600.0
     api: ApiConfig = field(default_factory=ApiConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    raw: RawStoreConfig | None = None  # keep every window in Parquet files (rawstore.py)
 
 
 def split_hostport(text: str) -> tuple[str, int]:
@@ -384,6 +387,11 @@ class CollectorServer:
         self._http: Any = None
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
+        self.raw: RawWindowWriter | None = None
+        if cfg.raw is not None:
+            self.raw = RawWindowWriter(cfg.raw)
+            self.store.listeners.append(self.raw)
+            self.registry.register(RawStoreCollector(self.raw))
 
     def start(self) -> None:
         workers = max(4, self.cfg.workers)
@@ -441,6 +449,8 @@ class CollectorServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         self._reaper.start()
+        if self.raw is not None:
+            self.raw.start()
         log.info(
             "collector listening api=%s:%d metrics=%s",
             host,
@@ -469,6 +479,8 @@ class CollectorServer:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+        if self.raw is not None:
+            self.raw.stop()  # the last rows, after the last report
         log.info("collector stopped")
 
     def wait(self, until: Callable[[], bool]) -> None:

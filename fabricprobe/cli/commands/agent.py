@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.agent import EX_SOFTWARE, Agent
 from fabricprobe.agent.config import AgentConfig, apply, load_toml
 from fabricprobe.cli.options import (
     collector_credential_options,
@@ -38,6 +38,11 @@ Examples:
 @click.option("--collector", metavar="HOST:PORT", help="Collector's agent API [127.0.0.1:4794].")
 @click.option("--host", help="This host's name, its identity [the system host name].")
 @click.option("--topology", help="Topology label, e.g. the ToR switch.")
+@click.option(
+    "--metrics-listen",
+    metavar="ADDR:PORT",
+    help="This host's own /metrics [127.0.0.1:9795]; '' for none.",
+)
 @click.option(
     "--listen", "probe_listen", metavar="ADDR:PORT", help="Responder address [0.0.0.0:4793]."
 )
@@ -101,3 +106,6 @@ def agent(
     signal.signal(signal.SIGINT, on_signal)
     the_agent.wait()
     the_agent.close()
+    if the_agent.failure:
+        # A dead thread: exit non-zero so systemd's Restart=on-failure starts a fresh agent.
+        fail(f"agent thread died: {the_agent.failure}", EX_SOFTWARE)
