@@ -39,7 +39,6 @@ from fabricprobe.collector.auth import (
 )
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_config, serve_metrics
-from fabricprobe.collector.exposition import serve_metrics
 from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
 from fabricprobe.collector.store import ReportError, WindowStore
