@@ -92,6 +92,18 @@ class CollectorSettings:
             raise ConfigError(str(e)) from None
         if not 0.1 <= self.report_interval_s <= 3600:
             raise ConfigError("report_interval_s: must be within 0.1..3600")
+        raw = None
+        if self.windows_dir:
+            if self.windows_max_bytes < 1 << 20:
+                raise ConfigError("windows_max_bytes: at least 1 MiB")
+            if not 3600 <= self.windows_max_age_s <= 366 * 86400:
+                raise ConfigError("windows_max_age_s: must be within 3600..31622400")
+            raw = RawStoreConfig(
+                self.windows_dir,
+                max_bytes=self.windows_max_bytes,
+                max_age_s=self.windows_max_age_s,
+                flush_s=min(30.0, max(1.0, self.report_interval_s)),
+            )
         for name in ("health", "reflection"):
             if getattr(self, name) not in ("open", "any", "off"):
                 raise ConfigError(f"{name}: one of open, any, off")
@@ -106,18 +118,6 @@ class CollectorSettings:
             raise ConfigError("streams_per_identity: must be within 1..workers/2")
         if not (0 < self.reports_per_second <= 1e6 and 1 <= self.report_burst <= 1e7):
             raise ConfigError("reports_per_second/report_burst out of range")
-        raw = None
-        if self.windows_dir:
-            if self.windows_max_bytes < 1 << 20:
-                raise ConfigError("windows_max_bytes: at least 1 MiB")
-            if not 3600 <= self.windows_max_age_s <= 366 * 86400:
-                raise ConfigError("windows_max_age_s: must be within 3600..31622400")
-            raw = RawStoreConfig(
-                self.windows_dir,
-                max_bytes=self.windows_max_bytes,
-                max_age_s=self.windows_max_age_s,
-                flush_s=min(30.0, max(1.0, self.report_interval_s)),
-            )
         return ServerConfig(
             raw=raw,
             listen=self.listen,

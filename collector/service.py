@@ -351,8 +351,8 @@ class ServerConfig:
     stale_after: float = 30.0
     forget_after: float = 600.0
     api: ApiConfig = field(default_factory=ApiConfig)
-    gate: GateConfig = field(default_factory=GateConfig)
     raw: RawStoreConfig | None = None  # keep every window in Parquet files (rawstore.py)
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 def split_hostport(text: str) -> tuple[str, int]:

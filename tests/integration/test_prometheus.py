@@ -215,7 +215,7 @@ def prometheus(collector: CollectorServer, tmp_path: Path) -> Iterator[Prom]:
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
-        "global: {scrape_interval: 2s, evaluation_interval: 1s, scrape_timeout: 2s}\n"
+        "global: {scrape_interval: 3s, evaluation_interval: 1s, scrape_timeout: 3s}\n"
         f"rule_files: [{ROOT / 'grafana' / 'rules.yml'}]\n"
         "scrape_configs:\n"
         "  - job_name: fabricprobe-collector\n"
@@ -290,7 +290,7 @@ def test_every_dashboard_query_and_rule_returns_data(
             return out
 
         try:
-            wait_for(lambda: not missing(), 45, "every query to return data")
+            wait_for(lambda: not missing(), 120, "every query to return data")
         except AssertionError:
             targets = [
                 (t["scrapeUrl"], t["health"], t["lastError"])
