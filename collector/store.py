@@ -132,7 +132,7 @@ class _SeqSet:
     """Sequence numbers taken for one epoch: a contiguous floor plus a bounded set above."""
 
     __slots__ = ("above", "floor")
-    MAX_ABOVE = 4096  # seqs held above the floor; a gap older than that is given up
+    MAX_ABOVE = 1024  # seqs held above the floor; a gap older than that is given up
 
     def __init__(self) -> None:
         self.floor = 0  # every seq <= floor was taken

@@ -295,3 +295,18 @@ def test_kv_pairs_watched_are_bounded_and_only_between_fleet_hosts() -> None:
     assert len(a.history.pairs) == MAX_PAIRS
     assert a.pairs_dropped == 4950 - MAX_PAIRS
     assert all("stranger" not in p for p in a.history.pairs)
+
+
+def test_dedup_sets_are_bounded() -> None:
+    from fabricprobe.collector.store import MAX_EPOCHS, MAX_RETIRED
+
+    a, store, now = api()
+    a.register(pb.HostInfo(host="h1"))
+    for seq in range(2, 10_002, 2):  # every other seq: a gap that never fills
+        a.report(pb.WindowReport(host="h1", epoch=1, seq=seq, window_end_unix_ns=now[0]))
+    seqs = store.hosts["h1"].seen[1][1]
+    assert len(seqs.above) <= seqs.MAX_ABOVE and seqs.floor > 0
+    for epoch in range(2, 202):  # 200 more lifetimes
+        a.report(pb.WindowReport(host="h1", epoch=epoch, seq=1, window_end_unix_ns=now[0]))
+    h = store.hosts["h1"]
+    assert len(h.seen) == MAX_EPOCHS and len(h.retired) == MAX_RETIRED
