@@ -33,15 +33,18 @@ from fabricprobe.probes.stats import LatencySketch
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
-AGENT_METRICS = 19795  # each agent's own /metrics, on its own loopback address
+# each agent's own /metrics, on its own loopback address (free ports, found at import)
 # Alerts whose expression is empty on a healthy fleet by design.
 QUIET = {"FabricprobeCollectorDown"}
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+AGENT_METRICS = {h: free_port(h) for h in HOSTS}
 
 
 def wait_for(cond: Any, timeout: float, what: str) -> None:
@@ -78,7 +81,7 @@ def with_variables(expr: str) -> str:
     return re.sub(r'=~"\$\w+"', '=~".*"', expr)
 
 
-def agent_config(tmp: Path, address: str, collector_port: int, port: int) -> AgentConfig:
+def agent_config(tmp: Path, address: str, collector_port: int) -> AgentConfig:
     name = "host-" + address.rsplit(".", 1)[1]
     return AgentConfig(
         host=name,
@@ -91,7 +94,7 @@ def agent_config(tmp: Path, address: str, collector_port: int, port: int) -> Age
         insecure=True,
         window_s=1.0,
         probe_timeout=3.0,
-        metrics_listen=f"{address}:{port}",
+        metrics_listen=f"{address}:{AGENT_METRICS[address]}",
     )
 
 
@@ -221,7 +224,7 @@ def prometheus(collector: CollectorServer, tmp_path: Path) -> Iterator[Prom]:
         "  - job_name: fabricprobe-collector\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{collector.metrics_port}']}}]\n"
         "  - job_name: fabricprobe-agent\n"
-        f"    static_configs: [{{targets: {[f'{h}:{AGENT_METRICS}' for h in HOSTS]}}}]\n"
+        f"    static_configs: [{{targets: {[f'{h}:{p}' for h, p in AGENT_METRICS.items()]}}}]\n"
     )
     log = (tmp_path / "prometheus.log").open("wb")
     proc = subprocess.Popen(
@@ -248,7 +251,7 @@ def prometheus(collector: CollectorServer, tmp_path: Path) -> Iterator[Prom]:
 def test_every_dashboard_query_and_rule_returns_data(
     collector: CollectorServer, prometheus: Prom, tmp_path: Path
 ) -> None:
-    configs = [agent_config(tmp_path, a, collector.port, AGENT_METRICS) for a in HOSTS]
+    configs = [agent_config(tmp_path, a, collector.port) for a in HOSTS]
     configs[0].sysfs_root, configs[0].ethtool = str(FIXTURES / "sys" / "mlx5"), True
     agents = [Agent(configs[0], ethtool_runner=rising_ethtool())]
     agents += [Agent(c) for c in configs[1:]]
