@@ -33,6 +33,7 @@ import psutil
 from fabricprobe.agent.client import CollectorClient, channel_credentials
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
+from fabricprobe.agent.exporter import MetricsServer
 from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
 from fabricprobe.agent.probing import (
     RUNNERS,
@@ -130,6 +131,13 @@ class Agent:
         self._last_cut = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._window_start = clock()
+        self.last_report: pb.WindowReport | None = None  # the newest window, for /metrics
+        self.latest_counters: list[pb.CounterReading] = []  # every counter, last read
+        self.last_ack_unix_s = 0.0
+        self.metrics: MetricsServer | None = None
+        if cfg.metrics_listen:
+            mhost, mport = parse_hostport(cfg.metrics_listen, 9795, allow_port_zero=True)
+            self.metrics = MetricsServer(self, mhost, mport)
         self.failure: str | None = None  # "thread: error" once a thread died
         self._failures_path = Path(cfg.spool_dir) / FAILURES_FILE
         self.thread_failures, last = _read_failures(self._failures_path)
@@ -161,6 +169,8 @@ class Agent:
         ]
         for t in self._threads:
             t.start()
+        if self.metrics is not None:
+            self.metrics.start()
         self.scheduler.start()
         log.info(
             "agent started host=%s collector=%s probe_port=%d addresses=%s devices=%s spool=%s",
@@ -218,6 +228,8 @@ class Agent:
                 break
         self.responder.stop()
         self._threads[0].join()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.client.close()
         log.info(
             "agent stopped host=%s acked=%d spooled=%d", self.cfg.host, self.acked, self.spool.depth
@@ -258,7 +270,7 @@ class Agent:
             window_start_unix_ns=self._window_start,
             window_end_unix_ns=end,
             probes=self.aggregator.cut(),
-            counters=self.changed(self.sampler.sample()),
+            counters=self.changed(sample := self.sampler.sample()),
             agent=pb.AgentStats(
                 cpu_seconds=cpu.user + cpu.system,
                 rss_bytes=self._proc.memory_info().rss,
@@ -278,6 +290,7 @@ class Agent:
             assignment_generation=self.generation,
         )
         self._window_start = end
+        self.last_report, self.latest_counters = report, sample
         key = SpoolKey(self.epoch, self.seq)
         if not self.spool.put(key, report.SerializeToString()):
             log.warning(
@@ -291,6 +304,11 @@ class Agent:
         return key
 
     # -- collector ----------------------------------------------------------------------
+
+    @property
+    def tools_missing(self) -> set[str]:
+        """Counter tools found missing on the newest sample (their counters are absent)."""
+        return set(self.sampler.tools_missing)
 
     def host_info(self) -> pb.HostInfo:
         return host_info(
@@ -380,6 +398,8 @@ class Agent:
         for ack in acks:
             self.spool.ack(SpoolKey(ack.epoch, ack.seq))
             self.acked += 1
+        if acks:
+            self.last_ack_unix_s = time.time()
         if acks and max(a.assignment_generation for a in acks) > self.generation:
             self.apply(self.client.assignments(self.cfg.host, self.generation))
         if err is None:

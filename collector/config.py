@@ -15,6 +15,8 @@ Example file::
     tls_cert = "/etc/fabricprobe/collector.pem"
     tls_key = "/etc/fabricprobe/collector.key"
     client_ca = "/etc/fabricprobe/ca.pem"
+    windows_dir = "/var/lib/fabricprobe-collector/windows"   # raw windows as Parquet
+    windows_max_bytes = 1073741824
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from fabricprobe.collector.auth import (
     TokenAuth,
     read_token_file,
 )
+from fabricprobe.collector.rawstore import RawStoreConfig
 from fabricprobe.collector.service import ApiConfig, ServerConfig
 from fabricprobe.core.errors import ConfigError
 
@@ -57,6 +60,9 @@ class CollectorSettings:
     tls_cert: str = ""
     tls_key: str = ""
     client_ca: str = ""
+    windows_dir: str = ""  # keep every window in Parquet files here ("" keeps none)
+    windows_max_bytes: int = 1 << 30
+    windows_max_age_s: float = 7 * 86400.0
 
     def server_config(self) -> ServerConfig:
         try:
@@ -73,7 +79,20 @@ class CollectorSettings:
             raise ConfigError(str(e)) from None
         if not 0.1 <= self.report_interval_s <= 3600:
             raise ConfigError("report_interval_s: must be within 0.1..3600")
+        raw = None
+        if self.windows_dir:
+            if self.windows_max_bytes < 1 << 20:
+                raise ConfigError("windows_max_bytes: at least 1 MiB")
+            if not 3600 <= self.windows_max_age_s <= 366 * 86400:
+                raise ConfigError("windows_max_age_s: must be within 3600..31622400")
+            raw = RawStoreConfig(
+                self.windows_dir,
+                max_bytes=self.windows_max_bytes,
+                max_age_s=self.windows_max_age_s,
+                flush_s=min(30.0, max(1.0, self.report_interval_s)),
+            )
         return ServerConfig(
+            raw=raw,
             listen=self.listen,
             metrics_listen=self.metrics_listen,
             workers=self.workers,

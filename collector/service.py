@@ -26,6 +26,7 @@ from fabricprobe.collector.attribution_exporter import attach_attribution
 from fabricprobe.collector.auth import Authenticator, AuthError, Insecure
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import serve_metrics
+from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -260,6 +261,7 @@ class ServerConfig:
     stale_after: float = 30.0
     forget_after: float = 600.0
     api: ApiConfig = field(default_factory=ApiConfig)
+    raw: RawStoreConfig | None = None  # keep every window in Parquet files (rawstore.py)
 
 
 def split_hostport(text: str) -> tuple[str, int]:
@@ -288,6 +290,11 @@ class CollectorServer:
         self._http: Any = None
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
+        self.raw: RawWindowWriter | None = None
+        if cfg.raw is not None:
+            self.raw = RawWindowWriter(cfg.raw)
+            self.store.listeners.append(self.raw)
+            self.registry.register(RawStoreCollector(self.raw))
 
     def start(self) -> None:
         opts = [
@@ -321,6 +328,8 @@ class CollectorServer:
             self.metrics_port = int(self._http.server_address[1])
         self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         self._reaper.start()
+        if self.raw is not None:
+            self.raw.start()
         log.info(
             "collector listening api=%s:%d metrics=%s",
             host,
@@ -348,6 +357,8 @@ class CollectorServer:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+        if self.raw is not None:
+            self.raw.stop()  # the last rows, after the last report
         log.info("collector stopped")
 
     def wait(self, until: Callable[[], bool]) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError
+from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError, ToolMissing
 from fabricprobe.probes.sysfs import read_optional
 
 HEADER = "NIC statistics:"
@@ -231,7 +231,7 @@ def read_ethtool_stats(
     try:
         res = runner(argv, timeout)
     except FileNotFoundError as e:
-        raise NotSupported("ethtool is not installed (apt install ethtool)") from e
+        raise ToolMissing("ethtool", "ethtool") from e
     except subprocess.TimeoutExpired as e:
         raise ProbeError(f"`ethtool -S {netdev}` did not finish in {timeout:g} s") from e
     out = (res.stdout + res.stderr).strip()

@@ -33,6 +33,11 @@ Examples:
 @click.option("--host", help="This host's name, its identity [the system host name].")
 @click.option("--topology", help="Topology label, e.g. the ToR switch.")
 @click.option(
+    "--metrics-listen",
+    metavar="ADDR:PORT",
+    help="This host's own /metrics [127.0.0.1:9795]; '' for none.",
+)
+@click.option(
     "--listen", "probe_listen", metavar="ADDR:PORT", help="Responder address [0.0.0.0:4793]."
 )
 @click.option(

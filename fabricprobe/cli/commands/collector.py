@@ -43,6 +43,16 @@ Examples:
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="Server certificate (PEM).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="Server key (PEM).")
 @click.option("--client-ca", type=click.Path(dir_okay=False), help="CA of agent certificates.")
+@click.option(
+    "--windows-dir",
+    type=click.Path(file_okay=False),
+    help="Keep every raw window here as Parquet (`probe windows` reads it).",
+)
+@click.option(
+    "--windows-max-bytes",
+    type=click.IntRange(1 << 20),
+    help="Disk budget of --windows-dir [1 GiB].",
+)
 @log_format_option
 @log_level_option
 def collector(config_file: str | None, log_format: str, log_level: str, **flags: Any) -> None:
