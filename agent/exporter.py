@@ -207,6 +207,30 @@ def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Famili
             "Probers the responder turned away.",
             float(a.sessions_refused),
         ),
+        (
+            "agent_spool_write_failures",
+            "counter",
+            "Window writes the disk refused (ENOSPC, EIO...); kept in memory.",
+            float(a.spool_write_failures),
+        ),
+        (
+            "agent_spool_quarantined",
+            "counter",
+            "Corrupt spool files moved to quarantine.",
+            float(a.spool_quarantined),
+        ),
+        (
+            "agent_spool_memory_windows",
+            "gauge",
+            "Windows held in memory because the disk refused them.",
+            float(a.spool_memory_windows),
+        ),
+        (
+            "agent_thread_failures",
+            "counter",
+            "Agent processes on this spool ended by a dead thread (then restarted).",
+            float(a.thread_failures),
+        ),
     ):
         fam = f.counter(name, help_, []) if kind == "counter" else f.gauge(name, help_, [])
         fam.add_metric([], value)

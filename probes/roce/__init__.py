@@ -1,7 +1,9 @@
 """RoCEv2 configuration checks: is this host going to deliver lossless RoCE, and how to fix it.
 
 `validate(HostView(...), Policy())` runs every check and returns a Report; each check is
-a function in `fabricprobe.probes.roce.checks` that returns a CheckResult.
+a function in `fabricprobe.probes.roce.checks` (host configuration and counters) or
+`fabricprobe.probes.roce.hwchecks` (QoS, link, PCIe path, firmware) that returns a
+CheckResult.
 """
 
 from __future__ import annotations

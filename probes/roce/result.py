@@ -25,7 +25,7 @@ class Status(enum.Enum):
 class CheckResult:
     """One check on one device port: the verdict, what it read, and how to fix it."""
 
-    check: str  # short id: "device", "gid", "mtu", "pfc", "trust", "ecn", "rdma_cm", ...
+    check: str  # short id: "device", "gid", "pfc", "ecn_rp", "ets", "fec", "pause", ...
     title: str  # what was checked, for the table
     status: Status
     message: str  # one line: what is right or wrong

@@ -185,3 +185,25 @@ def test_a_missing_ethtool_is_loud_and_heals(caplog: pytest.LogCaptureFixture) -
     installed[0] = True
     healed = sampler.sample()
     assert sampler.tools_missing == set() and [r for r in healed if r.kind == "pfc"]
+
+
+def test_spool_faults_and_thread_failures_on_the_agents_metrics() -> None:
+    report = fleet_report(1)
+    report.agent.spool_write_failures = 4
+    report.agent.spool_quarantined = 2
+    report.agent.spool_memory_windows = 3
+    report.agent.thread_failures = 1
+    view = SimpleNamespace(
+        last_report=report,
+        latest_counters=[],
+        acked=0,
+        last_ack_unix_s=0.0,
+        registered=True,
+        tools_missing=set(),
+    )
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(view))  # type: ignore[arg-type]
+    assert reg.get_sample_value("fabricprobe_agent_spool_write_failures_total") == 4
+    assert reg.get_sample_value("fabricprobe_agent_spool_quarantined_total") == 2
+    assert reg.get_sample_value("fabricprobe_agent_spool_memory_windows") == 3
+    assert reg.get_sample_value("fabricprobe_agent_thread_failures_total") == 1
