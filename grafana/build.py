@@ -522,6 +522,18 @@ ALERTS: list[dict[str, Any]] = [
         "annotations": {"summary": "agent on {{ $labels.src }} cannot deliver its windows"},
     },
     {
+        "alert": "FabricprobeAgentFaults",
+        "expr": "increase(fabricprobe_agent_thread_failures_total[1h]) > 0 or "
+        "increase(fabricprobe_agent_spool_write_failures_total[15m]) > 0 or "
+        "increase(fabricprobe_agent_spool_quarantined_total[1h]) > 0",
+        "for": "0m",
+        "labels": {"severity": "ticket"},
+        "annotations": {
+            "summary": "agent on {{ $labels.src }} healed a fault (a thread that died, a "
+            "spool write the disk refused, or a corrupt spool file)"
+        },
+    },
+    {
         # from the agents' own /metrics (no src label: the scrape target names the host)
         "alert": "FabricprobeAgentToolMissing",
         "expr": "fabricprobe_agent_tool_missing == 1",
