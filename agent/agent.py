@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import psutil
@@ -22,19 +22,16 @@ from fabricprobe.agent.client import CollectorClient, channel_credentials
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
 from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
-from fabricprobe.agent.probing import (
-    RUNNERS,
-    ProbeContext,
-    ProbeSpec,
-    Scheduler,
-    load_runner_modules,
-)
+from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler
+from fabricprobe.agent.probing import Runner as ProbeRunner
+from fabricprobe.agent.rdma_runners import all_runners
 from fabricprobe.agent.spool import Spool, SpoolKey
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.api import fabricprobe_pb2 as pb
-from fabricprobe.probes.control import parse_hostport
+from fabricprobe.probes.control import SessionTable, parse_hostport
 from fabricprobe.probes.ethtool import Runner, run_command
-from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.probes.responder import Responder
+from fabricprobe.probes.sessions import probe_sessions
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -71,7 +68,12 @@ class Agent:
         client: CollectorClient | None = None,
         ethtool_runner: Runner = run_command,
         clock: Callable[[], int] = time.time_ns,
+        sessions: SessionTable | None = None,
+        runners: Mapping[str, ProbeRunner] | None = None,
     ) -> None:
+        """SESSIONS (kind -> handler) are what the responder serves, the probes' own by
+        default; RUNNERS (kind -> runner) what the scheduler runs, TCP and RDMA where
+        pyverbs loads by default."""
         cfg.validate()
         self.cfg = cfg
         self.clock = clock
@@ -89,8 +91,13 @@ class Agent:
         )
         listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
         self.responder = Responder(
-            listen_host, listen_port, max_sessions=MAX_SESSIONS, idle_timeout=10.0
+            listen_host,
+            listen_port,
+            max_sessions=MAX_SESSIONS,
+            idle_timeout=10.0,
+            sessions=probe_sessions() if sessions is None else sessions,
         )
+        self.runners = dict(all_runners() if runners is None else runners)
         specific = listen_host not in ("0.0.0.0", "::")
         self.addresses = list(cfg.addresses) or (
             [listen_host] if specific else discover_addresses(self.devices)
@@ -103,6 +110,7 @@ class Agent:
             self.aggregator.add,
             jitter=cfg.jitter,
             workers=cfg.probe_workers,
+            runners=self.runners,
         )
         self.client = client or build_client(cfg)
         self.generation = 0
@@ -120,8 +128,6 @@ class Agent:
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        load_session_modules()
-        load_runner_modules()
         self.responder.start()
         self._threads = [
             threading.Thread(target=self.responder.serve_forever, name="responder", daemon=True),
@@ -238,7 +244,7 @@ class Agent:
 
     def probe_kinds(self) -> list[str]:
         """Kinds this host can run and answer: RDMA ones only with an RDMA device."""
-        return sorted(k for k in RUNNERS if self.devices or not k.startswith("rdma"))
+        return sorted(k for k in self.runners if self.devices or not k.startswith("rdma"))
 
     def register(self) -> None:
         resp = self.client.register(self.host_info())

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO
 
 from fabricprobe.probes.control import wait_listening
+from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.tcp import measure_timer_overhead, run_pingpong
 
 TARGET = 1.10
@@ -152,7 +153,7 @@ def run_fabricprobe(server: str, client: str, size: int, iters: int, log: Path) 
     with log.open("ab") as f, background(serve, f):
         wait_listening(server, port, timeout=30)
         res = run_pingpong(
-            server, port, size=size, iters=iters, warmup=min(1000, iters), bind=client
+            LinkParams(server, port, bind=client), size=size, iters=iters, warmup=min(1000, iters)
         )
     if res.error:
         raise RuntimeError(f"fabricprobe ping-pong ended early: {res.error}")

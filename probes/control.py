@@ -29,20 +29,21 @@ prober's next `again` fails before any round starts (LinkStale: open a new link)
                                        <----    go {info}
     (the next round)
 
-Handler registry (responder side)
+Session handlers (responder side)
 ---------------------------------
 A session kind (`tcp_lat`, `tcp_bw`, `rdma_rc_lat`, `rdma_rc_bw`, `rdma_ud`, ...) is a
-function registered under its name::
+function; each module that serves sessions exports a table of kind -> handler
+(`SESSIONS`), and whoever builds a responder passes the tables it serves::
 
-    from fabricprobe.probes.control import Session, register_session
-
-    @register_session("rdma_rc_lat")
     def serve_rc_lat(session: Session) -> dict[str, object] | None:
         peer = RdmaEndpoint.from_dict(session.params.get("endpoint"), where="params.endpoint")
         qp = session.resources.enter_context(make_qp(...))    # released on every path
         session.ready({"endpoint": RdmaEndpoint(...).as_dict()})
         session.wait_done()            # keep the QP alive until the prober is finished
         return {"echoed": n}           # optional; sent back in the responder's `done`
+
+    SESSIONS = {"rdma_rc_lat": serve_rc_lat}
+    Responder(host, port, sessions=session_table(tcp.SESSIONS, SESSIONS))
 
 The contract:
 
@@ -71,9 +72,6 @@ The contract:
   `session.wait_done()` itself, the responder waits for the prober's `done` (within
   `step_timeout`) and replies `done` with that dict.
 
-Modules holding handlers are imported by the responder (see
-fabricprobe.probes.responder.SESSION_MODULES); registering at import time is all they need.
-
 Prober side: `ControlClient(host, port).open(kind, params)` returns the responder's
 `ready` info; `client.done(result)` finishes the session and returns the responder's
 figures.
@@ -89,7 +87,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -654,39 +652,19 @@ class Session:
 SessionHandler = Callable[[Session], "dict[str, Any] | None"]
 
 
-class Registry:
-    """Session kind → handler. The responder looks up each hello's session here."""
-
-    def __init__(self) -> None:
-        self._handlers: dict[str, SessionHandler] = {}
-
-    def register(self, kind: str, handler: SessionHandler) -> None:
-        if not _KIND_RE.match(kind):
-            raise ValueError(f"bad session kind {kind!r}: use lower-case letters, digits, _")
-        if kind in self._handlers and self._handlers[kind] is not handler:
-            raise ValueError(f"session kind {kind!r} is already registered")
-        self._handlers[kind] = handler
-
-    def get(self, kind: str) -> SessionHandler | None:
-        return self._handlers.get(kind)
-
-    def kinds(self) -> list[str]:
-        return sorted(self._handlers)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.kinds())
+SessionTable = Mapping[str, SessionHandler]
 
 
-HANDLERS = Registry()
-
-
-def register_session(
-    kind: str, registry: Registry = HANDLERS
-) -> Callable[[SessionHandler], SessionHandler]:
-    """Decorator: make a handler answer hello messages for session KIND."""
-
-    def deco(fn: SessionHandler) -> SessionHandler:
-        registry.register(kind, fn)
-        return fn
-
-    return deco
+def session_table(*tables: SessionTable) -> dict[str, SessionHandler]:
+    """One kind -> handler table out of TABLES (each module that serves sessions exports
+    its own, and whoever builds a responder picks the ones it serves). A badly named
+    kind, or one that two tables give to different handlers, raises ValueError."""
+    out: dict[str, SessionHandler] = {}
+    for table in tables:
+        for kind, handler in table.items():
+            if not _KIND_RE.match(kind):
+                raise ValueError(f"bad session kind {kind!r}: use lower-case letters, digits, _")
+            if out.get(kind, handler) is not handler:
+                raise ValueError(f"session kind {kind!r} is already served by another handler")
+            out[kind] = handler
+    return out

@@ -2,67 +2,39 @@
 
 One listening socket; each accepted control connection gets its own thread, up to
 `max_sessions` at once (beyond that a prober is refused with `error busy` at once,
-never queued). Each session runs the handler registered for its kind
-(fabricprobe.probes.control); every read has the idle timeout as its deadline, and whatever the
-handler acquired is released when the session ends, on every path. `stop()` is safe
-from a signal handler: it stops accepting, lets running sessions finish for a grace
-period, then aborts the rest (their sockets are shut down, which wakes any blocked
-call) and joins every thread. One log line per session says who, what and how it
-ended.
+never queued). Each session runs the handler its kind has in the table the responder
+was built with (`sessions`: kind -> handler, see fabricprobe.probes.control;
+fabricprobe.probes.sessions has the probes' own); every read has the idle timeout as
+its deadline, and whatever the handler acquired is released when the session ends, on
+every path. `stop()` is safe from a signal handler: it stops accepting, lets running
+sessions finish for a grace period, then aborts the rest (their sockets are shut down,
+which wakes any blocked call) and joins every thread. One log line per session says
+who, what and how it ended.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Iterable
 
 from fabricprobe.probes.control import (
     DEFAULT_PORT,
-    HANDLERS,
     PROTOCOL_VERSION,
     Channel,
-    Registry,
     Session,
+    SessionTable,
     format_hostport,
     require_dict,
     require_str,
+    session_table,
 )
 from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
 
 log = logging.getLogger("fabricprobe.responder")
-
-# Modules whose import registers session handlers. A module that does not exist is
-# skipped quietly (RDMA sessions are optional); one that fails to import (no pyverbs)
-# is skipped with a warning, and its session kinds are refused as unknown.
-SESSION_MODULES: tuple[str, ...] = (
-    "fabricprobe.probes.tcp",
-    "fabricprobe.probes.rdma.rc",
-    "fabricprobe.probes.rdma.ud",
-    "fabricprobe.workload.transfer",
-)
-
-
-def load_session_modules(names: Iterable[str] = SESSION_MODULES) -> list[str]:
-    """Import the handler modules; return one line per module that could not be loaded."""
-    problems = []
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue
-            problems.append(f"{name}: {e}")
-        except ImportError as e:
-            problems.append(f"{name}: {e}")
-    for p in problems:
-        log.warning("session handlers not available: %s", p)
-    return problems
 
 
 class Responder:
@@ -76,7 +48,7 @@ class Responder:
         max_sessions: int = 16,
         idle_timeout: float = 30.0,
         grace: float = 2.0,
-        registry: Registry = HANDLERS,
+        sessions: SessionTable,
     ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
@@ -86,7 +58,7 @@ class Responder:
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
         self.grace = grace
-        self.registry = registry
+        self.sessions = session_table(sessions)
         self._listener: socket.socket | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
@@ -253,9 +225,9 @@ class Responder:
             if version != PROTOCOL_VERSION:
                 raise ProbeError(f"protocol version {version!r} not supported")
             params = require_dict(hello.body, "params", where="hello.")
-            handler = self.registry.get(kind)
+            handler = self.sessions.get(kind)
             if handler is None:
-                known = ", ".join(self.registry.kinds()) or "none"
+                known = ", ".join(sorted(self.sessions)) or "none"
                 raise ProbeError(f"unknown session kind {kind!r} (this responder has {known})")
             local = channel.sock.getsockname()
             session = Session(

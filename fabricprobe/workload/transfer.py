@@ -32,7 +32,7 @@ from fabricprobe.probes.control import (
     ControlClient,
     RdmaEndpoint,
     Session,
-    register_session,
+    SessionHandler,
     require_dict,
     require_int,
     require_str,
@@ -226,7 +226,6 @@ def _read_frames(conn: socket.socket, session: Session) -> tuple[int, int]:
     return transfers, total
 
 
-@register_session(SESSION)
 def serve_kv_sink(session: Session) -> dict[str, Any]:
     """Take KV transfers until the sender says done (see the module docstring)."""
     p = session.params
@@ -258,3 +257,7 @@ def serve_kv_sink(session: Session) -> dict[str, Any]:
     session.ready({"endpoint": ep.endpoint().as_dict()})
     result = session.wait_done(timeout=hold_s)  # the WRITEs need nothing from this side
     return {"transfers": int(result.get("transfers", 0) or 0)}
+
+
+# Session kind -> handler, for whoever builds a responder that serves KV transfers.
+SESSIONS: dict[str, SessionHandler] = {SESSION: serve_kv_sink}

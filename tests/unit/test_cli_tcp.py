@@ -14,15 +14,14 @@ import pytest
 from click.testing import CliRunner
 
 from fabricprobe.cli import main
-from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.probes import tcp
+from fabricprobe.probes.responder import Responder
 from tests.unit.test_tcp_probe import LOOPBACK, start_serve
-
-load_session_modules()
 
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[str]:
-    with Responder(LOOPBACK, 0, idle_timeout=5, grace=0.2) as r:
+    with Responder(LOOPBACK, 0, idle_timeout=5, grace=0.2, sessions=tcp.SESSIONS) as r:
         yield f"{LOOPBACK}:{r.address[1]}"
 
 

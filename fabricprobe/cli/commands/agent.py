@@ -12,6 +12,7 @@ import click
 from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig, apply, load_toml
 from fabricprobe.cli.options import fail, log_format_option, log_level_option, sysfs_option
+from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.logs import setup_logging
 from fabricprobe.probes.errors import ProbeError
@@ -89,7 +90,7 @@ def agent(
     if log_level != "debug":  # one line per answered probe is too much for a fleet
         logging.getLogger("fabricprobe.responder").setLevel(logging.WARNING)
     try:
-        the_agent = Agent(cfg)
+        the_agent = Agent(cfg, sessions=served_sessions())
         the_agent.start()
     except (ProbeError, OSError, ValueError) as e:
         fail(f"cannot start: {e}", 1)

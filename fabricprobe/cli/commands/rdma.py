@@ -23,6 +23,7 @@ from fabricprobe.cli.options import (
 from fabricprobe.cli.render import latency_table, loss_line, progress_bar
 from fabricprobe.probes import tcp as tcp_lib
 from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.measure import LinkParams
 
 T = TypeVar("T")
 SIZE = SizeParam(1, 1 << 20)
@@ -71,6 +72,30 @@ def _beside(call: Callable[[], T]) -> T:
         return call()
     except ProbeError as e:
         fail(f"TCP beside RDMA failed: {e}", 1)
+
+
+def _link(
+    host: str,
+    port: int,
+    bind: str | None,
+    device: str | None,
+    sysfs_root: str,
+    engine: str,
+    step_s: float,
+) -> LinkParams:
+    """The peer and how to reach it, from the options; a bad value exits 2."""
+    try:
+        return LinkParams(
+            host,
+            port,
+            bind=bind,
+            device=device,
+            sysfs_root=sysfs_root,
+            engine=engine,
+            step_s=step_s,
+        )
+    except ValueError as e:
+        fail(str(e))
 
 
 def _rc() -> Any:
@@ -125,17 +150,11 @@ def lat(
     with progress_bar(not as_json and iters >= 5000, f"RDMA {op} ping-pong", "iterations") as bar:
         res = _measure(
             lambda: rc.rc_latency(
-                host,
+                _link(host, port, bind, device, sysfs_root, engine, timeout),
                 op=op,
                 size=size,
                 iters=iters,
                 warmup=warmup,
-                port=port,
-                bind=bind,
-                device=device,
-                sysfs_root=sysfs_root,
-                engine=engine,
-                step_s=timeout,
                 progress=bar,
             )
         )
@@ -145,7 +164,10 @@ def lat(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_pingpong(
-                host, port, size=size, iters=iters, warmup=warmup, bind=bind, timeout=timeout
+                LinkParams(host, port, bind=bind, step_s=timeout),
+                size=size,
+                iters=iters,
+                warmup=warmup,
             )
         )
         out["tcp"] = t.as_dict()
@@ -162,6 +184,7 @@ def lat(
             f"{iters:,} measured (+{warmup:,} warm-up)",
             highlight=False,
         )
+        console.print(f"engine: {res.engine_reason}", highlight=False)
         console.print(latency_table(rows))
         for name, summary in rows.items():
             console.print(loss_line(name, summary), highlight=False)
@@ -225,17 +248,11 @@ def bw(
     with progress_bar(not as_json and iters >= 2000, f"RDMA {op} bandwidth", "operations") as bar:
         res = _measure(
             lambda: rc.rc_bandwidth(
-                host,
+                _link(host, port, bind, device, sysfs_root, engine, max(timeout, 5.0)),
                 op=op,
                 size=size,
                 iters=iters,
                 outstanding=outstanding,
-                port=port,
-                bind=bind,
-                device=device,
-                sysfs_root=sysfs_root,
-                engine=engine,
-                step_s=max(timeout, 5.0),
                 progress=bar,
             )
         )
@@ -244,13 +261,10 @@ def bw(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_throughput(
-                host,
-                port,
+                LinkParams(host, port, bind=bind, step_s=timeout),
                 duration=None,
                 total_bytes=size * iters,
                 chunk_size=size,
-                bind=bind,
-                timeout=timeout,
             )
         )
         out["tcp"] = t.as_dict()
@@ -269,6 +283,7 @@ def bw(
             f"({res.bytes_per_second * 8 / 1e9:.3f} Gb/s)",
             highlight=False,
         )
+        console.print(f"engine: {res.engine_reason}", highlight=False)
         if with_tcp:
             tcp_bps = out["tcp"]["bytes_per_second"]
             r = out["rdma_to_tcp_ratio"]

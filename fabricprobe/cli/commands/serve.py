@@ -8,10 +8,11 @@ from types import FrameType
 import click
 
 from fabricprobe.cli.options import OneLineCommand, fail, log_format_option, log_level_option
+from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.core.logs import setup_logging
 from fabricprobe.probes.control import DEFAULT_PORT, format_hostport, parse_hostport
 from fabricprobe.probes.errors import ProbeError
-from fabricprobe.probes.responder import Responder, load_session_modules, log
+from fabricprobe.probes.responder import Responder, log
 
 
 @click.command(
@@ -58,8 +59,13 @@ def serve(
     except ValueError as e:
         fail(f"--listen: {e}")
     setup_logging(log_level, log_format)
-    load_session_modules()
-    responder = Responder(host, port, max_sessions=max_sessions, idle_timeout=idle_timeout)
+    responder = Responder(
+        host,
+        port,
+        max_sessions=max_sessions,
+        idle_timeout=idle_timeout,
+        sessions=served_sessions(),
+    )
     try:
         bound = responder.start()
     except ProbeError as e:
@@ -70,7 +76,7 @@ def serve(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    kinds = ", ".join(responder.registry.kinds())
+    kinds = ", ".join(sorted(responder.sessions))
     log.info("listening on %s (sessions: %s)", format_hostport(*bound), kinds)
     responder.serve_forever()
     log.info("stopped after %d sessions", responder.served)
