@@ -28,8 +28,10 @@ from fabricprobe.agent.rdma_runners import all_runners
 from fabricprobe.agent.spool import Spool, SpoolKey
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.errors import ConfigError
 from fabricprobe.probes.control import SessionTable, parse_hostport
 from fabricprobe.probes.ethtool import Runner, run_command
+from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.sessions import probe_sessions
 
@@ -41,7 +43,22 @@ SEND_BATCH = 64
 # idle link holds a thread blocked on a socket (and, for RDMA, a QP); beyond this a
 # prober is told `busy`.
 MAX_SESSIONS = 224
+# One peer's share: its three kept links (TCP, RC, UD) and a few one-shot sessions.
+MAX_PER_SOURCE = 8
+# What all sessions together may hold: deploy/ gives the agent 128 MiB in all, and a
+# peer's one-shot tcp_bw alone could ask for 64 MiB of stream buffers.
+MAX_SESSION_MEMORY = 32 << 20
 MAX_BACKOFF_S = 10.0
+
+
+def _probe_token(cfg: AgentConfig) -> FleetToken | None:
+    """The fleet's probe token, or None for an open responder (--insecure)."""
+    if not cfg.probe_token_file:
+        return None
+    try:
+        return FleetToken.from_file(cfg.probe_token_file)
+    except ValueError as e:
+        raise ConfigError(f"probe_token_file: {e}") from None
 
 
 def build_client(cfg: AgentConfig) -> CollectorClient:
@@ -90,12 +107,17 @@ class Agent:
             cfg.sysfs_root, self.devices, netdevs_of(self.devices), ethtool_runner, cfg.ethtool
         )
         listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
+        token = _probe_token(cfg)
         self.responder = Responder(
             listen_host,
             listen_port,
-            max_sessions=MAX_SESSIONS,
-            idle_timeout=10.0,
             sessions=probe_sessions() if sessions is None else sessions,
+            auth=token,
+            max_sessions=MAX_SESSIONS,
+            max_per_source=MAX_PER_SOURCE,
+            max_memory_bytes=MAX_SESSION_MEMORY,
+            max_keepalive_s=cfg.probe_max_keepalive_s,
+            idle_timeout=10.0,
         )
         self.runners = dict(all_runners() if runners is None else runners)
         specific = listen_host not in ("0.0.0.0", "::")
@@ -106,7 +128,12 @@ class Agent:
         self.changed = ChangeFilter(cfg.counters_keyframe_every)
         self.aggregator = WindowAggregator()
         self.scheduler = Scheduler(
-            ProbeContext(bind=self.source, timeout=cfg.probe_timeout, sysfs_root=cfg.sysfs_root),
+            ProbeContext(
+                bind=self.source,
+                timeout=cfg.probe_timeout,
+                sysfs_root=cfg.sysfs_root,
+                token=token,
+            ),
             self.aggregator.add,
             jitter=cfg.jitter,
             workers=cfg.probe_workers,
@@ -221,6 +248,7 @@ class Agent:
                 links=len(self.scheduler.ctx.links),
                 sessions=self.responder.active_sessions(),
                 sessions_refused=self.responder.refused,
+                sessions_refused_by_reason=dict(self.responder.refusals),
             ),
             assignment_generation=self.generation,
         )

@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 from fabricprobe.probes.control import MAX_KEEPALIVE_S, LinkStale
 from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.links import TcpPingLink
 from fabricprobe.probes.measure import LatencyRound, LinkParams
 from fabricprobe.probes.stats import LatencySketch
@@ -152,6 +153,7 @@ class ProbeContext:
     timeout: float  # deadline of each step in seconds
     sysfs_root: str = "/sys"
     local_device: str = ""  # this host's RDMA device (RDMA kinds)
+    token: FleetToken | None = field(default=None, compare=False, repr=False)
     links: Links = field(default_factory=Links, compare=False, repr=False)
 
 
@@ -169,6 +171,7 @@ def link_params(spec: ProbeSpec, ctx: ProbeContext, setup_s: float | None = None
         sysfs_root=ctx.sysfs_root,
         timeout=ctx.timeout if setup_s is None else max(ctx.timeout, setup_s),
         step_s=ctx.timeout,
+        token=ctx.token,
     )
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.probes.control import wait_listening
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma import rc
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         figures.setdefault(key, []).append(value)
 
     serve = subprocess.Popen(
-        [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{PROBE_PORT}"],
+        open_serve_argv(f"0.0.0.0:{PROBE_PORT}"),
         stderr=subprocess.DEVNULL,
     )
     try:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import psutil
 
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.probes.control import decode_payload, encode_message, wait_listening
 from fabricprobe.probes.measure import LatencyRound, LinkParams
@@ -84,16 +85,10 @@ def measure(
 def start_serve(links: int) -> subprocess.Popen[bytes]:
     """A `probe serve` with room for LINKS peers' kept links."""
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fabricprobe",
-            "serve",
-            "--listen",
+        open_serve_argv(
             f"0.0.0.0:{PORT}",
-            "--max-sessions",
-            str(3 * links + 8),
-        ],
+            *("--max-sessions", str(3 * links + 8), "--max-per-source", str(3 * links + 8)),
+        ),
         stderr=subprocess.DEVNULL,
     )
 

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.probes.control import wait_listening
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.tcp import measure_timer_overhead, run_pingpong
@@ -149,7 +150,7 @@ def run_qperf(server: str, size: int, seconds: float) -> Figures:
 
 def run_fabricprobe(server: str, client: str, size: int, iters: int, log: Path) -> Figures:
     port = free_port(server)
-    serve = [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"{server}:{port}"]
+    serve = open_serve_argv(f"{server}:{port}")
     with log.open("ab") as f, background(serve, f):
         wait_listening(server, port, timeout=30)
         res = run_pingpong(

@@ -213,7 +213,7 @@ class TcpPingLink(Link):
     def _connect(self) -> socket.socket:
         p = self.params
         ctrl = self._stack.enter_context(
-            ControlClient(p.peer, p.port, bind=p.bind, timeout=self.timeout)
+            ControlClient(p.peer, p.port, bind=p.bind, timeout=self.timeout, token=p.token)
         )
         try:
             info = ctrl.open(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabricprobe.probes.control import DEFAULT_PORT
+from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
 ENGINES = ("auto", "pyverbs", "native")
@@ -29,7 +30,8 @@ class LinkParams:
     `timeout` bounds the session's setup (connect, hello -> ready; building QPs takes
     seconds on a loaded host) and `step_s` each exchange once it runs; None leaves each
     to the probe's own default. `device` pins the local RDMA device (default: the one
-    whose RoCE v2 GID maps the source address); `engine` picks the RDMA hot loop.
+    whose RoCE v2 GID maps the source address); `engine` picks the RDMA hot loop;
+    `token` answers a responder that asks for the fleet token (fabricprobe.probes.fleet).
     TCP probes ignore `device`, `engine` and `sysfs_root`.
     """
 
@@ -41,6 +43,7 @@ class LinkParams:
     step_s: float | None = None
     engine: str = "auto"
     sysfs_root: str = "/sys"
+    token: FleetToken | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.peer:

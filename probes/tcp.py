@@ -248,7 +248,7 @@ def run_pingpong(
     completed = 0
     error: str | None = None
     started = time.perf_counter()
-    with ControlClient(host, port, bind=bind, timeout=connect_timeout) as ctrl:
+    with ControlClient(host, port, bind=bind, timeout=connect_timeout, token=link.token) as ctrl:
         info = ctrl.open("tcp_lat", {"size": size, "timeout": timeout})
         source = ctrl.local_address
         data = open_data_connection(ctrl, info, connect_timeout)
@@ -382,7 +382,9 @@ def run_throughput(
     chunk = memoryview(bytearray(secrets.token_bytes(chunk_size)))
     params = {"streams": streams, "chunk_size": chunk_size, "timeout": timeout}
     with contextlib.ExitStack() as stack:
-        ctrl = stack.enter_context(ControlClient(host, port, bind=bind, timeout=connect_timeout))
+        ctrl = stack.enter_context(
+            ControlClient(host, port, bind=bind, timeout=connect_timeout, token=link.token)
+        )
         info = ctrl.open("tcp_bw", params)
         source = ctrl.local_address
         lanes: list[_Stream] = []
@@ -556,6 +558,7 @@ def serve_tcp_lat(session: Session) -> dict[str, Any]:
     """Responder side of a ping-pong: echo every SIZE-byte message back. A kept link
     (`keepalive_s`) is echoed for as long as the prober sends within the keepalive."""
     size = require_int(session.params, "size", MIN_SIZE, MAX_SIZE, where="params.")
+    session.reserve(size, "a tcp_lat echo buffer")
     _timeout, token = _session_params(session)
     lsock = data_listener(session)
     session.ready({"data_port": lsock.getsockname()[1], "token": token})
@@ -596,6 +599,7 @@ def serve_tcp_bw(session: Session) -> dict[str, Any]:
     chunk_size = optional_int(
         session.params, "chunk_size", MIN_SIZE, MAX_CHUNK, DEFAULT_CHUNK, where="params."
     )
+    session.reserve(streams * min(chunk_size, 1 << 20), f"tcp_bw's {streams} stream buffers")
     _timeout, token = _session_params(session)
     lsock = data_listener(session)
     session.ready({"data_port": lsock.getsockname()[1], "token": token})

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fabricprobe.cli import netem
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.cli.render import devices_table, fmt_us
 from fabricprobe.probes import tcp as tcp_lib
 from fabricprobe.probes.control import wait_listening
@@ -74,7 +75,7 @@ def responder(hosts: list[FabricHost], port: int) -> Iterator[None]:
     """One `probe serve` process answering on every host's address (the lane's hosts share
     one machine; each probe's RDMA device is picked from the address it arrives at)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{port}"],
+        open_serve_argv(f"0.0.0.0:{port}"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

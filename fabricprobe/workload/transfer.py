@@ -33,6 +33,7 @@ from fabricprobe.probes.control import (
     RdmaEndpoint,
     Session,
     SessionHandler,
+    check_endpoint_peer,
     require_dict,
     require_int,
     require_str,
@@ -234,6 +235,7 @@ def serve_kv_sink(session: Session) -> dict[str, Any]:
     if not 1 <= hold_s <= MAX_HOLD_S:
         raise ValueError(f"params.hold_s {hold_s} outside 1..{MAX_HOLD_S}")
     if transport == "tcp":
+        session.reserve(MAX_CHUNK, "a KV sink's receive buffer")
         lsock = data_listener(session)
         token = secrets.token_bytes(TOKEN_BYTES)
         session.ready({"data_port": lsock.getsockname()[1], "token": token.hex()})
@@ -249,6 +251,8 @@ def serve_kv_sink(session: Session) -> dict[str, Any]:
     remote = RdmaEndpoint.from_dict(
         require_dict(p, "endpoint", where="params."), where="params.endpoint"
     )
+    check_endpoint_peer(remote, session.peer[0])
+    session.reserve(2 * chunk, "a KV sink's registered buffer")
     dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
     ep = session.resources.enter_context(
         RcEndpoint(dev, chunk, DEPTH, gid_index, remote_access=True)

@@ -31,6 +31,7 @@ from fabricprobe.probes.control import (
     RdmaEndpoint,
     Session,
     SessionHandler,
+    check_endpoint_peer,
     require_dict,
     require_int,
     require_str,
@@ -255,7 +256,9 @@ def _prober_session(
     """Open a KIND session on LINK's responder with a connected endpoint on our side."""
     source = source_address(link.peer, link.port, link.bind)
     dev, gid_index = local_device(link.sysfs_root, source, link.device)
-    with ControlClient(link.peer, link.port, bind=link.bind, timeout=timeout) as ctl:
+    with ControlClient(
+        link.peer, link.port, bind=link.bind, timeout=timeout, token=link.token
+    ) as ctl:
         with _endpoint(
             engine,
             dev,
@@ -458,12 +461,14 @@ def _session_shape(
     remote = RdmaEndpoint.from_dict(
         require_dict(p, "endpoint", where="params."), where="params.endpoint"
     )
+    check_endpoint_peer(remote, session.peer[0])  # connect only to the address that asked
     return op, size, iters, step_s, engine, remote
 
 
 def _session_endpoint(
     session: Session, engine: str, size: int, op: str, receives: bool, remote: RdmaEndpoint
 ) -> Any:
+    session.reserve(2 * size + DEPTH * 64, "an RC endpoint's registered buffer")
     dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
     ep = session.resources.enter_context(_endpoint(engine, dev, size, gid_index, op, receives))
     ep.connect(remote)

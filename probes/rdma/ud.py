@@ -35,6 +35,7 @@ from fabricprobe.probes.control import (
     RdmaEndpoint,
     Session,
     SessionHandler,
+    check_endpoint_peer,
     require_dict,
     require_int,
 )
@@ -173,7 +174,7 @@ class UdLink(RdmaLink):
         source = source_address(p.peer, p.port, p.bind)
         dev, gid_index = local_device(p.sysfs_root, source, p.device)
         ctl = self._stack.enter_context(
-            ControlClient(p.peer, p.port, bind=p.bind, timeout=self.timeout)
+            ControlClient(p.peer, p.port, bind=p.bind, timeout=self.timeout, token=p.token)
         )
         ep = self._stack.enter_context(_ud_endpoint(self.engine, dev, gid_index))
         info = ctl.open(
@@ -340,6 +341,8 @@ def serve_ud(session: Session) -> dict[str, Any]:
     remote = RdmaEndpoint.from_dict(
         require_dict(p, "endpoint", where="params."), where="params.endpoint"
     )
+    check_endpoint_peer(remote, session.peer[0])  # ACKs go only to the address that asked
+    session.reserve(UdEndpoint.SLOT * (DEPTH + 1), "a UD endpoint's ring")
     dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
     # the prober's engine when this host has it (the responder's own delay is taken out
     # of every RTT either way, but a pyverbs prober is answered by pyverbs as it asked)

@@ -31,7 +31,7 @@ def collector() -> Iterator[CollectorServer]:
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    with Responder("127.0.0.1", 0, sessions=served_sessions()) as r:
+    with Responder("127.0.0.1", 0, sessions=served_sessions(), auth=None) as r:
         yield r
 
 

@@ -11,10 +11,11 @@ import pytest
 
 from fabricprobe.agent.probing import Links, ProbeSpec
 from fabricprobe.cli import netem
-from fabricprobe.probes.control import LinkStale
+from fabricprobe.probes.control import ControlClient, LinkStale
+from fabricprobe.probes.errors import PeerError
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.rc import RcPingLink, rc_bandwidth, rc_latency
-from fabricprobe.probes.rdma.ud import UdLink, ud_probe
+from fabricprobe.probes.rdma.ud import UdEndpoint, UdLink, ud_probe
 from tests.rdma.conftest import rdma_resources, start_responder
 
 PORT = 4793
@@ -69,6 +70,18 @@ def test_ud_probe_subtracts_the_responder_delay(lane_hosts, responder, engine: s
     assert res.summary.p50_us < res.raw_summary.p50_us
     assert d["timestamps"] == "software" and d["engine"] == engine
     assert d["engine_reason"].startswith(f"{engine}: ")
+
+
+def test_the_responder_is_no_ud_reflector(lane_hosts, responder) -> None:
+    """A prober on A asks B's responder to answer a UD QP on C: B refuses before it
+    sends anything, and C's QP receives no ACK."""
+    a, b, c = lane_hosts[0], lane_hosts[1], lane_hosts[2]
+    with UdEndpoint(c.device, c.gid_index) as victim:
+        third = victim.endpoint().as_dict()
+        with ControlClient(b.ip, PORT, bind=a.ip, timeout=30) as ctl:
+            with pytest.raises(PeerError, match="is not the address that asked"):
+                ctl.open("rdma_ud", {"probes": 100, "step_s": 0.5, "endpoint": third})
+        assert victim.receive(time.monotonic() + 1.0) is None
 
 
 @pytest.mark.parametrize("engine", ["pyverbs", "native"])

@@ -31,7 +31,7 @@ from fabricprobe.probes.tcp import open_data_connection
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    with Responder("127.0.0.1", 0, idle_timeout=2.0, sessions=probe_sessions()) as r:
+    with Responder("127.0.0.1", 0, idle_timeout=2.0, sessions=probe_sessions(), auth=None) as r:
         yield r
 
 
@@ -59,7 +59,7 @@ def test_tcp_bursts_share_one_kept_session(caplog: pytest.LogCaptureFixture) -> 
     link no longer assigned is closed and its responder session ends quietly."""
     caplog.set_level("INFO", "fabricprobe.responder")
     ctx = ProbeContext(bind="127.0.0.1", timeout=1)
-    r = Responder("127.0.0.1", 0, idle_timeout=2.0, grace=0.2, sessions=probe_sessions())
+    r = Responder("127.0.0.1", 0, idle_timeout=2.0, grace=0.2, sessions=probe_sessions(), auth=None)
     r.__enter__()
     port = r.port
     target = spec(port)
@@ -69,7 +69,9 @@ def test_tcp_bursts_share_one_kept_session(caplog: pytest.LogCaptureFixture) -> 
             assert out.error is None and len(out.rtt_ns) == 5
         assert r.active_sessions() == 1 and r.served == 0 and len(ctx.links) == 1
         r.__exit__(None, None, None)  # the responder restarts under the kept link
-        r = Responder("127.0.0.1", port, idle_timeout=2.0, grace=0.2, sessions=probe_sessions())
+        r = Responder(
+            "127.0.0.1", port, idle_timeout=2.0, grace=0.2, sessions=probe_sessions(), auth=None
+        )
         r.__enter__()
         out = tcp_pingpong(target, ctx)
         assert out.error is None and len(out.rtt_ns) == 5 and not out.failed

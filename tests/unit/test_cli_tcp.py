@@ -21,7 +21,7 @@ from tests.unit.test_tcp_probe import LOOPBACK, start_serve
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[str]:
-    with Responder(LOOPBACK, 0, idle_timeout=5, grace=0.2, sessions=tcp.SESSIONS) as r:
+    with Responder(LOOPBACK, 0, idle_timeout=5, grace=0.2, sessions=tcp.SESSIONS, auth=None) as r:
         yield f"{LOOPBACK}:{r.address[1]}"
 
 

@@ -266,7 +266,7 @@ def test_session_table_contract() -> None:
         session_table({"RDMA lat": h})
     assert sorted(table) == ["rdma_rc_lat"] and table.get("nope") is None
     with pytest.raises(ValueError, match="bad session kind"):
-        Responder("127.0.0.1", 0, sessions={"RDMA lat": h})
+        Responder("127.0.0.1", 0, sessions={"RDMA lat": h}, auth=None)
 
 
 # --------------------------------------------------------------------------- sessions
@@ -297,7 +297,7 @@ def no_ready_handler(session: Session) -> None:
 @pytest.fixture
 def responder() -> Iterator[Responder]:
     reg = {"rdma_rc_lat": rc_lat_handler, "stuck": stuck_handler, "no_ready": no_ready_handler}
-    with Responder("127.0.0.1", 0, idle_timeout=0.5, grace=0.1, sessions=reg) as r:
+    with Responder("127.0.0.1", 0, idle_timeout=0.5, grace=0.1, sessions=reg, auth=None) as r:
         yield r
 
 
@@ -346,7 +346,9 @@ def test_silent_prober_is_dropped_after_idle_timeout(responder: Responder) -> No
 
 def test_busy_refusal() -> None:
     reg = {"stuck": stuck_handler}
-    with Responder("127.0.0.1", 0, max_sessions=1, idle_timeout=5, grace=0.1, sessions=reg) as r:
+    with Responder(
+        "127.0.0.1", 0, max_sessions=1, idle_timeout=5, grace=0.1, sessions=reg, auth=None
+    ) as r:
         first = client(r)
         first.open("stuck", {})
         with client(r) as second, pytest.raises(PeerError, match="busy"):
@@ -357,7 +359,7 @@ def test_busy_refusal() -> None:
 
 def test_stop_aborts_running_sessions_and_joins() -> None:
     reg = {"stuck": stuck_handler}
-    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=0.1, sessions=reg)
+    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=0.1, sessions=reg, auth=None)
     r.__enter__()
     c = client(r)
     c.open("stuck", {})
@@ -380,7 +382,7 @@ def _wait_idle(r: Responder, limit: float = 3.0) -> None:
 
 
 def test_stop_does_not_wait_for_a_prober_that_never_said_hello() -> None:
-    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=0.1, sessions={})
+    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=0.1, sessions={}, auth=None)
     r.__enter__()
     sock = socket.create_connection(r.address, timeout=2)
     with sock:
@@ -413,7 +415,7 @@ def rounds_handler(session: Session) -> dict[str, object]:
 @pytest.fixture
 def link_responder() -> Iterator[Responder]:
     reg = {"rounds": rounds_handler}
-    with Responder("127.0.0.1", 0, idle_timeout=2.0, grace=5.0, sessions=reg) as r:
+    with Responder("127.0.0.1", 0, idle_timeout=2.0, grace=5.0, sessions=reg, auth=None) as r:
         yield r
 
 
@@ -468,11 +470,11 @@ def test_a_link_let_go_ends_quietly_and_the_next_round_is_stale(
 
 def test_stop_lets_idle_links_go_at_once() -> None:
     reg = {"rounds": rounds_handler}
-    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=20.0, sessions=reg)
+    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=20.0, sessions=reg, auth=None)
     r.__enter__()
     with client(r) as c:
         c.open("rounds", {"n": 1, "keepalive_s": 60})
-        _wait_until(lambda: any(getattr(s, "idle", False) for s in r._sessions.values()))
+        _wait_until(lambda: any(getattr(s, "idle", False) for s in r._threads.values()))
         t0 = time.monotonic()
         r.__exit__(None, None, None)
         assert time.monotonic() - t0 < 5.0  # not the 20 s grace of a session mid-round

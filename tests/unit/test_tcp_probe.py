@@ -7,7 +7,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.probes import tcp
 from fabricprobe.probes.control import ControlClient, Session
 from fabricprobe.probes.errors import PeerError
@@ -27,7 +27,7 @@ LOOPBACK = "127.0.0.1"
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    with Responder(LOOPBACK, 0, idle_timeout=5, grace=0.5, sessions=tcp.SESSIONS) as r:
+    with Responder(LOOPBACK, 0, idle_timeout=5, grace=0.5, sessions=tcp.SESSIONS, auth=None) as r:
         yield r
 
 
@@ -36,7 +36,7 @@ def start_serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], in
     log = tmp_path / f"serve-{time.monotonic_ns()}.log"
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"{LOOPBACK}:0", *args],
+            open_serve_argv(f"{LOOPBACK}:0", *args),
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
@@ -112,7 +112,7 @@ def corrupt_echo(session: Session) -> dict[str, object]:
 
 def test_payload_is_verified() -> None:
     reg = {"tcp_lat": corrupt_echo}
-    with Responder(LOOPBACK, 0, idle_timeout=2, grace=0.1, sessions=reg) as r:
+    with Responder(LOOPBACK, 0, idle_timeout=2, grace=0.1, sessions=reg, auth=None) as r:
         res = tcp.run_pingpong(LinkParams(*r.address), size=32, iters=50, warmup=0)
     assert res.error == "echo payload did not match what was sent"
     # the mismatching exchange and everything after it are counted as lost
@@ -234,7 +234,7 @@ def test_frozen_responder_during_throughput(tmp_path: Path) -> None:
 
 
 def test_responder_stop_mid_run() -> None:
-    r = Responder(LOOPBACK, 0, idle_timeout=5, grace=0.0, sessions=tcp.SESSIONS)
+    r = Responder(LOOPBACK, 0, idle_timeout=5, grace=0.0, sessions=tcp.SESSIONS, auth=None)
     r.__enter__()
     t, out = run_in_thread(
         tcp.run_pingpong, link=LinkParams(*r.address, step_s=1.0), iters=10_000_000

@@ -47,7 +47,7 @@ def test_bad_shapes_say_why(kw: dict[str, object], msg: str) -> None:
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    with Responder("127.0.0.1", 0, sessions=served_sessions()) as r:
+    with Responder("127.0.0.1", 0, sessions=served_sessions(), auth=None) as r:
         yield r
 
 

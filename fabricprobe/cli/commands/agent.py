@@ -48,9 +48,19 @@ Examples:
 @click.option("--spool-max-windows", type=click.IntRange(1), help="Spool bound in windows [8640].")
 @click.option("--spool-max-bytes", type=click.IntRange(4096), help="Spool bound in bytes [64 MiB].")
 @click.option("--no-ethtool", "no_ethtool", is_flag=True, help="Do not run `ethtool -S`.")
-@click.option("--insecure", is_flag=True, default=None, help="Plain text to the collector.")
+@click.option(
+    "--insecure",
+    is_flag=True,
+    default=None,
+    help="Plain text to the collector, and a responder that serves anyone.",
+)
 @click.option(
     "--token-file", type=click.Path(dir_okay=False), help="File holding this host's token."
+)
+@click.option(
+    "--probe-token-file",
+    type=click.Path(dir_okay=False),
+    help="The fleet's probe token: the responder serves, and probes, only its holders.",
 )
 @click.option("--ca-file", type=click.Path(dir_okay=False), help="CA of the collector (TLS).")
 @click.option("--cert-file", type=click.Path(dir_okay=False), help="Client certificate (PEM).")

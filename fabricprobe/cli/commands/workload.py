@@ -45,7 +45,8 @@ def _local_responder(address: str, port: int) -> Iterator[int]:
     from fabricprobe.cli.sessions import served_sessions
     from fabricprobe.probes.responder import Responder
 
-    with Responder(address, port, sessions=served_sessions()) as r:
+    # the pipeline's own responder, in this process, for its own paths
+    with Responder(address, port, sessions=served_sessions(), auth=None) as r:
         yield r.port
 
 
