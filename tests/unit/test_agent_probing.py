@@ -300,3 +300,16 @@ def _wait_until(cond: Callable[[], bool], limit: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < end, "condition not reached"
         time.sleep(0.01)
+
+
+def test_an_agent_probes_a_fleet_responder_with_the_fleet_token() -> None:
+    from fabricprobe.probes.fleet import FleetToken
+
+    token = FleetToken(b"the-fleet-token-of-this-test")
+    with Responder("127.0.0.1", 0, sessions=probe_sessions(), auth=token, grace=0.2) as r:
+        stranger = tcp_pingpong(spec(r.port), ProbeContext(bind="127.0.0.1", timeout=1))
+        assert stranger.failed and "fleet token" in (stranger.error or "")
+        member = ProbeContext(bind="127.0.0.1", timeout=1, token=token)
+        out = tcp_pingpong(spec(r.port), member)
+        assert out.error is None and len(out.rtt_ns) == 5
+        member.links.close()

@@ -14,15 +14,18 @@ from fabricprobe.cli.options import (
     bind_option,
     fail,
     json_option,
+    load_token,
     port_option,
     print_json,
     resolve_peer,
     sysfs_option,
     timeout_option,
+    token_file_option,
 )
 from fabricprobe.cli.render import latency_table, loss_line, progress_bar
 from fabricprobe.probes import tcp as tcp_lib
 from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.measure import LinkParams
 
 T = TypeVar("T")
@@ -49,7 +52,15 @@ tcp_option = click.option(
 
 def peer_options(f: Callable[..., None]) -> Callable[..., None]:
     """The options `probe lat` and `probe bw` share, after their own."""
-    stack = (bind_option, device_option, engine_option, tcp_option, timeout_option, json_option)
+    stack = (
+        bind_option,
+        device_option,
+        engine_option,
+        tcp_option,
+        timeout_option,
+        token_file_option,
+        json_option,
+    )
     f = sysfs_option(f)
     for option in reversed(stack):  # as decorators listed top to bottom would apply
         f = option(f)
@@ -82,6 +93,7 @@ def _link(
     sysfs_root: str,
     engine: str,
     step_s: float,
+    token: FleetToken | None,
 ) -> LinkParams:
     """The peer and how to reach it, from the options; a bad value exits 2."""
     try:
@@ -93,6 +105,7 @@ def _link(
             sysfs_root=sysfs_root,
             engine=engine,
             step_s=step_s,
+            token=token,
         )
     except ValueError as e:
         fail(str(e))
@@ -143,14 +156,16 @@ def lat(
     as_json: bool,
     sysfs_root: str,
     engine: str,
+    token_file: str | None,
 ) -> None:
     """RC ping-pong latency to PEER. Figures are RTTs; one-way columns are RTT/2."""
     host, port = resolve_peer(peer, port)
+    token = load_token(token_file)
     rc = _rc()
     with progress_bar(not as_json and iters >= 5000, f"RDMA {op} ping-pong", "iterations") as bar:
         res = _measure(
             lambda: rc.rc_latency(
-                _link(host, port, bind, device, sysfs_root, engine, timeout),
+                _link(host, port, bind, device, sysfs_root, engine, timeout, token),
                 op=op,
                 size=size,
                 iters=iters,
@@ -164,7 +179,7 @@ def lat(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_pingpong(
-                LinkParams(host, port, bind=bind, step_s=timeout),
+                LinkParams(host, port, bind=bind, step_s=timeout, token=token),
                 size=size,
                 iters=iters,
                 warmup=warmup,
@@ -241,14 +256,16 @@ def bw(
     as_json: bool,
     sysfs_root: str,
     engine: str,
+    token_file: str | None,
 ) -> None:
     """RC bandwidth to PEER: ITERS operations of SIZE bytes, OUTSTANDING in flight."""
     host, port = resolve_peer(peer, port)
+    token = load_token(token_file)
     rc = _rc()
     with progress_bar(not as_json and iters >= 2000, f"RDMA {op} bandwidth", "operations") as bar:
         res = _measure(
             lambda: rc.rc_bandwidth(
-                _link(host, port, bind, device, sysfs_root, engine, max(timeout, 5.0)),
+                _link(host, port, bind, device, sysfs_root, engine, max(timeout, 5.0), token),
                 op=op,
                 size=size,
                 iters=iters,
@@ -261,7 +278,7 @@ def bw(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_throughput(
-                LinkParams(host, port, bind=bind, step_s=timeout),
+                LinkParams(host, port, bind=bind, step_s=timeout, token=token),
                 duration=None,
                 total_bytes=size * iters,
                 chunk_size=size,

@@ -15,10 +15,12 @@ from fabricprobe.cli.options import (
     bind_option,
     fail,
     json_option,
+    load_token,
     port_option,
     print_json,
     resolve_peer,
     timeout_option,
+    token_file_option,
 )
 from fabricprobe.cli.render import latency_table, loss_line, progress_bar
 from fabricprobe.probes import tcp as tcp_lib
@@ -83,6 +85,7 @@ Examples:
 )
 @bind_option
 @timeout_option
+@token_file_option
 @json_option
 def tcp(
     peer: str,
@@ -96,6 +99,7 @@ def tcp(
     streams: int | None,
     bind: str | None,
     timeout: float,
+    token_file: str | None,
     as_json: bool,
 ) -> None:
     """TCP baseline against PEER running `probe serve`: ping-pong RTT, or --bw throughput.
@@ -106,6 +110,7 @@ def tcp(
     host, port = resolve_peer(peer, port)
     _check_args(bw, size, iters, warmup, duration, total_bytes, streams)
     _check_addresses(host, port, bind)
+    token = load_token(token_file)
     if bw:
         if total_bytes is None and duration is None:
             duration = DEFAULT_DURATION
@@ -113,7 +118,7 @@ def tcp(
         with progress_bar(not as_json, "TCP throughput", unit) as progress:
             try:
                 bres = tcp_lib.run_throughput(
-                    LinkParams(host, port, bind=bind, step_s=timeout),
+                    LinkParams(host, port, bind=bind, step_s=timeout, token=token),
                     duration=duration,
                     total_bytes=total_bytes,
                     streams=streams or 1,
@@ -133,7 +138,7 @@ def tcp(
         with progress_bar(show, "TCP ping-pong", "iterations") as progress:
             try:
                 lres = tcp_lib.run_pingpong(
-                    LinkParams(host, port, bind=bind, step_s=timeout),
+                    LinkParams(host, port, bind=bind, step_s=timeout, token=token),
                     size=size or 64,
                     iters=n,
                     warmup=DEFAULT_WARMUP if warmup is None else warmup,
