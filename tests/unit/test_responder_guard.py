@@ -56,7 +56,9 @@ def ping(r: Responder, token: FleetToken | None = None) -> None:
     assert res.error is None and res.summary.count == 20
 
 
-def guarded(idle_timeout: float = 5.0, hello_timeout: float = 3.0) -> Responder:
+def guarded(
+    idle_timeout: float = 5.0, hello_timeout: float = 3.0, max_keepalive_s: float = 0.5
+) -> Responder:
     """A responder with small bounds, on 127.0.0.1 (strangers come from 127.0.0.2)."""
     return Responder(
         PROBER,
@@ -66,7 +68,7 @@ def guarded(idle_timeout: float = 5.0, hello_timeout: float = 3.0) -> Responder:
         max_sessions=16,
         max_per_source=4,
         max_memory_bytes=8 << 20,
-        max_keepalive_s=0.5,
+        max_keepalive_s=max_keepalive_s,
         hello_timeout=hello_timeout,
         idle_timeout=idle_timeout,
         grace=0.2,
@@ -114,10 +116,9 @@ def test_a_silent_connection_is_let_go_at_the_hello_deadline() -> None:
         _wait_until(lambda: r.refusals["hello"] == 1 and r.active_sessions() == 0)
 
 
-def test_hellos_asking_for_600_s_keepalives_cannot_lock_probers_out(
-    responder: Responder,
-) -> None:
-    with ExitStack() as stack:
+def test_hellos_asking_for_600_s_keepalives_cannot_lock_probers_out() -> None:
+    # a bound longer than the test, so that no link lapses while the 224 hellos arrive
+    with guarded(max_keepalive_s=30.0) as responder, ExitStack() as stack:
         granted, refused = [], []
         for _ in range(224):
             c = stack.enter_context(ControlClient(PROBER, responder.port, bind=STRANGER))
@@ -127,12 +128,18 @@ def test_hellos_asking_for_600_s_keepalives_cannot_lock_probers_out(
             except PeerError as e:
                 refused.append(str(e))
         # a source holds its share, each link for the responder's bound, not 600 s
-        assert granted == [0.5] * 4 and len(refused) == 220
+        assert granted == [30.0] * 4 and len(refused) == 220
         assert all("already holds 4 sessions" in e for e in refused)
         ping(responder)
-        # let go at 0.5 s, whatever they asked for (generous for a loaded host)
+        assert responder.refusals["source"] == 220
+
+
+def test_a_kept_link_is_let_go_at_the_responders_bound(responder: Responder) -> None:
+    with ControlClient(PROBER, responder.port, bind=STRANGER) as c:
+        c.open("rounds", {"keepalive_s": 600})
+        assert c.keepalive_s == 0.5
+        # let go at 0.5 s, whatever it asked for (generous for a loaded host)
         _wait_until(lambda: responder.active_sessions() == 0, limit=10.0)
-    assert responder.refusals["source"] == 220
 
 
 def test_tcp_bw_sessions_are_held_to_the_memory_budget() -> None:
