@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
@@ -35,19 +35,18 @@ from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
 from fabricprobe.agent.exporter import MetricsServer
 from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
-from fabricprobe.agent.probing import (
-    RUNNERS,
-    ProbeContext,
-    ProbeSpec,
-    Scheduler,
-    load_runner_modules,
-)
+from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler
+from fabricprobe.agent.probing import Runner as ProbeRunner
+from fabricprobe.agent.rdma_runners import all_runners
 from fabricprobe.agent.spool import Spool, SpoolCorrupt, SpoolKey, decode_window
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.api import fabricprobe_pb2 as pb
-from fabricprobe.probes.control import parse_hostport
+from fabricprobe.core.errors import ConfigError
+from fabricprobe.probes.control import SessionTable, parse_hostport
 from fabricprobe.probes.ethtool import Runner, run_command
-from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.probes.fleet import FleetToken
+from fabricprobe.probes.responder import Responder
+from fabricprobe.probes.sessions import probe_sessions
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -57,9 +56,24 @@ SEND_BATCH = 64
 # idle link holds a thread blocked on a socket (and, for RDMA, a QP); beyond this a
 # prober is told `busy`.
 MAX_SESSIONS = 224
+# One peer's share: its three kept links (TCP, RC, UD) and a few one-shot sessions.
+MAX_PER_SOURCE = 8
+# What all sessions together may hold: deploy/ gives the agent 128 MiB in all, and a
+# peer's one-shot tcp_bw alone could ask for 64 MiB of stream buffers.
+MAX_SESSION_MEMORY = 32 << 20
 MAX_BACKOFF_S = 10.0
 EX_SOFTWARE = 70  # sysexits.h: an internal error; the exit status when a thread died
 FAILURES_FILE = "thread-failures.json"
+
+
+def _probe_token(cfg: AgentConfig) -> FleetToken | None:
+    """The fleet's probe token, or None for an open responder (--insecure)."""
+    if not cfg.probe_token_file:
+        return None
+    try:
+        return FleetToken.from_file(cfg.probe_token_file)
+    except ValueError as e:
+        raise ConfigError(f"probe_token_file: {e}") from None
 
 
 def build_client(cfg: AgentConfig) -> CollectorClient:
@@ -86,7 +100,12 @@ class Agent:
         client: CollectorClient | None = None,
         ethtool_runner: Runner = run_command,
         clock: Callable[[], int] = time.time_ns,
+        sessions: SessionTable | None = None,
+        runners: Mapping[str, ProbeRunner] | None = None,
     ) -> None:
+        """SESSIONS (kind -> handler) are what the responder serves, the probes' own by
+        default; RUNNERS (kind -> runner) what the scheduler runs, TCP and RDMA where
+        pyverbs loads by default."""
         cfg.validate()
         self.cfg = cfg
         self.clock = clock
@@ -103,9 +122,19 @@ class Agent:
             cfg.sysfs_root, self.devices, netdevs_of(self.devices), ethtool_runner, cfg.ethtool
         )
         listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
+        token = _probe_token(cfg)
         self.responder = Responder(
-            listen_host, listen_port, max_sessions=MAX_SESSIONS, idle_timeout=10.0
+            listen_host,
+            listen_port,
+            sessions=probe_sessions() if sessions is None else sessions,
+            auth=token,
+            max_sessions=MAX_SESSIONS,
+            max_per_source=MAX_PER_SOURCE,
+            max_memory_bytes=MAX_SESSION_MEMORY,
+            max_keepalive_s=cfg.probe_max_keepalive_s,
+            idle_timeout=10.0,
         )
+        self.runners = dict(all_runners() if runners is None else runners)
         specific = listen_host not in ("0.0.0.0", "::")
         self.addresses = list(cfg.addresses) or (
             [listen_host] if specific else discover_addresses(self.devices)
@@ -114,10 +143,16 @@ class Agent:
         self.changed = ChangeFilter(cfg.counters_keyframe_every)
         self.aggregator = WindowAggregator()
         self.scheduler = Scheduler(
-            ProbeContext(bind=self.source, timeout=cfg.probe_timeout, sysfs_root=cfg.sysfs_root),
+            ProbeContext(
+                bind=self.source,
+                timeout=cfg.probe_timeout,
+                sysfs_root=cfg.sysfs_root,
+                token=token,
+            ),
             self.aggregator.add,
             jitter=cfg.jitter,
             workers=cfg.probe_workers,
+            runners=self.runners,
         )
         self.client = client or build_client(cfg)
         self.generation = 0
@@ -151,8 +186,6 @@ class Agent:
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        load_session_modules()
-        load_runner_modules()
         self.responder.start()
         self._threads = [
             threading.Thread(
@@ -286,6 +319,7 @@ class Agent:
                 links=len(self.scheduler.ctx.links),
                 sessions=self.responder.active_sessions(),
                 sessions_refused=self.responder.refused,
+                sessions_refused_by_reason=dict(self.responder.refusals),
             ),
             assignment_generation=self.generation,
         )
@@ -322,7 +356,7 @@ class Agent:
 
     def probe_kinds(self) -> list[str]:
         """Kinds this host can run and answer: RDMA ones only with an RDMA device."""
-        return sorted(k for k in RUNNERS if self.devices or not k.startswith("rdma"))
+        return sorted(k for k in self.runners if self.devices or not k.startswith("rdma"))
 
     def register(self) -> None:
         resp = self.client.register(self.host_info())

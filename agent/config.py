@@ -12,6 +12,7 @@ Example file::
     spool_max_windows = 8640      # a day of 10 s windows
     spool_max_bytes = 67108864    # 64 MiB
     token_file = "/etc/fabricprobe/token"
+    probe_token_file = "/etc/fabricprobe/probe-token"   # the fleet's, the same on every host
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ class AgentConfig:
     jitter: float = 0.2
     probe_timeout: float = 1.0
     probe_workers: int = 4
-    insecure: bool = False  # plain text to the collector: only when asked for
+    insecure: bool = False  # plain text to the collector, open responder: only when asked for
     token_file: str = ""
+    # the fleet's shared probe token: this responder serves, and this prober proves
+    # itself to, only hosts holding it (fabricprobe.probes.fleet)
+    probe_token_file: str = ""
+    probe_max_keepalive_s: float = 600.0  # longest a peer's kept link is held here
     ca_file: str = ""
     cert_file: str = ""
     key_file: str = ""
@@ -70,6 +75,13 @@ class AgentConfig:
             raise ConfigError(
                 "no credentials: give --token-file or --ca-file (TLS), or --insecure for plain text"
             )
+        if not (self.insecure or self.probe_token_file):
+            raise ConfigError(
+                "no probe credentials: give --probe-token-file (the fleet's probe token), "
+                "or --insecure for an open responder"
+            )
+        if not 0 <= self.probe_max_keepalive_s <= 600:
+            raise ConfigError("probe_max_keepalive_s: must be within 0..600")
         if bool(self.cert_file) != bool(self.key_file):
             raise ConfigError("cert_file and key_file go together")
 

@@ -1,10 +1,10 @@
-"""The agent's probes: a kind -> runner registry, the TCP runner, and the scheduler.
+"""The agent's probes: the TCP runners, the kept-link pool, and the scheduler.
 
 A runner takes a ProbeSpec and a ProbeContext and returns a ProbeOutcome (one burst of
 COUNT exchanges); it never raises for a peer that is down, it reports the burst as
-failed and its exchanges as lost. TCP ping-pong is registered here; RDMA runners
-(`rdma_rc_lat`, `rdma_ud`, ...) register themselves under their kind from the modules
-in RUNNER_MODULES, and the agent advertises only the kinds it has a runner for.
+failed and its exchanges as lost. TCP runners are in TCP_RUNNERS here, the RDMA ones
+(`rdma_rc_lat`, `rdma_ud`, ...) in fabricprobe.agent.rdma_runners; the agent hands the
+Scheduler the table it runs and advertises only the kinds it has a runner for.
 
 Latency bursts run over kept links (each agent's ProbeContext.links, so that agents
 sharing a process never share a link): the first burst to a target opens the
@@ -20,31 +20,24 @@ probe in lockstep, and within a rate budget (bursts per second) shared by all ta
 from __future__ import annotations
 
 import heapq
-import importlib
 import logging
 import random
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, LinkStale
-from fabricprobe.probes.errors import PeerError, ProbeError
+from fabricprobe.probes.control import MAX_KEEPALIVE_S, LinkStale
+from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.fleet import FleetToken
+from fabricprobe.probes.links import TcpPingLink
+from fabricprobe.probes.measure import LatencyRound, LinkParams
 from fabricprobe.probes.stats import LatencySketch
-from fabricprobe.probes.tcp import (
-    MAX_CHUNK,
-    open_data_connection,
-    run_throughput,
-    set_kernel_timeouts,
-)
+from fabricprobe.probes.tcp import MAX_CHUNK, run_throughput
 
 log = logging.getLogger("fabricprobe.agent")
-
-# Modules whose import registers more runners; a missing one is skipped quietly.
-RUNNER_MODULES: tuple[str, ...] = ("fabricprobe.agent.rdma_runners",)
 
 
 @dataclass(frozen=True)
@@ -78,33 +71,6 @@ class ProbeOutcome:
 
 
 Runner = Callable[[ProbeSpec, "ProbeContext"], ProbeOutcome]
-RUNNERS: dict[str, Runner] = {}
-
-
-def register_runner(kind: str) -> Callable[[Runner], Runner]:
-    """Decorator: run probes of KIND with the decorated function."""
-
-    def deco(fn: Runner) -> Runner:
-        RUNNERS[kind] = fn
-        return fn
-
-    return deco
-
-
-def load_runner_modules(names: Iterable[str] = RUNNER_MODULES) -> list[str]:
-    """Import the optional runner modules; one line per module that failed to load."""
-    problems = []
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                problems.append(f"{name}: {e}")
-        except ImportError as e:
-            problems.append(f"{name}: {e}")
-    for p in problems:
-        log.warning("probe runners not available: %s", p)
-    return problems
 
 
 # ------------------------------------------------------------------- kept links
@@ -187,106 +153,62 @@ class ProbeContext:
     timeout: float  # deadline of each step in seconds
     sysfs_root: str = "/sys"
     local_device: str = ""  # this host's RDMA device (RDMA kinds)
+    token: FleetToken | None = field(default=None, compare=False, repr=False)
     links: Links = field(default_factory=Links, compare=False, repr=False)
 
 
 # --------------------------------------------------------------------------- TCP
 
 
-def _exchange(sock: socket.socket, sbuf: bytearray, rbuf: bytearray) -> int:
-    """One ping-pong; the RTT in ns. OSError or PeerError when the peer fails."""
-    size = len(sbuf)
-    view = memoryview(rbuf)
-    t0 = time.perf_counter_ns()
-    sock.sendall(sbuf)
-    got = 0
-    while got < size:
-        k = sock.recv_into(view[got:], size - got)
-        if k == 0:
-            raise PeerError("peer closed the data connection")
-        got += k
-    return time.perf_counter_ns() - t0
+def link_params(spec: ProbeSpec, ctx: ProbeContext, setup_s: float | None = None) -> LinkParams:
+    """Where and how patiently this agent reaches SPEC's peer: from its own source
+    address, each step within the context's timeout, setup within SETUP_S (default the
+    same)."""
+    return LinkParams(
+        spec.address,
+        spec.port,
+        bind=ctx.bind,
+        sysfs_root=ctx.sysfs_root,
+        timeout=ctx.timeout if setup_s is None else max(ctx.timeout, setup_s),
+        step_s=ctx.timeout,
+        token=ctx.token,
+    )
 
 
-class TcpPingLink:
-    """A kept `tcp_lat` session: the control and the data connection stay open between
-    bursts (the responder echoes whatever arrives, for up to the keepalive between
-    bursts). Lighter than fabricprobe.probes.tcp.run_pingpong: no timer calibration, one warm-up
-    exchange per burst. A warm-up that fails on a kept link means the responder let it
-    go (LinkStale): nothing of the burst was measured yet."""
-
-    def __init__(self, spec: ProbeSpec, ctx: ProbeContext) -> None:
-        self.spec, self.ctx = spec, ctx
-        self._ctrl: ControlClient | None = None
-        self._data: socket.socket | None = None
-        self._sbuf = bytearray(random.randbytes(spec.size))
-        self._rbuf = bytearray(spec.size)
-
-    def _open(self) -> socket.socket:
-        spec, ctx = self.spec, self.ctx
-        self._ctrl = ControlClient(spec.address, spec.port, bind=ctx.bind, timeout=ctx.timeout)
-        try:
-            info = self._ctrl.open(
-                "tcp_lat",
-                {"size": spec.size, "timeout": ctx.timeout, "keepalive_s": keepalive_for(spec)},
-            )
-            self._data = open_data_connection(self._ctrl, info, ctx.timeout)
-            set_kernel_timeouts(self._data, ctx.timeout)
-        except BaseException:
-            self.close()
-            raise
-        return self._data
-
-    def close(self) -> None:
-        if self._data is not None:
-            self._data.close()
-            self._data = None
-        if self._ctrl is not None:
-            self._ctrl.close()
-            self._ctrl = None
-
-    def burst(self, count: int) -> ProbeOutcome:
-        """COUNT ping-pongs after one warm-up exchange."""
-        kept = self._data is not None
-        data = self._data or self._open()
-        sbuf, rbuf = self._sbuf, self._rbuf
-        try:
-            _exchange(data, sbuf, rbuf)  # warm-up: first-packet costs are not the fabric
-        except (OSError, PeerError) as e:
-            self.close()
-            if kept:
-                raise LinkStale(f"kept session to {self.spec.address} is gone: {e}") from e
-            raise
-        out = ProbeOutcome("tcp", "pingpong")
-        samples = out.rtt_ns
-        try:
-            for i in range(count):
-                sbuf[0] = i & 0xFF
-                samples.append(_exchange(data, sbuf, rbuf))
-                if rbuf[0] != sbuf[0]:
-                    raise PeerError("echo did not match what was sent")
-        except (OSError, PeerError) as e:
-            out.error = f"after {len(samples)} exchanges: {e}"
-            self.close()
-        out.lost = count - len(samples)
-        return out
+def kept_burst(
+    spec: ProbeSpec,
+    ctx: ProbeContext,
+    outcome: tuple[str, str],
+    new: Callable[[], L],
+    run: Callable[[L], LatencyRound],
+    failed: Callable[[Exception], ProbeOutcome],
+) -> ProbeOutcome:
+    """One latency burst over SPEC's kept link (made by NEW), as OUTCOME's (transport,
+    op); a burst that cannot run at all is what FAILED makes of its error."""
+    try:
+        r = ctx.links.burst(spec, new, run)
+    except (ProbeError, OSError, ValueError) as e:
+        return failed(e)
+    return ProbeOutcome(*outcome, rtt_ns=r.rtt_ns.tolist(), lost=r.lost, error=r.error)
 
 
-@register_runner("tcp_lat")
 def tcp_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
     """COUNT TCP ping-pongs of SIZE bytes over the target's kept `tcp_lat` link."""
-    try:
-        return ctx.links.burst(
-            spec, lambda: TcpPingLink(spec, ctx), lambda link: link.burst(spec.count)
-        )
-    except (ProbeError, OSError) as e:
-        return ProbeOutcome("tcp", "pingpong", lost=spec.count, failed=True, error=str(e))
+    return kept_burst(
+        spec,
+        ctx,
+        ("tcp", "pingpong"),
+        lambda: TcpPingLink(
+            link_params(spec, ctx), size=spec.size, keepalive_s=keepalive_for(spec)
+        ),
+        lambda link: link.round(spec.count),
+        lambda e: ProbeOutcome("tcp", "pingpong", lost=spec.count, failed=True, error=str(e)),
+    )
 
 
 BW_MIN_BYTES = 1 << 20
 
 
-@register_runner("tcp_bw")
 def tcp_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
     """Bulk TCP send of SIZE x COUNT bytes (at least 1 MiB) in SIZE-byte chunks; the bytes
     the peer confirmed and the time they took (session tcp_bw). Not planned by default:
@@ -294,20 +216,21 @@ def tcp_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
     total = max(spec.size * spec.count, BW_MIN_BYTES)
     try:
         res = run_throughput(
-            spec.address,
-            spec.port,
+            link_params(spec, ctx),
             duration=None,
             total_bytes=total,
             chunk_size=min(max(spec.size, 1), MAX_CHUNK),
-            bind=ctx.bind,
-            timeout=ctx.timeout,
-            connect_timeout=ctx.timeout,
         )
     except (ProbeError, OSError, ValueError) as e:
         return ProbeOutcome("tcp", "stream", failed=True, error=str(e))
     return ProbeOutcome(
         "tcp", "stream", bytes_moved=res.bytes, busy_seconds=res.duration_s, error=res.error
     )
+
+
+# Probe kind -> runner for TCP; fabricprobe.agent.rdma_runners has the RDMA ones, and the
+# agent passes the table it runs to its Scheduler.
+TCP_RUNNERS: dict[str, Runner] = {"tcp_lat": tcp_pingpong, "tcp_bw": tcp_stream}
 
 
 # --------------------------------------------------------------------------- scheduler
@@ -354,10 +277,10 @@ class Scheduler:
         jitter: float = 0.2,
         workers: int = 4,
         budget: float = 20.0,
-        runners: dict[str, Runner] | None = None,
+        runners: Mapping[str, Runner],
     ) -> None:
         self.ctx, self.sink, self.jitter = ctx, sink, jitter
-        self.runners = RUNNERS if runners is None else runners
+        self.runners = dict(runners)
         self.budget = RateBudget(budget)
         self.bursts = 0
         self._heap: list[_Due] = []

@@ -32,7 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.probes.control import wait_listening
+from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma import rc
 
 LAT_TARGET = 1.10
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         figures.setdefault(key, []).append(value)
 
     serve = subprocess.Popen(
-        [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{PROBE_PORT}"],
+        open_serve_argv(f"0.0.0.0:{PROBE_PORT}"),
         stderr=subprocess.DEVNULL,
     )
     try:
@@ -159,14 +161,11 @@ def main(argv: list[str] | None = None) -> int:
                     res = retried(
                         f"fabricprobe[{engine}] {op}_lat",
                         lambda op=op, e=engine: rc.rc_latency(
-                            str(b["ip"]),
+                            LinkParams(str(b["ip"]), PROBE_PORT, bind=str(a["ip"]), engine=e),
                             op=op,
                             size=2,
                             iters=args.iters,
                             warmup=200,
-                            port=PROBE_PORT,
-                            bind=str(a["ip"]),
-                            engine=e,
                         ),
                     )
                     add(f"fabricprobe[{engine}] {op}_lat", res.summary.p50_us / 2)
@@ -174,13 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                 bw = retried(
                     f"fabricprobe[{engine}] write_bw",
                     lambda e=engine: rc.rc_bandwidth(
-                        str(b["ip"]),
+                        LinkParams(str(b["ip"]), PROBE_PORT, bind=str(a["ip"]), engine=e),
                         op="write",
                         size=65536,
                         iters=args.bw_iters,
-                        port=PROBE_PORT,
-                        bind=str(a["ip"]),
-                        engine=e,
                     ),
                 )
                 add(f"fabricprobe[{engine}] write_bw", bw.bytes_per_second / (1 << 20))

@@ -41,14 +41,15 @@ from array import array
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import psutil
 
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.probes.control import decode_payload, encode_message, wait_listening
-from fabricprobe.probes.rdma.rc import RcPingLink, RcRound, rc_latency
-from fabricprobe.probes.rdma.ud import UdLink, UdRound, ud_probe
+from fabricprobe.probes.measure import LatencyRound, LinkParams
+from fabricprobe.probes.rdma.rc import RcPingLink, rc_latency
+from fabricprobe.probes.rdma.ud import UdLink, ud_probe
 from fabricprobe.probes.stats import LatencySketch
 
 PORT = 4798
@@ -71,10 +72,8 @@ def measure(
     spin = 0
     for _ in range(bursts):
         out = burst()
-        if isinstance(out, RcRound):
-            spin += sum(out.rtt_ns)
-        elif isinstance(out, UdRound):
-            spin += sum(out.raw_ns)
+        if isinstance(out, LatencyRound):  # UD: the RTTs with the responder's own delay
+            spin += sum(out.raw_ns) if out.raw_ns else sum(out.rtt_ns)
     return (
         (time.process_time() - c0) / bursts,
         (cpu(responder) - r0) / bursts,
@@ -86,16 +85,10 @@ def measure(
 def start_serve(links: int) -> subprocess.Popen[bytes]:
     """A `probe serve` with room for LINKS peers' kept links."""
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fabricprobe",
-            "serve",
-            "--listen",
+        open_serve_argv(
             f"0.0.0.0:{PORT}",
-            "--max-sessions",
-            str(3 * links + 8),
-        ],
+            *("--max-sessions", str(3 * links + 8), "--max-per-source", str(3 * links + 8)),
+        ),
         stderr=subprocess.DEVNULL,
     )
 
@@ -146,25 +139,25 @@ def main() -> None:
     try:
         wait_listening(b["ip"], PORT, timeout=120)
         responder = psutil.Process(serve.pid)
-        where: dict[str, Any] = {"port": PORT, "bind": a["ip"]}
+
+        def where(engine: str) -> LinkParams:
+            return LinkParams(b["ip"], PORT, bind=a["ip"], engine=engine)
 
         def rc_link(engine: str) -> RcPingLink:
-            link = RcPingLink(b["ip"], size=64, engine=engine, keepalive_s=KEEP_S, **where)
+            link = RcPingLink(where(engine), size=64, keepalive_s=KEEP_S)
             held.append(link)
             return link
 
         def ud_link(engine: str = "auto") -> UdLink:
-            link = UdLink(b["ip"], engine=engine, keepalive_s=KEEP_S, **where)
+            link = UdLink(where(engine), keepalive_s=KEEP_S)
             held.append(link)
             return link
 
         def rc_once(engine: str) -> Callable[[], object]:
-            return lambda: rc_latency(
-                b["ip"], op="send", size=64, iters=plan.count, warmup=1, engine=engine, **where
-            )
+            return lambda: rc_latency(where(engine), op="send", size=64, iters=plan.count, warmup=1)
 
         def ud_once(engine: str) -> Callable[[], object]:
-            return lambda: ud_probe(b["ip"], probes=plan.count, engine=engine, **where)
+            return lambda: ud_probe(where(engine), probes=plan.count)
 
         kinds: list[tuple[str, Callable[[], object], Callable[[], object]]] = []
         for engine in ("native", "pyverbs"):

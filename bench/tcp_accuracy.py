@@ -32,7 +32,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.probes.control import wait_listening
+from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.tcp import measure_timer_overhead, run_pingpong
 
 TARGET = 1.10
@@ -148,11 +150,11 @@ def run_qperf(server: str, size: int, seconds: float) -> Figures:
 
 def run_fabricprobe(server: str, client: str, size: int, iters: int, log: Path) -> Figures:
     port = free_port(server)
-    serve = [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"{server}:{port}"]
+    serve = open_serve_argv(f"{server}:{port}")
     with log.open("ab") as f, background(serve, f):
         wait_listening(server, port, timeout=30)
         res = run_pingpong(
-            server, port, size=size, iters=iters, warmup=min(1000, iters), bind=client
+            LinkParams(server, port, bind=client), size=size, iters=iters, warmup=min(1000, iters)
         )
     if res.error:
         raise RuntimeError(f"fabricprobe ping-pong ended early: {res.error}")

@@ -25,6 +25,7 @@ from fabricprobe.collector.exposition import ScrapeStats
 from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
 from fabricprobe.collector.store import DROPS, PathStats, StoreSnapshot, WindowStore
 from fabricprobe.core.sketchwire import MergedSketch
+from fabricprobe.probes.control import REFUSAL_REASONS
 
 # RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
 # soft-RoCE loopback (tens of µs), a real RoCE fabric (a few µs) and a congested
@@ -327,8 +328,15 @@ class FabricCollector(Collector):
             ),
             "refused": CounterMetricFamily(
                 p + "agent_probe_sessions_refused",
-                "Probers the agent's responder turned away because it was full.",
+                "Probers the agent's responder turned away (full, a source's share, memory, "
+                "hello deadline, no fleet token, RDMA endpoint not the peer's).",
                 labels=["src"],
+            ),
+            "refused_by": CounterMetricFamily(
+                p + "agent_probe_sessions_refused_by_reason",
+                "Probers the agent's responder turned away, by reason: busy, source, memory, "
+                "hello, unauthenticated, address.",
+                labels=["src", "reason"],
             ),
             "reports": CounterMetricFamily(
                 p + "collector_reports", "Window reports merged by the collector."
@@ -397,6 +405,9 @@ class FabricCollector(Collector):
                 f["links"].add_metric([name], float(a.links))
                 f["sessions"].add_metric([name], float(a.sessions))
                 f["refused"].add_metric([name], float(a.sessions_refused))
+                by = a.sessions_refused_by_reason
+                for reason in REFUSAL_REASONS:  # a fixed set: an agent adds no label values
+                    f["refused_by"].add_metric([name, reason], float(by.get(reason, 0)))
         f["reports"].add_metric([], float(snap.reports_total))
         f["dups"].add_metric([], float(snap.duplicates_total))
         f["rejected"].add_metric([], float(snap.rejected_total))

@@ -12,7 +12,10 @@ A session:
 
     prober                                      responder
     hello {version, session, params}   ---->
-                                       <----    ready {session, info}  |  error {reason}
+                                       <----    challenge {nonce}      (with a fleet token)
+    auth {mac}                         ---->    (HMAC of the nonce: fabricprobe.probes.fleet)
+                                       <----    ready {session, info, keepalive_s}
+                                                |  error {reason}
     (session-specific messages and/or a separate data path)
     done {result}                      ---->
                                        <----    done {result}          (then both close)
@@ -21,7 +24,8 @@ A prober that probes the same peer again and again keeps the session (a *link*):
 hello asks for `keepalive_s` > 0, and after a round it sends `again {params}` instead of
 `done`; the responder answers `go {info}` once it is ready for the next round over the
 resources it already holds (an RDMA QP stays connected). Between rounds the responder
-waits up to `keepalive_s` (at most MAX_KEEPALIVE_S) for `again` or `done`; silence or a
+waits up to `keepalive_s` (at most MAX_KEEPALIVE_S, and at most what the responder grants:
+`ready` says how long) for `again` or `done`; silence or a
 closed connection then ends the session quietly and releases what it held, and the
 prober's next `again` fails before any round starts (LinkStale: open a new link).
 
@@ -29,20 +33,21 @@ prober's next `again` fails before any round starts (LinkStale: open a new link)
                                        <----    go {info}
     (the next round)
 
-Handler registry (responder side)
+Session handlers (responder side)
 ---------------------------------
 A session kind (`tcp_lat`, `tcp_bw`, `rdma_rc_lat`, `rdma_rc_bw`, `rdma_ud`, ...) is a
-function registered under its name::
+function; each module that serves sessions exports a table of kind -> handler
+(`SESSIONS`), and whoever builds a responder passes the tables it serves::
 
-    from fabricprobe.probes.control import Session, register_session
-
-    @register_session("rdma_rc_lat")
     def serve_rc_lat(session: Session) -> dict[str, object] | None:
         peer = RdmaEndpoint.from_dict(session.params.get("endpoint"), where="params.endpoint")
         qp = session.resources.enter_context(make_qp(...))    # released on every path
         session.ready({"endpoint": RdmaEndpoint(...).as_dict()})
         session.wait_done()            # keep the QP alive until the prober is finished
         return {"echoed": n}           # optional; sent back in the responder's `done`
+
+    SESSIONS = {"rdma_rc_lat": serve_rc_lat}
+    Responder(host, port, sessions=session_table(tcp.SESSIONS, SESSIONS))
 
 The contract:
 
@@ -57,6 +62,10 @@ The contract:
   session ends, whatever the path, and shuts tracked sockets down (waking any blocked
   call) when the responder stops or the session is aborted. Check `session.stopping`
   in long loops.
+* Before ready, declare the memory the session will hold with `session.reserve(bytes,
+  what)` (buffers, registered memory): it counts against the responder's budget until the
+  session ends, and over the budget the session is refused `busy`. An RDMA handler checks
+  the prober's endpoint with `check_endpoint_peer(endpoint, session.peer[0])` first.
 * Call `session.ready(info)` exactly once; `info` is the session-specific reply
   (for RDMA: the responder's RdmaEndpoint as a dict).
 * Use `session.channel.send(...)` / `session.channel.recv(...)` for any further
@@ -70,9 +79,6 @@ The contract:
 * Return an optional dict of responder-side figures. If the handler has not called
   `session.wait_done()` itself, the responder waits for the prober's `done` (within
   `step_timeout`) and replies `done` with that dict.
-
-Modules holding handlers are imported by the responder (see
-fabricprobe.probes.responder.SESSION_MODULES); registering at import time is all they need.
 
 Prober side: `ControlClient(host, port).open(kind, params)` returns the responder's
 `ready` info; `client.done(result)` finishes the session and returns the responder's
@@ -89,11 +95,12 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
+from fabricprobe.probes.fleet import NONCE_BYTES, FleetToken
 
 PROTOCOL_VERSION = 1
 DEFAULT_PORT = 4793  # 18515 belongs to perftest; pick one that does not clash with it
@@ -103,11 +110,29 @@ MAX_KEEPALIVE_S = 600.0  # the longest a responder holds a link's resources betw
 
 _HEADER = struct.Struct("!I")
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-CORE_KINDS = frozenset({"hello", "ready", "error", "done"})
+CORE_KINDS = frozenset({"hello", "challenge", "auth", "ready", "error", "done"})
 
 
 class ProtocolError(PeerError, ParseError):
     """The peer sent something that is not a valid control message."""
+
+
+class Refused(ProbeError):
+    """The responder turns a request away for a reason it counts (`reason`: one of
+    REFUSAL_REASONS): it is full, the source holds its share, the memory budget is spent,
+    the prober did not prove it belongs to the fleet, or an RDMA endpoint is not the
+    control connection's peer."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+REFUSAL_REASONS = ("busy", "source", "memory", "hello", "unauthenticated", "address")
+
+
+class PeerClosed(PeerError):
+    """The peer closed the control connection between messages."""
 
 
 class LinkStale(PeerError):
@@ -158,7 +183,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: Deadline, what: str) -> b
             raise PeerError(f"connection to peer failed while reading {what}: {e}") from e
         if k == 0:
             if got == 0 and what == "message header":
-                raise PeerError("peer closed the control connection")
+                raise PeerClosed("peer closed the control connection")
             raise PeerError(f"peer closed the connection mid-{what} (got {got} of {n} bytes)")
         got += k
     return bytes(buf)
@@ -488,8 +513,11 @@ class ControlClient:
         *,
         bind: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
+        token: FleetToken | None = None,
     ) -> None:
         self.host, self.port, self.bind, self.timeout = host, port, bind, timeout
+        self.token = token
+        self.keepalive_s = 0.0  # what the responder granted a kept session
         self._sock: socket.socket | None = None
         self.channel: Channel | None = None
 
@@ -500,16 +528,41 @@ class ControlClient:
         self.close()
 
     def open(self, session: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Connect, send hello and return the responder's `ready` info."""
+        """Connect, send hello (answer the responder's challenge with the fleet token)
+        and return the responder's `ready` info."""
         self._sock = connect(self.host, self.port, bind=self.bind, timeout=self.timeout)
         self.channel = Channel(self._sock, self.timeout)
         self.channel.send(
             "hello", {"version": PROTOCOL_VERSION, "session": session, "params": params}
         )
-        msg = self.channel.recv(expect="ready")
+        msg = self.channel.recv()
+        if msg.kind == "challenge":
+            msg = self._answer(msg, session, params)
+        if msg.kind == "error":
+            raise PeerError(f"peer refused: {_reason(msg)}")
+        if msg.kind != "ready":
+            raise ProtocolError(f"expected a ready message from peer, got {msg.kind}")
         if msg.body.get("session") != session:
             raise ProtocolError(f"peer answered for session {msg.body.get('session')!r}")
+        granted = msg.body.get("keepalive_s", params.get("keepalive_s", 0.0))
+        self.keepalive_s = float(granted) if isinstance(granted, int | float) else 0.0
         return require_dict(msg.body, "info", where="ready.")
+
+    def _answer(self, challenge: Message, session: str, params: dict[str, Any]) -> Message:
+        """Prove we hold the fleet token: HMAC of the nonce for this connection."""
+        assert self.channel is not None and self._sock is not None
+        if self.token is None:
+            raise PeerError(
+                f"{self.host} asks for the fleet token: give it (--token-file) to probe it"
+            )
+        try:
+            nonce = bytes.fromhex(require_str(challenge.body, "nonce", 2 * NONCE_BYTES))
+        except ValueError:
+            raise ProtocolError("challenge.nonce: not hex") from None
+        mine, theirs = self._sock.getsockname()[0], self._sock.getpeername()[0]
+        mac = self.token.answer(nonce, str(mine), str(theirs), session, params)
+        self.channel.send("auth", {"mac": mac})
+        return self.channel.recv()
 
     @property
     def local_address(self) -> str:
@@ -563,6 +616,8 @@ class Session:
         local: tuple[str, int],
         *,
         step_timeout: float,
+        max_keepalive_s: float = MAX_KEEPALIVE_S,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.channel = channel
         self.kind = kind
@@ -573,8 +628,11 @@ class Session:
         self.resources = contextlib.ExitStack()
         self.ready_sent = False
         self.done_result: dict[str, Any] | None = None
-        self.keepalive = optional_float(
-            params, "keepalive_s", 0.0, MAX_KEEPALIVE_S, 0.0, where="params."
+        self.budget = budget
+        # what the prober asked for, bounded by what this responder grants (ready says it)
+        self.keepalive = min(
+            optional_float(params, "keepalive_s", 0.0, MAX_KEEPALIVE_S, 0.0, where="params."),
+            max_keepalive_s,
         )
         self.rounds = 1
         self.idle = False  # between rounds of a link: nothing is lost by aborting it now
@@ -601,10 +659,25 @@ class Session:
                 self._sockets.remove(sock)
         sock.close()
 
+    def reserve(self, nbytes: int, what: str) -> None:
+        """Count NBYTES (what WHAT will hold) against the responder's memory budget until
+        the session ends; over the budget the session is refused `busy` (Refused)."""
+        if self.budget is None or nbytes <= 0:
+            return
+        if not self.budget.take(nbytes):
+            raise Refused(
+                f"busy: {what} needs {nbytes / 2**20:.1f} MiB, "
+                f"{self.budget.free / 2**20:.1f} of {self.budget.total / 2**20:.1f} MiB free",
+                "memory",
+            )
+        self.resources.callback(self.budget.give, nbytes)
+
     def ready(self, info: dict[str, Any]) -> None:
         if self.ready_sent:
             raise ProbeError("ready was already sent for this session")
-        self.channel.send("ready", {"session": self.kind, "info": info})
+        self.channel.send(
+            "ready", {"session": self.kind, "info": info, "keepalive_s": self.keepalive}
+        )
         self.ready_sent = True
 
     def next_round(self) -> dict[str, Any] | None:
@@ -654,39 +727,67 @@ class Session:
 SessionHandler = Callable[[Session], "dict[str, Any] | None"]
 
 
-class Registry:
-    """Session kind → handler. The responder looks up each hello's session here."""
+class MemoryBudget:
+    """Bytes that the sessions of one responder may hold at once (buffers, registered
+    memory), shared by every session; each session kind reserves what it will hold."""
 
-    def __init__(self) -> None:
-        self._handlers: dict[str, SessionHandler] = {}
+    def __init__(self, total: int) -> None:
+        if total < 1:
+            raise ValueError("a memory budget must be at least 1 byte")
+        self.total = total
+        self.used = 0
+        self._lock = threading.Lock()
 
-    def register(self, kind: str, handler: SessionHandler) -> None:
-        if not _KIND_RE.match(kind):
-            raise ValueError(f"bad session kind {kind!r}: use lower-case letters, digits, _")
-        if kind in self._handlers and self._handlers[kind] is not handler:
-            raise ValueError(f"session kind {kind!r} is already registered")
-        self._handlers[kind] = handler
+    @property
+    def free(self) -> int:
+        return self.total - self.used
 
-    def get(self, kind: str) -> SessionHandler | None:
-        return self._handlers.get(kind)
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.total:
+                return False
+            self.used += n
+            return True
 
-    def kinds(self) -> list[str]:
-        return sorted(self._handlers)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.kinds())
-
-
-HANDLERS = Registry()
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - n)
 
 
-def register_session(
-    kind: str, registry: Registry = HANDLERS
-) -> Callable[[SessionHandler], SessionHandler]:
-    """Decorator: make a handler answer hello messages for session KIND."""
+def check_endpoint_peer(endpoint: RdmaEndpoint, peer_ip: str) -> None:
+    """Refuse (reason `address`) an RDMA endpoint whose GID is not the control
+    connection's peer: a responder sends RDMA traffic (UD ACKs, RC connections) only to
+    the address that asked. RoCE v2 GIDs of IPv4 addresses are IPv4-mapped IPv6."""
+    gid = ipaddress.IPv6Address(endpoint.gid)
+    try:
+        peer = ipaddress.ip_address(peer_ip.split("%", 1)[0])
+    except ValueError:
+        raise Refused(f"control peer {peer_ip!r} is not an IP address", "address") from None
+    if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
+        peer = peer.ipv4_mapped
+    mapped = gid.ipv4_mapped
+    same = mapped == peer if isinstance(peer, ipaddress.IPv4Address) else gid == peer
+    if not same:
+        shown = str(mapped) if mapped is not None else str(gid)
+        raise Refused(
+            f"endpoint GID {endpoint.gid} ({shown}) is not the address that asked ({peer})",
+            "address",
+        )
 
-    def deco(fn: SessionHandler) -> SessionHandler:
-        registry.register(kind, fn)
-        return fn
 
-    return deco
+SessionTable = Mapping[str, SessionHandler]
+
+
+def session_table(*tables: SessionTable) -> dict[str, SessionHandler]:
+    """One kind -> handler table out of TABLES (each module that serves sessions exports
+    its own, and whoever builds a responder picks the ones it serves). A badly named
+    kind, or one that two tables give to different handlers, raises ValueError."""
+    out: dict[str, SessionHandler] = {}
+    for table in tables:
+        for kind, handler in table.items():
+            if not _KIND_RE.match(kind):
+                raise ValueError(f"bad session kind {kind!r}: use lower-case letters, digits, _")
+            if out.get(kind, handler) is not handler:
+                raise ValueError(f"session kind {kind!r} is already served by another handler")
+            out[kind] = handler
+    return out

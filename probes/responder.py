@@ -1,68 +1,72 @@
 """The responder: answers probe sessions from peers (`probe serve`, and the agent).
 
+It serves only the fleet, within bounds that no peer can stretch:
+
+- *Authenticated sessions.* With a fleet token (fabricprobe.probes.fleet) every hello is
+  answered with a fresh nonce, and only a prober that returns HMAC(token, nonce and this
+  connection's addresses and request) gets a session; the token never crosses the wire.
+  A shared token, rather than tickets or TLS, because a responder must decide alone,
+  at once and cheaply, with the collector possibly down (see fabricprobe.probes.fleet).
+  Without a token (`auth=None`) it serves anyone: only when asked (`--insecure`).
+- *A hello deadline.* The hello (and the answer to the challenge) must arrive within
+  `hello_timeout`; a connection that has not proved itself holds no session slot, and at
+  most `max_sessions` such connections (`max_per_source` per address) wait at once:
+  beyond that they are closed at once.
+- *Session limits.* `max_sessions` sessions at once, `max_per_source` of them per source
+  address; kept links ask for a keepalive, granted up to `max_keepalive_s`.
+- *A memory budget.* Each session kind reserves what it will hold (buffers, registered
+  memory) against `max_memory_bytes`, shared by all sessions; over it the session is
+  refused `busy`.
+- *RDMA endpoints are the peer's.* An RC or UD hello whose GID is not the control
+  connection's address is refused: ACKs and connections go only to who asked.
+
+Every refusal is counted by reason (`refusals`; the agent exports them).
+
 One listening socket; each accepted control connection gets its own thread, up to
 `max_sessions` at once (beyond that a prober is refused with `error busy` at once,
-never queued). Each session runs the handler registered for its kind
-(fabricprobe.probes.control); every read has the idle timeout as its deadline, and whatever the
-handler acquired is released when the session ends, on every path. `stop()` is safe
-from a signal handler: it stops accepting, lets running sessions finish for a grace
-period, then aborts the rest (their sockets are shut down, which wakes any blocked
-call) and joins every thread. One log line per session says who, what and how it
-ended.
+never queued). Each session runs the handler its kind has in the table the responder
+was built with (`sessions`: kind -> handler, see fabricprobe.probes.control;
+fabricprobe.probes.sessions has the probes' own); every read has the idle timeout as
+its deadline, and whatever the handler acquired is released when the session ends, on
+every path. `stop()` is safe from a signal handler: it stops accepting, lets running
+sessions finish for a grace period, then aborts the rest (their sockets are shut down,
+which wakes any blocked call) and joins every thread. One log line per session says
+who, what and how it ended.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
+import secrets
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections import Counter
+from typing import Any
 
 from fabricprobe.probes.control import (
     DEFAULT_PORT,
-    HANDLERS,
+    MAX_KEEPALIVE_S,
     PROTOCOL_VERSION,
+    REFUSAL_REASONS,
     Channel,
-    Registry,
+    MemoryBudget,
+    Message,
+    PeerClosed,
+    Refused,
     Session,
+    SessionTable,
     format_hostport,
     require_dict,
     require_str,
+    session_table,
 )
 from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
+from fabricprobe.probes.fleet import NONCE_BYTES, FleetToken, canonical_ip
 
 log = logging.getLogger("fabricprobe.responder")
-
-# Modules whose import registers session handlers. A module that does not exist is
-# skipped quietly (RDMA sessions are optional); one that fails to import (no pyverbs)
-# is skipped with a warning, and its session kinds are refused as unknown.
-SESSION_MODULES: tuple[str, ...] = (
-    "fabricprobe.probes.tcp",
-    "fabricprobe.probes.rdma.rc",
-    "fabricprobe.probes.rdma.ud",
-    "fabricprobe.workload.transfer",
-)
-
-
-def load_session_modules(names: Iterable[str] = SESSION_MODULES) -> list[str]:
-    """Import the handler modules; return one line per module that could not be loaded."""
-    problems = []
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue
-            problems.append(f"{name}: {e}")
-        except ImportError as e:
-            problems.append(f"{name}: {e}")
-    for p in problems:
-        log.warning("session handlers not available: %s", p)
-    return problems
 
 
 class Responder:
@@ -73,32 +77,51 @@ class Responder:
         host: str = "0.0.0.0",
         port: int = DEFAULT_PORT,
         *,
+        sessions: SessionTable,
+        auth: FleetToken | None,
         max_sessions: int = 16,
+        max_per_source: int = 8,
+        max_memory_bytes: int = 64 << 20,
+        max_keepalive_s: float = MAX_KEEPALIVE_S,
+        hello_timeout: float = 2.0,
         idle_timeout: float = 30.0,
         grace: float = 2.0,
-        registry: Registry = HANDLERS,
     ) -> None:
-        if max_sessions < 1:
-            raise ValueError("max_sessions must be >= 1")
-        if not idle_timeout > 0:
-            raise ValueError("idle_timeout must be positive")
+        if max_sessions < 1 or max_per_source < 1:
+            raise ValueError("max_sessions and max_per_source must be >= 1")
+        if not idle_timeout > 0 or not hello_timeout > 0:
+            raise ValueError("idle_timeout and hello_timeout must be positive")
+        if not 0 <= max_keepalive_s <= MAX_KEEPALIVE_S:
+            raise ValueError(f"max_keepalive_s outside 0..{MAX_KEEPALIVE_S:g}")
         self.host, self.port = host, port
+        self.auth = auth
         self.max_sessions = max_sessions
+        self.max_per_source = max_per_source
+        self.max_keepalive_s = max_keepalive_s
+        self.hello_timeout = min(hello_timeout, idle_timeout)
         self.idle_timeout = idle_timeout
         self.grace = grace
-        self.registry = registry
+        self.budget = MemoryBudget(max_memory_bytes)
+        self.sessions = session_table(sessions)
         self._listener: socket.socket | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._sessions: dict[threading.Thread, Session | socket.socket] = {}
+        # every connection's thread: a Session once it has one, else its socket
+        self._threads: dict[threading.Thread, Session | socket.socket] = {}
+        self._admitted: set[threading.Thread] = set()  # those holding a session slot
+        self._pending_by_src: Counter[str] = Counter()
+        self._sessions_by_src: Counter[str] = Counter()
         self._thread: threading.Thread | None = None
-        self._refusals: set[threading.Thread] = set()
         self.served = 0
-        self.refused = 0  # probers turned away because max_sessions were running
+        self.refusals: Counter[str] = Counter({r: 0 for r in REFUSAL_REASONS})
+
+    @property
+    def refused(self) -> int:
+        """Probers turned away so far, for any reason in REFUSAL_REASONS."""
+        return sum(self.refusals.values())
 
     # -- lifecycle --------------------------------------------------------------------
-
     def start(self) -> tuple[str, int]:
         """Bind and listen; return the address actually bound (port 0 picks one)."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -129,9 +152,9 @@ class Responder:
             self._wake_w.send(b"x")
 
     def active_sessions(self) -> int:
-        """Sessions running now, refusals in progress included."""
+        """Connections being served now: sessions, and those still in their hello."""
         with self._lock:
-            return len(self._sessions) + len(self._refusals)
+            return len(self._threads)
 
     def serve_forever(self) -> None:
         """Accept sessions until stop(); then drain, abort, join and close everything."""
@@ -176,98 +199,149 @@ class Responder:
         except OSError:
             return  # the prober gave up between select and accept
         peer = (str(addr[0]), int(addr[1]))
+        src = canonical_ip(peer[0])
         with self._lock:
-            if len(self._sessions) < self.max_sessions:
-                t = threading.Thread(target=self._run_session, args=(conn, peer))
-                self._sessions[t] = conn
-            else:
-                self.refused += 1
-                if len(self._refusals) >= self.max_sessions:  # flooded: not even a reply
-                    conn.close()
-                    return
-                t = threading.Thread(target=self._refuse, args=(conn, peer))
-                self._refusals.add(t)
+            pending = len(self._threads) - len(self._admitted)
+            if pending >= self.max_sessions or self._pending_by_src[src] >= self.max_per_source:
+                # a flood of connections that have not said hello: not even a reply
+                self.refusals["busy" if pending >= self.max_sessions else "source"] += 1
+                conn.close()
+                return
+            t = threading.Thread(target=self._run_session, args=(conn, peer, src))
+            self._threads[t] = conn
+            self._pending_by_src[src] += 1
         t.start()
-
-    def _refuse(self, conn: socket.socket, peer: tuple[str, int]) -> None:
-        """Say `busy` to a prober over the limit. Its hello is read first: closing a socket
-        with unread data sends a reset, which could destroy the error before it is read."""
-        try:
-            with conn:
-                channel = Channel(conn, 1.0)
-                with contextlib.suppress(ProbeError):
-                    channel.recv()
-                channel.send_error(f"busy: {self.max_sessions} sessions running")
-        finally:
-            with self._lock:
-                self._refusals.discard(threading.current_thread())
-        log.info("session ? from %s: refused busy", format_hostport(*peer))
 
     def _drain(self) -> None:
         with self._lock:  # links between rounds lose nothing: let them go at once
-            idle = [s for s in self._sessions.values() if isinstance(s, Session) and s.idle]
+            idle = [s for s in self._threads.values() if isinstance(s, Session) and s.idle]
         for link in idle:
             link.abort()
         deadline = time.monotonic() + self.grace
         while self.active_sessions() and time.monotonic() < deadline:
             time.sleep(0.02)
         with self._lock:
-            items = list(self._sessions.items())
-            refusals = list(self._refusals)
+            items = list(self._threads.items())
         for _, session in items:
             if isinstance(session, Session):
                 session.abort()
-            else:  # still waiting for its hello
+            else:  # still in its hello
                 with contextlib.suppress(OSError):
                     session.shutdown(socket.SHUT_RDWR)
-        for t in [*(t for t, _ in items), *refusals]:
+        for t, _ in items:
             t.join()
 
-    def _run_session(self, conn: socket.socket, peer: tuple[str, int]) -> None:
+    def _run_session(self, conn: socket.socket, peer: tuple[str, int], src: str) -> None:
         started = time.monotonic()
         me = threading.current_thread()
         channel = Channel(conn, self.idle_timeout)
         try:
             with conn:
-                kind, outcome, detail = self._session(channel, peer, me)
+                kind, outcome, detail = self._session(channel, peer, src, me)
         finally:
             with self._lock:
-                self._sessions.pop(me, None)
-                self.served += 1
+                self._threads.pop(me, None)
+                if me in self._admitted:
+                    self._admitted.discard(me)
+                    self._sessions_by_src[src] -= 1
+                    self.served += 1
+                else:
+                    self._pending_by_src[src] -= 1
         elapsed = time.monotonic() - started
         tail = f" ({detail})" if detail else ""
         who = format_hostport(*peer)
         log.info("session %s from %s: %s in %.3f s%s", kind, who, outcome, elapsed, tail)
 
+    def _handshake(
+        self, channel: Channel, peer: tuple[str, int], local: tuple[str, int]
+    ) -> tuple[str, dict[str, Any]]:
+        """Read the hello (and, with a fleet token, check the answer to our challenge)
+        within the hello deadline; return the session kind and its params."""
+        end = time.monotonic() + self.hello_timeout
+
+        def left() -> float:
+            return max(0.001, end - time.monotonic())
+
+        try:
+            hello = channel.recv(expect="hello", timeout=left())
+        except PeerError as e:
+            if isinstance(e, ParseError | PeerClosed):  # garbage, or a port check
+                raise
+            raise Refused(f"no hello within {self.hello_timeout:g} s ({e})", "hello") from None
+        kind = require_str(hello.body, "session", 32, where="hello.")
+        version = hello.body.get("version")
+        if version != PROTOCOL_VERSION:
+            raise ProbeError(f"protocol version {version!r} not supported")
+        params = require_dict(hello.body, "params", where="hello.")
+        if self.auth is not None:
+            nonce = secrets.token_bytes(NONCE_BYTES)
+            channel.send("challenge", {"nonce": nonce.hex(), "mac": "hmac-sha256"})
+            try:
+                answer = channel.recv(timeout=left())
+            except PeerError as e:
+                if isinstance(e, ParseError):
+                    raise
+                raise Refused(
+                    f"unauthenticated: no answer to the challenge ({e})", "hello"
+                ) from None
+            if not self._verified(answer, nonce, peer, local, kind, params):
+                raise Refused("unauthenticated: not a member of this fleet", "unauthenticated")
+        return kind, params
+
+    def _verified(
+        self,
+        answer: Message,
+        nonce: bytes,
+        peer: tuple[str, int],
+        local: tuple[str, int],
+        kind: str,
+        params: dict[str, Any],
+    ) -> bool:
+        mac = answer.body.get("mac")
+        if answer.kind != "auth" or not isinstance(mac, str) or len(mac) != 64:
+            return False
+        assert self.auth is not None
+        return self.auth.verify(mac, nonce, peer[0], local[0], kind, params)
+
+    def _admit(self, me: threading.Thread, src: str) -> None:
+        """Take a session slot for ME, or refuse: the responder or the source is full."""
+        with self._lock:
+            if len(self._admitted) >= self.max_sessions:
+                raise Refused(f"busy: {self.max_sessions} sessions running", "busy")
+            if self._sessions_by_src[src] >= self.max_per_source:
+                raise Refused(f"busy: {src} already holds {self.max_per_source} sessions", "source")
+            self._admitted.add(me)
+            self._pending_by_src[src] -= 1
+            self._sessions_by_src[src] += 1
+
     def _session(
-        self, channel: Channel, peer: tuple[str, int], me: threading.Thread
+        self, channel: Channel, peer: tuple[str, int], src: str, me: threading.Thread
     ) -> tuple[str, str, str]:
         """Run one session on an open control connection; return (kind, outcome, detail)."""
         kind = "?"
         session: Session | None = None
         try:
             channel.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            hello = channel.recv(expect="hello")
-            kind = require_str(hello.body, "session", 32, where="hello.")
-            version = hello.body.get("version")
-            if version != PROTOCOL_VERSION:
-                raise ProbeError(f"protocol version {version!r} not supported")
-            params = require_dict(hello.body, "params", where="hello.")
-            handler = self.registry.get(kind)
+            l_addr = channel.sock.getsockname()
+            local = (str(l_addr[0]), int(l_addr[1]))
+            kind, params = self._handshake(channel, peer, local)
+            handler = self.sessions.get(kind)
             if handler is None:
-                known = ", ".join(self.registry.kinds()) or "none"
+                known = ", ".join(sorted(self.sessions)) or "none"
                 raise ProbeError(f"unknown session kind {kind!r} (this responder has {known})")
-            local = channel.sock.getsockname()
+            self._admit(me, src)
             session = Session(
                 channel,
                 kind,
                 params,
                 peer,
-                (str(local[0]), int(local[1])),
+                local,
                 step_timeout=self.idle_timeout,
+                max_keepalive_s=self.max_keepalive_s,
+                budget=self.budget,
             )
             with self._lock:
-                self._sessions[me] = session
+                self._threads[me] = session
             if self._stop.is_set():
                 raise ProbeError("responder is shutting down")
             with session.resources:
@@ -283,6 +357,11 @@ class Responder:
             if session.keepalive:
                 figures += f" rounds={session.rounds}"
             return kind, "ok", figures
+        except Refused as e:
+            with self._lock:
+                self.refusals[e.reason] += 1
+            channel.send_error(str(e))
+            return kind, f"refused {e.reason}", str(e)
         except ProbeError as e:  # PeerError, ParseError, and refusals of a bad request
             channel.send_error(str(e))
             before_ready = session is None or not session.ready_sent

@@ -29,24 +29,24 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fabricprobe.probes.control import (
-    DEFAULT_PORT,
     DEFAULT_TIMEOUT_S,
     ControlClient,
     Deadline,
     ProtocolError,
     Session,
+    SessionHandler,
     optional_float,
     optional_int,
-    register_session,
     require_int,
     require_str,
 )
 from fabricprobe.probes.errors import PeerError
-from fabricprobe.probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
+from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
+from fabricprobe.probes.stats import LatencySketch, LatencySummary
 
 MIN_SIZE = 1
 MAX_SIZE = 1 << 20  # 1 MiB
@@ -60,80 +60,6 @@ Progress = Callable[[int, int], None]  # (done, total) in iterations or millisec
 
 
 # --------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True)
-class TcpLatencyResult:
-    """A ping-pong run. Latency figures are RTTs; `one_way()` gives the RTT/2 estimate."""
-
-    peer: str
-    port: int
-    source: str
-    size: int
-    iters: int
-    warmup: int
-    summary: LatencySummary  # kind "rtt"
-    timer_overhead_ns: int
-    loop_overhead_ns: int
-    duration_s: float
-    error: str | None = None
-    sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
-
-    def one_way(self) -> LatencySummary:
-        return one_way_from_rtt(self.summary)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "transport": "tcp",
-            "op": "pingpong",
-            "peer": self.peer,
-            "port": self.port,
-            "source": self.source,
-            "size": self.size,
-            "iters": self.iters,
-            "warmup": self.warmup,
-            "rtt": self.summary.as_dict(),
-            "one_way": {**self.one_way().as_dict(), "derived_from": "rtt/2"},
-            "timer_overhead_ns": self.timer_overhead_ns,
-            "loop_overhead_ns": self.loop_overhead_ns,
-            "duration_s": round(self.duration_s, 6),
-            "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
-class TcpThroughputResult:
-    """A bulk-send run; `bytes` counts only what the responder confirmed it received."""
-
-    peer: str
-    port: int
-    source: str
-    streams: int
-    chunk_size: int
-    bytes: int
-    bytes_sent: int
-    duration_s: float
-    error: str | None = None
-
-    @property
-    def bytes_per_second(self) -> float:
-        return self.bytes / self.duration_s if self.duration_s > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "transport": "tcp",
-            "op": "stream",
-            "peer": self.peer,
-            "port": self.port,
-            "source": self.source,
-            "streams": self.streams,
-            "chunk_size": self.chunk_size,
-            "bytes": self.bytes,
-            "bytes_sent": self.bytes_sent,
-            "duration_s": round(self.duration_s, 6),
-            "bytes_per_second": round(self.bytes_per_second, 1),
-            "error": self.error,
-        }
 
 
 def kernel_bypass_ratio(tcp: LatencySummary, rdma: LatencySummary) -> float | None:
@@ -291,24 +217,23 @@ def open_data_connection(
 
 
 def run_pingpong(
-    host: str,
-    port: int = DEFAULT_PORT,
+    link: LinkParams,
     *,
     size: int = 64,
     iters: int = 1000,
     warmup: int = 100,
-    bind: str | None = None,
-    timeout: float = 2.0,
-    connect_timeout: float = DEFAULT_TIMEOUT_S,
     verify: bool = True,
     progress: Progress | None = None,
-) -> TcpLatencyResult:
-    """Measure TCP ping-pong RTT of SIZE-byte messages against a responder.
+) -> LatencyResult:
+    """Measure TCP ping-pong RTT of SIZE-byte messages against LINK's responder.
 
-    Raises PeerError if the session cannot start. Once it has started, a peer that
-    vanishes ends the run within TIMEOUT: finished samples are kept, the remaining
-    iterations are counted as lost and `error` says why.
+    Raises PeerError if the session cannot start (within LINK's timeout, default 5 s).
+    Once it has started, a peer that vanishes ends the run within LINK's step_s (default
+    2 s): finished samples are kept, the remaining iterations are counted as lost and
+    `error` says why.
     """
+    host, port, bind = link.peer, link.port, link.bind
+    timeout, connect_timeout = link.step(2.0), link.setup_timeout(DEFAULT_TIMEOUT_S)
     if not MIN_SIZE <= size <= MAX_SIZE:
         raise ValueError(f"size must be {MIN_SIZE}..{MAX_SIZE} bytes, got {size}")
     if iters < 1 or warmup < 0:
@@ -323,7 +248,7 @@ def run_pingpong(
     completed = 0
     error: str | None = None
     started = time.perf_counter()
-    with ControlClient(host, port, bind=bind, timeout=connect_timeout) as ctrl:
+    with ControlClient(host, port, bind=bind, timeout=connect_timeout, token=link.token) as ctrl:
         info = ctrl.open("tcp_lat", {"size": size, "timeout": timeout})
         source = ctrl.local_address
         data = open_data_connection(ctrl, info, connect_timeout)
@@ -356,7 +281,9 @@ def run_pingpong(
     for i in range(completed):
         sketch.record(samples[i])
     sketch.record_lost(iters - completed)
-    return TcpLatencyResult(
+    return LatencyResult(
+        transport="tcp",
+        op="pingpong",
         peer=host,
         port=port,
         source=source,
@@ -426,23 +353,22 @@ def _send_stream(
 
 
 def run_throughput(
-    host: str,
-    port: int = DEFAULT_PORT,
+    link: LinkParams,
     *,
     duration: float | None = 5.0,
     total_bytes: int | None = None,
     streams: int = 1,
     chunk_size: int = DEFAULT_CHUNK,
-    bind: str | None = None,
-    timeout: float = 2.0,
-    connect_timeout: float = DEFAULT_TIMEOUT_S,
     progress: Progress | None = None,
-) -> TcpThroughputResult:
-    """Send bulk data for DURATION seconds (or TOTAL_BYTES) over STREAMS connections.
+) -> BandwidthResult:
+    """Send bulk data for DURATION seconds (or TOTAL_BYTES) over STREAMS connections to
+    LINK's responder.
 
     Throughput counts only bytes the responder confirmed. A peer that vanishes ends
-    the run within TIMEOUT of its last progress, with `error` set.
+    the run within LINK's step_s (default 2 s) of its last progress, with `error` set.
     """
+    host, port, bind = link.peer, link.port, link.bind
+    timeout, connect_timeout = link.step(2.0), link.setup_timeout(DEFAULT_TIMEOUT_S)
     if (duration is None) == (total_bytes is None):
         raise ValueError("give exactly one of duration and total_bytes")
     if duration is not None and not 0 < duration <= 3600:
@@ -456,7 +382,9 @@ def run_throughput(
     chunk = memoryview(bytearray(secrets.token_bytes(chunk_size)))
     params = {"streams": streams, "chunk_size": chunk_size, "timeout": timeout}
     with contextlib.ExitStack() as stack:
-        ctrl = stack.enter_context(ControlClient(host, port, bind=bind, timeout=connect_timeout))
+        ctrl = stack.enter_context(
+            ControlClient(host, port, bind=bind, timeout=connect_timeout, token=link.token)
+        )
         info = ctrl.open("tcp_bw", params)
         source = ctrl.local_address
         lanes: list[_Stream] = []
@@ -487,12 +415,14 @@ def run_throughput(
         if not errors:
             with contextlib.suppress(PeerError):
                 ctrl.done({"bytes_sent": sum(st.sent for st in lanes)}, timeout=timeout)
-    return TcpThroughputResult(
+    return BandwidthResult(
+        transport="tcp",
+        op="stream",
         peer=host,
         port=port,
         source=source,
         streams=streams,
-        chunk_size=chunk_size,
+        size=chunk_size,
         bytes=sum(st.acked for st in lanes),
         bytes_sent=sum(st.sent for st in lanes),
         duration_s=elapsed,
@@ -624,11 +554,11 @@ def _session_params(session: Session) -> tuple[float, str]:
     return timeout, secrets.token_hex(TOKEN_BYTES)
 
 
-@register_session("tcp_lat")
 def serve_tcp_lat(session: Session) -> dict[str, Any]:
     """Responder side of a ping-pong: echo every SIZE-byte message back. A kept link
     (`keepalive_s`) is echoed for as long as the prober sends within the keepalive."""
     size = require_int(session.params, "size", MIN_SIZE, MAX_SIZE, where="params.")
+    session.reserve(size, "a tcp_lat echo buffer")
     _timeout, token = _session_params(session)
     lsock = data_listener(session)
     session.ready({"data_port": lsock.getsockname()[1], "token": token})
@@ -663,13 +593,13 @@ def _sink(conn: socket.socket, chunk_size: int, out: list[int], idx: int, errs: 
         errs.append(f"stream {idx}: {'idle timeout' if _is_timeout(e) else e.strerror or e}")
 
 
-@register_session("tcp_bw")
 def serve_tcp_bw(session: Session) -> dict[str, Any]:
     """Responder side of a throughput run: sink every stream, confirm bytes at EOF."""
     streams = require_int(session.params, "streams", 1, MAX_STREAMS, where="params.")
     chunk_size = optional_int(
         session.params, "chunk_size", MIN_SIZE, MAX_CHUNK, DEFAULT_CHUNK, where="params."
     )
+    session.reserve(streams * min(chunk_size, 1 << 20), f"tcp_bw's {streams} stream buffers")
     _timeout, token = _session_params(session)
     lsock = data_listener(session)
     session.ready({"data_port": lsock.getsockname()[1], "token": token})
@@ -687,3 +617,7 @@ def serve_tcp_bw(session: Session) -> dict[str, Any]:
     if errs:
         raise PeerError("; ".join(errs))
     return {"bytes": sum(received), "streams": streams}
+
+
+# Session kind -> handler, for whoever builds a responder.
+SESSIONS: dict[str, SessionHandler] = {"tcp_lat": serve_tcp_lat, "tcp_bw": serve_tcp_bw}

@@ -26,11 +26,14 @@ from rich.console import Console
 from rich.table import Table
 
 from fabricprobe.cli import netem
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.cli.render import devices_table, fmt_us
 from fabricprobe.probes import tcp as tcp_lib
 from fabricprobe.probes.control import wait_listening
 from fabricprobe.probes.counters import counter_deltas, read_port_counters
 from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.links import pick_engine
+from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.sysfs import read_device
 
 DEMO_PORT = 4793
@@ -72,7 +75,7 @@ def responder(hosts: list[FabricHost], port: int) -> Iterator[None]:
     """One `probe serve` process answering on every host's address (the lane's hosts share
     one machine; each probe's RDMA device is picked from the address it arrives at)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{port}"],
+        open_serve_argv(f"0.0.0.0:{port}"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -131,10 +134,10 @@ def run(
             table.add_row(f"{a.name} → {b.name}", *row)
         console.print(table)
         timer = tcp_lib.measure_timer_overhead()
-        engine = rc.pick_engine("auto")
+        engine = pick_engine("auto")
         console.print(
-            f"timing loop cost inside each sample: RDMA ({engine} loop) "
-            f"{rc.loop_overhead_ns(engine):,} ns, "
+            f"timing loop cost inside each sample: RDMA ({engine.reason}) "
+            f"{rc.loop_overhead_ns(engine.name):,} ns, "
             f"TCP {timer.loop_ns:,} ns (measured now, in this process)",
             highlight=False,
         )
@@ -142,10 +145,16 @@ def run(
         a, b = hosts[0], hosts[1]
         console.rule(f"2. bandwidth {a.name} → {b.name}: RDMA WRITE 64 KiB x 300, 16 in flight")
         bw = rc.rc_bandwidth(
-            b.ip, op="write", size=65536, iters=300, port=port, bind=a.ip, sysfs_root=sysfs_root
+            LinkParams(b.ip, port, bind=a.ip, sysfs_root=sysfs_root),
+            op="write",
+            size=65536,
+            iters=300,
         )
         tbw = tcp_lib.run_throughput(
-            b.ip, port, duration=None, total_bytes=65536 * 300, chunk_size=65536, bind=a.ip
+            LinkParams(b.ip, port, bind=a.ip),
+            duration=None,
+            total_bytes=65536 * 300,
+            chunk_size=65536,
         )
         console.print(
             f"RDMA WRITE {bw.bytes_per_second / 1e6:,.2f} MB/s "
@@ -165,14 +174,11 @@ def run(
                 ranked = []
                 for b2 in hosts[1:]:
                     r = rc.rc_latency(
-                        b2.ip,
+                        LinkParams(b2.ip, port, bind=a.ip, sysfs_root=sysfs_root),
                         op="send",
                         size=64,
                         iters=max(50, iters // 3),
                         warmup=10,
-                        port=port,
-                        bind=a.ip,
-                        sysfs_root=sysfs_root,
                     )
                     ranked.append((r.summary.p50_us or 0.0, b2, r))
             finally:
@@ -370,26 +376,22 @@ def _path_row(
     cells, rtts, problems = [], {}, 0
     runs = {
         "send": lambda: rc.rc_latency(
-            b.ip,
+            LinkParams(b.ip, port, bind=a.ip, sysfs_root=sysfs_root),
             op="send",
             size=64,
             iters=iters,
             warmup=20,
-            port=port,
-            bind=a.ip,
-            sysfs_root=sysfs_root,
         ),
         "write": lambda: rc.rc_latency(
-            b.ip,
+            LinkParams(b.ip, port, bind=a.ip, sysfs_root=sysfs_root),
             op="write",
             size=64,
             iters=iters,
             warmup=20,
-            port=port,
-            bind=a.ip,
-            sysfs_root=sysfs_root,
         ),
-        "tcp": lambda: tcp_lib.run_pingpong(b.ip, port, size=64, iters=iters, warmup=20, bind=a.ip),
+        "tcp": lambda: tcp_lib.run_pingpong(
+            LinkParams(b.ip, port, bind=a.ip), size=64, iters=iters, warmup=20
+        ),
     }
     for name, probe in runs.items():
         try:

@@ -11,6 +11,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from fabricprobe.probes.control import DEFAULT_PORT, parse_hostport
+from fabricprobe.probes.fleet import FleetToken
 
 sysfs_option = click.option(
     "--sysfs",
@@ -211,6 +212,24 @@ bind_option = click.option(
     default=None,
     help="Source address to probe from; it picks the path when hosts share a machine.",
 )
+token_file_option = click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The fleet's probe token, for a responder that asks for it (probe serve --token-file).",
+)
+
+
+def load_token(path: str | None) -> FleetToken | None:
+    """The fleet token in PATH (None without one); a bad file exits 2."""
+    if path is None:
+        return None
+    try:
+        return FleetToken.from_file(path)
+    except ValueError as e:
+        fail(f"--token-file: {e}")
+
+
 timeout_option = click.option(
     "--timeout",
     type=click.FloatRange(0.001, 600, min_open=False),

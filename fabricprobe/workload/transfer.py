@@ -32,7 +32,8 @@ from fabricprobe.probes.control import (
     ControlClient,
     RdmaEndpoint,
     Session,
-    register_session,
+    SessionHandler,
+    check_endpoint_peer,
     require_dict,
     require_int,
     require_str,
@@ -226,7 +227,6 @@ def _read_frames(conn: socket.socket, session: Session) -> tuple[int, int]:
     return transfers, total
 
 
-@register_session(SESSION)
 def serve_kv_sink(session: Session) -> dict[str, Any]:
     """Take KV transfers until the sender says done (see the module docstring)."""
     p = session.params
@@ -235,6 +235,7 @@ def serve_kv_sink(session: Session) -> dict[str, Any]:
     if not 1 <= hold_s <= MAX_HOLD_S:
         raise ValueError(f"params.hold_s {hold_s} outside 1..{MAX_HOLD_S}")
     if transport == "tcp":
+        session.reserve(MAX_CHUNK, "a KV sink's receive buffer")
         lsock = data_listener(session)
         token = secrets.token_bytes(TOKEN_BYTES)
         session.ready({"data_port": lsock.getsockname()[1], "token": token.hex()})
@@ -250,6 +251,8 @@ def serve_kv_sink(session: Session) -> dict[str, Any]:
     remote = RdmaEndpoint.from_dict(
         require_dict(p, "endpoint", where="params."), where="params.endpoint"
     )
+    check_endpoint_peer(remote, session.peer[0])
+    session.reserve(2 * chunk, "a KV sink's registered buffer")
     dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
     ep = session.resources.enter_context(
         RcEndpoint(dev, chunk, DEPTH, gid_index, remote_access=True)
@@ -258,3 +261,7 @@ def serve_kv_sink(session: Session) -> dict[str, Any]:
     session.ready({"endpoint": ep.endpoint().as_dict()})
     result = session.wait_done(timeout=hold_s)  # the WRITEs need nothing from this side
     return {"transfers": int(result.get("transfers", 0) or 0)}
+
+
+# Session kind -> handler, for whoever builds a responder that serves KV transfers.
+SESSIONS: dict[str, SessionHandler] = {SESSION: serve_kv_sink}

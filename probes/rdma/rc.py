@@ -20,26 +20,33 @@ import statistics
 import time
 from array import array
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from fabricprobe.probes.control import (
-    DEFAULT_PORT,
-    MAX_KEEPALIVE_S,
     ControlClient,
     ProtocolError,
     RdmaEndpoint,
     Session,
-    register_session,
+    SessionHandler,
+    check_endpoint_peer,
     require_dict,
     require_int,
     require_str,
 )
-from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError
+from fabricprobe.probes.errors import PeerError, ProbeError
+from fabricprobe.probes.links import SETUP_TIMEOUT_S, RdmaLink, pick_engine
+from fabricprobe.probes.measure import (
+    ENGINES,
+    BandwidthResult,
+    LatencyResult,
+    LatencyRound,
+    LinkParams,
+)
 from fabricprobe.probes.rdma.verbs import RcEndpoint, Spin, device_for_address
-from fabricprobe.probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
+from fabricprobe.probes.stats import LatencySketch
 
 LAT_OPS = ("send", "write")
 BW_OPS = ("write", "send")
@@ -48,77 +55,8 @@ MAX_ITERS = 10_000_000
 DEPTH = 64  # queue depth: bounds memory and what is in flight
 SIGNAL_EVERY = 16  # unsignaled sends between signaled ones (the SQ is drained at each)
 Progress = Callable[[int, int], None]
-# Building a QP on both sides and connecting it can take seconds on a loaded host (or
-# under emulation); the hello -> ready exchange gets this long, the data steps `step_s`.
-SETUP_TIMEOUT_S = 30.0
 # Where the responder looks for the device that owns the address a probe arrived at.
 RESPONDER_SYSFS_ROOT = "/sys"
-
-
-@dataclass(frozen=True)
-class RcLatencyResult:
-    peer: str
-    device: str
-    op: str
-    size: int
-    iters: int
-    summary: LatencySummary  # RTT
-    loop_overhead_ns: int
-    duration_s: float
-    error: str | None = None
-    sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
-    engine: str = "pyverbs"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "transport": "rdma",
-            "qp_type": "rc",
-            "engine": self.engine,
-            "op": self.op,
-            "peer": self.peer,
-            "device": self.device,
-            "size": self.size,
-            "iters": self.iters,
-            "rtt": self.summary.as_dict(),
-            "one_way": {**one_way_from_rtt(self.summary).as_dict(), "derived_from": "rtt/2"},
-            "loop_overhead_ns": self.loop_overhead_ns,
-            "duration_s": round(self.duration_s, 6),
-            "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
-class RcBandwidthResult:
-    peer: str
-    device: str
-    op: str
-    size: int
-    iters: int
-    completed: int
-    duration_s: float
-    error: str | None = None
-    engine: str = "pyverbs"
-
-    @property
-    def bytes_per_second(self) -> float:
-        return self.completed * self.size / self.duration_s if self.duration_s > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "transport": "rdma",
-            "qp_type": "rc",
-            "engine": self.engine,
-            "op": self.op,
-            "peer": self.peer,
-            "device": self.device,
-            "size": self.size,
-            "iters": self.iters,
-            "completed": self.completed,
-            "lost": self.iters - self.completed,
-            "duration_s": round(self.duration_s, 6),
-            "bytes_per_second": round(self.bytes_per_second, 1),
-            "error": self.error,
-        }
 
 
 def check_shape(op: str, size: int, iters: int, ops: tuple[str, ...]) -> None:
@@ -268,27 +206,6 @@ def local_device(sysfs_root: str | Path, source: str, device: str | None) -> tup
     return name, gid_index
 
 
-ENGINES = ("auto", "pyverbs", "native")
-
-
-def native_available() -> bool:
-    """True when the compiled hot loops (probes/rdma/native) are built and load here."""
-    from fabricprobe.probes.rdma import native
-
-    return native.available()
-
-
-def pick_engine(requested: str) -> str:
-    """`auto` takes the native loops when they are built, else pyverbs."""
-    if requested not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {requested!r}")
-    if requested == "auto":
-        return "native" if native_available() else "pyverbs"
-    if requested == "native" and not native_available():
-        raise NotSupported("the native engine is not built here (scripts/build-native.sh)")
-    return requested
-
-
 def _endpoint(engine: str, device: str, size: int, gid_index: int, op: str, receives: bool) -> Any:
     """An RC endpoint of ENGINE; pyverbs' gets RECEIVES pre-posted (native posts its own)."""
     remote_access = op == "write"
@@ -334,20 +251,14 @@ def _pingpong(
 
 @contextmanager
 def _prober_session(
-    kind: str,
-    peer: str,
-    port: int,
-    bind: str | None,
-    device: str | None,
-    sysfs_root: str | Path,
-    timeout: float,
-    engine: str,
-    op: str,
-    params: dict[str, Any],
+    kind: str, link: LinkParams, timeout: float, engine: str, op: str, params: dict[str, Any]
 ) -> Iterator[tuple[ControlClient, Any, RdmaEndpoint]]:
-    """Open a KIND session on PEER's responder with a connected endpoint on our side."""
-    dev, gid_index = local_device(sysfs_root, source_address(peer, port, bind), device)
-    with ControlClient(peer, port, bind=bind, timeout=timeout) as ctl:
+    """Open a KIND session on LINK's responder with a connected endpoint on our side."""
+    source = source_address(link.peer, link.port, link.bind)
+    dev, gid_index = local_device(link.sysfs_root, source, link.device)
+    with ControlClient(
+        link.peer, link.port, bind=link.bind, timeout=timeout, token=link.token
+    ) as ctl:
         with _endpoint(
             engine,
             dev,
@@ -364,90 +275,6 @@ def _prober_session(
             yield ctl, ep, remote
 
 
-@dataclass(frozen=True)
-class RcRound:
-    """One ping-pong round's bare figures: RTTs in ns (warm-up left out), round trips
-    lost, why the round stopped short (None when it did not), device, loop time."""
-
-    rtt_ns: array[int]
-    lost: int
-    error: str | None
-    device: str
-    duration_s: float
-
-
-class RdmaLink:
-    """What RC and UD links share: where the peer is, the keepalive, and the session's
-    lifetime. The first round opens the session (`_setup`, with the round's params in
-    the hello); with KEEPALIVE_S > 0 the responder then holds its end between rounds for
-    that long and each later round is one `again`/`go` exchange away. A round that ends
-    short closes the link (the next round opens a new session); a responder gone before
-    a round starts raises LinkStale. `close()` releases everything: the responder ends
-    its session when the control connection closes."""
-
-    STEP_S = 2.0  # each exchange's deadline, unless given
-
-    def __init__(
-        self,
-        peer: str,
-        *,
-        port: int = DEFAULT_PORT,
-        bind: str | None = None,
-        device: str | None = None,
-        sysfs_root: str | Path = "/sys",
-        timeout: float = SETUP_TIMEOUT_S,
-        step_s: float | None = None,
-        engine: str = "auto",
-        keepalive_s: float = 0.0,
-    ) -> None:
-        if not 0 <= keepalive_s <= MAX_KEEPALIVE_S:
-            raise ValueError(f"keepalive {keepalive_s} outside 0..{MAX_KEEPALIVE_S:g} s")
-        self.peer, self.keepalive_s = peer, keepalive_s
-        self.step_s = self.STEP_S if step_s is None else step_s
-        self.port, self.bind, self.device = port, bind, device
-        self.sysfs_root, self.timeout = sysfs_root, timeout
-        self.engine = pick_engine(engine)
-        self._stack = ExitStack()
-        self._open: tuple[ControlClient, Any, Any] | None = None
-        self.rounds = 0
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._open = None
-        self._stack.close()
-
-    def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
-        """Open the session for a first round of PARAMS on self._stack: (control, local
-        endpoint, what the rounds need of the peer)."""
-        raise NotImplementedError
-
-    def _begin(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
-        """The session ready for a round of PARAMS: opened with them, or asked again."""
-        try:
-            if self._open is not None:
-                self._open[0].again(params)
-            else:
-                self._open = self._setup({**params, "keepalive_s": self.keepalive_s})
-        except BaseException:
-            self.close()
-            raise
-        self.rounds += 1
-        return self._open
-
-    def _end(self, error: str | None, result: dict[str, Any]) -> None:
-        """After a round: one that ended short closes the link; an unkept one is done."""
-        if error is not None:
-            self.close()
-        elif not self.keepalive_s and self._open is not None:
-            self._open[0].done(result)
-            self.close()
-
-
 class RcPingLink(RdmaLink):
     """An RC ping-pong link: several rounds over one connected QP on each end, instead of
     a device context, PD, CQs, MR and QP built and torn down for each. Only SEND links
@@ -455,34 +282,12 @@ class RcPingLink(RdmaLink):
     mistaken for the last round's)."""
 
     def __init__(
-        self,
-        peer: str,
-        *,
-        op: str = "send",
-        size: int = 2,
-        port: int = DEFAULT_PORT,
-        bind: str | None = None,
-        device: str | None = None,
-        sysfs_root: str | Path = "/sys",
-        timeout: float = SETUP_TIMEOUT_S,
-        step_s: float = 2.0,
-        engine: str = "auto",
-        keepalive_s: float = 0.0,
+        self, params: LinkParams, *, op: str = "send", size: int = 2, keepalive_s: float = 0.0
     ) -> None:
         check_shape(op, size, 1, LAT_OPS)
         if keepalive_s and op != "send":
             raise ValueError("only SEND ping-pong links carry several rounds")
-        super().__init__(
-            peer,
-            port=port,
-            bind=bind,
-            device=device,
-            sysfs_root=sysfs_root,
-            timeout=timeout,
-            step_s=step_s,
-            engine=engine,
-            keepalive_s=keepalive_s,
-        )
+        super().__init__(params, keepalive_s=keepalive_s)
         self.op, self.size = op, size
         self._overhead_ns: int | None = None
 
@@ -490,11 +295,7 @@ class RcPingLink(RdmaLink):
         return self._stack.enter_context(
             _prober_session(
                 "rdma_rc_lat",
-                self.peer,
-                self.port,
-                self.bind,
-                self.device,
-                self.sysfs_root,
+                self.params,
                 self.timeout,
                 self.engine,
                 self.op,
@@ -502,7 +303,7 @@ class RcPingLink(RdmaLink):
             )
         )
 
-    def round(self, iters: int, warmup: int = 0, progress: Progress | None = None) -> RcRound:
+    def round(self, iters: int, warmup: int = 0, progress: Progress | None = None) -> LatencyRound:
         """One round of ITERS round trips after WARMUP unrecorded ones: the bare figures
         (what an agent folds into its window, with no per-round sketch to build)."""
         check_shape(self.op, self.size, iters, LAT_OPS)
@@ -519,9 +320,9 @@ class RcPingLink(RdmaLink):
             error = f"stopped after {out.done} of {total} round trips: {error}"
         self._end(error, {"completed": out.done})
         recorded = samples[warmup : out.done]
-        return RcRound(recorded, iters - len(recorded), error, dev, duration)
+        return LatencyRound(recorded, iters - len(recorded), error, dev, duration)
 
-    def run(self, iters: int, warmup: int = 0, progress: Progress | None = None) -> RcLatencyResult:
+    def run(self, iters: int, warmup: int = 0, progress: Progress | None = None) -> LatencyResult:
         """One round, summarised (percentiles, one-way, the loop's own overhead)."""
         r = self.round(iters, warmup, progress)
         if self._overhead_ns is None:
@@ -529,79 +330,51 @@ class RcPingLink(RdmaLink):
         sketch = LatencySketch("rtt")
         sketch.record_many(r.rtt_ns)
         sketch.record_lost(r.lost)
-        return RcLatencyResult(
-            self.peer,
-            r.device,
-            self.op,
-            self.size,
-            iters,
-            sketch.summary(),
-            self._overhead_ns,
-            r.duration_s,
-            r.error,
+        return self._result(
+            r,
             sketch,
-            self.engine,
+            qp_type="rc",
+            op=self.op,
+            size=self.size,
+            iters=iters,
+            loop_overhead_ns=self._overhead_ns,
         )
 
 
 def rc_latency(
-    peer: str,
+    link: LinkParams,
     *,
     op: str = "send",
     size: int = 2,
     iters: int = 1000,
     warmup: int = 100,
-    port: int = DEFAULT_PORT,
-    bind: str | None = None,
-    device: str | None = None,
-    sysfs_root: str | Path = "/sys",
-    timeout: float = SETUP_TIMEOUT_S,
-    step_s: float = 2.0,
-    engine: str = "auto",
     progress: Progress | None = None,
-) -> RcLatencyResult:
-    """RC ping-pong against PEER's responder, one session; RTT samples into a sketch."""
+) -> LatencyResult:
+    """RC ping-pong against LINK's responder, one session; RTT samples into a sketch."""
     check_shape(op, size, iters, LAT_OPS)
-    with RcPingLink(
-        peer,
-        op=op,
-        size=size,
-        port=port,
-        bind=bind,
-        device=device,
-        sysfs_root=sysfs_root,
-        timeout=timeout,
-        step_s=step_s,
-        engine=engine,
-    ) as link:
-        return link.run(iters, warmup, progress)
+    with RcPingLink(link, op=op, size=size) as kept:
+        return kept.run(iters, warmup, progress)
 
 
 def rc_bandwidth(
-    peer: str,
+    link: LinkParams,
     *,
     op: str = "write",
     size: int = 65536,
     iters: int = 1000,
     outstanding: int = 16,
-    port: int = DEFAULT_PORT,
-    bind: str | None = None,
-    device: str | None = None,
-    sysfs_root: str | Path = "/sys",
-    timeout: float = SETUP_TIMEOUT_S,
-    step_s: float = 5.0,
-    engine: str = "auto",
     progress: Progress | None = None,
-) -> RcBandwidthResult:
-    """Stream ITERS operations of SIZE bytes with OUTSTANDING in flight; bytes/s."""
+) -> BandwidthResult:
+    """Stream ITERS operations of SIZE bytes with OUTSTANDING in flight; bytes/s. Each
+    step's deadline is LINK's step_s (default 5 s)."""
     check_shape(op, size, iters, BW_OPS)
     if not 1 <= outstanding <= DEPTH:
         raise ValueError(f"outstanding {outstanding} outside 1..{DEPTH}")
-    engine = pick_engine(engine)
+    choice = pick_engine(link.engine)
+    engine, step_s = choice.name, link.step(5.0)
     params = {"size": size, "iters": iters, "step_s": step_s}
-    with _prober_session(
-        "rdma_rc_bw", peer, port, bind, device, sysfs_root, timeout, engine, op, params
-    ) as (ctl, ep, remote):
+    timeout = link.setup_timeout(SETUP_TIMEOUT_S)
+    with _prober_session("rdma_rc_bw", link, timeout, engine, op, params) as (ctl, ep, remote):
         error = None
         if engine == "native":
             try:
@@ -618,7 +391,22 @@ def rc_bandwidth(
         if error is None:
             ctl.done({"completed": completed})
         dev = ep.device
-    return RcBandwidthResult(peer, dev, op, size, iters, completed, duration, error, engine)
+    return BandwidthResult(
+        transport="rdma",
+        qp_type="rc",
+        op=op,
+        peer=link.peer,
+        port=link.port,
+        device=dev,
+        size=size,
+        iters=iters,
+        completed=completed,
+        bytes=completed * size,
+        duration_s=duration,
+        error=error,
+        engine=engine,
+        engine_reason=choice.reason,
+    )
 
 
 def _stream(
@@ -668,16 +456,19 @@ def _session_shape(
     # the responder answers with the prober's engine when it has it: a native prober
     # against a Python responder would time the responder's interpreter, not the fabric
     wanted = str(p.get("engine", "pyverbs"))
-    engine = wanted if wanted in ENGINES[1:] and pick_engine("auto") == "native" else "pyverbs"
+    native_here = pick_engine("auto").name == "native"
+    engine = wanted if wanted in ENGINES[1:] and native_here else "pyverbs"
     remote = RdmaEndpoint.from_dict(
         require_dict(p, "endpoint", where="params."), where="params.endpoint"
     )
+    check_endpoint_peer(remote, session.peer[0])  # connect only to the address that asked
     return op, size, iters, step_s, engine, remote
 
 
 def _session_endpoint(
     session: Session, engine: str, size: int, op: str, receives: bool, remote: RdmaEndpoint
 ) -> Any:
+    session.reserve(2 * size + DEPTH * 64, "an RC endpoint's registered buffer")
     dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
     ep = session.resources.enter_context(_endpoint(engine, dev, size, gid_index, op, receives))
     ep.connect(remote)
@@ -685,7 +476,6 @@ def _session_endpoint(
     return ep
 
 
-@register_session("rdma_rc_lat")
 def serve_rc_latency(session: Session) -> dict[str, Any]:
     op, size, iters, step_s, engine, remote = _session_shape(session, LAT_OPS)
     if session.keepalive and op != "send":
@@ -705,7 +495,6 @@ def serve_rc_latency(session: Session) -> dict[str, Any]:
     return {"answered": answered, "error": out.error, "engine": engine}
 
 
-@register_session("rdma_rc_bw")
 def serve_rc_bandwidth(session: Session) -> dict[str, Any]:
     op, size, iters, step_s, engine, remote = _session_shape(session, BW_OPS)
     ep = _session_endpoint(session, engine, size, op, op == "send", remote)
@@ -725,3 +514,10 @@ def serve_rc_bandwidth(session: Session) -> dict[str, Any]:
                 ep.post_recv()
                 posted += 1
     return {"received": received, "engine": engine}
+
+
+# Session kind -> handler, for whoever builds a responder.
+SESSIONS: dict[str, SessionHandler] = {
+    "rdma_rc_lat": serve_rc_latency,
+    "rdma_rc_bw": serve_rc_bandwidth,
+}

@@ -21,39 +21,37 @@ from __future__ import annotations
 import random
 import struct
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from array import array
 from typing import Any
 
 from pyverbs.addr import AH, GID, AHAttr, GlobalRoute
-from pyverbs.cq import CQ
-from pyverbs.device import Context
 from pyverbs.mr import MR
-from pyverbs.pd import PD
 from pyverbs.pyverbs_error import PyverbsRDMAError
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
 from fabricprobe.probes.control import (
-    DEFAULT_PORT,
     ControlClient,
     RdmaEndpoint,
     Session,
-    register_session,
+    SessionHandler,
+    check_endpoint_peer,
     require_dict,
     require_int,
 )
 from fabricprobe.probes.errors import PeerError, ProbeError
-from fabricprobe.probes.rdma.rc import (
-    RESPONDER_SYSFS_ROOT,
-    SETUP_TIMEOUT_S,
-    RdmaLink,
-    local_device,
-    pick_engine,
-    source_address,
+from fabricprobe.probes.links import RdmaLink, pick_engine
+from fabricprobe.probes.measure import LatencyResult, LatencyRound, LinkParams
+from fabricprobe.probes.rdma.rc import RESPONDER_SYSFS_ROOT, local_device, source_address
+from fabricprobe.probes.rdma.verbs import (
+    PORT,
+    Spin,
+    VerbsEndpoint,
+    e,
+    gid_to_ipv6,
+    ipv6_to_gid,
 )
-from fabricprobe.probes.rdma.verbs import PORT, Spin, _ipv6, _sysfs_gid, _verbs, e
-from fabricprobe.probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
+from fabricprobe.probes.stats import LatencySketch
 
 QKEY = 0x1F1F1F1F
 GRH_BYTES = 40  # every UD receive buffer starts with room for the global routing header
@@ -64,96 +62,34 @@ DEPTH = 8  # receive slots: a session serves one prober, which has one probe out
 MAX_PROBES = 1_000_000
 
 
-@dataclass(frozen=True)
-class UdProbeResult:
-    peer: str
-    device: str
-    probes: int
-    summary: LatencySummary  # network RTT (responder delay subtracted)
-    raw_summary: LatencySummary  # t4 - t1, responder delay included
-    responder_delay_p50_us: float | None
-    timestamps: str  # "software" or "hardware"
-    hw_timestamps_supported: bool
-    duration_s: float
-    error: str | None = None
-    sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
-    engine: str = "pyverbs"
+class UdEndpoint(VerbsEndpoint):
+    """A UD QP with one CQ per direction and a small registered ring of slots: slots
+    [0, DEPTH) receive, slot DEPTH is the send slot."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "transport": "rdma",
-            "qp_type": "ud",
-            "engine": self.engine,
-            "op": "probe",
-            "peer": self.peer,
-            "device": self.device,
-            "probes": self.probes,
-            "rtt": self.summary.as_dict(),
-            "one_way": {**one_way_from_rtt(self.summary).as_dict(), "derived_from": "rtt/2"},
-            "rtt_with_responder_delay": self.raw_summary.as_dict(),
-            "responder_delay_p50_us": self.responder_delay_p50_us,
-            "timestamps": self.timestamps,
-            "hw_timestamps_supported": self.hw_timestamps_supported,
-            "duration_s": round(self.duration_s, 6),
-            "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
-class UdRound:
-    """One round's bare figures: network RTTs (responder delay taken out), the RTTs with
-    it, the responder's delays, probes lost, why the round stopped short, device,
-    whether it has completion timestamps, loop time."""
-
-    rtt_ns: list[int]
-    raw_ns: list[int]
-    delays_ns: list[int]
-    lost: int
-    error: str | None
-    device: str
-    hw_ts: bool
-    duration_s: float
-
-
-class UdEndpoint:
-    """A UD QP with one CQ per direction and a small registered ring of slots."""
-
+    KIND = "UD"
     SLOT = GRH_BYTES + MSG.size
 
     def __init__(self, device: str, gid_index: int, port: int = PORT) -> None:
-        self.device, self.gid_index, self.port = device, gid_index, port
-        self._closed = False
-        self._ahs: list[Any] = []
-        self.ctx: Any = None
-        self.pd: Any = None
-        self.send_cq: Any = None
-        self.recv_cq: Any = None
-        self.mr: Any = None
-        self.qp: Any = None
+        self.gid_index = gid_index
+        super().__init__(device, DEPTH, port)
+
+    def create_mr(self) -> Any:
+        return MR(self.pd, self.SLOT * (DEPTH + 1), e.IBV_ACCESS_LOCAL_WRITE)
+
+    def create_qp(self) -> Any:
+        cap = QPCap(max_send_wr=DEPTH, max_recv_wr=DEPTH, max_send_sge=1, max_recv_sge=1)
+        init = QPInitAttr(qp_type=e.IBV_QPT_UD, scq=self.send_cq, rcq=self.recv_cq, cap=cap)
+        attr = QPAttr()
+        attr.qkey = QKEY
+        attr.port_num = self.port
+        return QP(self.pd, init, attr)  # pyverbs takes a UD QP all the way to RTS
+
+    def describe(self) -> None:
+        self.gid = str(self.ctx.query_gid(self.port, self.gid_index))
         try:
-            self.ctx = Context(name=device)
-            self.pd = PD(self.ctx)
-            self.send_cq = CQ(self.ctx, DEPTH, None, None, 0)
-            self.recv_cq = CQ(self.ctx, DEPTH, None, None, 0)
-            # slots [0, DEPTH) receive; slot DEPTH is the send slot
-            self.mr = MR(self.pd, self.SLOT * (DEPTH + 1), e.IBV_ACCESS_LOCAL_WRITE)
-            cap = QPCap(max_send_wr=DEPTH, max_recv_wr=DEPTH, max_send_sge=1, max_recv_sge=1)
-            init = QPInitAttr(qp_type=e.IBV_QPT_UD, scq=self.send_cq, rcq=self.recv_cq, cap=cap)
-            attr = QPAttr()
-            attr.qkey = QKEY
-            attr.port_num = port
-            self.qp = QP(self.pd, init, attr)  # pyverbs takes a UD QP all the way to RTS
-            self.gid = str(self.ctx.query_gid(port, gid_index))
-            try:
-                self.hw_ts = int(self.ctx.query_device_ex().completion_timestamp_mask) > 0
-            except (PyverbsRDMAError, AttributeError):
-                self.hw_ts = False
-        except PyverbsRDMAError as err:
-            self.close()
-            raise _verbs(f"{device}: creating UD resources", err) from err
-        except BaseException:
-            self.close()
-            raise
+            self.hw_ts = int(self.ctx.query_device_ex().completion_timestamp_mask) > 0
+        except (PyverbsRDMAError, AttributeError):
+            self.hw_ts = False
         self._recv = [
             RecvWR(
                 wr_id=i, num_sge=1, sg=[SGE(self.mr.buf + i * self.SLOT, self.SLOT, self.mr.lkey)]
@@ -164,30 +100,16 @@ class UdEndpoint:
             self.qp.post_recv(wr)
         self._send_sge = SGE(self.mr.buf + DEPTH * self.SLOT + GRH_BYTES, MSG.size, self.mr.lkey)
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for res in (self.qp, *self._ahs, self.mr, self.send_cq, self.recv_cq, self.pd, self.ctx):
-            if res is not None:
-                res.close()
-
-    def __enter__(self) -> UdEndpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def endpoint(self) -> RdmaEndpoint:
-        return RdmaEndpoint.datagram(self.qp.qp_num, _ipv6(self.gid), self.gid_index)
+        return RdmaEndpoint.datagram(self.qp.qp_num, gid_to_ipv6(self.gid), self.gid_index)
 
     def sender(self, remote: RdmaEndpoint) -> Any:
         """A send WR towards REMOTE, built once (its address handle lives with us)."""
         route = GlobalRoute(
-            dgid=GID(_sysfs_gid(remote.gid)), sgid_index=self.gid_index, hop_limit=64
+            dgid=GID(ipv6_to_gid(remote.gid)), sgid_index=self.gid_index, hop_limit=64
         )
         ah = AH(self.pd, attr=AHAttr(gr=route, is_global=1, port_num=self.port))
-        self._ahs.append(ah)
+        self._extra.append(ah)
         wr = SendWR(
             wr_id=DEPTH,
             opcode=e.IBV_WR_SEND,
@@ -248,10 +170,11 @@ class UdLink(RdmaLink):
     _seq = 0  # the next probe's sequence number; each session starts at a random one
 
     def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
-        source = source_address(self.peer, self.port, self.bind)
-        dev, gid_index = local_device(self.sysfs_root, source, self.device)
+        p = self.params
+        source = source_address(p.peer, p.port, p.bind)
+        dev, gid_index = local_device(p.sysfs_root, source, p.device)
         ctl = self._stack.enter_context(
-            ControlClient(self.peer, self.port, bind=self.bind, timeout=self.timeout)
+            ControlClient(p.peer, p.port, bind=p.bind, timeout=self.timeout, token=p.token)
         )
         ep = self._stack.enter_context(_ud_endpoint(self.engine, dev, gid_index))
         info = ctl.open(
@@ -267,7 +190,7 @@ class UdLink(RdmaLink):
         self._seq = random.randrange(1 << 30)
         return ctl, ep, ep.sender(remote)
 
-    def round(self, probes: int, interval_s: float = 0.0, warmup: int = 1) -> UdRound:
+    def round(self, probes: int, interval_s: float = 0.0, warmup: int = 1) -> LatencyRound:
         """One round of PROBES probes, at most one per INTERVAL_S, after WARMUP unrecorded
         ones (the first probe of a round may find the responder pausing between polls,
         and the time it waits there is not part of the delay it reports): the bare
@@ -290,9 +213,18 @@ class UdLink(RdmaLink):
             error = run(ep, wr, probes, interval_s, step_s, base + warmup, net, raw, delays)
         duration = time.perf_counter() - t_start
         self._end(error, {"probes": probes})
-        return UdRound(net, raw, delays, probes - len(net), error, ep.device, ep.hw_ts, duration)
+        return LatencyRound(
+            array("q", net),
+            probes - len(net),
+            error,
+            ep.device,
+            duration,
+            raw_ns=array("q", raw),
+            delays_ns=array("q", delays),
+            hw_ts=ep.hw_ts,
+        )
 
-    def run(self, probes: int, interval_s: float = 0.0, warmup: int = 1) -> UdProbeResult:
+    def run(self, probes: int, interval_s: float = 0.0, warmup: int = 1) -> LatencyResult:
         """One round, summarised: network RTT, RTT with the responder's delay, that delay."""
         r = self.round(probes, interval_s, warmup)
         net, raw = LatencySketch("rtt"), LatencySketch("rtt")
@@ -300,19 +232,17 @@ class UdLink(RdmaLink):
         net.record_lost(r.lost)
         raw.record_many(r.raw_ns)
         delays = sorted(r.delays_ns)
-        return UdProbeResult(
-            self.peer,
-            r.device,
-            probes,
-            net.summary(),
-            raw.summary(),
-            round(delays[len(delays) // 2] / 1000, 3) if delays else None,
-            "software",
-            r.hw_ts,
-            r.duration_s,
-            r.error,
+        return self._result(
+            r,
             net,
-            self.engine,
+            qp_type="ud",
+            op="probe",
+            size=None,
+            iters=probes,
+            raw_summary=raw.summary(),
+            responder_delay_p50_us=round(delays[len(delays) // 2] / 1000, 3) if delays else None,
+            timestamps="software",
+            hw_timestamps_supported=r.hw_ts,
         )
 
 
@@ -393,36 +323,15 @@ def _native_round(
     return None
 
 
-def ud_probe(
-    peer: str,
-    *,
-    probes: int = 200,
-    interval_s: float = 0.0,
-    port: int = DEFAULT_PORT,
-    bind: str | None = None,
-    device: str | None = None,
-    sysfs_root: str | Path = "/sys",
-    timeout: float = SETUP_TIMEOUT_S,
-    step_s: float = 0.5,
-    engine: str = "auto",
-) -> UdProbeResult:
-    """Send PROBES UD probes (at most one per INTERVAL_S) in one session; network RTT."""
+def ud_probe(link: LinkParams, *, probes: int = 200, interval_s: float = 0.0) -> LatencyResult:
+    """Send PROBES UD probes (at most one per INTERVAL_S) in one session; network RTT.
+    Each probe waits LINK's step_s (default 0.5 s) for its ACKs."""
     if not 1 <= probes <= MAX_PROBES:
         raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
-    with UdLink(
-        peer,
-        port=port,
-        bind=bind,
-        device=device,
-        sysfs_root=sysfs_root,
-        timeout=timeout,
-        step_s=step_s,
-        engine=engine,
-    ) as link:
-        return link.run(probes, interval_s)
+    with UdLink(link) as kept:
+        return kept.run(probes, interval_s)
 
 
-@register_session("rdma_ud")
 def serve_ud(session: Session) -> dict[str, Any]:
     p = session.params
     probes = require_int(p, "probes", 1, MAX_PROBES, where="params.")
@@ -432,11 +341,13 @@ def serve_ud(session: Session) -> dict[str, Any]:
     remote = RdmaEndpoint.from_dict(
         require_dict(p, "endpoint", where="params."), where="params.endpoint"
     )
+    check_endpoint_peer(remote, session.peer[0])  # ACKs go only to the address that asked
+    session.reserve(UdEndpoint.SLOT * (DEPTH + 1), "a UD endpoint's ring")
     dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
     # the prober's engine when this host has it (the responder's own delay is taken out
     # of every RTT either way, but a pyverbs prober is answered by pyverbs as it asked)
     wanted = p.get("engine", "pyverbs")
-    engine = "native" if wanted == "native" and pick_engine("auto") == "native" else "pyverbs"
+    engine = "native" if wanted == "native" and pick_engine("auto").name == "native" else "pyverbs"
     ep = session.resources.enter_context(_ud_endpoint(engine, dev, gid_index))
     wr = ep.sender(remote)
     session.ready({"endpoint": ep.endpoint().as_dict(), "engine": engine})
@@ -471,3 +382,7 @@ def _answer(session: Session, ep: UdEndpoint, wr: Any, probes: int, step_s: floa
         answered += 1
         idle_deadline = time.monotonic() + max(step_s * 4, 2.0)
     return answered
+
+
+# Session kind -> handler, for whoever builds a responder.
+SESSIONS: dict[str, SessionHandler] = {"rdma_ud": serve_ud}

@@ -1,9 +1,11 @@
 """The verbs resource ladder for probes: Context + PD -> CQs, MR, QP -> RTS.
 
-`RcEndpoint` owns one RC queue pair with a send CQ, a receive CQ and one registered
-buffer split in two halves (send half, receive half). It is a context manager and
-`close()` releases QP, MR, CQs, PD and context in that order (idempotent), so a probe
-that fails half-way leaks nothing. Polling always has a deadline; the timeout names how
+`VerbsEndpoint` is the ladder itself (Context + PD, then CQs, MR and QP from overridable
+`create_*` factories); the RC endpoint here and the UD one (fabricprobe.probes.rdma.ud)
+climb it. `RcEndpoint` owns one RC queue pair with a send CQ, a receive CQ and one
+registered buffer split in two halves (send half, receive half). Endpoints are context
+managers and `close()` releases QP, MR, CQs, PD and context in that order (idempotent),
+so a probe that fails half-way leaks nothing. Polling always has a deadline; the timeout names how
 many completions were missing.
 
 Hot-path rules (Python's per-call cost is what separates a probe from perftest): work
@@ -19,7 +21,7 @@ import ipaddress
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from fabricprobe.probes.control import IB_MTUS, RdmaEndpoint
 from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError, SysfsError
@@ -83,7 +85,8 @@ class VerbsError(ProbeError):
         self.errno = errno
 
 
-def _verbs(what: str, err: PyverbsRDMAError) -> ProbeError:
+def verbs_error(what: str, err: PyverbsRDMAError) -> ProbeError:
+    """A ProbeError for a failed verbs call: NotSupported, or VerbsError with its errno."""
     code = getattr(err, "error_code", None)
     if code in _UNSUPPORTED:
         return NotSupported(f"{what}: not supported here ({err})")
@@ -128,7 +131,7 @@ def device_for_address(ipv4: str, sysfs_root: str | Path = "/sys") -> tuple[str,
         except PyverbsRDMAError:
             continue
         for ent in entries:
-            gid = ipaddress.IPv6Address(_ipv6(ent.gid_str()))
+            gid = ipaddress.IPv6Address(gid_to_ipv6(ent.gid_str()))
             if ent.gid_type == e.IBV_GID_TYPE_ROCE_V2 and gid.ipv4_mapped == want:
                 _GID_CACHE[key] = (name, ent.gid_index, time.monotonic())
                 return name, ent.gid_index
@@ -136,8 +139,78 @@ def device_for_address(ipv4: str, sysfs_root: str | Path = "/sys") -> tuple[str,
     raise SysfsError(f"no RDMA device has a RoCE v2 GID for {ipv4}")
 
 
-class RcEndpoint:
+class VerbsEndpoint:
+    """The resource ladder every pyverbs endpoint climbs, as rdma-core's pyverbs tests
+    build theirs: Context + PD, then two CQs, the MR and the QP from overridable
+    `create_*` factories, then `describe()` for what is queried once the QP exists. An RC
+    endpoint's `connect()` takes the QP to RTS (pyverbs takes a UD QP there itself).
+    A failure on any rung releases what was built; `close()` releases QP, what hangs on
+    the PD (address handles), MR, CQs, PD and context, children first (idempotent)."""
+
+    KIND = "verbs"
+
+    def __init__(self, device: str, depth: int, port: int = PORT) -> None:
+        self.device, self.depth, self.port = device, depth, port
+        self._closed = False
+        self._extra: list[Any] = []  # resources made later on the PD (UD address handles)
+        self.ctx: Any = None
+        self.pd: Any = None
+        self.send_cq: Any = None
+        self.recv_cq: Any = None
+        self.mr: Any = None
+        self.qp: Any = None
+        try:
+            self.ctx = Context(name=device)
+            self.pd = PD(self.ctx)
+            self.send_cq = self.create_cq()
+            self.recv_cq = self.create_cq()
+            self.mr = self.create_mr()
+            self.qp = self.create_qp()
+            self.describe()
+        except PyverbsRDMAError as err:
+            self.close()
+            raise verbs_error(f"{device}: creating {self.KIND} resources", err) from err
+        except BaseException:
+            self.close()
+            raise
+
+    def create_cq(self) -> Any:
+        return CQ(self.ctx, self.depth, None, None, 0)
+
+    def create_mr(self) -> Any:
+        raise NotImplementedError
+
+    def create_qp(self) -> Any:
+        raise NotImplementedError
+
+    def describe(self) -> None:
+        """Queries and set-up that need the QP (GID, MTU, pre-posted receives)."""
+
+    def release_views(self) -> None:
+        """Let go of views into the registered memory before it is deregistered."""
+
+    def close(self) -> None:
+        """Release every resource, children first. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.release_views()
+        for res in (self.qp, *self._extra, self.mr, self.send_cq, self.recv_cq, self.pd, self.ctx):
+            if res is not None:
+                res.close()
+        self._extra.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RcEndpoint(VerbsEndpoint):
     """One RC QP, its two CQs and a registered buffer of 2 x `size` bytes."""
+
+    KIND = "RC"
 
     def __init__(
         self,
@@ -151,47 +224,23 @@ class RcEndpoint:
     ) -> None:
         if not 1 <= size <= 1 << 30:
             raise ValueError(f"buffer size {size} outside 1..1 GiB")
-        self.device, self.size, self.depth, self.port = device, size, depth, port
-        self._closed = False
-        self.ctx: Any = None
-        self.pd: Any = None
-        self.send_cq: Any = None
-        self.recv_cq: Any = None
-        self.mr: Any = None
-        self.qp: Any = None
-        try:
-            self.ctx = Context(name=device)
-            self.pd = PD(self.ctx)
-            self.send_cq = CQ(self.ctx, depth, None, None, 0)
-            self.recv_cq = CQ(self.ctx, depth, None, None, 0)
-            access = e.IBV_ACCESS_LOCAL_WRITE
-            if remote_access:
-                access |= e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
-            self.mr = MR(self.pd, size * 2, access)
-            self.qp, self.inline = self._create_qp(inline, access)
-            if gid_index is None:
-                gid_index = roce_v2_gid_index(self.ctx, device, port)
-            self.gid_index = gid_index
-            self.gid = str(self.ctx.query_gid(port, gid_index))
-            self.active_mtu = IB_MTUS[int(self.ctx.query_port(port).active_mtu) - 1]
-        except PyverbsRDMAError as err:
-            self.close()
-            raise _verbs(f"{device}: creating RC resources", err) from err
-        except BaseException:
-            self.close()
-            raise
+        self.size = size
+        self.access = e.IBV_ACCESS_LOCAL_WRITE
+        if remote_access:
+            self.access |= e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+        self.inline = inline
+        self.gid_index = gid_index if gid_index is not None else -1
+        self.view: memoryview | None = None
+        super().__init__(device, depth, port)
         self.psn = random.randrange(1 << 24)
-        # zero-copy views of the registered memory: [0, size) is sent, [size, 2 size) received
-        whole = (ctypes.c_char * (size * 2)).from_address(self.mr.buf)
-        self.view = memoryview(whole).cast("B")
-        self.send_buf = self.view[:size]
-        self.recv_buf = self.view[size:]
-        self._recv_wr = RecvWR(wr_id=2, num_sge=1, sg=[SGE(self.mr.buf + size, size, self.mr.lkey)])
 
-    def _create_qp(self, inline: int, access: int) -> tuple[Any, int]:
-        """Create the QP (left in INIT with ACCESS flags) asking for INLINE bytes of inline
+    def create_mr(self) -> Any:
+        return MR(self.pd, self.size * 2, self.access)
+
+    def create_qp(self) -> Any:
+        """The QP (left in INIT with the access flags) asking for `inline` bytes of inline
         data; fall back to none. Access flags are set at INIT: RTR/RTS do not change them."""
-        for want in (inline, 0) if inline else (0,):
+        for want in (self.inline, 0) if self.inline else (0,):
             cap = QPCap(
                 max_send_wr=self.depth,
                 max_recv_wr=self.depth,
@@ -202,32 +251,34 @@ class RcEndpoint:
             init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.send_cq, rcq=self.recv_cq, cap=cap)
             try:
                 attr = QPAttr()
-                attr.qp_access_flags = access
-                return QP(self.pd, init, attr), want
+                attr.qp_access_flags = self.access
+                qp = QP(self.pd, init, attr)
             except PyverbsRDMAError:
                 if want == 0:
                     raise
+                continue
+            self.inline = want
+            return qp
         raise AssertionError("unreachable")
 
-    # -- lifetime ---------------------------------------------------------------------
-    def close(self) -> None:
-        """Release QP, MR, CQs, PD, context (children first). Safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
+    def describe(self) -> None:
+        if self.gid_index < 0:
+            self.gid_index = roce_v2_gid_index(self.ctx, self.device, self.port)
+        self.gid = str(self.ctx.query_gid(self.port, self.gid_index))
+        self.active_mtu = IB_MTUS[int(self.ctx.query_port(self.port).active_mtu) - 1]
+        # zero-copy views of the registered memory: [0, size) is sent, [size, 2 size) received
+        size = self.size
+        whole = (ctypes.c_char * (size * 2)).from_address(self.mr.buf)
+        self.view = memoryview(whole).cast("B")
+        self.send_buf = self.view[:size]
+        self.recv_buf = self.view[size:]
+        self._recv_wr = RecvWR(wr_id=2, num_sge=1, sg=[SGE(self.mr.buf + size, size, self.mr.lkey)])
+
+    def release_views(self) -> None:
         for attr in ("send_buf", "recv_buf", "view"):
             v = getattr(self, attr, None)
             if v is not None:
                 v.release()
-        for res in (self.qp, self.mr, self.send_cq, self.recv_cq, self.pd, self.ctx):
-            if res is not None:
-                res.close()
-
-    def __enter__(self) -> RcEndpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- connection -------------------------------------------------------------------
     def endpoint(self) -> RdmaEndpoint:
@@ -235,7 +286,7 @@ class RcEndpoint:
         return RdmaEndpoint(
             qpn=self.qp.qp_num,
             psn=self.psn,
-            gid=_ipv6(self.gid),
+            gid=gid_to_ipv6(self.gid),
             gid_index=self.gid_index,
             lid=0,
             rkey=self.mr.rkey,
@@ -257,13 +308,13 @@ class RcEndpoint:
         attr.retry_cnt = 7
         attr.rnr_retry = 7  # 7 = retry forever on RNR; the probe's own deadline bounds it
         route = GlobalRoute(
-            dgid=GID(_sysfs_gid(remote.gid)), sgid_index=self.gid_index, hop_limit=64
+            dgid=GID(ipv6_to_gid(remote.gid)), sgid_index=self.gid_index, hop_limit=64
         )
         attr.ah_attr = AHAttr(gr=route, is_global=1, port_num=self.port)
         try:
             self.qp.to_rts(attr)
         except PyverbsRDMAError as err:
-            raise _verbs(f"{self.device}: QP {self.qp.qp_num} to RTS", err) from err
+            raise verbs_error(f"{self.device}: QP {self.qp.qp_num} to RTS", err) from err
 
     # -- work requests (built once, posted many times) ----------------------------------
     def send_wr(self, length: int, signaled: bool = True) -> Any:
@@ -317,11 +368,12 @@ class RcEndpoint:
             )
 
 
-def _ipv6(sysfs_gid: str) -> str:
+def gid_to_ipv6(sysfs_gid: str) -> str:
     """sysfs/pyverbs GID text (8 groups of 4 hex digits) -> IPv6 notation."""
     return str(ipaddress.IPv6Address(bytes.fromhex(sysfs_gid.replace(":", ""))))
 
 
-def _sysfs_gid(ipv6: str) -> str:
+def ipv6_to_gid(ipv6: str) -> str:
+    """IPv6 notation -> the 8 groups of 4 hex digits pyverbs' GID takes."""
     raw = ipaddress.IPv6Address(ipv6).packed.hex()
     return ":".join(raw[i : i + 4] for i in range(0, 32, 4))

@@ -11,52 +11,31 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
-from fabricprobe.collector.assign import PlanConfig
-from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.probes.ethtool import CommandResult
-
-HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+from tests.support.fleet import (
+    FIXTURES,
+    HOSTS,
+    fast_server_config,
+    loopback_agent_config,
+    scrape,
+    wait_for,
+)
 
 
 def server_config(port: int = 0) -> ServerConfig:
-    return ServerConfig(
-        listen=f"127.0.0.1:{port}",
-        metrics_listen="127.0.0.1:0",
-        grace=0.5,
-        api=ApiConfig(report_interval_ms=1000, plan=PlanConfig(interval_ms=300, count=5, budget=8)),
-    )
+    return fast_server_config(port)
 
 
 def agent_config(tmp: Path, address: str, collector_port: int) -> AgentConfig:
-    name = "host-" + address.rsplit(".", 1)[1]
-    return AgentConfig(
-        host=name,
-        collector=f"127.0.0.1:{collector_port}",
-        topology="tor-a",
-        probe_listen=f"{address}:0",
-        spool_dir=str(tmp / name / "spool"),
-        sysfs_root=str(tmp / "no-sysfs"),
-        ethtool=False,
-        insecure=True,
-        window_s=1.0,
-        probe_timeout=3.0,  # a loaded CI machine must not turn into loss
-    )
+    return loopback_agent_config(tmp, address, collector_port)
 
 
 @pytest.fixture
@@ -65,12 +44,6 @@ def collector() -> Iterator[CollectorServer]:
     server.start()
     yield server
     server.stop(0)
-
-
-def scrape(server: CollectorServer) -> str:
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return resp.read().decode()
 
 
 def test_fleet_end_to_end_into_metrics(collector: CollectorServer, tmp_path: Path) -> None:

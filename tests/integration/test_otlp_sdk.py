@@ -9,10 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
-from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.tcp import run_pingpong
 from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
@@ -29,8 +31,7 @@ def collector() -> Iterator[CollectorServer]:
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    load_session_modules()
-    with Responder("127.0.0.1", 0) as r:
+    with Responder("127.0.0.1", 0, sessions=served_sessions(), auth=None) as r:
         yield r
 
 
@@ -69,7 +70,9 @@ def test_sdk_spans_arrive_join_and_show_on_metrics(
     assert {r.kv_bytes for r in results} <= {cfg.model.kv_bytes(n) for n in range(32, 97)}
 
     # the fabric figures of the same path, measured now, as an agent would report them
-    rtt = run_pingpong("127.0.0.1", responder.port, iters=50, warmup=5, bind="127.0.0.1")
+    rtt = run_pingpong(
+        LinkParams("127.0.0.1", responder.port, bind="127.0.0.1"), iters=50, warmup=5
+    )
     report = pb.WindowReport(
         host="pre-a", epoch=1, seq=1, window_start_unix_ns=t0, window_end_unix_ns=time.time_ns()
     )

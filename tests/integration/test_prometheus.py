@@ -22,17 +22,22 @@ import pytest
 
 from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
-from fabricprobe.collector.assign import PlanConfig
-from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.collector.service import CollectorServer
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.grafana import build
 from fabricprobe.probes.ethtool import CommandResult
 from fabricprobe.probes.stats import LatencySketch
+from tests.support.fleet import (
+    FIXTURES,
+    HOSTS,
+    ROOT,
+    loopback_agent_config,
+    running_collector,
+    scrape,
+    wait_for,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures"
-HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 # each agent's own /metrics, on its own loopback address (free ports, found at import)
 # Alerts whose expression is empty on a healthy fleet by design.
 QUIET = {"FabricprobeCollectorDown"}
@@ -45,19 +50,6 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 AGENT_METRICS = {h: free_port(h) for h in HOSTS}
-
-
-def wait_for(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if cond():
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.25)
 
 
 class Prom:
@@ -82,19 +74,8 @@ def with_variables(expr: str) -> str:
 
 
 def agent_config(tmp: Path, address: str, collector_port: int) -> AgentConfig:
-    name = "host-" + address.rsplit(".", 1)[1]
-    return AgentConfig(
-        host=name,
-        collector=f"127.0.0.1:{collector_port}",
-        topology="tor-a",
-        probe_listen=f"{address}:0",
-        spool_dir=str(tmp / name / "spool"),
-        sysfs_root=str(tmp / "no-sysfs"),
-        ethtool=False,
-        insecure=True,
-        window_s=1.0,
-        probe_timeout=3.0,
-        metrics_listen=f"{address}:{AGENT_METRICS[address]}",
+    return loopback_agent_config(
+        tmp, address, collector_port, metrics_listen=f"{address}:{AGENT_METRICS[address]}"
     )
 
 
@@ -198,19 +179,8 @@ def send_spans(endpoint: str, src: str, dst: str, n: int) -> None:
 
 @pytest.fixture
 def collector() -> Iterator[CollectorServer]:
-    server = CollectorServer(
-        ServerConfig(
-            listen="127.0.0.1:0",
-            metrics_listen="127.0.0.1:0",
-            grace=0.5,
-            api=ApiConfig(
-                report_interval_ms=1000, plan=PlanConfig(interval_ms=300, count=5, budget=8)
-            ),
-        )
-    )
-    server.start()
-    yield server
-    server.stop(0)
+    with running_collector() as server:
+        yield server
 
 
 @pytest.fixture
@@ -299,8 +269,16 @@ def test_every_dashboard_query_and_rule_returns_data(
                 (t["scrapeUrl"], t["health"], t["lastError"])
                 for t in prometheus.get("/api/v1/targets")["activeTargets"]
             ]
+            own = [
+                line
+                for line in scrape(collector).splitlines()
+                if "attribution" in line or "otlp" in line or "dropped" in line
+            ]
             raise AssertionError(
-                "queries without data:\n" + "\n".join(missing()) + f"\ntargets: {targets}"
+                "queries without data:\n"
+                + "\n".join(missing())
+                + f"\ntargets: {targets}\n"
+                + "\n".join(own)
             ) from None
 
         groups = prometheus.get("/api/v1/rules")["groups"]

@@ -7,12 +7,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.probes.control import wait_listening
 from fabricprobe.probes.sysfs import read_required
 
@@ -45,12 +45,7 @@ def lane_hosts() -> list[LaneHost]:
 
 def start_responder(hosts: list[LaneHost], port: int) -> subprocess.Popen[bytes]:
     """A real `probe serve` process answering on every lane host's address."""
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "fabricprobe", "serve", "--listen", f"0.0.0.0:{port}"),
-            *("--log-level", "warning"),
-        ]
-    )
+    proc = subprocess.Popen(open_serve_argv(f"0.0.0.0:{port}", "--log-level", "warning"))
     for h in hosts:
         wait_listening(h.ip, port, timeout=120)
     return proc

@@ -22,6 +22,7 @@ from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.probes.counters import read_port_counters
+from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.rc import rc_latency
 from fabricprobe.probes.stats import LatencySketch
 from fabricprobe.workload.models import PRESETS
@@ -77,8 +78,8 @@ def probe_paths(
     paths: list[tuple[LaneHost, LaneHost]], into: dict[tuple[str, str], LatencySketch]
 ) -> None:
     for a, b in paths:
-        res = rc_latency(b.ip, op="write", size=64, iters=PROBE_ITERS, warmup=5, port=PORT,
-                         bind=a.ip)  # fmt: skip
+        res = rc_latency(LinkParams(b.ip, PORT, bind=a.ip), op="write", size=64,
+                         iters=PROBE_ITERS, warmup=5)  # fmt: skip
         into.setdefault((a.name, b.name), LatencySketch()).merge(res.sketch)
 
 

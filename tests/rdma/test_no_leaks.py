@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.rc import RcPingLink, rc_latency
 from fabricprobe.probes.rdma.ud import UdLink, ud_probe
 from tests.rdma.conftest import rdma_resources, start_responder
@@ -28,8 +29,9 @@ def test_consecutive_probe_runs_release_everything(lane_hosts) -> None:
     proc = start_responder(lane_hosts, PORT)
     try:
         # one run of each kind first: libraries, providers and caches load once per process
-        rc_latency(b.ip, op="send", size=2, iters=1, warmup=0, port=PORT, bind=a.ip)
-        ud_probe(b.ip, probes=1, port=PORT, bind=a.ip)
+        there = LinkParams(b.ip, PORT, bind=a.ip)
+        rc_latency(there, op="send", size=2, iters=1, warmup=0)
+        ud_probe(there, probes=1)
         time.sleep(0.5)
         before = (rdma_resources(), fds(), fds(proc.pid))
         t0 = time.monotonic()
@@ -41,24 +43,16 @@ def test_consecutive_probe_runs_release_everything(lane_hosts) -> None:
                     for link in links:
                         link.close()
                 links = (
-                    RcPingLink(b.ip, size=2, port=PORT, bind=a.ip, keepalive_s=60),
-                    UdLink(b.ip, port=PORT, bind=a.ip, keepalive_s=60),
+                    RcPingLink(there, size=2, keepalive_s=60),
+                    UdLink(there, keepalive_s=60),
                 )
             if i % 10 == 8 and links is not None:
                 res = links[0].run(1) if i % 20 == 8 else links[1].run(1)
             elif i % 10 == 9:
                 engine = "native" if i % 20 == 9 else "pyverbs"
-                res = ud_probe(b.ip, probes=1, port=PORT, bind=a.ip, engine=engine)
+                res = ud_probe(LinkParams(b.ip, PORT, bind=a.ip, engine=engine), probes=1)
             else:
-                res = rc_latency(
-                    b.ip,
-                    op="write" if i % 2 else "send",
-                    size=2,
-                    iters=1,
-                    warmup=0,
-                    port=PORT,
-                    bind=a.ip,
-                )
+                res = rc_latency(there, op="write" if i % 2 else "send", size=2, iters=1, warmup=0)
             errors += res.error is not None
             if (i + 1) % 2000 == 0:
                 print(f"\n  {i + 1} runs in {time.monotonic() - t0:.0f} s", flush=True)

@@ -11,9 +11,11 @@ import pytest
 
 from fabricprobe.agent.probing import Links, ProbeSpec
 from fabricprobe.cli import netem
-from fabricprobe.probes.control import LinkStale
+from fabricprobe.probes.control import ControlClient, LinkStale
+from fabricprobe.probes.errors import PeerError
+from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.rc import RcPingLink, rc_bandwidth, rc_latency
-from fabricprobe.probes.rdma.ud import UdLink, ud_probe
+from fabricprobe.probes.rdma.ud import UdEndpoint, UdLink, ud_probe
 from tests.rdma.conftest import rdma_resources, start_responder
 
 PORT = 4793
@@ -30,7 +32,7 @@ def responder(lane_hosts) -> Iterator[None]:
 @pytest.mark.parametrize("op", ["send", "write"])
 def test_rc_latency_counts_every_round_trip(lane_hosts, responder, op: str) -> None:
     a, b = lane_hosts[0], lane_hosts[1]
-    res = rc_latency(b.ip, op=op, size=2, iters=300, warmup=20, port=PORT, bind=a.ip)
+    res = rc_latency(LinkParams(b.ip, PORT, bind=a.ip), op=op, size=2, iters=300, warmup=20)
     print(f"\nRC {op} {a.name}->{b.name}: {res.summary}")
     assert res.error is None and res.device == a.device
     assert res.summary.count == 300 and res.summary.lost == 0
@@ -46,7 +48,7 @@ def test_rc_bandwidth_completes_every_operation(
 ) -> None:
     a, c = lane_hosts[0], lane_hosts[2]
     res = rc_bandwidth(
-        c.ip, op=op, size=size, iters=200, outstanding=outstanding, port=PORT, bind=a.ip
+        LinkParams(c.ip, PORT, bind=a.ip), op=op, size=size, iters=200, outstanding=outstanding
     )
     print(f"\nRC {op} bandwidth {a.name}->{c.name}: {res.bytes_per_second / 1e6:.2f} MB/s")
     assert res.error is None and res.completed == 200 and res.bytes_per_second > 0
@@ -55,7 +57,7 @@ def test_rc_bandwidth_completes_every_operation(
 @pytest.mark.parametrize("engine", ["pyverbs", "native"])
 def test_ud_probe_subtracts_the_responder_delay(lane_hosts, responder, engine: str) -> None:
     a, c = lane_hosts[0], lane_hosts[2]
-    res = ud_probe(c.ip, probes=200, port=PORT, bind=a.ip, engine=engine)
+    res = ud_probe(LinkParams(c.ip, PORT, bind=a.ip, engine=engine), probes=200)
     d = res.as_dict()
     print(
         f"\nUD {engine} {a.name}->{c.name}: network RTT p50 {d['rtt']['p50_us']} us, "
@@ -67,6 +69,19 @@ def test_ud_probe_subtracts_the_responder_delay(lane_hosts, responder, engine: s
     assert res.responder_delay_p50_us is not None and res.responder_delay_p50_us > 0
     assert res.summary.p50_us < res.raw_summary.p50_us
     assert d["timestamps"] == "software" and d["engine"] == engine
+    assert d["engine_reason"].startswith(f"{engine}: ")
+
+
+def test_the_responder_is_no_ud_reflector(lane_hosts, responder) -> None:
+    """A prober on A asks B's responder to answer a UD QP on C: B refuses before it
+    sends anything, and C's QP receives no ACK."""
+    a, b, c = lane_hosts[0], lane_hosts[1], lane_hosts[2]
+    with UdEndpoint(c.device, c.gid_index) as victim:
+        third = victim.endpoint().as_dict()
+        with ControlClient(b.ip, PORT, bind=a.ip, timeout=30) as ctl:
+            with pytest.raises(PeerError, match="is not the address that asked"):
+                ctl.open("rdma_ud", {"probes": 100, "step_s": 0.5, "endpoint": third})
+        assert victim.receive(time.monotonic() + 1.0) is None
 
 
 @pytest.mark.parametrize("engine", ["pyverbs", "native"])
@@ -79,15 +94,11 @@ def test_a_peer_that_vanishes_mid_run_gives_a_result_with_loss(lane_hosts, engin
 
     def run() -> None:
         result["res"] = rc_latency(
-            b.ip,
+            LinkParams(b.ip, PORT + 1, bind=a.ip, step_s=2.0, engine=engine),
             op="send",
             size=2,
             iters=iters,
             warmup=0,
-            port=PORT + 1,
-            bind=a.ip,
-            step_s=2.0,
-            engine=engine,
         )
 
     t = threading.Thread(target=run)
@@ -134,9 +145,9 @@ def test_a_kept_link_carries_rounds_over_one_qp_on_each_end(
     link: RcPingLink | UdLink
     engine = kind.split()[1]
     if kind.startswith("ud"):
-        link = UdLink(b.ip, port=PORT, bind=a.ip, engine=engine, keepalive_s=30)
+        link = UdLink(LinkParams(b.ip, PORT, bind=a.ip, engine=engine), keepalive_s=30)
     else:
-        link = RcPingLink(b.ip, size=64, port=PORT, bind=a.ip, engine=engine, keepalive_s=30)
+        link = RcPingLink(LinkParams(b.ip, PORT, bind=a.ip, engine=engine), size=64, keepalive_s=30)
     counts, errors, during = [], [], set()
     t0 = time.monotonic()
     with link:
@@ -154,7 +165,7 @@ def test_a_kept_link_carries_rounds_over_one_qp_on_each_end(
 def test_a_write_link_is_one_round_only(lane_hosts, responder) -> None:
     b = lane_hosts[1]
     with pytest.raises(ValueError, match="only SEND"):
-        RcPingLink(b.ip, op="write", port=PORT, keepalive_s=30)
+        RcPingLink(LinkParams(b.ip, PORT), op="write", keepalive_s=30)
 
 
 def test_a_link_whose_responder_restarted_is_set_up_again_in_the_same_burst(
@@ -167,7 +178,7 @@ def test_a_link_whose_responder_restarted_is_set_up_again_in_the_same_burst(
     opened: list[RcPingLink] = []
 
     def new() -> RcPingLink:
-        opened.append(RcPingLink(b.ip, size=64, port=port, bind=a.ip, keepalive_s=30))
+        opened.append(RcPingLink(LinkParams(b.ip, port, bind=a.ip), size=64, keepalive_s=30))
         return opened[-1]
 
     def burst(link: RcPingLink):
@@ -205,7 +216,8 @@ def test_waiting_out_lost_probes_pauses_between_polls(lane_hosts, responder, eng
     up): each probe is waited out to its deadline, pausing between polls after the
     first 5 ms instead of spinning through all of it."""
     a, c = lane_hosts[0], lane_hosts[2]
-    with UdLink(c.ip, port=PORT, bind=a.ip, engine=engine, step_s=0.5, keepalive_s=30) as link:
+    there = LinkParams(c.ip, PORT, bind=a.ip, engine=engine, step_s=0.5)
+    with UdLink(there, keepalive_s=30) as link:
         assert link.run(3).error is None
         netem.impair(a.netdev, c.ip, loss="100%", udp_dport=netem.ROCE_V2_PORT)
         try:

@@ -22,7 +22,8 @@ def test_wheel_probe_lat_runs_the_native_loop(lane_hosts) -> None:
         pytest.fail(f"no installed wheel at {PROBE}: tests/integration/test_wheel.py makes it")
     a, b = lane_hosts[0], lane_hosts[1]
     serve = subprocess.Popen(
-        [PROBE, "serve", "--listen", f"{b.ip}:{PORT}", "--log-level", "warning"], cwd="/"
+        [PROBE, "serve", "--insecure", "--listen", f"{b.ip}:{PORT}", "--log-level", "warning"],
+        cwd="/",
     )
     try:
         wait_listening(b.ip, PORT, timeout=120)

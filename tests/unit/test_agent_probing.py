@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from fabricprobe.agent.probing import (
-    RUNNERS,
+    TCP_RUNNERS,
     ProbeContext,
     ProbeOutcome,
     ProbeSpec,
@@ -18,18 +18,20 @@ from fabricprobe.agent.probing import (
     Scheduler,
     tcp_pingpong,
 )
+from fabricprobe.agent.rdma_runners import all_runners
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.sketchwire import from_wire
 from fabricprobe.probes.control import ControlClient
-from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.responder import Responder
+from fabricprobe.probes.sessions import probe_sessions
 from fabricprobe.probes.stats import LatencySketch
 from fabricprobe.probes.tcp import open_data_connection
 
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    load_session_modules()
-    with Responder("127.0.0.1", 0, idle_timeout=2.0) as r:
+    with Responder("127.0.0.1", 0, idle_timeout=2.0, sessions=probe_sessions(), auth=None) as r:
         yield r
 
 
@@ -47,17 +49,17 @@ def spec(port: int, **kw: object) -> ProbeSpec:
     return ProbeSpec(**base)  # type: ignore[arg-type]
 
 
-def test_tcp_lat_is_registered() -> None:
-    assert RUNNERS["tcp_lat"] is tcp_pingpong
+def test_tcp_lat_is_in_the_tables() -> None:
+    assert TCP_RUNNERS["tcp_lat"] is tcp_pingpong
+    assert all_runners()["tcp_lat"] is tcp_pingpong
 
 
 def test_tcp_bursts_share_one_kept_session(caplog: pytest.LogCaptureFixture) -> None:
     """Bursts to a target reuse its session; a restarted responder costs no burst; a
     link no longer assigned is closed and its responder session ends quietly."""
     caplog.set_level("INFO", "fabricprobe.responder")
-    load_session_modules()
     ctx = ProbeContext(bind="127.0.0.1", timeout=1)
-    r = Responder("127.0.0.1", 0, idle_timeout=2.0, grace=0.2)
+    r = Responder("127.0.0.1", 0, idle_timeout=2.0, grace=0.2, sessions=probe_sessions(), auth=None)
     r.__enter__()
     port = r.port
     target = spec(port)
@@ -67,7 +69,9 @@ def test_tcp_bursts_share_one_kept_session(caplog: pytest.LogCaptureFixture) -> 
             assert out.error is None and len(out.rtt_ns) == 5
         assert r.active_sessions() == 1 and r.served == 0 and len(ctx.links) == 1
         r.__exit__(None, None, None)  # the responder restarts under the kept link
-        r = Responder("127.0.0.1", port, idle_timeout=2.0, grace=0.2)
+        r = Responder(
+            "127.0.0.1", port, idle_timeout=2.0, grace=0.2, sessions=probe_sessions(), auth=None
+        )
         r.__enter__()
         out = tcp_pingpong(target, ctx)
         assert out.error is None and len(out.rtt_ns) == 5 and not out.failed
@@ -97,7 +101,7 @@ def test_tcp_pingpong_measures_rtt(responder: Responder) -> None:
 
 
 def test_tcp_stream_reports_confirmed_bytes(responder: Responder) -> None:
-    out = RUNNERS["tcp_bw"](
+    out = TCP_RUNNERS["tcp_bw"](
         spec(responder.port, kind="tcp_bw", size=65536, count=32),
         ProbeContext(bind="127.0.0.1", timeout=2),
     )
@@ -175,7 +179,6 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     set up again within the same burst; a dead peer is a failed burst with its exchanges
     lost; a target no longer assigned has its link closed. (The link stands in for
     fabricprobe.probes.rdma.rc's, which needs an RDMA device: the lane tests run the real one.)"""
-    import importlib
     import sys
     import types
     from array import array
@@ -186,9 +189,10 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     links: list[FakeLink] = []
 
     class FakeLink:
-        def __init__(self, peer: str, **kw: object) -> None:
-            self.peer, self.kw, self.rounds, self.closed = peer, kw, 0, 0
-            self.stale_once = peer == "10.0.0.3"
+        def __init__(self, params: LinkParams, **kw: object) -> None:
+            self.params, self.kw, self.rounds, self.closed = params, kw, 0, 0
+            self.peer = params.peer
+            self.stale_once = self.peer == "10.0.0.3"
             links.append(self)
 
         def round(self, iters: int, warmup: int = 0) -> object:
@@ -203,20 +207,22 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
         def close(self) -> None:
             self.closed += 1
 
-    def fake_rc_bandwidth(peer: str, **kw: object) -> object:
-        return types.SimpleNamespace(completed=8, size=kw["size"], duration_s=0.5, error=None)
+    def fake_rc_bandwidth(params: LinkParams, **kw: object) -> object:
+        assert isinstance(kw["size"], int)
+        return types.SimpleNamespace(bytes=8 * kw["size"], duration_s=0.5, error=None)
 
     fake = types.ModuleType("fabricprobe.probes.rdma.rc")
     fake.RcPingLink = FakeLink  # type: ignore[attr-defined]
     fake.rc_bandwidth = fake_rc_bandwidth  # type: ignore[attr-defined]
+    fake_ud = types.ModuleType("fabricprobe.probes.rdma.ud")
+    fake_ud.UdLink = FakeLink  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fabricprobe.probes.rdma.rc", fake)
-    monkeypatch.setattr("fabricprobe.agent.probing.RUNNERS", dict(RUNNERS))
-    import fabricprobe.agent.rdma_runners
+    monkeypatch.setitem(sys.modules, "fabricprobe.probes.rdma.ud", fake_ud)
+    from fabricprobe.agent import rdma_runners as mod
 
-    mod = importlib.reload(fabricprobe.agent.rdma_runners)
-    from fabricprobe.agent import probing
-
-    runner = probing.RUNNERS["rdma_rc_lat"]
+    runners = mod.rdma_runners()
+    assert sorted(runners) == ["rdma_rc_bw", "rdma_rc_lat", "rdma_ud"]
+    runner = runners["rdma_rc_lat"]
     ctx = ProbeContext(bind="10.0.0.1", timeout=1.0, sysfs_root="/x")
     b = ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_lat", 64, 2, 10.0)
     for _ in range(3):
@@ -225,7 +231,8 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
         assert out.rtt_ns == [3000, 3000] and out.lost == 0
     (link,) = links
     assert link.rounds == 3 and link.closed == 0
-    assert link.kw["bind"] == "10.0.0.1" and link.kw["timeout"] == mod.SETUP_TIMEOUT_S
+    assert link.params.bind == "10.0.0.1" and link.params.timeout == mod.SETUP_TIMEOUT_S
+    assert link.params.step_s == 1.0 and link.params.sysfs_root == "/x"
     assert link.kw["keepalive_s"] == 30.0 and link.kw["op"] == "send"
 
     c = ProbeSpec("c", "10.0.0.3", 4793, "rdma_rc_lat", 64, 2, 100.0)
@@ -241,9 +248,7 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     ctx.links.close()
     assert len(ctx.links) == 0 and links[1].closed == 1
 
-    bw = probing.RUNNERS["rdma_rc_bw"](
-        ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_bw", 65536, 8, 10.0), ctx
-    )
+    bw = runners["rdma_rc_bw"](ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_bw", 65536, 8, 10.0), ctx)
     assert (bw.op, bw.bytes_moved, bw.busy_seconds) == ("write_stream", 8 * 65536, 0.5)
 
 
@@ -295,3 +300,16 @@ def _wait_until(cond: Callable[[], bool], limit: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < end, "condition not reached"
         time.sleep(0.01)
+
+
+def test_an_agent_probes_a_fleet_responder_with_the_fleet_token() -> None:
+    from fabricprobe.probes.fleet import FleetToken
+
+    token = FleetToken(b"the-fleet-token-of-this-test")
+    with Responder("127.0.0.1", 0, sessions=probe_sessions(), auth=token, grace=0.2) as r:
+        stranger = tcp_pingpong(spec(r.port), ProbeContext(bind="127.0.0.1", timeout=1))
+        assert stranger.failed and "fleet token" in (stranger.error or "")
+        member = ProbeContext(bind="127.0.0.1", timeout=1, token=token)
+        out = tcp_pingpong(spec(r.port), member)
+        assert out.error is None and len(out.rtt_ns) == 5
+        member.links.close()

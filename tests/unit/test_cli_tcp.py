@@ -14,15 +14,14 @@ import pytest
 from click.testing import CliRunner
 
 from fabricprobe.cli import main
-from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.probes import tcp
+from fabricprobe.probes.responder import Responder
 from tests.unit.test_tcp_probe import LOOPBACK, start_serve
-
-load_session_modules()
 
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[str]:
-    with Responder(LOOPBACK, 0, idle_timeout=5, grace=0.2) as r:
+    with Responder(LOOPBACK, 0, idle_timeout=5, grace=0.2, sessions=tcp.SESSIONS, auth=None) as r:
         yield f"{LOOPBACK}:{r.address[1]}"
 
 
@@ -133,3 +132,26 @@ def test_help_smoke() -> None:
         timeout=60,
     )
     assert out.returncode == 0 and "RTT/2" in out.stdout
+
+
+def test_serve_needs_a_token_or_explicit_insecure(tmp_path: Path) -> None:
+    code, _, err = run("serve", "--listen", f"{LOOPBACK}:0")
+    assert code == 2 and "--token-file" in err and "--insecure" in err
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    code, _, err = run("serve", "--listen", f"{LOOPBACK}:0", "--token-file", str(short))
+    assert code == 2 and "at least 16 characters" in err
+
+
+def test_probing_a_fleet_responder_takes_its_token(tmp_path: Path) -> None:
+    from fabricprobe.probes.fleet import FleetToken
+
+    token = tmp_path / "probe-token"
+    token.write_text("a-probe-token-for-this-test\n")
+    auth = FleetToken.from_file(token)
+    with Responder(LOOPBACK, 0, grace=0.2, sessions=tcp.SESSIONS, auth=auth) as r:
+        there = f"{LOOPBACK}:{r.address[1]}"
+        code, _, err = run("tcp", there, "--iters", "10")
+        assert code == 1 and "fleet token" in err
+        code, out, _ = run("tcp", there, "--iters", "10", "--token-file", str(token), "--json")
+        assert code == 0 and json.loads(out)["rtt"]["count"] == 10

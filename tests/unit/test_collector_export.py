@@ -87,6 +87,7 @@ def full_store() -> WindowStore:
                 spool_quarantined=5,
                 spool_memory_windows=6,
                 thread_failures=7,
+                sessions_refused_by_reason={"source": 2, "memory": 1, "x" * 3000: 9},
             )
         )
         store.take(r)
@@ -186,6 +187,10 @@ def test_agent_links_and_sessions_are_exported() -> None:
     assert reg.get_sample_value("fabricprobe_agent_probe_links", src) == 96
     assert reg.get_sample_value("fabricprobe_agent_probe_sessions", src) == 97
     assert reg.get_sample_value("fabricprobe_agent_probe_sessions_refused_total", src) == 3
+    by = "fabricprobe_agent_probe_sessions_refused_by_reason_total"
+    assert reg.get_sample_value(by, {**src, "reason": "source"}) == 2
+    assert reg.get_sample_value(by, {**src, "reason": "busy"}) == 0
+    assert reg.get_sample_value(by, {**src, "reason": "x" * 3000}) is None  # no new labels
 
 
 def test_agent_fault_counters_are_exported() -> None:

@@ -141,6 +141,8 @@ def test_agent_with_its_token_file(server: CollectorServer, tmp_path: Path) -> N
 
     token = tmp_path / "token"
     token.write_text(TOKENS["h2"] + "\n")
+    fleet = tmp_path / "probe-token"
+    fleet.write_text("a-fleet-probe-token-of-this-test\n")
     cfg = AgentConfig(
         host="h2",
         collector=f"127.0.0.1:{server.port}",
@@ -149,6 +151,7 @@ def test_agent_with_its_token_file(server: CollectorServer, tmp_path: Path) -> N
         sysfs_root=str(tmp_path),
         ethtool=False,
         token_file=str(token),
+        probe_token_file=str(fleet),
     )
     agent = Agent(cfg)
     agent.start()

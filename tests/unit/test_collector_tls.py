@@ -130,6 +130,8 @@ def test_plain_text_client_cannot_talk_to_a_tls_collector(server: CollectorServe
 
 
 def test_agent_over_mutual_tls(pki: Path, server: CollectorServer, tmp_path: Path) -> None:
+    fleet = tmp_path / "probe-token"
+    fleet.write_text("a-fleet-probe-token-of-this-test\n")
     cfg = AgentConfig(
         host="h2",
         collector=f"127.0.0.1:{server.port}",
@@ -140,6 +142,7 @@ def test_agent_over_mutual_tls(pki: Path, server: CollectorServer, tmp_path: Pat
         ca_file=str(pki / "ca.pem"),
         cert_file=str(pki / "h2.pem"),
         key_file=str(pki / "h2.key"),
+        probe_token_file=str(fleet),
         window_s=0.5,
     )
     agent = Agent(cfg)

@@ -20,12 +20,12 @@ from fabricprobe.probes.control import (
     LinkStale,
     ProtocolError,
     RdmaEndpoint,
-    Registry,
     Session,
     encode_message,
     parse_hostport,
     require_float,
     require_int,
+    session_table,
 )
 from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
 from fabricprobe.probes.responder import Responder
@@ -254,19 +254,19 @@ def test_parse_hostport_port_zero_only_to_listen() -> None:
     assert parse_hostport("127.0.0.1:0", allow_port_zero=True) == ("127.0.0.1", 0)
 
 
-def test_registry_contract() -> None:
-    reg = Registry()
-
+def test_session_table_contract() -> None:
     def h(session: Session) -> None:
         return None
 
-    reg.register("rdma_rc_lat", h)
-    reg.register("rdma_rc_lat", h)  # the same handler again (module re-import) is fine
-    with pytest.raises(ValueError, match="already registered"):
-        reg.register("rdma_rc_lat", lambda s: None)
+    # the same handler from two tables is fine
+    table = session_table({"rdma_rc_lat": h}, {"rdma_rc_lat": h})
+    with pytest.raises(ValueError, match="already served"):
+        session_table(table, {"rdma_rc_lat": lambda s: None})
     with pytest.raises(ValueError, match="bad session kind"):
-        reg.register("RDMA lat", h)
-    assert reg.kinds() == ["rdma_rc_lat"] and reg.get("nope") is None
+        session_table({"RDMA lat": h})
+    assert sorted(table) == ["rdma_rc_lat"] and table.get("nope") is None
+    with pytest.raises(ValueError, match="bad session kind"):
+        Responder("127.0.0.1", 0, sessions={"RDMA lat": h}, auth=None)
 
 
 # --------------------------------------------------------------------------- sessions
@@ -296,11 +296,8 @@ def no_ready_handler(session: Session) -> None:
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    reg = Registry()
-    reg.register("rdma_rc_lat", rc_lat_handler)
-    reg.register("stuck", stuck_handler)
-    reg.register("no_ready", no_ready_handler)
-    with Responder("127.0.0.1", 0, idle_timeout=0.5, grace=0.1, registry=reg) as r:
+    reg = {"rdma_rc_lat": rc_lat_handler, "stuck": stuck_handler, "no_ready": no_ready_handler}
+    with Responder("127.0.0.1", 0, idle_timeout=0.5, grace=0.1, sessions=reg, auth=None) as r:
         yield r
 
 
@@ -348,9 +345,10 @@ def test_silent_prober_is_dropped_after_idle_timeout(responder: Responder) -> No
 
 
 def test_busy_refusal() -> None:
-    reg = Registry()
-    reg.register("stuck", stuck_handler)
-    with Responder("127.0.0.1", 0, max_sessions=1, idle_timeout=5, grace=0.1, registry=reg) as r:
+    reg = {"stuck": stuck_handler}
+    with Responder(
+        "127.0.0.1", 0, max_sessions=1, idle_timeout=5, grace=0.1, sessions=reg, auth=None
+    ) as r:
         first = client(r)
         first.open("stuck", {})
         with client(r) as second, pytest.raises(PeerError, match="busy"):
@@ -360,9 +358,8 @@ def test_busy_refusal() -> None:
 
 
 def test_stop_aborts_running_sessions_and_joins() -> None:
-    reg = Registry()
-    reg.register("stuck", stuck_handler)
-    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=0.1, registry=reg)
+    reg = {"stuck": stuck_handler}
+    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=0.1, sessions=reg, auth=None)
     r.__enter__()
     c = client(r)
     c.open("stuck", {})
@@ -385,7 +382,7 @@ def _wait_idle(r: Responder, limit: float = 3.0) -> None:
 
 
 def test_stop_does_not_wait_for_a_prober_that_never_said_hello() -> None:
-    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=0.1, registry=Registry())
+    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=0.1, sessions={}, auth=None)
     r.__enter__()
     sock = socket.create_connection(r.address, timeout=2)
     with sock:
@@ -417,9 +414,8 @@ def rounds_handler(session: Session) -> dict[str, object]:
 
 @pytest.fixture
 def link_responder() -> Iterator[Responder]:
-    reg = Registry()
-    reg.register("rounds", rounds_handler)
-    with Responder("127.0.0.1", 0, idle_timeout=2.0, grace=5.0, registry=reg) as r:
+    reg = {"rounds": rounds_handler}
+    with Responder("127.0.0.1", 0, idle_timeout=2.0, grace=5.0, sessions=reg, auth=None) as r:
         yield r
 
 
@@ -473,13 +469,12 @@ def test_a_link_let_go_ends_quietly_and_the_next_round_is_stale(
 
 
 def test_stop_lets_idle_links_go_at_once() -> None:
-    reg = Registry()
-    reg.register("rounds", rounds_handler)
-    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=20.0, registry=reg)
+    reg = {"rounds": rounds_handler}
+    r = Responder("127.0.0.1", 0, idle_timeout=30, grace=20.0, sessions=reg, auth=None)
     r.__enter__()
     with client(r) as c:
         c.open("rounds", {"n": 1, "keepalive_s": 60})
-        _wait_until(lambda: any(getattr(s, "idle", False) for s in r._sessions.values()))
+        _wait_until(lambda: any(getattr(s, "idle", False) for s in r._threads.values()))
         t0 = time.monotonic()
         r.__exit__(None, None, None)
         assert time.monotonic() - t0 < 5.0  # not the 20 s grace of a session mid-round

@@ -24,7 +24,7 @@ VERBS_H = Path("/usr/include/infiniband/verbs.h")
 
 def test_extension_is_built_and_imports() -> None:
     assert native.available(), "run scripts/build-native.sh"
-    mod = native._load()
+    mod = native.load()
     for fn in ("fp_open", "fp_connect", "fp_send_pingpong", "fp_write_pingpong", "fp_close"):
         assert hasattr(mod.lib, fn)
     for fn in ("fp_ud_open", "fp_ud_remote", "fp_ud_probe", "fp_ud_answer", "fp_ud_hw_ts"):

@@ -7,7 +7,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.probes import tcp
-from fabricprobe.probes.control import ControlClient, Registry, Session
+from fabricprobe.probes.control import ControlClient, Session
 from fabricprobe.probes.errors import PeerError
+from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
 from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.stats import LatencySketch, one_way_from_rtt
 
@@ -26,7 +27,7 @@ LOOPBACK = "127.0.0.1"
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    with Responder(LOOPBACK, 0, idle_timeout=5, grace=0.5) as r:
+    with Responder(LOOPBACK, 0, idle_timeout=5, grace=0.5, sessions=tcp.SESSIONS, auth=None) as r:
         yield r
 
 
@@ -35,7 +36,7 @@ def start_serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], in
     log = tmp_path / f"serve-{time.monotonic_ns()}.log"
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fabricprobe", "serve", "--listen", f"{LOOPBACK}:0", *args],
+            open_serve_argv(f"{LOOPBACK}:0", *args),
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
@@ -65,7 +66,9 @@ def wait_idle(r: Responder, limit: float = 5.0) -> None:
 @pytest.mark.parametrize("size", [1, 64, 1500, 65536, tcp.MAX_SIZE])
 def test_pingpong_counts(responder: Responder, size: int) -> None:
     iters = 20 if size >= 65536 else 300
-    res = tcp.run_pingpong(*responder.address, size=size, iters=iters, warmup=5, timeout=5)
+    res = tcp.run_pingpong(
+        LinkParams(*responder.address, step_s=5), size=size, iters=iters, warmup=5
+    )
     s = res.summary
     assert res.error is None
     assert s.kind == "rtt" and s.count == iters and s.lost == 0
@@ -81,7 +84,10 @@ def test_pingpong_counts(responder: Responder, size: int) -> None:
 def test_pingpong_progress_reports_every_step(responder: Responder) -> None:
     seen: list[tuple[int, int]] = []
     tcp.run_pingpong(
-        *responder.address, iters=250, warmup=0, progress=lambda d, t: seen.append((d, t))
+        LinkParams(*responder.address),
+        iters=250,
+        warmup=0,
+        progress=lambda d, t: seen.append((d, t)),
     )
     assert seen[-1] == (250, 250) and all(t == 250 for _, t in seen)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
@@ -105,10 +111,9 @@ def corrupt_echo(session: Session) -> dict[str, object]:
 
 
 def test_payload_is_verified() -> None:
-    reg = Registry()
-    reg.register("tcp_lat", corrupt_echo)
-    with Responder(LOOPBACK, 0, idle_timeout=2, grace=0.1, registry=reg) as r:
-        res = tcp.run_pingpong(*r.address, size=32, iters=50, warmup=0)
+    reg = {"tcp_lat": corrupt_echo}
+    with Responder(LOOPBACK, 0, idle_timeout=2, grace=0.1, sessions=reg, auth=None) as r:
+        res = tcp.run_pingpong(LinkParams(*r.address), size=32, iters=50, warmup=0)
     assert res.error == "echo payload did not match what was sent"
     # the mismatching exchange and everything after it are counted as lost
     assert res.summary.count == 10 and res.summary.lost == 40
@@ -118,7 +123,7 @@ def test_bad_params_are_refused(responder: Responder) -> None:
     with ControlClient(*responder.address) as c, pytest.raises(PeerError, match=r"params\.size"):
         c.open("tcp_lat", {"size": tcp.MAX_SIZE + 1})
     with pytest.raises(ValueError, match="size"):
-        tcp.run_pingpong(*responder.address, size=0)
+        tcp.run_pingpong(LinkParams(*responder.address), size=0)
 
 
 def test_refused_port_is_a_peer_error() -> None:
@@ -126,7 +131,7 @@ def test_refused_port_is_a_peer_error() -> None:
         s.bind((LOOPBACK, 0))
         port = s.getsockname()[1]
     with pytest.raises(PeerError, match="cannot connect"):
-        tcp.run_pingpong(LOOPBACK, port, iters=10)
+        tcp.run_pingpong(LinkParams(LOOPBACK, port), iters=10)
 
 
 def test_stray_data_connection_cannot_join(responder: Responder) -> None:
@@ -165,7 +170,10 @@ def test_killed_responder_gives_a_result_with_loss(tmp_path: Path) -> None:
     try:
         iters = 10_000_000
         t, out = run_in_thread(
-            tcp.run_pingpong, host=LOOPBACK, port=port, iters=iters, warmup=10, timeout=1.0
+            tcp.run_pingpong,
+            link=LinkParams(LOOPBACK, port, step_s=1.0),
+            iters=iters,
+            warmup=10,
         )
         proc.kill()
         t.join(10)
@@ -174,7 +182,7 @@ def test_killed_responder_gives_a_result_with_loss(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     (res,) = out
-    assert isinstance(res, tcp.TcpLatencyResult)
+    assert isinstance(res, LatencyResult)
     s = res.summary
     assert 0 < s.count < iters and s.count + s.lost == iters
     assert res.error is not None and ("closed" in res.error or "failed" in res.error)
@@ -184,7 +192,10 @@ def test_frozen_responder_ends_by_deadline(tmp_path: Path) -> None:
     proc, port, _ = start_serve(tmp_path)
     try:
         t, out = run_in_thread(
-            tcp.run_pingpong, host=LOOPBACK, port=port, iters=10_000_000, warmup=10, timeout=0.5
+            tcp.run_pingpong,
+            link=LinkParams(LOOPBACK, port, step_s=0.5),
+            iters=10_000_000,
+            warmup=10,
         )
         proc.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
@@ -196,7 +207,7 @@ def test_frozen_responder_ends_by_deadline(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     (res,) = out
-    assert isinstance(res, tcp.TcpLatencyResult)
+    assert isinstance(res, LatencyResult)
     assert res.summary.count > 0 and res.summary.lost > 0
     assert res.error == "peer did not answer within 0.5 s"
 
@@ -205,7 +216,10 @@ def test_frozen_responder_during_throughput(tmp_path: Path) -> None:
     proc, port, _ = start_serve(tmp_path)
     try:
         t, out = run_in_thread(
-            tcp.run_throughput, host=LOOPBACK, port=port, duration=30.0, streams=2, timeout=0.5
+            tcp.run_throughput,
+            link=LinkParams(LOOPBACK, port, step_s=0.5),
+            duration=30.0,
+            streams=2,
         )
         proc.send_signal(signal.SIGSTOP)
         t.join(10)
@@ -215,21 +229,21 @@ def test_frozen_responder_during_throughput(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     (res,) = out
-    assert isinstance(res, tcp.TcpThroughputResult)
+    assert isinstance(res, BandwidthResult)
     assert res.error is not None and res.bytes_sent > 0 and res.bytes <= res.bytes_sent
 
 
 def test_responder_stop_mid_run() -> None:
-    r = Responder(LOOPBACK, 0, idle_timeout=5, grace=0.0)
+    r = Responder(LOOPBACK, 0, idle_timeout=5, grace=0.0, sessions=tcp.SESSIONS, auth=None)
     r.__enter__()
     t, out = run_in_thread(
-        tcp.run_pingpong, host=r.address[0], port=r.address[1], iters=10_000_000, timeout=1.0
+        tcp.run_pingpong, link=LinkParams(*r.address, step_s=1.0), iters=10_000_000
     )
     r.__exit__(None, None, None)
     t.join(10)
     assert not t.is_alive()
     (res,) = out
-    assert isinstance(res, tcp.TcpLatencyResult)
+    assert isinstance(res, LatencyResult)
     assert res.error is not None and res.summary.lost > 0
 
 
@@ -238,7 +252,7 @@ def test_responder_stop_mid_run() -> None:
 
 @pytest.mark.parametrize("streams", [1, 3])
 def test_throughput_by_duration(responder: Responder, streams: int) -> None:
-    res = tcp.run_throughput(*responder.address, duration=0.3, streams=streams)
+    res = tcp.run_throughput(LinkParams(*responder.address), duration=0.3, streams=streams)
     assert res.error is None and res.streams == streams
     assert res.bytes > 0 and res.bytes == res.bytes_sent
     assert res.bytes_per_second > 0 and 0.25 < res.duration_s < 5.0
@@ -247,16 +261,20 @@ def test_throughput_by_duration(responder: Responder, streams: int) -> None:
 
 def test_throughput_by_byte_count(responder: Responder) -> None:
     res = tcp.run_throughput(
-        *responder.address, duration=None, total_bytes=5_000_003, streams=4, chunk_size=4096
+        LinkParams(*responder.address),
+        duration=None,
+        total_bytes=5_000_003,
+        streams=4,
+        chunk_size=4096,
     )
     assert res.error is None and res.bytes == 5_000_003 == res.bytes_sent
 
 
 def test_throughput_argument_checks() -> None:
     with pytest.raises(ValueError, match="exactly one"):
-        tcp.run_throughput(LOOPBACK, duration=1.0, total_bytes=10)
+        tcp.run_throughput(LinkParams(LOOPBACK), duration=1.0, total_bytes=10)
     with pytest.raises(ValueError, match="streams"):
-        tcp.run_throughput(LOOPBACK, streams=0)
+        tcp.run_throughput(LinkParams(LOOPBACK), streams=0)
 
 
 # --------------------------------------------------------------------------- resources
@@ -268,16 +286,18 @@ def open_fds() -> int:
 
 def test_no_fd_leak_over_many_runs(responder: Responder) -> None:
     host, port = responder.address
-    tcp.run_pingpong(host, port, iters=5, warmup=0)  # imports and lazy state settle first
+    tcp.run_pingpong(
+        LinkParams(host, port), iters=5, warmup=0
+    )  # imports and lazy state settle first
     wait_idle(responder)
     before = open_fds()
     for _ in range(30):
-        tcp.run_pingpong(host, port, iters=20, warmup=2)
+        tcp.run_pingpong(LinkParams(host, port), iters=20, warmup=2)
     for _ in range(5):
-        tcp.run_throughput(host, port, duration=0.05, streams=2)
+        tcp.run_throughput(LinkParams(host, port), duration=0.05, streams=2)
     for _ in range(5):
         with pytest.raises(PeerError):
-            tcp.run_pingpong(host, 1, iters=5)
+            tcp.run_pingpong(LinkParams(host, 1), iters=5)
         with ControlClient(host, port) as c, pytest.raises(PeerError):
             c.open("tcp_lat", {"size": 0})
     wait_idle(responder)
@@ -312,9 +332,11 @@ def test_one_way_and_bypass_ratio() -> None:
 
 def test_bind_picks_the_source_address(responder: Responder) -> None:
     """Every 127/8 address is local on Linux: a stand-in for one host's lane address."""
-    res = tcp.run_pingpong(*responder.address, iters=20, warmup=0, bind="127.0.0.2")
+    res = tcp.run_pingpong(LinkParams(*responder.address, bind="127.0.0.2"), iters=20, warmup=0)
     assert res.error is None and res.source == "127.0.0.2"
-    bw = tcp.run_throughput(*responder.address, duration=0.05, streams=2, bind="127.0.0.2")
+    bw = tcp.run_throughput(
+        LinkParams(*responder.address, bind="127.0.0.2"), duration=0.05, streams=2
+    )
     assert bw.error is None and bw.source == "127.0.0.2"
     with pytest.raises(PeerError, match=r"from 192\.0\.2\.1"):
-        tcp.run_pingpong(*responder.address, iters=5, bind="192.0.2.1")  # not ours
+        tcp.run_pingpong(LinkParams(*responder.address, bind="192.0.2.1"), iters=5)  # not ours

@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from fabricprobe.cli import main
+from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.collector.service import CollectorServer, ServerConfig
-from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.probes.responder import Responder
 from fabricprobe.workload.models import PRESETS, model_shape
 from fabricprobe.workload.pipeline import STAGE_ORDER, Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.summary import summarise
@@ -46,8 +47,7 @@ def test_bad_shapes_say_why(kw: dict[str, object], msg: str) -> None:
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    load_session_modules()
-    with Responder("127.0.0.1", 0) as r:
+    with Responder("127.0.0.1", 0, sessions=served_sessions(), auth=None) as r:
         yield r
 
 

@@ -18,6 +18,7 @@ from fabricprobe.cli.options import (
     log_level_option,
     sysfs_option,
 )
+from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.logs import setup_logging
 from fabricprobe.probes.errors import ProbeError
@@ -59,6 +60,11 @@ Examples:
 @click.option("--spool-max-bytes", type=click.IntRange(4096), help="Spool bound in bytes [64 MiB].")
 @click.option("--no-ethtool", "no_ethtool", is_flag=True, help="Do not run `ethtool -S`.")
 @collector_credential_options("File holding this host's token.")
+@click.option(
+    "--probe-token-file",
+    type=click.Path(dir_okay=False),
+    help="The fleet's probe token: the responder serves, and probes, only its holders.",
+)
 @log_format_option
 @log_level_option
 @sysfs_option
@@ -94,7 +100,7 @@ def agent(
     if log_level != "debug":  # one line per answered probe is too much for a fleet
         logging.getLogger("fabricprobe.responder").setLevel(logging.WARNING)
     try:
-        the_agent = Agent(cfg)
+        the_agent = Agent(cfg, sessions=served_sessions())
         the_agent.start()
     except (ProbeError, OSError, ValueError) as e:
         fail(f"cannot start: {e}", 1)

@@ -14,15 +14,19 @@ from fabricprobe.cli.options import (
     bind_option,
     fail,
     json_option,
+    load_token,
     port_option,
     print_json,
     resolve_peer,
     sysfs_option,
     timeout_option,
+    token_file_option,
 )
 from fabricprobe.cli.render import latency_table, loss_line, progress_bar
 from fabricprobe.probes import tcp as tcp_lib
 from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.fleet import FleetToken
+from fabricprobe.probes.measure import LinkParams
 
 T = TypeVar("T")
 SIZE = SizeParam(1, 1 << 20)
@@ -48,7 +52,15 @@ tcp_option = click.option(
 
 def peer_options(f: Callable[..., None]) -> Callable[..., None]:
     """The options `probe lat` and `probe bw` share, after their own."""
-    stack = (bind_option, device_option, engine_option, tcp_option, timeout_option, json_option)
+    stack = (
+        bind_option,
+        device_option,
+        engine_option,
+        tcp_option,
+        timeout_option,
+        token_file_option,
+        json_option,
+    )
     f = sysfs_option(f)
     for option in reversed(stack):  # as decorators listed top to bottom would apply
         f = option(f)
@@ -71,6 +83,32 @@ def _beside(call: Callable[[], T]) -> T:
         return call()
     except ProbeError as e:
         fail(f"TCP beside RDMA failed: {e}", 1)
+
+
+def _link(
+    host: str,
+    port: int,
+    bind: str | None,
+    device: str | None,
+    sysfs_root: str,
+    engine: str,
+    step_s: float,
+    token: FleetToken | None,
+) -> LinkParams:
+    """The peer and how to reach it, from the options; a bad value exits 2."""
+    try:
+        return LinkParams(
+            host,
+            port,
+            bind=bind,
+            device=device,
+            sysfs_root=sysfs_root,
+            engine=engine,
+            step_s=step_s,
+            token=token,
+        )
+    except ValueError as e:
+        fail(str(e))
 
 
 def _rc() -> Any:
@@ -118,24 +156,20 @@ def lat(
     as_json: bool,
     sysfs_root: str,
     engine: str,
+    token_file: str | None,
 ) -> None:
     """RC ping-pong latency to PEER. Figures are RTTs; one-way columns are RTT/2."""
     host, port = resolve_peer(peer, port)
+    token = load_token(token_file)
     rc = _rc()
     with progress_bar(not as_json and iters >= 5000, f"RDMA {op} ping-pong", "iterations") as bar:
         res = _measure(
             lambda: rc.rc_latency(
-                host,
+                _link(host, port, bind, device, sysfs_root, engine, timeout, token),
                 op=op,
                 size=size,
                 iters=iters,
                 warmup=warmup,
-                port=port,
-                bind=bind,
-                device=device,
-                sysfs_root=sysfs_root,
-                engine=engine,
-                step_s=timeout,
                 progress=bar,
             )
         )
@@ -145,7 +179,10 @@ def lat(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_pingpong(
-                host, port, size=size, iters=iters, warmup=warmup, bind=bind, timeout=timeout
+                LinkParams(host, port, bind=bind, step_s=timeout, token=token),
+                size=size,
+                iters=iters,
+                warmup=warmup,
             )
         )
         out["tcp"] = t.as_dict()
@@ -162,6 +199,7 @@ def lat(
             f"{iters:,} measured (+{warmup:,} warm-up)",
             highlight=False,
         )
+        console.print(f"engine: {res.engine_reason}", highlight=False)
         console.print(latency_table(rows))
         for name, summary in rows.items():
             console.print(loss_line(name, summary), highlight=False)
@@ -218,24 +256,20 @@ def bw(
     as_json: bool,
     sysfs_root: str,
     engine: str,
+    token_file: str | None,
 ) -> None:
     """RC bandwidth to PEER: ITERS operations of SIZE bytes, OUTSTANDING in flight."""
     host, port = resolve_peer(peer, port)
+    token = load_token(token_file)
     rc = _rc()
     with progress_bar(not as_json and iters >= 2000, f"RDMA {op} bandwidth", "operations") as bar:
         res = _measure(
             lambda: rc.rc_bandwidth(
-                host,
+                _link(host, port, bind, device, sysfs_root, engine, max(timeout, 5.0), token),
                 op=op,
                 size=size,
                 iters=iters,
                 outstanding=outstanding,
-                port=port,
-                bind=bind,
-                device=device,
-                sysfs_root=sysfs_root,
-                engine=engine,
-                step_s=max(timeout, 5.0),
                 progress=bar,
             )
         )
@@ -244,13 +278,10 @@ def bw(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_throughput(
-                host,
-                port,
+                LinkParams(host, port, bind=bind, step_s=timeout, token=token),
                 duration=None,
                 total_bytes=size * iters,
                 chunk_size=size,
-                bind=bind,
-                timeout=timeout,
             )
         )
         out["tcp"] = t.as_dict()
@@ -269,6 +300,7 @@ def bw(
             f"({res.bytes_per_second * 8 / 1e9:.3f} Gb/s)",
             highlight=False,
         )
+        console.print(f"engine: {res.engine_reason}", highlight=False)
         if with_tcp:
             tcp_bps = out["tcp"]["bytes_per_second"]
             r = out["rdma_to_tcp_ratio"]

@@ -15,15 +15,18 @@ from fabricprobe.cli.options import (
     bind_option,
     fail,
     json_option,
+    load_token,
     port_option,
     print_json,
     resolve_peer,
     timeout_option,
+    token_file_option,
 )
 from fabricprobe.cli.render import latency_table, loss_line, progress_bar
 from fabricprobe.probes import tcp as tcp_lib
 from fabricprobe.probes.control import format_hostport
 from fabricprobe.probes.errors import PeerError
+from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
 
 DEFAULT_ITERS = 10_000
 DEFAULT_WARMUP = 100
@@ -82,6 +85,7 @@ Examples:
 )
 @bind_option
 @timeout_option
+@token_file_option
 @json_option
 def tcp(
     peer: str,
@@ -95,6 +99,7 @@ def tcp(
     streams: int | None,
     bind: str | None,
     timeout: float,
+    token_file: str | None,
     as_json: bool,
 ) -> None:
     """TCP baseline against PEER running `probe serve`: ping-pong RTT, or --bw throughput.
@@ -105,6 +110,7 @@ def tcp(
     host, port = resolve_peer(peer, port)
     _check_args(bw, size, iters, warmup, duration, total_bytes, streams)
     _check_addresses(host, port, bind)
+    token = load_token(token_file)
     if bw:
         if total_bytes is None and duration is None:
             duration = DEFAULT_DURATION
@@ -112,14 +118,11 @@ def tcp(
         with progress_bar(not as_json, "TCP throughput", unit) as progress:
             try:
                 bres = tcp_lib.run_throughput(
-                    host,
-                    port,
+                    LinkParams(host, port, bind=bind, step_s=timeout, token=token),
                     duration=duration,
                     total_bytes=total_bytes,
                     streams=streams or 1,
                     chunk_size=size or tcp_lib.DEFAULT_CHUNK,
-                    bind=bind,
-                    timeout=timeout,
                     progress=progress,
                 )
             except PeerError as e:
@@ -135,13 +138,10 @@ def tcp(
         with progress_bar(show, "TCP ping-pong", "iterations") as progress:
             try:
                 lres = tcp_lib.run_pingpong(
-                    host,
-                    port,
+                    LinkParams(host, port, bind=bind, step_s=timeout, token=token),
                     size=size or 64,
                     iters=n,
                     warmup=DEFAULT_WARMUP if warmup is None else warmup,
-                    bind=bind,
-                    timeout=timeout,
                     progress=progress,
                 )
             except PeerError as e:
@@ -190,7 +190,7 @@ def _check_addresses(host: str, port: int, bind: str | None) -> None:
         fail(f"cannot resolve peer {host!r}: {e.strerror}")
 
 
-def _print_latency(res: tcp_lib.TcpLatencyResult) -> None:
+def _print_latency(res: LatencyResult) -> None:
     console = Console()
     console.print(
         f"TCP ping-pong to {format_hostport(res.peer, res.port)} from {res.source}: "
@@ -206,7 +206,7 @@ def _print_latency(res: tcp_lib.TcpLatencyResult) -> None:
     )
 
 
-def _print_throughput(res: tcp_lib.TcpThroughputResult) -> None:
+def _print_throughput(res: BandwidthResult) -> None:
     console = Console()
     console.print(
         f"TCP throughput to {format_hostport(res.peer, res.port)} from {res.source}: "

@@ -19,6 +19,7 @@ from fabricprobe.cli.options import (
     sysfs_option,
 )
 from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.roce import (
     HostView,
     Policy,
@@ -62,8 +63,8 @@ def probe_measure(
     def measure(peer: str) -> LiveMeasurement:
         host, port = parse_hostport(peer, DEFAULT_PORT)
         try:
-            lat = tcp_lib.run_pingpong(host, port, iters=LIVE_ITERS, bind=bind)
-            bw = tcp_lib.run_throughput(host, port, duration=LIVE_BW_SECONDS, bind=bind)
+            lat = tcp_lib.run_pingpong(LinkParams(host, port, bind=bind), iters=LIVE_ITERS)
+            bw = tcp_lib.run_throughput(LinkParams(host, port, bind=bind), duration=LIVE_BW_SECONDS)
             tcp: PathFigures | None = PathFigures(
                 lat.summary.p50_us,
                 lat.summary.p99_us,
@@ -78,7 +79,8 @@ def probe_measure(
             return LiveMeasurement(peer, None, tcp, f"RDMA probes need pyverbs ({e})")
         try:
             rl = rc.rc_latency(
-                host, port=port, iters=LIVE_ITERS, bind=bind, device=device, sysfs_root=sysfs_root
+                LinkParams(host, port, bind=bind, device=device, sysfs_root=sysfs_root),
+                iters=LIVE_ITERS,
             )
         except (ProbeError, OSError, ValueError) as e:
             return LiveMeasurement(peer, PathFigures(error=str(e)), tcp)
@@ -87,15 +89,17 @@ def probe_measure(
             return LiveMeasurement(peer, PathFigures(p50, p99, None, rl.error), tcp)
         try:
             rb = rc.rc_bandwidth(
-                host,
-                port=port,
+                LinkParams(
+                    host,
+                    port,
+                    bind=bind,
+                    device=device,
+                    sysfs_root=sysfs_root,
+                    step_s=LIVE_RDMA_STEP_S,
+                ),
                 size=bw_size,
                 iters=LIVE_RDMA_BW_ITERS,
                 outstanding=bw_outstanding,
-                step_s=LIVE_RDMA_STEP_S,
-                bind=bind,
-                device=device,
-                sysfs_root=sysfs_root,
             )
             gbps, err = rb.bytes_per_second * 8 / 1e9, rb.error
         except (ProbeError, OSError, ValueError) as e:

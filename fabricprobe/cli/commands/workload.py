@@ -42,10 +42,11 @@ def parse_paths(specs: tuple[str, ...], hosts: dict[str, Host]) -> list[tuple[Ho
 
 @contextlib.contextmanager
 def _local_responder(address: str, port: int) -> Iterator[int]:
-    from fabricprobe.probes.responder import Responder, load_session_modules
+    from fabricprobe.cli.sessions import served_sessions
+    from fabricprobe.probes.responder import Responder
 
-    load_session_modules()
-    with Responder(address, port) as r:
+    # the pipeline's own responder, in this process, for its own paths
+    with Responder(address, port, sessions=served_sessions(), auth=None) as r:
         yield r.port
 
 

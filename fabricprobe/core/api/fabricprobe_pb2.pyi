@@ -177,7 +177,14 @@ class CounterReading(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., device: _Optional[str] = ..., port: _Optional[int] = ..., netdev: _Optional[str] = ..., priority: _Optional[int] = ..., name: _Optional[str] = ..., value: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
 
 class AgentStats(_message.Message):
-    __slots__ = ("cpu_seconds", "rss_bytes", "probes", "probe_rate", "spool_depth", "spool_bytes", "spool_dropped", "links", "sessions", "sessions_refused", "spool_write_failures", "spool_quarantined", "spool_memory_windows", "thread_failures")
+    __slots__ = ("cpu_seconds", "rss_bytes", "probes", "probe_rate", "spool_depth", "spool_bytes", "spool_dropped", "links", "sessions", "sessions_refused", "spool_write_failures", "spool_quarantined", "spool_memory_windows", "thread_failures", "sessions_refused_by_reason")
+    class SessionsRefusedByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROBES_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +199,7 @@ class AgentStats(_message.Message):
     SPOOL_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     SPOOL_MEMORY_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     THREAD_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_REFUSED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     cpu_seconds: float
     rss_bytes: int
     probes: int
@@ -206,7 +214,8 @@ class AgentStats(_message.Message):
     spool_quarantined: int
     spool_memory_windows: int
     thread_failures: int
-    def __init__(self, cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., probes: _Optional[int] = ..., probe_rate: _Optional[float] = ..., spool_depth: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., links: _Optional[int] = ..., sessions: _Optional[int] = ..., sessions_refused: _Optional[int] = ..., spool_write_failures: _Optional[int] = ..., spool_quarantined: _Optional[int] = ..., spool_memory_windows: _Optional[int] = ..., thread_failures: _Optional[int] = ...) -> None: ...
+    sessions_refused_by_reason: _containers.ScalarMap[str, int]
+    def __init__(self, cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., probes: _Optional[int] = ..., probe_rate: _Optional[float] = ..., spool_depth: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., links: _Optional[int] = ..., sessions: _Optional[int] = ..., sessions_refused: _Optional[int] = ..., spool_write_failures: _Optional[int] = ..., spool_quarantined: _Optional[int] = ..., spool_memory_windows: _Optional[int] = ..., thread_failures: _Optional[int] = ..., sessions_refused_by_reason: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class WindowReport(_message.Message):
     __slots__ = ("host", "epoch", "seq", "window_start_unix_ns", "window_end_unix_ns", "probes", "counters", "agent", "assignment_generation")

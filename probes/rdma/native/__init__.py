@@ -94,7 +94,7 @@ def status_name(status: int) -> str:
     return WC_STATUS[status] if 0 <= status < len(WC_STATUS) else str(status)
 
 
-def _load() -> Any:
+def load() -> Any:
     """The compiled cffi module (untyped: Any), or NativeError saying how to build it."""
     try:
         return importlib.import_module("fabricprobe.probes.rdma.native._fastpath")
@@ -107,7 +107,7 @@ def _load() -> Any:
 def available() -> bool:
     """True when the extension is built and imports (libibverbs loads) here."""
     try:
-        _load()
+        load()
     except NativeError:
         return False
     return True
@@ -116,7 +116,7 @@ def available() -> bool:
 def tcp_echo(fd: int, size: int) -> int:
     """Echo SIZE-byte messages on the connected TCP socket FD until the peer closes;
     returns how many. A receive timeout or a socket error raises OSError."""
-    mod = _load()
+    mod = load()
     done = int(mod.lib.fp_tcp_echo(fd, mod.ffi.new("uint8_t[]", size), size))
     if done < 0:
         raise OSError(-done, os.strerror(-done))
@@ -125,7 +125,7 @@ def tcp_echo(fd: int, size: int) -> int:
 
 def clock_overhead_ns() -> int:
     """Median cost of the clock-read pair that brackets each native RTT sample."""
-    return int(_load().lib.fp_clock_overhead_ns(1024))
+    return int(load().lib.fp_clock_overhead_ns(1024))
 
 
 class _NativeEndpoint:
@@ -134,7 +134,7 @@ class _NativeEndpoint:
     device: str
 
     def __init__(self, device: str) -> None:
-        mod = _load()
+        mod = load()
         self._ffi, self._lib = mod.ffi, mod.lib
         self.device = device
         self._busy = threading.Lock()  # one loop at a time; close() waits for it

@@ -1,0 +1,261 @@
+"""Kept links: several probe rounds to one peer over one session, for TCP, RC and UD.
+
+A link holds one session on the peer's responder open between rounds, so a round costs
+its exchanges and little else (no control handshake, no data connection, no verbs
+resources built and torn down per round). Every link takes a LinkParams (where the peer
+is and how patiently to reach it) and a keepalive; `round()` returns a LatencyRound.
+
+- `Link` is what all links share: the parameters, the keepalive, the rounds count, and
+  a session lifetime on an ExitStack (`close()` releases everything; idempotent).
+- `RdmaLink` adds the `again`/`go` round protocol and the engine choice; RC and UD
+  links (fabricprobe.probes.rdma.rc / .ud, which need pyverbs) subclass it with their
+  session setup and their round.
+- `TcpPingLink` is a kept `tcp_lat` session: the responder echoes whatever arrives on
+  the data connection, so its rounds need no `again`; a warm-up that fails on a kept
+  link tells the responder let it go.
+
+A round that ends short closes the link (the next round opens a new session); a
+responder gone before a round starts raises LinkStale, and the caller may open a new
+link for the same round at once.
+
+`pick_engine` says which RDMA hot loop runs, and why.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from array import array
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, Self
+
+from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, LinkStale
+from fabricprobe.probes.errors import NotSupported, PeerError
+from fabricprobe.probes.measure import ENGINES, LatencyResult, LatencyRound, LinkParams
+from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.probes.tcp import open_data_connection, set_kernel_timeouts
+
+# Building a QP on both sides and connecting it can take seconds on a loaded host (or
+# under emulation); an RDMA session's hello -> ready exchange gets this long by default.
+SETUP_TIMEOUT_S = 30.0
+
+
+# --------------------------------------------------------------------------- engines
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """Which RDMA hot loop runs (`pyverbs` or `native`) and why, in one line."""
+
+    name: str
+    reason: str
+
+
+def native_status() -> tuple[bool, str]:
+    """(whether the compiled loops of probes/rdma/native load here, why not)."""
+    from fabricprobe.probes.rdma import native
+
+    try:
+        native.load()
+    except native.NativeError as e:
+        return False, str(e)
+    return True, ""
+
+
+def native_available() -> bool:
+    return native_status()[0]
+
+
+def pick_engine(requested: str) -> EngineChoice:
+    """`auto` takes the native loops when they are built and load, else pyverbs; an
+    explicit `native` that cannot load raises NotSupported."""
+    if requested not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {requested!r}")
+    if requested == "pyverbs":
+        return EngineChoice("pyverbs", "pyverbs: asked for")
+    built, why = native_status()
+    if requested == "native":
+        if not built:
+            raise NotSupported(f"the native engine is not built here: {why}")
+        return EngineChoice("native", "native: asked for; the compiled loop is built and loads")
+    if built:
+        return EngineChoice("native", "native: the compiled loop is built and loads")
+    return EngineChoice("pyverbs", f"pyverbs: the native loop does not load ({why})")
+
+
+# --------------------------------------------------------------------------- links
+
+
+class Link:
+    """What every kept link shares (see the module docstring). Subclasses say how long
+    a step and a setup may take by default (STEP_S, SETUP_S)."""
+
+    STEP_S = 2.0
+    SETUP_S = SETUP_TIMEOUT_S
+
+    def __init__(self, params: LinkParams, *, keepalive_s: float = 0.0) -> None:
+        if not 0 <= keepalive_s <= MAX_KEEPALIVE_S:
+            raise ValueError(f"keepalive {keepalive_s} outside 0..{MAX_KEEPALIVE_S:g} s")
+        self.params = params
+        self.keepalive_s = keepalive_s
+        self.step_s = params.step(self.STEP_S)
+        self.timeout = params.setup_timeout(self.SETUP_S)
+        self.rounds = 0
+        self._stack = ExitStack()
+
+    @property
+    def peer(self) -> str:
+        return self.params.peer
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the session and everything it holds; safe to call again."""
+        self._stack.close()
+
+
+class RdmaLink(Link):
+    """RC and UD links: the first round opens the session (`_setup`, with the round's
+    params in the hello); with a keepalive the responder then holds its end between
+    rounds and each later round is one `again`/`go` exchange away. The responder ends its
+    session when the control connection closes."""
+
+    def __init__(self, params: LinkParams, *, keepalive_s: float = 0.0) -> None:
+        super().__init__(params, keepalive_s=keepalive_s)
+        choice = pick_engine(params.engine)
+        self.engine, self.engine_reason = choice.name, choice.reason
+        self._open: tuple[ControlClient, Any, Any] | None = None
+
+    def close(self) -> None:
+        self._open = None
+        super().close()
+
+    def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
+        """Open the session for a first round of PARAMS on self._stack: (control, local
+        endpoint, what the rounds need of the peer)."""
+        raise NotImplementedError
+
+    def _begin(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
+        """The session ready for a round of PARAMS: opened with them, or asked again."""
+        try:
+            if self._open is not None:
+                self._open[0].again(params)
+            else:
+                self._open = self._setup({**params, "keepalive_s": self.keepalive_s})
+        except BaseException:
+            self.close()
+            raise
+        self.rounds += 1
+        return self._open
+
+    def _end(self, error: str | None, result: dict[str, Any]) -> None:
+        """After a round: one that ended short closes the link; an unkept one is done."""
+        if error is not None:
+            self.close()
+        elif not self.keepalive_s and self._open is not None:
+            self._open[0].done(result)
+            self.close()
+
+    def _result(self, r: LatencyRound, sketch: LatencySketch, **figures: Any) -> LatencyResult:
+        """Round R summarised in SKETCH, with what the link knows and FIGURES beside."""
+        return LatencyResult(
+            transport="rdma",
+            peer=self.peer,
+            port=self.params.port,
+            device=r.device,
+            summary=sketch.summary(),
+            duration_s=r.duration_s,
+            error=r.error,
+            sketch=sketch,
+            engine=self.engine,
+            engine_reason=self.engine_reason,
+            **figures,
+        )
+
+
+def _exchange(sock: socket.socket, sbuf: bytearray, rbuf: bytearray) -> int:
+    """One ping-pong; the RTT in ns. OSError or PeerError when the peer fails."""
+    size = len(sbuf)
+    view = memoryview(rbuf)
+    t0 = time.perf_counter_ns()
+    sock.sendall(sbuf)
+    got = 0
+    while got < size:
+        k = sock.recv_into(view[got:], size - got)
+        if k == 0:
+            raise PeerError("peer closed the data connection")
+        got += k
+    return time.perf_counter_ns() - t0
+
+
+class TcpPingLink(Link):
+    """A kept `tcp_lat` session: the control and the data connection stay open between
+    rounds (the responder echoes whatever arrives, for up to the keepalive between
+    rounds). Lighter than fabricprobe.probes.tcp.run_pingpong: no timer calibration, one
+    warm-up exchange per round. A warm-up that fails on a kept link means the responder
+    let it go (LinkStale): nothing of the round was measured yet."""
+
+    SETUP_S = 5.0
+
+    def __init__(self, params: LinkParams, *, size: int, keepalive_s: float = 0.0) -> None:
+        super().__init__(params, keepalive_s=keepalive_s)
+        self.size = size
+        self._data: socket.socket | None = None
+        self._sbuf = bytearray(random.randbytes(size))
+        self._rbuf = bytearray(size)
+
+    def _connect(self) -> socket.socket:
+        p = self.params
+        ctrl = self._stack.enter_context(
+            ControlClient(p.peer, p.port, bind=p.bind, timeout=self.timeout, token=p.token)
+        )
+        try:
+            info = ctrl.open(
+                "tcp_lat",
+                {"size": self.size, "timeout": self.step_s, "keepalive_s": self.keepalive_s},
+            )
+            data = self._stack.enter_context(open_data_connection(ctrl, info, self.timeout))
+            set_kernel_timeouts(data, self.step_s)
+        except BaseException:
+            self.close()
+            raise
+        self._data = data
+        return data
+
+    def close(self) -> None:
+        self._data = None
+        super().close()
+
+    def round(self, count: int) -> LatencyRound:
+        """COUNT ping-pongs after one warm-up exchange."""
+        kept = self._data is not None
+        data = self._data or self._connect()
+        sbuf, rbuf = self._sbuf, self._rbuf
+        try:
+            _exchange(data, sbuf, rbuf)  # warm-up: first-packet costs are not the fabric
+        except (OSError, PeerError) as e:
+            self.close()
+            if kept:
+                raise LinkStale(f"kept session to {self.peer} is gone: {e}") from e
+            raise
+        self.rounds += 1
+        samples = array("q")
+        error = None
+        t0 = time.perf_counter()
+        try:
+            for i in range(count):
+                sbuf[0] = i & 0xFF
+                samples.append(_exchange(data, sbuf, rbuf))
+                if rbuf[0] != sbuf[0]:
+                    raise PeerError("echo did not match what was sent")
+        except (OSError, PeerError) as e:
+            error = f"after {len(samples)} exchanges: {e}"
+            self.close()
+        duration = time.perf_counter() - t0
+        return LatencyRound(samples, count - len(samples), error, None, duration)

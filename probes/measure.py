@@ -1,0 +1,210 @@
+"""The types every probe shares, TCP, RC and UD alike.
+
+- `LinkParams`: where the peer is and how patiently to reach it (peer, port, bind,
+  device, timeouts, engine). One-shot probes and kept links take it, whatever the
+  transport.
+- `LatencyRound`: one round's bare figures (RTTs in ns in an `array('q')`, losses, why
+  the round stopped short), what an agent folds into its window without a sketch.
+- `LatencyResult` and `BandwidthResult`: a summarised run of one measurement; their
+  `as_dict()` is the JSON the CLI prints. Fields a transport has no use for stay None
+  and are left out of the JSON.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from fabricprobe.probes.control import DEFAULT_PORT
+from fabricprobe.probes.fleet import FleetToken
+from fabricprobe.probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
+
+ENGINES = ("auto", "pyverbs", "native")
+
+
+@dataclass(frozen=True)
+class LinkParams:
+    """How a prober reaches one peer's responder.
+
+    `timeout` bounds the session's setup (connect, hello -> ready; building QPs takes
+    seconds on a loaded host) and `step_s` each exchange once it runs; None leaves each
+    to the probe's own default. `device` pins the local RDMA device (default: the one
+    whose RoCE v2 GID maps the source address); `engine` picks the RDMA hot loop;
+    `token` answers a responder that asks for the fleet token (fabricprobe.probes.fleet).
+    TCP probes ignore `device`, `engine` and `sysfs_root`.
+    """
+
+    peer: str
+    port: int = DEFAULT_PORT
+    bind: str | None = None
+    device: str | None = None
+    timeout: float | None = None
+    step_s: float | None = None
+    engine: str = "auto"
+    sysfs_root: str = "/sys"
+    token: FleetToken | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.peer:
+            raise ValueError("peer: empty address")
+        if isinstance(self.port, bool) or not 1 <= self.port <= 65535:
+            raise ValueError(f"port {self.port!r} outside 1..65535")
+        for name in ("timeout", "step_s"):
+            v = getattr(self, name)
+            if v is not None and not 0 < v <= 3600:
+                raise ValueError(f"{name} {v!r} outside (0, 3600] s")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+
+    def setup_timeout(self, default: float) -> float:
+        return default if self.timeout is None else self.timeout
+
+    def step(self, default: float) -> float:
+        return default if self.step_s is None else self.step_s
+
+
+def _ns() -> array[int]:
+    return array("q")
+
+
+@dataclass(frozen=True)
+class LatencyRound:
+    """One round's bare figures: RTTs in ns (warm-up left out; for UD the network RTT,
+    the responder's delay taken out), exchanges lost, why the round stopped short (None
+    when it did not), the local device (None over TCP) and the loop's wall time. UD
+    rounds also carry the RTTs with the responder's delay (`raw_ns`), those delays, and
+    whether the device has completion timestamps."""
+
+    rtt_ns: array[int]
+    lost: int
+    error: str | None
+    device: str | None
+    duration_s: float
+    raw_ns: array[int] = field(default_factory=_ns)
+    delays_ns: array[int] = field(default_factory=_ns)
+    hw_ts: bool = False
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    """A summarised latency run. Figures are RTTs; one-way ones are RTT/2 and say so."""
+
+    transport: str  # "tcp" or "rdma"
+    op: str  # "pingpong" (TCP), "send" / "write" (RC), "probe" (UD)
+    peer: str
+    port: int  # the responder's control port
+    size: int | None
+    iters: int
+    summary: LatencySummary  # kind "rtt"
+    duration_s: float
+    error: str | None = None
+    sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
+    qp_type: str | None = None  # "rc" or "ud" (RDMA)
+    engine: str | None = None  # "pyverbs" or "native" (RDMA)
+    engine_reason: str | None = None
+    source: str | None = None
+    device: str | None = None
+    warmup: int | None = None
+    loop_overhead_ns: int | None = None
+    timer_overhead_ns: int | None = None
+    raw_summary: LatencySummary | None = None  # UD: the RTT with the responder's delay
+    responder_delay_p50_us: float | None = None
+    timestamps: str | None = None  # UD: "software" or "hardware"
+    hw_timestamps_supported: bool | None = None
+
+    @property
+    def probes(self) -> int:
+        """UD's name for its iterations."""
+        return self.iters
+
+    def one_way(self) -> LatencySummary:
+        return one_way_from_rtt(self.summary)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = _head(self, ("source", "device"))
+        if self.qp_type == "ud":
+            d["probes"] = self.iters
+        else:
+            d["size"] = self.size
+            d["iters"] = self.iters
+        if self.warmup is not None:
+            d["warmup"] = self.warmup
+        d["rtt"] = self.summary.as_dict()
+        d["one_way"] = {**self.one_way().as_dict(), "derived_from": "rtt/2"}
+        if self.raw_summary is not None:
+            d["rtt_with_responder_delay"] = self.raw_summary.as_dict()
+            d["responder_delay_p50_us"] = self.responder_delay_p50_us
+            d["timestamps"] = self.timestamps
+            d["hw_timestamps_supported"] = self.hw_timestamps_supported
+        for name in ("timer_overhead_ns", "loop_overhead_ns"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        d["duration_s"] = round(self.duration_s, 6)
+        d["error"] = self.error
+        return d
+
+
+@dataclass(frozen=True)
+class BandwidthResult:
+    """A summarised bandwidth run; `bytes` counts only what is known to have arrived
+    (confirmed by the TCP responder, or completed RDMA operations)."""
+
+    transport: str  # "tcp" or "rdma"
+    op: str  # "stream" (TCP), "write" / "send" (RC)
+    peer: str
+    port: int  # the responder's control port
+    size: int  # bytes per operation (RC) or per send call (TCP's chunk)
+    bytes: int
+    duration_s: float
+    error: str | None = None
+    qp_type: str | None = None
+    engine: str | None = None
+    engine_reason: str | None = None
+    source: str | None = None
+    device: str | None = None
+    iters: int | None = None  # RC: operations asked for
+    completed: int | None = None  # RC: operations completed
+    streams: int | None = None  # TCP: connections
+    bytes_sent: int | None = None  # TCP: what left our socket buffers
+
+    @property
+    def chunk_size(self) -> int:
+        return self.size
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes / self.duration_s if self.duration_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = _head(self, ("source", "device", "streams"))
+        if self.transport == "tcp":
+            d["chunk_size"] = self.size
+            d["bytes"] = self.bytes
+            d["bytes_sent"] = self.bytes_sent
+        else:
+            d["size"] = self.size
+            d["iters"] = self.iters
+            d["completed"] = self.completed
+            d["lost"] = (self.iters or 0) - (self.completed or 0)
+        d["duration_s"] = round(self.duration_s, 6)
+        d["bytes_per_second"] = round(self.bytes_per_second, 1)
+        d["error"] = self.error
+        return d
+
+
+def _head(r: LatencyResult | BandwidthResult, optional: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON keys both results start with: what ran (and, for RDMA, which engine and
+    why), towards whom; then those of OPTIONAL that are set."""
+    d: dict[str, Any] = {"transport": r.transport}
+    if r.qp_type is not None:
+        d["qp_type"] = r.qp_type
+        d["engine"] = r.engine
+        d["engine_reason"] = r.engine_reason
+    d["op"] = r.op
+    d["peer"] = r.peer
+    d["port"] = r.port
+    for name in optional:
+        if getattr(r, name) is not None:
+            d[name] = getattr(r, name)
+    return d
