@@ -26,6 +26,8 @@ from fabricprobe.collector.attribution_exporter import attach_attribution
 from fabricprobe.collector.auth import Authenticator, AuthError, Insecure
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import serve_metrics
+from fabricprobe.collector.linking import MatchConfig
+from fabricprobe.collector.otlp_http import serve_otlp_http
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -255,6 +257,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
 class ServerConfig:
     listen: str = "127.0.0.1:4794"
     metrics_listen: str = "127.0.0.1:9794"  # "" serves no /metrics
+    otlp_http_listen: str = ""  # OTLP over HTTP (POST /v1/traces); "" serves none
+    match: MatchConfig = field(default_factory=MatchConfig)  # engine sides -> agent hosts
     workers: int = 64
     grace: float = 5.0
     stale_after: float = 30.0
@@ -286,6 +290,8 @@ class CollectorServer:
         self.metrics_port = 0
         self._server: grpc.Server | None = None
         self._http: Any = None
+        self._otlp_http: Any = None
+        self.otlp_http_port = 0
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
 
@@ -302,7 +308,9 @@ class CollectorServer:
         )
         pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api, self.auth), server)
         # OTLP stage spans joined with the fabric (collector/attribution.py)
-        self.attribution = attach_attribution(server, self.store, self.registry, self._stop)
+        self.attribution = attach_attribution(
+            server, self.store, self.registry, self._stop, match=self.cfg.match
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -319,6 +327,10 @@ class CollectorServer:
             mhost, mport = split_hostport(self.cfg.metrics_listen)
             self._http = serve_metrics(mhost, mport, self.registry)
             self.metrics_port = int(self._http.server_address[1])
+        if self.cfg.otlp_http_listen:
+            ohost, oport = split_hostport(self.cfg.otlp_http_listen)
+            self._otlp_http = serve_otlp_http(ohost, oport, self.attribution.ingest)
+            self.otlp_http_port = int(self._otlp_http.server_address[1])
         self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         self._reaper.start()
         log.info(
@@ -348,6 +360,10 @@ class CollectorServer:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+        if self._otlp_http is not None:
+            self._otlp_http.shutdown()
+            self._otlp_http.server_close()
+            self._otlp_http = None
         log.info("collector stopped")
 
     def wait(self, until: Callable[[], bool]) -> None:

@@ -33,6 +33,11 @@ Examples:
 @click.option(
     "--metrics-listen", metavar="ADDR:PORT", help="Where /metrics is served [0.0.0.0:9794]."
 )
+@click.option(
+    "--otlp-http-listen",
+    metavar="ADDR:PORT",
+    help="OTLP over HTTP (POST /v1/traces) for engines' spans [off; 0.0.0.0:4318 is usual].",
+)
 @click.option("--report-interval", type=click.FloatRange(0.1, 3600), help="Window seconds [10].")
 @click.option("--budget", type=click.IntRange(1, 1024), help="Peers each host probes [16].")
 @click.option("--probe-interval", type=click.FloatRange(0.1, 3600), help="Seconds per burst [10].")
