@@ -56,6 +56,8 @@ RATE_FIELDS = [f"{end}_{c}_per_s" for end in ("src", "dst") for c in COUNTER_CAT
 PATH_COLUMNS = [
     "request_id",
     "engine",
+    "path_src",
+    "path_dst",
     "path_known",
     "path_reason",
     "path_detail",
@@ -84,6 +86,8 @@ def paths_frame(paths: Iterable[PathInfo], stages: Iterable[StageRecord]) -> pd.
         {
             "request_id": p.request_id,
             "engine": p.engine,
+            "path_src": p.src if p.path_known else "",
+            "path_dst": p.dst if p.path_known else "",
             "path_known": p.path_known or p.request_id in measured,
             "path_reason": "" if (p.path_known or p.request_id in measured) else p.reason,
             "path_detail": p.detail,
@@ -299,16 +303,21 @@ def request_breakdown(
         out = out.join(paths.set_index("request_id"), how="left")
     else:
         out = out.assign(**{c: None for c in PATH_COLUMNS[1:]})
-    # a path is known from a KV stage with both hosts; otherwise the request's path is
-    # unknown and its fabric figures are NaN (unknown is not zero)
-    has_path = out["src"].notna() & (out["src"].astype(str) != "")
+    # a path is known from a KV stage with both hosts, or from the engines' link (which
+    # may know the hosts without a KV time: Dynamo, llm-d alone); otherwise the path is
+    # unknown and the fabric figures are NaN (unknown is not zero)
+    from_kv = out["src"].notna() & (out["src"].astype(str) != "")
+    linked = out["path_src"].notna() & (out["path_src"].astype(str) != "")
+    out["src"] = out["src"].where(from_kv, out["path_src"].where(linked))
+    out["dst"] = out["dst"].where(from_kv, out["path_dst"].where(linked))
+    has_path = from_kv | linked
     out["path_known"] = has_path
     reason = out["path_reason"].where(out["path_reason"].notna() & (out["path_reason"] != ""))
     out["path_reason"] = reason.where(~has_path, "").fillna("no KV transfer seen")
     out["path"] = (out["src"].astype(str) + "->" + out["dst"].astype(str)).where(
         has_path, "unknown"
     )
-    kv_s = out["kv_transfer_s"].where(has_path)
+    kv_s = out["kv_transfer_s"].where(from_kv)
     out["fabric_share_ttft"] = kv_s / out["ttft_s"].where(out["ttft_s"] > 0)
     out["fabric_share_e2e"] = kv_s / out["e2e_s"].where(out["e2e_s"] > 0)
     return out.reset_index().rename(columns={"index": "request_id"})

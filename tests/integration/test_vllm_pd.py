@@ -233,7 +233,7 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
             agents.append(a)
         urls = {h: f"http://{h}:{ports[h]}" for h in (PREFILL, DECODE)}
         try:
-            wait_for(lambda: all(up(u + "/health") for u in urls.values()), 240, "engines", procs)
+            wait_for(lambda: all(up(u + "/health") for u in urls.values()), 480, "engines", procs)
         except AssertionError:
             for h in (PREFILL, DECODE):
                 print((tmp_path / f"{NAMES[h]}.log").read_text()[-3000:])
