@@ -13,9 +13,11 @@ with that path's figures on /metrics and in `probe why`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import threading
@@ -169,7 +171,23 @@ def engine(
         "--kv-transfer-config", json.dumps(cfg),
         "--otlp-traces-endpoint", otel["endpoint"],
     ]  # fmt: skip
-    return subprocess.Popen(args, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    # its own session: the engine core and workers it spawns go with it at the end
+    return subprocess.Popen(
+        args, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
 
 
 @pytest.fixture
@@ -335,10 +353,4 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
             proxy.close()
         for a in agents:
             a.close(flush_timeout=0.5)
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.trace.v1 import trace_pb2
 from prometheus_client import CollectorRegistry
@@ -191,3 +192,55 @@ def test_host_matching_rules() -> None:
     assert got == "gpu-17.dc1" and how == "k8s.pod.ip=10.1.0.17"
     strict = HostDirectory([("gpu-17.dc1", [])], MatchConfig(short_names=False))
     assert strict.match("gpu-17") is None
+
+
+def test_kv_wait_split_by_the_paths_rtt_and_bandwidth_with_nixl_bytes() -> None:
+    from fabricprobe.core.sketchwire import to_wire
+    from fabricprobe.probes.stats import LatencySketch
+
+    store, a = fleet()
+    t = NOW - 5 * S
+    a.ingest.export(export(*pd_pair(15)))  # decode side arrives at NOW - 4.9 s
+    sk = LatencySketch()
+    sk.record_many([200_000] * 20)  # 200 us RTT
+    # decode host: NIXL counters before and after the transfer (1 transfer, 8 MiB in 2 ms);
+    # prefill host probes decode: RTT and a bandwidth of 1 GB/s
+    readings = ((t - 2 * S, 0, 0, 0), (t + S, 8 << 20, 1, 2000))
+    for seq, (end, nbytes, n, us) in enumerate(readings, 1):
+        r = pb.WindowReport(
+            host="dec-node.example", epoch=1, seq=seq, window_start_unix_ns=end - S,
+            window_end_unix_ns=end,
+        )  # fmt: skip
+        for name, v in (("bytes", nbytes), ("transfers", n), ("xfer_time_us", us)):
+            r.counters.add(kind="nixl", device="127.0.0.3:8000", name=name, value=v, width=64)
+        store.take(r)
+        p = pb.WindowReport(
+            host="pre-node", epoch=1, seq=seq, window_start_unix_ns=end - S, window_end_unix_ns=end
+        )
+        p.probes.add(
+            dst="dec-node.example", transport="tcp", op="pingpong", size=64, rtt=to_wire(sk)
+        )
+        p.probes.add(
+            dst="dec-node.example", transport="tcp", op="stream", size=4096,
+            bytes_moved=1_000_000_000, busy_seconds=1.0,
+        )  # fmt: skip
+        store.take(p)
+    a.sync()
+    kv = a.analyse().kv.set_index("request_id").loc["req-15"]
+    assert kv["nixl_mean_bytes"] == pytest.approx(8 << 20, rel=1e-3)
+    assert kv["bandwidth_bytes_per_s"] == pytest.approx(1e9)
+    wire = (8 << 20) / 1e9
+    assert kv["kv_fabric_s"] == pytest.approx(kv["rtt_p50_s"] + wire, rel=1e-6)
+    assert kv["kv_other_s"] == pytest.approx(0.03 - kv["kv_fabric_s"], rel=1e-6)
+    # NIXL says 8 MiB in 2 ms (4.2 GB/s) on a path measured at 1 GB/s: flagged
+    assert kv["nixl_speed_bytes_per_s"] == pytest.approx((8 << 20) / 0.002, rel=1e-3)
+    assert bool(kv["kv_speed_above_path"])
+    reg = CollectorRegistry()
+    reg.register(AttributionCollector(a))
+    path = {"src": "pre-node", "dst": "dec-node.example", "transport": "unknown"}
+    assert reg.get_sample_value("fabricprobe_path_kv_speed_above_bandwidth", path) == 1
+    nixl = {"host": "dec-node.example", "engine": "127.0.0.3:8000"}
+    assert reg.get_sample_value("fabricprobe_nixl_bytes_total", nixl) == 8 << 20
+    assert reg.get_sample_value("fabricprobe_nixl_transfer_seconds_total", nixl) == pytest.approx(
+        0.002
+    )
