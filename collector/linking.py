@@ -16,6 +16,7 @@ host is missing is still returned, with `path_known` False and the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -311,16 +312,20 @@ def link(frags: list[Fragment], hosts: HostDirectory) -> Linked:
         stages += _side_stages(pre, rid, decode=False, src=s_src, dst=s_dst)
     if dec is not None:
         stages += _side_stages(dec, rid, decode=True, src=s_src, dst=s_dst)
+    kv = [s for s in stages if s.stage == "kv_transfer"]
+    kv_source = ""
+    if kv:
+        kv_source = "span" if not kv[0].derived else "gen_ai.latency.time_in_queue (decode side)"
+    if pre is not None and dec is not None:
+        # each side's laid-out totals already gave way to that side's own spans; across
+        # two sides of one request id they must not give way to the other side's
+        stages = [dataclasses.replace(s, derived=False) if s.derived else s for s in stages]
     if pre is None and dec is None:
         for s in engine:
             stages += _side_stages(s, rid, decode=False, src="", dst="")
     if not engine:
         for p in proxy:
             stages += [_stage(rid, st) for f in p.fragments for st in f.stages]
-    kv = [s for s in stages if s.stage == "kv_transfer"]
-    kv_source = ""
-    if kv:
-        kv_source = "span" if not kv[0].derived else "gen_ai.latency.time_in_queue (decode side)"
     req = _merge(rid, pre, dec, engine, proxy, frags)
     last = max(f.end_ns for f in frags)
     eng = (dec or pre or (engine[0] if engine else proxy[0])).engine

@@ -207,6 +207,7 @@ def collector() -> Iterator[CollectorServer]:
     server.stop(0)
 
 
+@pytest.mark.timeout(900)  # engines start in 40-200 s depending on the machine's load
 def test_real_vllm_pd_pair_is_attributed_to_its_path(
     collector: CollectorServer, tmp_path: Path
 ) -> None:
@@ -257,6 +258,7 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
                 print((tmp_path / f"{NAMES[h]}.log").read_text()[-3000:])
             raise
         t_up = time.monotonic() - t0
+        print(f"engines up in {t_up:.0f} s", flush=True)
         proxy = PdProxy(urls[PREFILL], urls[DECODE])
 
         def one(i: int) -> str:
@@ -274,6 +276,7 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
                 {"traceparent": trace, "X-Request-Id": rid},
             )
             assert out["choices"], out
+            print(f"request {i} done at {time.monotonic() - t0:.0f} s", flush=True)
             return rid
 
         with ThreadPoolExecutor(2) as pool:

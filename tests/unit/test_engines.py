@@ -91,6 +91,7 @@ def test_vllm_pair_linked_by_trace_id_gets_the_path_and_the_kv_wait() -> None:
     r = req.loc["req-0"]
     # the decode side's time_in_queue is its wait for remote KV (vLLM 0.32)
     assert math.isclose(r["kv_transfer_s"], 0.03, rel_tol=1e-6)
+    assert r["kv_source"] == "gen_ai.latency.time_in_queue (decode side)"
     # one request from the prefill side's arrival to the decode side's end
     assert math.isclose(r["e2e_s"], 0.1 + 0.3, rel_tol=1e-6)
     assert math.isclose(r["ttft_s"], 0.1 + 0.04, rel_tol=1e-6)
@@ -244,3 +245,22 @@ def test_kv_wait_split_by_the_paths_rtt_and_bandwidth_with_nixl_bytes() -> None:
     assert reg.get_sample_value("fabricprobe_nixl_transfer_seconds_total", nixl) == pytest.approx(
         0.002
     )
+
+
+def test_vllm_child_spans_measure_the_kv_wait_when_sent() -> None:
+    _, a = fleet()
+    (pre_res, [pre]), (dec_res, [dec]) = pd_pair(3)
+    t = dec.start_time_unix_nano
+    kids = [
+        espan("vllm_queue", t, t + S // 200, 103, 2, **{"gen_ai.request.id": "req-3"}),
+        espan("vllm_async_kv_transfer", t + S // 200, t + S // 40, 103, 3),
+    ]
+    for k in kids:
+        k.parent_span_id = dec.span_id
+    a.ingest.export(export((pre_res, [pre]), (dec_res, [dec, *kids])))
+    r = a.analyse().requests.set_index("request_id").loc["req-3"]
+    assert r["path"] == "pre-node->dec-node.example"
+    assert math.isclose(r["kv_transfer_s"], 0.02, rel_tol=1e-6)  # the span, not the total
+    assert r["kv_source"] == "span"
+    # the prefill side's queue plus the decode side's measured vllm_queue
+    assert math.isclose(r["queue_s"], 0.002 + 0.005, rel_tol=1e-6)
