@@ -103,6 +103,7 @@ class Attribution:
         clock: Callable[[], int] = time.time_ns,
         match: MatchConfig | None = None,
         link_wait_s: float = 5.0,
+        pair_wait_s: float = 300.0,
     ) -> None:
         self.store = store
         self.cfg = cfg or AnalysisConfig()
@@ -121,7 +122,8 @@ class Attribution:
         self._cache: Analysis | None = None
         # engine spans, linked into requests with a path (collector/linking.py)
         self.match = match or MatchConfig()
-        self.link_wait_s = link_wait_s
+        self.link_wait_s = link_wait_s  # no new fragment this long: a request is complete
+        self.pair_wait_s = pair_wait_s  # ... unless it is half of a pair (PathInfo.pending)
         self.fragments: deque[Fragment] = deque(maxlen=max_records)
         self._final: dict[str, None] = {}  # request ids counted, oldest first
         self._measured: dict[tuple[str, str], tuple[str, str]] = {}  # (rid, stage) -> path
@@ -203,7 +205,7 @@ class Attribution:
         for link_wait_s. Their stages go to the histograms, their path to the counters."""
         with self.lock:
             fresh, self._new_fragments = self._new_fragments, False
-        horizon = max(120.0, 4 * self.link_wait_s)
+        horizon = max(120.0, 4 * self.link_wait_s, 2 * self.pair_wait_s)
         done = 0
         pairs: set[tuple[str, str]] = set()
         for lk in self.linked(now_ns - int(horizon * 1e9)):
@@ -211,7 +213,8 @@ class Attribution:
             if p.request_id in self._final:
                 continue
             known = self._path_known(lk)
-            waited = (now_ns - p.last_ns) / 1e9 >= self.link_wait_s
+            wait = self.pair_wait_s if p.pending else self.link_wait_s
+            waited = (now_ns - p.last_ns) / 1e9 >= wait
             if not (fresh and known and p.path_known) and not waited:
                 continue
             done += 1

@@ -112,6 +112,7 @@ class Fragment:
     # wait for remote KV when no span measures it ("" when none does)
     kv_total: str = ""
     kv_total_s: float | None = None
+    max_tokens: int | None = None  # 1 on a prefill/decode proxy's prefill call
     peer: str = ""  # the other side's address when the span names it (llm-d)
 
 
@@ -150,11 +151,12 @@ def engine_of_scope(scope: str, resource: dict[str, Any]) -> str | None:
     """The engine whose tracer (instrumentation scope) or service sent a span the
     mappings do not know: such spans are counted as that engine's unmapped ones."""
     text = (scope + " " + str(resource.get("service.name", ""))).lower()
+    # vLLM before llm-d: "vllm-decode" holds "llm-d"
     for engine, marks in (
         ("sglang", ("sglang",)),
-        ("llm-d", ("llm-d", "llm_d")),
-        ("dynamo", ("dynamo",)),
         ("vllm", ("vllm",)),
+        ("dynamo", ("dynamo",)),
+        ("llm-d", ("llm-d", "llm_d")),
     ):
         if any(m in text for m in marks):
             return engine
@@ -270,6 +272,7 @@ def _vllm(span: trace_pb2.Span, attrs: dict[str, Any], base: dict[str, Any]) -> 
         # (WAITING_FOR_REMOTE_KVS), before it is first scheduled: inside time_in_queue
         kv_total="gen_ai.latency.time_in_queue",
         kv_total_s=_secs(attrs, "gen_ai.latency.time_in_queue"),
+        max_tokens=_int(attrs, "gen_ai.request.max_tokens"),
     )
 
 

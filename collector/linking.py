@@ -158,6 +158,9 @@ class PathInfo:
     kv_source: str  # the span or attribute the KV-transfer time came from ("" for none)
     sides: int
     last_ns: int  # the newest fragment's end: when the request can be taken as complete
+    # one side seen that looks like half of a pair (a prefill side's max_tokens 1, or a
+    # side that names its role): its other side may come much later (after the decode)
+    pending: bool = False
 
 
 @dataclass(frozen=True)
@@ -329,9 +332,14 @@ def link(frags: list[Fragment], hosts: HostDirectory) -> Linked:
     req = _merge(rid, pre, dec, engine, proxy, frags)
     last = max(f.end_ns for f in frags)
     eng = (dec or pre or (engine[0] if engine else proxy[0])).engine
-    path = PathInfo(
-        rid, eng, src or "", dst or "", known, reason, detail, kv_source, len(engine), last
+    pending = reason in ("no prefill side", "no decode side") or (
+        reason == "one side only"
+        and any(r is not None and r.max_tokens == 1 for r in (s.request() for s in engine))
     )
+    path = PathInfo(
+        rid, eng, src or "", dst or "", known, reason, detail, kv_source, len(engine), last,
+        pending,
+    )  # fmt: skip
     return Linked(req, stages, path)
 
 

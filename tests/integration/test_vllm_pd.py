@@ -82,7 +82,7 @@ def http_json(url: str, body: dict[str, Any] | None, headers: dict[str, str]) ->
     req = urllib.request.Request(
         url, data=data, headers={"Content-Type": "application/json", **headers}
     )
-    with urllib.request.urlopen(req, timeout=60) as resp:
+    with urllib.request.urlopen(req, timeout=300) as resp:
         return json.loads(resp.read())
 
 
@@ -162,7 +162,14 @@ def engine(
         "OTEL_BSP_SCHEDULE_DELAY": "200",  # the SDK's batch delay (default 5 s)
         **{k: v for k, v in otel.items() if k != "endpoint"},
     }
-    cfg = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+    cfg = {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_both",
+        "kv_buffer_device": "cpu",
+        # the prefill side keeps a request's KV for the decode side this long (default
+        # 30 s): a loaded CI machine can take longer to get to it
+        "kv_connector_extra_config": {"kv_lease_duration": 300},
+    }
     args = [
         str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--load-format", "dummy", "--skip-tokenizer-init",
@@ -190,9 +197,24 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.wait(5)
 
 
+def diagnose(collector: CollectorServer) -> str:
+    """What the collector took from the engines: for a failure's message."""
+    att, ing = collector.attribution, collector.attribution.ingest
+    lines = [
+        f"spans received {ing.received_total} rejected {ing.rejected_total} "
+        f"ignored {ing.ignored_total} engine {ing.engine_spans} unmapped {ing.unmapped}",
+        f"fragments {len(att.fragments)} known {att.path_known_total} "
+        f"unknown {att.path_unknown_total}",
+        f"hosts {sorted(collector.store.hosts)}",
+    ]
+    lines += [repr(f)[:400] for f in list(att.fragments)[:4]]
+    lines += [repr(lk.path) for lk in att.linked(0)[:10]]
+    return "\n".join(lines)
+
+
 @pytest.fixture
 def collector() -> Iterator[CollectorServer]:
-    plan = PlanConfig(interval_ms=300, count=5, sizes=(4096,), kinds=("tcp_lat", "tcp_bw"))
+    plan = PlanConfig(interval_ms=1000, count=5, sizes=(4096,), kinds=("tcp_lat", "tcp_bw"))
     server = CollectorServer(
         ServerConfig(
             listen="127.0.0.1:0",
@@ -282,9 +304,20 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
         with ThreadPoolExecutor(2) as pool:
             rids = list(pool.map(one, range(REQUESTS)))
         att = collector.attribution
-        wait_for(lambda: att.path_known_total >= REQUESTS, 60, "every request attributed")
+        try:
+            wait_for(lambda: att.path_known_total >= REQUESTS, 60, "every request attributed")
+        finally:
+            print(diagnose(collector), flush=True)
         res = att.analyse(window_s=600)
         req = res.requests.set_index("request_id")
+        # vLLM names a completion's request cmpl-<X-Request-Id>-<prompt index>
+        ids = {r: f"cmpl-{r}-0" for r in rids}
+        print(
+            res.requests[
+                ["request_id", "path", "path_reason", "queue_s", "kv_transfer_s", "ttft_s", "e2e_s"]
+            ].to_string()
+        )
+        rids = [ids[r] if ids[r] in req.index else r for r in rids]
         attributed = [
             r
             for r in rids

@@ -264,3 +264,16 @@ def test_vllm_child_spans_measure_the_kv_wait_when_sent() -> None:
     assert r["kv_source"] == "span"
     # the prefill side's queue plus the decode side's measured vllm_queue
     assert math.isclose(r["queue_s"], 0.002 + 0.005, rel_tol=1e-6)
+
+
+def test_a_prefill_side_waits_for_its_decode_side() -> None:
+    _, a = fleet()
+    (pre_res, [pre]), (dec_res, [dec]) = pd_pair(0)
+    pre.attributes.append(attr("gen_ai.request.max_tokens", 1))  # the proxy's prefill call
+    a.ingest.export(export((pre_res, [pre])))
+    a.clock = lambda: NOW + 30 * S  # long after link_wait_s: the decode is still running
+    a.sync()
+    assert a.path_known_total == 0 and sum(a.path_unknown_total.values()) == 0
+    a.ingest.export(export((dec_res, [dec])))
+    a.sync()
+    assert a.path_known_total == 1 and sum(a.path_unknown_total.values()) == 0
