@@ -128,6 +128,11 @@ class Attribution:
         self._final: dict[str, None] = {}  # request ids counted, oldest first
         self._measured: dict[tuple[str, str], tuple[str, str]] = {}  # (rid, stage) -> path
         self._new_fragments = False
+        self._frag_total = 0  # fragments taken, ever
+        self._hosts_seen = 0  # of those, looked at for their hosts
+        self._paths_seen = 0
+        self._identity_host: dict[str, str | None] = {}
+        self._engine_hosts: set[str] = set()
         self.path_known_total = 0
         self.path_unknown_total: dict[str, int] = dict.fromkeys(REASONS, 0)
 
@@ -143,6 +148,7 @@ class Attribution:
             self.requests.extend(requests)
             if fragments:
                 self.fragments.extend(fragments)
+                self._frag_total += len(fragments)
                 self._new_fragments = True
             pairs = {(s.src, s.dst) for s in stages if s.stage in FABRIC_STAGES}
             for s in stages:
@@ -200,6 +206,41 @@ class Attribution:
         got = self._measured.get((lk.path.request_id, "kv_transfer"))
         return lk.path.path_known or (got is not None and bool(got[0] and got[1]))
 
+    def _watch_engine_hosts(self) -> None:
+        """Watch the probed paths of every host an engine side runs on, from the first
+        fragment on: a KV transfer's path is known only once its decode side reports
+        (after the decode), and its fabric windows must be kept from before that."""
+        with self.lock:
+            n = min(self._frag_total - self._hosts_seen, len(self.fragments))
+            new = list(self.fragments)[-n:] if n > 0 else []
+            self._hosts_seen = self._frag_total
+        if len(self._identity_host) > 100_000:
+            self._identity_host.clear()
+        hosts = self.directory() if new else None
+        found: set[str] = set()
+        for f in new:
+            assert hosts is not None
+            if f.identity in self._identity_host:
+                continue
+            got, _ = hosts.resolve(f.hosts)
+            if got is None and f.peer:
+                got, _ = hosts.resolve([("peer", f.peer)])
+            self._identity_host[f.identity] = got
+            if got is not None and got not in self._engine_hosts:
+                found.add(got)
+        self._engine_hosts |= found
+        if self.store is None or not self._engine_hosts:
+            return
+        with self.store.lock:
+            n_paths = len(self.store.paths)
+            if not found and n_paths == self._paths_seen:
+                return  # nothing new: no host, no path
+            self._paths_seen = n_paths
+            eh = self._engine_hosts
+            pairs = {(k[0], k[1]) for k in self.store.paths if k[0] in eh or k[1] in eh}
+        if pairs:
+            self.history.watch(pairs, self.store)
+
     def finalize(self, now_ns: int) -> int:
         """Count linked requests that are complete: both sides with hosts, or no fragment
         for link_wait_s. Their stages go to the histograms, their path to the counters."""
@@ -247,6 +288,7 @@ class Attribution:
         """Turn the fabric windows and counter rates reports brought into history rows,
         and count the engine requests that are complete."""
         now = self.clock()
+        self._watch_engine_hosts()
         self.finalize(now)
         return self.history.drain(now)
 
