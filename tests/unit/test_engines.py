@@ -277,3 +277,15 @@ def test_a_prefill_side_waits_for_its_decode_side() -> None:
     a.ingest.export(export((dec_res, [dec])))
     a.sync()
     assert a.path_known_total == 1 and sum(a.path_unknown_total.values()) == 0
+
+
+def test_engine_hosts_paths_are_watched_from_their_first_fragment() -> None:
+    store, a = fleet()
+    r = pb.WindowReport(host="pre-node", epoch=1, seq=1, window_start_unix_ns=NOW - S)
+    r.window_end_unix_ns = NOW
+    r.probes.add(dst="dec-node.example", transport="tcp", op="pingpong", size=64)
+    store.take(r)
+    (pre_res, [pre]), _ = pd_pair(0)
+    a.ingest.export(export((pre_res, [pre])))  # only the prefill side so far
+    a.sync()
+    assert ("dec-node.example", "pre-node") in a.history.pairs
