@@ -6,14 +6,26 @@ clock (cuts a window at each aligned boundary, samples counters, spools the repo
 the sender (registers, sends spooled windows oldest first, deletes them on ack, follows
 assignment changes). The sender is the only one that talks to the collector, so a
 collector outage only makes the spool deeper.
+
+Faults: a disk fault or a corrupt spool file is healed inside the spool (held in memory,
+quarantined; see fabricprobe.agent.spool). Any other exception that ends one of the
+agent's threads is a bug whose damage we cannot bound (a half-updated generation, a
+sender that never sends again), so the agent stops as a whole instead of limping on:
+`failure` names the thread, the CLI exits with EX_SOFTWARE (70), and systemd's
+Restart=on-failure (or the DaemonSet) starts a fresh process that replays the spool.
+The count of such ends is kept in the spool directory (`thread-failures.json`) and
+reported with every window, so a crash loop shows on the collector's /metrics.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import psutil
@@ -21,6 +33,7 @@ import psutil
 from fabricprobe.agent.client import CollectorClient, channel_credentials
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
+from fabricprobe.agent.exporter import MetricsServer
 from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
 from fabricprobe.agent.nixl import NixlReader
 from fabricprobe.agent.probing import (
@@ -30,7 +43,7 @@ from fabricprobe.agent.probing import (
     Scheduler,
     load_runner_modules,
 )
-from fabricprobe.agent.spool import Spool, SpoolKey
+from fabricprobe.agent.spool import Spool, SpoolCorrupt, SpoolKey, decode_window
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.probes.control import parse_hostport
@@ -46,6 +59,8 @@ SEND_BATCH = 64
 # prober is told `busy`.
 MAX_SESSIONS = 224
 MAX_BACKOFF_S = 10.0
+EX_SOFTWARE = 70  # sysexits.h: an internal error; the exit status when a thread died
+FAILURES_FILE = "thread-failures.json"
 
 
 def build_client(cfg: AgentConfig) -> CollectorClient:
@@ -118,6 +133,22 @@ class Agent:
         self._last_cut = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._window_start = clock()
+        self.last_report: pb.WindowReport | None = None  # the newest window, for /metrics
+        self.latest_counters: list[pb.CounterReading] = []  # every counter, last read
+        self.last_ack_unix_s = 0.0
+        self.metrics: MetricsServer | None = None
+        if cfg.metrics_listen:
+            mhost, mport = parse_hostport(cfg.metrics_listen, 9795, allow_port_zero=True)
+            self.metrics = MetricsServer(self, mhost, mport)
+        self.failure: str | None = None  # "thread: error" once a thread died
+        self._failures_path = Path(cfg.spool_dir) / FAILURES_FILE
+        self.thread_failures, last = _read_failures(self._failures_path)
+        if last:
+            log.warning(
+                "a previous agent process ended on a thread failure (%d so far): %s",
+                self.thread_failures,
+                last,
+            )
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -126,12 +157,22 @@ class Agent:
         load_runner_modules()
         self.responder.start()
         self._threads = [
-            threading.Thread(target=self.responder.serve_forever, name="responder", daemon=True),
-            threading.Thread(target=self._window_loop, name="windows", daemon=True),
-            threading.Thread(target=self._send_loop, name="sender", daemon=True),
+            threading.Thread(
+                target=self._supervised,
+                args=(name, fn),
+                name=name,
+                daemon=True,
+            )
+            for name, fn in (
+                ("responder", self.responder.serve_forever),
+                ("windows", self._window_loop),
+                ("sender", self._send_loop),
+            )
         ]
         for t in self._threads:
             t.start()
+        if self.metrics is not None:
+            self.metrics.start()
         self.scheduler.start()
         log.info(
             "agent started host=%s collector=%s probe_port=%d addresses=%s devices=%s spool=%s",
@@ -142,6 +183,21 @@ class Agent:
             [d.name for d in self.devices],
             self.cfg.spool_dir,
         )
+
+    def _supervised(self, name: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as e:  # logged and acted on here: the thread ends quietly
+            self._thread_died(name, e)
+
+    def _thread_died(self, name: str, e: BaseException) -> None:
+        """Record that thread NAME ended on E and stop the agent (see the module docstring)."""
+        if self.failure is None:
+            self.failure = f"{name}: {type(e).__name__}: {e}"
+        self.thread_failures += 1
+        log.critical("agent thread %s died, stopping the agent: %s", name, self.failure)
+        _write_failures(self._failures_path, self.thread_failures, self.failure)
+        self.stop()
 
     def stop(self) -> None:
         """Ask the agent to finish; safe from a signal handler."""
@@ -158,7 +214,10 @@ class Agent:
         self.scheduler.stop()
         for t in self._threads[1:]:
             t.join()
-        self.cut_window()
+        try:
+            self.cut_window()
+        except Exception as e:  # the process is ending anyway: flush what is spooled
+            log.error("last window not cut: %s", e)
         deadline = time.monotonic() + flush_timeout
         while self.spool.depth and self.registered and time.monotonic() < deadline:
             try:
@@ -166,8 +225,13 @@ class Agent:
                     break
             except grpc.RpcError:
                 break  # the spool keeps what is left for the next start
+            except Exception as e:
+                log.error("flush at shutdown stopped: %s", e)
+                break
         self.responder.stop()
         self._threads[0].join()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.client.close()
         log.info(
             "agent stopped host=%s acked=%d spooled=%d", self.cfg.host, self.acked, self.spool.depth
@@ -188,6 +252,9 @@ class Agent:
             if self._stop.wait(max(0.0, boundary - now)):
                 return
             self.cut_window()
+            if not self.scheduler.running and not self._stop.is_set():
+                self._thread_died("scheduler", RuntimeError("the scheduling thread ended"))
+                return
 
     def cut_window(self) -> SpoolKey:
         """Close the current window into a report and spool it."""
@@ -205,7 +272,7 @@ class Agent:
             window_start_unix_ns=self._window_start,
             window_end_unix_ns=end,
             probes=self.aggregator.cut(),
-            counters=self.changed(self.sampler.sample() + self.nixl.sample()),
+            counters=self.changed((sample := self.sampler.sample()) + self.nixl.sample()),
             agent=pb.AgentStats(
                 cpu_seconds=cpu.user + cpu.system,
                 rss_bytes=self._proc.memory_info().rss,
@@ -214,6 +281,10 @@ class Agent:
                 spool_depth=self.spool.depth,
                 spool_bytes=self.spool.size_bytes,
                 spool_dropped=self.spool.dropped,
+                spool_write_failures=self.spool.write_failures,
+                spool_quarantined=self.spool.quarantined,
+                spool_memory_windows=self.spool.in_memory,
+                thread_failures=self.thread_failures,
                 links=len(self.scheduler.ctx.links),
                 sessions=self.responder.active_sessions(),
                 sessions_refused=self.responder.refused,
@@ -221,12 +292,25 @@ class Agent:
             assignment_generation=self.generation,
         )
         self._window_start = end
+        self.last_report, self.latest_counters = report, sample
         key = SpoolKey(self.epoch, self.seq)
-        self.spool.put(key, report.SerializeToString())
+        if not self.spool.put(key, report.SerializeToString()):
+            log.warning(
+                "window %d not on disk (%d held in memory, %d write failures): %s",
+                self.seq,
+                self.spool.in_memory,
+                self.spool.write_failures,
+                self.spool.last_error,
+            )
         self._wake.set()
         return key
 
     # -- collector ----------------------------------------------------------------------
+
+    @property
+    def tools_missing(self) -> set[str]:
+        """Counter tools found missing on the newest sample (their counters are absent)."""
+        return set(self.sampler.tools_missing)
 
     def host_info(self) -> pb.HostInfo:
         return host_info(
@@ -301,15 +385,23 @@ class Agent:
         reports: list[pb.WindowReport] = []
         for key in self.spool.pending(SEND_BATCH):
             data = self.spool.read(key)
-            if data is not None:
-                keys.append(key)
-                reports.append(pb.WindowReport.FromString(data))
+            if data is None:
+                continue
+            try:
+                reports.append(decode_window(data, key))
+            except SpoolCorrupt as e:
+                self.spool.quarantine(key, str(e))
+                log.error("spooled window %s quarantined: %s", key.filename, e)
+                continue
+            keys.append(key)
         if not reports:
             return True
         acks, err = self.client.send(reports)
         for ack in acks:
             self.spool.ack(SpoolKey(ack.epoch, ack.seq))
             self.acked += 1
+        if acks:
+            self.last_ack_unix_s = time.time()
         if acks and max(a.assignment_generation for a in acks) > self.generation:
             self.apply(self.client.assignments(self.cfg.host, self.generation))
         if err is None:
@@ -325,6 +417,28 @@ class Agent:
             return True
         log.warning("collector %s: %s", self.cfg.collector, _rpc_reason(err))
         return False
+
+
+def _read_failures(path: Path) -> tuple[int, str | None]:
+    """(count, last failure) from the failures file; (0, None) when absent or unreadable."""
+    try:
+        doc = json.loads(path.read_text()[:4096])
+        count, last = doc.get("count"), doc.get("last")
+    except (OSError, ValueError, AttributeError):
+        return 0, None
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count < 1 << 63:
+        return 0, None
+    return count, str(last)[:500] if last is not None else None
+
+
+def _write_failures(path: Path, count: int, last: str) -> None:
+    """Best effort: the disk may be the very thing that failed."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(json.dumps({"count": count, "last": last[:500]}))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.error("cannot record the thread failure in %s: %s", path, e)
 
 
 def _rpc_reason(e: grpc.RpcError) -> str:

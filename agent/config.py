@@ -7,6 +7,7 @@ Example file::
     collector = "collector.example:4794"
     topology = "tor-a12"
     probe_listen = "0.0.0.0:4793"
+    metrics_listen = "127.0.0.1:9795"   # this host's own /metrics
     spool_dir = "/var/lib/fabricprobe/spool"
     spool_max_windows = 8640      # a day of 10 s windows
     spool_max_bytes = 67108864    # 64 MiB
@@ -38,6 +39,7 @@ class AgentConfig:
         default_factory=list
     )  # RDMA devices that are this host's; empty: all
     probe_listen: str = "0.0.0.0:4793"
+    metrics_listen: str = ""  # this host's own /metrics (agent/exporter.py); "" serves none
     window_s: float = 10.0  # until the collector says otherwise
     spool_dir: str = "/var/lib/fabricprobe/spool"
     spool_max_windows: int = DEFAULT_MAX_WINDOWS

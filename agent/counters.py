@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.probes.counters import PortCounters, counter_width, read_port_counters
-from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError
+from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError, ToolMissing
 from fabricprobe.probes.ethtool import (
     PfcStats,
     Runner,
@@ -107,6 +107,9 @@ class CounterSampler:
     runner: Runner = run_command
     ethtool: bool = True
     errors: int = 0
+    # tools found missing on the newest sample (ethtool): retried every window, so
+    # installing the tool heals it without a restart
+    tools_missing: set[str] = field(default_factory=set)
     _no_stats: set[str] = field(default_factory=set)
     _warned: set[str] = field(default_factory=set)
 
@@ -121,11 +124,22 @@ class CounterSampler:
                     continue
                 out.extend(port_readings(pc, dev.driver))
         if self.ethtool:
+            missing: set[str] = set()
             for netdev in self.netdevs:
                 if netdev in self._no_stats:
                     continue
                 try:
                     stats = read_ethtool_stats(netdev, self.runner)
+                except ToolMissing as e:
+                    missing.add(e.tool)
+                    if e.tool not in self.tools_missing:
+                        log.error(
+                            "%s: no PFC pause, ECN or discard counters from %s, and the "
+                            "PFC pause-storm alert cannot fire until it is installed",
+                            e,
+                            ", ".join(self.netdevs),
+                        )
+                    break
                 except NotSupported:
                     self._no_stats.add(netdev)
                     continue
@@ -133,6 +147,9 @@ class CounterSampler:
                     self._warn(netdev, e)
                     continue
                 out.extend(pfc_readings(netdev, parse_pfc_stats(stats)))
+            if self.tools_missing - missing:
+                log.info("%s found again", ", ".join(sorted(self.tools_missing - missing)))
+            self.tools_missing = missing
         return out
 
     def _warn(self, what: str, e: Exception) -> None:

@@ -393,6 +393,11 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        """The scheduling thread is alive (False before start() and after it ended)."""
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         self._stop.set()
         with self._cv:

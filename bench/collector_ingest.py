@@ -35,6 +35,7 @@ import psutil
 from prometheus_client import CollectorRegistry
 
 from fabricprobe.collector.assign import PlanConfig, Planner
+from fabricprobe.collector.auth import GateConfig
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import render
 from fabricprobe.collector.service import AgentApi, ApiConfig, CollectorServer, ServerConfig
@@ -110,7 +111,7 @@ def warm_up(api: AgentApi, args: argparse.Namespace, first: list[bytes]) -> None
 
 
 def api_path(args: argparse.Namespace, first: list[bytes], reports: list[bytes]) -> None:
-    cfg = ApiConfig(reports_per_second=1e9, report_burst=1e9)
+    cfg = ApiConfig()
     api = AgentApi(WindowStore(), Planner(cfg.plan), cfg)
     warm_up(api, args, first)
     merges0 = api.store.merges_total
@@ -175,8 +176,11 @@ def _client(
 
 
 def grpc_path(args: argparse.Namespace, first: list[bytes], reports: list[bytes]) -> None:
-    api = ApiConfig(reports_per_second=1e9, report_burst=1e9, plan=PlanConfig())
-    server = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen="", api=api))
+    api = ApiConfig(plan=PlanConfig())
+    gate = GateConfig(rate=1e9, burst=1e9, streams_per_identity=32)
+    server = CollectorServer(
+        ServerConfig(listen="127.0.0.1:0", metrics_listen="", api=api, gate=gate)
+    )
     server.start()
     warm_up(server.api, args, first)
     merges0 = server.store.merges_total

@@ -10,12 +10,12 @@ to the window store, turning what reports brought into rows on a short period.
 from __future__ import annotations
 
 import bisect
+import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 
@@ -45,7 +45,7 @@ from fabricprobe.collector.linking import (
 )
 from fabricprobe.collector.otlp import TraceIngest
 from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
-from fabricprobe.collector.store import WindowStore
+from fabricprobe.collector.store import WindowStore, host_pair
 
 DURATION_BUCKETS_S: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -53,7 +53,36 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
 )  # fmt: skip
 MAX_PATHS = 1024  # distinct (src, dst, transport) label sets; the rest are counted as "other"
 MAX_FINAL = 200_000  # request ids remembered as counted (a late fragment counts nothing twice)
+MAX_PAIRS = 4096  # host pairs whose fabric history is kept for the join
+MAX_RECORDS = 50_000  # stage records kept (and as many request records), newest first
+MAX_BYTES = 2**53  # a KV transfer larger than this (8 PiB) is not a measurement
+MAX_SECONDS = 86_400.0  # request figures (TTFT, e2e) beyond a day are not either
+FUTURE_TOLERANCE_NS = 300 * 10**9  # records may end this far past the collector's clock
 PathLabels = tuple[str, str, str]
+
+
+def _seconds_ok(v: float | None) -> bool:
+    return v is None or (math.isfinite(v) and 0.0 <= v <= MAX_SECONDS)
+
+
+def stage_ok(s: StageRecord, now_ns: int) -> bool:
+    """A stage record whose figures can go into a frame and a histogram: times in
+    range and ordered, bytes a count a float holds exactly."""
+    return (
+        0 <= s.start_ns <= s.end_ns <= now_ns + FUTURE_TOLERANCE_NS
+        and 0 <= s.bytes <= MAX_BYTES
+        and s.duration_s <= MAX_SECONDS
+    )
+
+
+def request_ok(r: RequestRecord, now_ns: int) -> bool:
+    counts = (r.output_tokens, r.prompt_tokens)
+    return (
+        0 <= r.start_ns <= r.end_ns <= now_ns + FUTURE_TOLERANCE_NS
+        and _seconds_ok(r.ttft_s)
+        and _seconds_ok(r.e2e_s)
+        and all(n is None or 0 <= n <= MAX_BYTES for n in counts)
+    )
 
 
 @dataclass
@@ -99,7 +128,7 @@ class Attribution:
         store: WindowStore | None = None,
         cfg: AnalysisConfig | None = None,
         *,
-        max_records: int = 200_000,
+        max_records: int = MAX_RECORDS,
         clock: Callable[[], int] = time.time_ns,
         match: MatchConfig | None = None,
         link_wait_s: float = 5.0,
@@ -120,6 +149,10 @@ class Attribution:
             store.listeners.append(self.history)
         self.ingest = TraceIngest(self.take)
         self._cache: Analysis | None = None
+        self.last_good: Analysis | None = None  # what a scrape shows when analysis fails
+        self.analysis_failures = 0
+        self.dropped_values = 0  # records whose figures were out of range
+        self.pairs_dropped = 0  # KV host pairs beyond MAX_PAIRS, not watched
         # engine spans, linked into requests with a path (collector/linking.py)
         self.match = match or MatchConfig()
         self.link_wait_s = link_wait_s  # no new fragment this long: a request is complete
@@ -142,8 +175,15 @@ class Attribution:
         requests: list[RequestRecord],
         fragments: list[Fragment] | None = None,
     ) -> None:
-        """Keep records from one OTLP batch and count them into the histograms."""
+        """Keep records from one OTLP batch and count them into the histograms; records
+        whose figures are out of range (stage_ok, request_ok) are counted and dropped."""
+        now = self.clock()
+        good_st = [s for s in stages if stage_ok(s, now)]
+        good_rq = [r for r in requests if request_ok(r, now)]
+        dropped = len(stages) - len(good_st) + len(requests) - len(good_rq)
+        stages, requests = good_st, good_rq
         with self.lock:
+            self.dropped_values += dropped
             self.stages.extend(stages)
             self.requests.extend(requests)
             if fragments:
@@ -164,8 +204,24 @@ class Attribution:
                 if r.itl_s is not None:
                     self.itl_hist.observe(r.itl_s)
             self._cache = None
+        pairs = self._bounded(pairs)
         if pairs:  # the fabric of these paths is now wanted for the join
             self.history.watch(pairs, self.store)
+
+    def _bounded(self, pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The host pairs of PAIRS the fabric history may watch: one end at least is a host the
+        store knows (no agent at either end, no fabric figures to keep), and at most
+        MAX_PAIRS in all; the others are counted in pairs_dropped."""
+        if self.store is not None:
+            known = self.store.hosts
+            pairs = {p for p in pairs if p[0] in known or p[1] in known}
+        new = sorted({host_pair(a, b) for a, b in pairs} - self.history.pairs)
+        room = max(0, MAX_PAIRS - len(self.history.pairs))
+        if len(new) > room:
+            with self.lock:
+                self.pairs_dropped += len(new) - room
+            return set(new[:room])
+        return set(new)
 
     def _kv_hist(self, s: StageRecord) -> Histogram:
         key = (s.src, s.dst, s.transport or "unknown")
@@ -238,6 +294,7 @@ class Attribution:
             self._paths_seen = n_paths
             eh = self._engine_hosts
             pairs = {(k[0], k[1]) for k in self.store.paths if k[0] in eh or k[1] in eh}
+        pairs = self._bounded(pairs)
         if pairs:
             self.history.watch(pairs, self.store)
 
@@ -280,6 +337,7 @@ class Attribution:
                 if r.itl_s is not None:
                     self.itl_hist.observe(r.itl_s)
                 self._cache = None
+        pairs = self._bounded(pairs)
         if pairs:
             self.history.watch(pairs, self.store)
         return done
@@ -350,69 +408,14 @@ class Attribution:
             self._cache = out
         return out
 
-
-# -- the `probe why` query: JSON over a generic gRPC method (no generated code needed) --
-
-WHY_METHOD = "/fabricprobe.Attribution/Why"
-MAX_WHY = 200
-
-
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Rows as JSON-safe dicts (NaN -> None)."""
-    clean = df.astype(object).where(df.notna(), None)
-    return [{str(k): v for k, v in row.items()} for row in clean.to_dict("records")]
-
-
-def why_report(res: Analysis, slowest: int = 10, by: str = "e2e_s") -> dict[str, Any]:
-    """The slowest requests of the analysed window with their path's figures at the time,
-    the path ranking, the communication-bound flag and goodput."""
-    req = res.requests
-    if by not in req.columns:
-        raise ValueError(f"cannot sort by {by!r}")
-    # an empty window (or one whose figures are all missing) has an object-typed column
-    ranked = req.assign(**{by: pd.to_numeric(req[by], errors="coerce")}).dropna(subset=[by])
-    top = ranked.nlargest(min(slowest, MAX_WHY), by)
-    kv = res.kv.drop(columns=["stage", "derived"], errors="ignore")
-    fabric_cols = [c for c in kv.columns if c not in top.columns or c == "request_id"]
-    top = top.merge(kv[fabric_cols], on="request_id", how="left")
-    return {
-        "now_ns": res.now_ns,
-        "slowest": _records(top),
-        "paths": _records(res.paths),
-        "communication_bound": res.communication_bound,
-        "goodput": _records(res.goodput),
-        "stages": len(res.stages),
-    }
-
-
-def add_why_service(server: Any, attribution: Attribution) -> None:
-    """Serve why_report() as JSON at WHY_METHOD on SERVER."""
-    import json
-
-    import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-
-    def why(request: dict[str, Any], context: Any) -> dict[str, Any]:
+    def analyse_or_last(self) -> Analysis | None:
+        """analyse(), or when it fails the last analysis that did not (counted in
+        analysis_failures): a scrape never fails for what one batch of spans held."""
         try:
-            n = int(request.get("slowest", 10))
-            window = request.get("window_s")
-            res = attribution.analyse(window_s=float(window) if window else None)
-            return why_report(res, n, str(request.get("by", "e2e_s")))
-        except (TypeError, ValueError) as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"why: {e}")
-            raise AssertionError("context.abort returned") from None  # pragma: no cover
-
-    def load(data: bytes) -> dict[str, Any]:
-        obj = json.loads(data or b"{}")
-        return obj if isinstance(obj, dict) else {}
-
-    handler = grpc.method_handlers_generic_handler(
-        "fabricprobe.Attribution",
-        {
-            "Why": grpc.unary_unary_rpc_method_handler(
-                why,
-                request_deserializer=load,
-                response_serializer=lambda obj: json.dumps(obj, default=str).encode(),
-            )
-        },
-    )
-    server.add_generic_rpc_handlers((handler,))
+            res = self.analyse()
+        except Exception:  # pandas raises many kinds; the scrape must go on
+            with self.lock:
+                self.analysis_failures += 1
+            return self.last_good
+        self.last_good = res
+        return res

@@ -22,9 +22,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from fabricprobe.collector.attribution import Attribution, add_why_service
+from fabricprobe.collector.attribution import Attribution
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp import add_trace_service
+from fabricprobe.collector.query import add_query_service
 from fabricprobe.collector.store import WindowStore
 
 P = "fabricprobe_"
@@ -162,6 +163,21 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             "Failed NIXL KV transfers per host and engine.",
             labels=NIXL_LABELS,
         ),
+        "analysis_failures": CounterMetricFamily(
+            P + "attribution_failures",
+            "Analyses that failed; the last good one was served instead.",
+            labels=[],
+        ),
+        "dropped_values": CounterMetricFamily(
+            P + "attribution_dropped",
+            "Stage and request records dropped for figures out of range.",
+            labels=[],
+        ),
+        "pairs_dropped": CounterMetricFamily(
+            P + "attribution_pairs_dropped",
+            "KV host pairs beyond the bound whose fabric history is not kept.",
+            labels=[],
+        ),
         "history_dropped": CounterMetricFamily(
             P + "fabric_history_dropped",
             "Reports whose fabric windows the join's history had no room for.",
@@ -189,28 +205,15 @@ class AttributionCollector(Collector):
                 f["kv"].add_metric(list(path), h.buckets(), h.total)
             f["ttft"].add_metric([], a.ttft_hist.buckets(), a.ttft_hist.total)
             f["itl"].add_metric([], a.itl_hist.buckets(), a.itl_hist.total)
-        res = a.analyse()
-        for row in res.paths.itertuples(index=False):
-            labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
-            f["explained"].add_metric(labels, float(row.explained_s))
-            f["bound"].add_metric(labels, 1.0 if row.fabric_bound else 0.0)
-        corr = res.correlation.dropna(subset=["rho_rtt_p99"])
-        if len(corr):
-            newest = corr[corr["window"] == corr["window"].max()]
-            for row in newest.itertuples(index=False):
-                labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
-                f["rho"].add_metric(labels, float(row.rho_rtt_p99))
-        share = res.requests["fabric_share_ttft"].median() if len(res.requests) else math.nan
-        if not math.isnan(share):
-            f["share"].add_metric([], float(share))
-        f["comm"].add_metric([], 1.0 if res.communication_bound else 0.0)
-        if len(res.goodput):
-            g = res.goodput.iloc[0]
-            f["goodput"].add_metric([], float(g["goodput_tps"]))
-            f["throughput"].add_metric([], float(g["throughput_tps"]))
+        res = a.analyse_or_last()
+        if res is not None:
+            self._analysis(res, f)
         f["received"].add_metric([], float(a.ingest.received_total))
         f["rejected"].add_metric([], float(a.ingest.rejected_total))
         f["history_dropped"].add_metric([], float(a.history.inbox_dropped))
+        f["analysis_failures"].add_metric([], float(a.analysis_failures))
+        f["dropped_values"].add_metric([], float(a.dropped_values))
+        f["pairs_dropped"].add_metric([], float(a.pairs_dropped))
         ing = a.ingest
         f["ignored"].add_metric([], float(ing.ignored_total))
         with ing.lock:
@@ -222,9 +225,35 @@ class AttributionCollector(Collector):
             f["path_known"].add_metric([], float(a.path_known_total))
             for reason, n in a.path_unknown_total.items():
                 f["path_unknown"].add_metric([reason], float(n))
-        self._kv_split(res.kv, f)
+        if res is not None:
+            self._kv_split(res.kv, f)
         self._nixl(f)
         yield from f.values()
+
+    @staticmethod
+    def _analysis(res: Any, f: dict[str, Any]) -> None:
+        def add(name: str, labels: list[str], value: Any) -> None:
+            v = float(value)
+            if math.isfinite(v):  # a figure that is not finite is not exported
+                f[name].add_metric(labels, v)
+
+        for row in res.paths.itertuples(index=False):
+            labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
+            add("explained", labels, row.explained_s)
+            add("bound", labels, 1.0 if row.fabric_bound else 0.0)
+        corr = res.correlation.dropna(subset=["rho_rtt_p99"])
+        if len(corr):
+            newest = corr[corr["window"] == corr["window"].max()]
+            for row in newest.itertuples(index=False):
+                labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
+                add("rho", labels, row.rho_rtt_p99)
+        share = res.requests["fabric_share_ttft"].median() if len(res.requests) else math.nan
+        add("share", [], share)
+        add("comm", [], 1.0 if res.communication_bound else 0.0)
+        if len(res.goodput):
+            g = res.goodput.iloc[0]
+            add("goodput", [], g["goodput_tps"])
+            add("throughput", [], g["throughput_tps"])
 
     @staticmethod
     def _kv_split(kv: Any, f: dict[str, Any]) -> None:
@@ -268,7 +297,7 @@ def attach_attribution(
     engine spans' host attributes name the agents' hosts."""
     attribution = Attribution(store, match=match)
     add_trace_service(server, attribution.ingest)
-    add_why_service(server, attribution)
+    add_query_service(server, attribution)
     registry.register(AttributionCollector(attribution))
     attribution.run_sync(stop)
     return attribution

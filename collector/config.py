@@ -19,11 +19,15 @@ Example file::
     tls_cert = "/etc/fabricprobe/collector.pem"
     tls_key = "/etc/fabricprobe/collector.key"
     client_ca = "/etc/fabricprobe/ca.pem"
+    windows_dir = "/var/lib/fabricprobe-collector/windows"   # raw windows as Parquet
+    windows_max_bytes = 1073741824
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import ssl
 from dataclasses import dataclass, field
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
@@ -31,13 +35,16 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from fabricprobe.collector.assign import DEFAULT_KINDS, PlanConfig
 from fabricprobe.collector.auth import (
     Authenticator,
+    GateConfig,
     Insecure,
     MutualTls,
     TokenAuth,
     read_token_file,
 )
 from fabricprobe.collector.engines import HOST_ATTRIBUTES
+from fabricprobe.collector.exposition import load_web_config
 from fabricprobe.collector.linking import MatchConfig
+from fabricprobe.collector.rawstore import RawStoreConfig
 from fabricprobe.collector.service import ApiConfig, ServerConfig
 from fabricprobe.core.errors import ConfigError
 
@@ -60,14 +67,26 @@ class CollectorSettings:
     bursts_per_second: int = 20
     stale_after_s: float = 30.0
     forget_after_s: float = 600.0
-    reports_per_second: float = 50.0
+    reports_per_second: float = 50.0  # calls and stream messages per identity
+    report_burst: float = 500.0
+    streams_per_identity: int = 4
+    stream_idle_s: float = 60.0
+    health: str = "open"  # open, any (authenticated) or off
+    reflection: str = "any"
+    reader_names: list[str] = field(default_factory=list)  # mutual TLS: Query callers
+    ingest_names: list[str] = field(default_factory=list)  # mutual TLS: OTLP senders
     workers: int = 64
+    fleet_networks: list[str] = field(default_factory=list)  # e.g. ["10.0.0.0/16"]
+    web_config: str = ""  # /metrics TLS and basic auth, exporter-toolkit's web-config format
     grace_s: float = 5.0
     insecure: bool = False
     token_file: str = ""
     tls_cert: str = ""
     tls_key: str = ""
     client_ca: str = ""
+    windows_dir: str = ""  # keep every window in Parquet files here ("" keeps none)
+    windows_max_bytes: int = 1 << 30
+    windows_max_age_s: float = 7 * 86400.0
 
     def server_config(self) -> ServerConfig:
         try:
@@ -84,19 +103,56 @@ class CollectorSettings:
             raise ConfigError(str(e)) from None
         if not 0.1 <= self.report_interval_s <= 3600:
             raise ConfigError("report_interval_s: must be within 0.1..3600")
+        raw = None
+        if self.windows_dir:
+            if self.windows_max_bytes < 1 << 20:
+                raise ConfigError("windows_max_bytes: at least 1 MiB")
+            if not 3600 <= self.windows_max_age_s <= 366 * 86400:
+                raise ConfigError("windows_max_age_s: must be within 3600..31622400")
+            raw = RawStoreConfig(
+                self.windows_dir,
+                max_bytes=self.windows_max_bytes,
+                max_age_s=self.windows_max_age_s,
+                flush_s=min(30.0, max(1.0, self.report_interval_s)),
+            )
+        for name in ("health", "reflection"):
+            if getattr(self, name) not in ("open", "any", "off"):
+                raise ConfigError(f"{name}: one of open, any, off")
+        if self.web_config:
+            try:
+                load_web_config(self.web_config)
+            except (OSError, ValueError, ssl.SSLError) as e:
+                raise ConfigError(f"web_config: {e}") from None
+        if not 4 <= self.workers <= 1024:
+            raise ConfigError("workers: must be within 4..1024")
+        if not 1 <= self.streams_per_identity <= self.workers // 2:
+            raise ConfigError("streams_per_identity: must be within 1..workers/2")
+        if not (0 < self.reports_per_second <= 1e6 and 1 <= self.report_burst <= 1e7):
+            raise ConfigError("reports_per_second/report_burst out of range")
         return ServerConfig(
+            raw=raw,
             listen=self.listen,
             metrics_listen=self.metrics_listen,
             otlp_http_listen=self.otlp_http_listen,
             match=self.match_config(),
+            web_config=self.web_config,
             workers=self.workers,
             grace=self.grace_s,
             stale_after=self.stale_after_s,
             forget_after=self.forget_after_s,
             api=ApiConfig(
                 report_interval_ms=int(self.report_interval_s * 1000),
-                reports_per_second=self.reports_per_second,
                 plan=plan,
+                fleet_networks=tuple(self._networks()),
+            ),
+            gate=GateConfig(
+                rate=self.reports_per_second,
+                burst=self.report_burst,
+                streams_per_identity=self.streams_per_identity,
+                max_streams=self.workers // 2,
+                stream_idle_s=self.stream_idle_s,
+                health=self.health,
+                reflection=self.reflection,
             ),
         )
 
@@ -104,9 +160,8 @@ class CollectorSettings:
         """How engine spans' host attributes name agents' hosts (collector/linking.py)."""
         rules = []
         for rule in self.host_rewrite:
-            if not (
-                isinstance(rule, list) and len(rule) == 2 and all(isinstance(x, str) for x in rule)
-            ):
+            ok = isinstance(rule, list) and len(rule) == 2
+            if not (ok and all(isinstance(x, str) for x in rule)):
                 raise ConfigError("host_rewrite: each rule is [regex, replacement]")
             try:
                 re.compile(rule[0])
@@ -121,6 +176,15 @@ class CollectorSettings:
             rewrite=tuple(rules),
         )
 
+    def _networks(self) -> list[str]:
+        out = []
+        for n in self.fleet_networks:
+            try:
+                out.append(str(ipaddress.ip_network(n, strict=False)))
+            except ValueError as e:
+                raise ConfigError(f"fleet_networks: {e}") from None
+        return out
+
     def authenticator(self) -> Authenticator:
         """The authentication mode asked for; plain text only with `insecure`."""
         tls = [bool(self.tls_cert), bool(self.tls_key)]
@@ -130,7 +194,13 @@ class CollectorSettings:
             if self.client_ca:
                 if not all(tls):
                     raise ConfigError("client_ca needs tls_cert and tls_key")
-                return MutualTls.from_files(self.tls_cert, self.tls_key, self.client_ca)
+                return MutualTls.from_files(
+                    self.tls_cert,
+                    self.tls_key,
+                    self.client_ca,
+                    readers=frozenset(self.reader_names),
+                    ingest=frozenset(self.ingest_names),
+                )
             if self.token_file:
                 creds = None
                 if all(tls):

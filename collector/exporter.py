@@ -20,8 +20,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from fabricprobe.collector.auth import REFUSALS, Gate
+from fabricprobe.collector.exposition import ScrapeStats
 from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
-from fabricprobe.collector.store import PathStats, StoreSnapshot, WindowStore
+from fabricprobe.collector.store import DROPS, PathStats, StoreSnapshot, WindowStore
 from fabricprobe.core.sketchwire import MergedSketch
 
 # RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
@@ -85,13 +87,22 @@ def _path_labels(key: tuple[str, str, str, str, int]) -> list[str]:
 class FabricCollector(Collector):
     """prometheus_client collector over a WindowStore."""
 
-    def __init__(self, store: WindowStore, rpc: RpcStats | None = None) -> None:
+    def __init__(
+        self,
+        store: WindowStore,
+        rpc: RpcStats | None = None,
+        gate: Gate | None = None,
+        scrapes: ScrapeStats | None = None,
+    ) -> None:
         self.store = store
         self.rpc = rpc or RpcStats()
+        self.gate = gate
+        self.scrapes = scrapes or ScrapeStats()
 
     def describe(self) -> Iterator[Metric]:
         yield from self._families().values()
         yield from self._rpc_families()
+        yield from self._gate_families()
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
@@ -105,7 +116,57 @@ class FabricCollector(Collector):
         dur.add_metric([], time.perf_counter() - started)
         yield from fams.values()
         yield from self._rpc_families()
+        yield from self._gate_families()
         yield dur
+
+    def _gate_families(self) -> Iterator[Metric]:
+        if self.gate is not None:
+            refused, evicted, held, streams = self.gate.limits.snapshot()
+            idle = self.gate.idle_cancelled
+        else:
+            refused, evicted, held, streams, idle = dict.fromkeys(REFUSALS, 0), 0, 0, 0, 0
+        p = "fabricprobe_collector_"
+        calls = CounterMetricFamily(
+            p + "calls_refused",
+            "Calls the authentication layer refused before any servicer ran, by reason.",
+            labels=["reason"],
+        )
+        for reason in REFUSALS:
+            calls.add_metric([reason], float(refused.get(reason, 0)))
+        yield calls
+        ev = CounterMetricFamily(
+            p + "identities_evicted",
+            "Callers forgotten by the bounded limits table (their bucket starts full again).",
+        )
+        ev.add_metric([], float(evicted))
+        yield ev
+        ids = GaugeMetricFamily(p + "identities", "Callers whose rate and streams are tracked.")
+        ids.add_metric([], float(held))
+        yield ids
+        st = GaugeMetricFamily(p + "streams", "Streaming calls open now.")
+        st.add_metric([], float(streams))
+        yield st
+        cancelled = CounterMetricFamily(
+            p + "streams_idle_cancelled", "Streams cancelled for sending nothing too long."
+        )
+        cancelled.add_metric([], float(idle))
+        yield cancelled
+        sc = self.scrapes
+        with sc.lock:
+            refused_http, renders = dict(sc.refused), sc.renders
+        http = CounterMetricFamily(
+            p + "scrapes_refused",
+            "Requests to /metrics turned away: busy, unauthorized or not found.",
+            labels=["reason"],
+        )
+        for reason in ScrapeStats.REASONS:
+            http.add_metric([reason], float(refused_http[reason]))
+        yield http
+        rendered = CounterMetricFamily(
+            p + "scrape_renders", "Renders of /metrics (one serves every GET within a second)."
+        )
+        rendered.add_metric([], float(renders))
+        yield rendered
 
     def _rpc_families(self) -> Iterator[Metric]:
         buckets, sums, codes = self.rpc.snapshot()
@@ -234,6 +295,26 @@ class FabricCollector(Collector):
                 "Windows dropped because the agent's spool was full.",
                 labels=["src"],
             ),
+            "spool_write_failures": CounterMetricFamily(
+                p + "agent_spool_write_failures",
+                "Window writes the agent's disk refused (ENOSPC, EIO...); kept in memory.",
+                labels=["src"],
+            ),
+            "spool_quarantined": CounterMetricFamily(
+                p + "agent_spool_quarantined",
+                "Corrupt spool files the agent moved to quarantine.",
+                labels=["src"],
+            ),
+            "spool_memory": GaugeMetricFamily(
+                p + "agent_spool_memory_windows",
+                "Windows the agent holds in memory because its disk refused them.",
+                labels=["src"],
+            ),
+            "thread_failures": CounterMetricFamily(
+                p + "agent_thread_failures",
+                "Agent processes on this host ended by a dead thread (then restarted).",
+                labels=["src"],
+            ),
             "links": GaugeMetricFamily(
                 p + "agent_probe_links",
                 "Kept probe links the agent holds to its targets.",
@@ -263,6 +344,11 @@ class FabricCollector(Collector):
                 p + "collector_sketch_merges", "Latency sketches merged by the collector."
             ),
             "hosts": GaugeMetricFamily(p + "collector_hosts", "Agents known to the collector."),
+            "dropped": CounterMetricFamily(
+                p + "collector_dropped",
+                "Records the collector's bounds and checks kept out, by what they were.",
+                labels=["what"],
+            ),
         }
         return f
 
@@ -304,6 +390,10 @@ class FabricCollector(Collector):
                 f["spool"].add_metric([name], float(a.spool_depth))
                 f["spool_bytes"].add_metric([name], float(a.spool_bytes))
                 f["spool_dropped"].add_metric([name], float(a.spool_dropped))
+                f["spool_write_failures"].add_metric([name], float(a.spool_write_failures))
+                f["spool_quarantined"].add_metric([name], float(a.spool_quarantined))
+                f["spool_memory"].add_metric([name], float(a.spool_memory_windows))
+                f["thread_failures"].add_metric([name], float(a.thread_failures))
                 f["links"].add_metric([name], float(a.links))
                 f["sessions"].add_metric([name], float(a.sessions))
                 f["refused"].add_metric([name], float(a.sessions_refused))
@@ -312,6 +402,8 @@ class FabricCollector(Collector):
         f["rejected"].add_metric([], float(snap.rejected_total))
         f["merges"].add_metric([], float(snap.merges_total))
         f["hosts"].add_metric([], float(len(snap.hosts)))
+        for what in DROPS:
+            f["dropped"].add_metric([what], float(snap.dropped.get(what, 0)))
 
     @staticmethod
     def _fill_path(labels: list[str], st: PathStats, f: dict[str, Any]) -> None:

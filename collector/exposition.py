@@ -12,11 +12,18 @@ CPU with generate_latest and 4.7 s with render(), the rest being the families bu
 
 from __future__ import annotations
 
+import base64
 import gzip
+import hashlib
+import math
+import os
 import re
 import socket
+import ssl
 import threading
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -126,34 +133,317 @@ def render(registry: CollectorRegistry) -> bytes:
     return "".join(out).encode()
 
 
+# -- serving /metrics ------------------------------------------------------------------
+
+
+class ScrapeStats:
+    """What the /metrics server did: renders, and requests it turned away (by reason)."""
+
+    REASONS = ("busy", "unauthorized", "not_found")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.renders = 0
+        self.served = 0
+        self.refused: dict[str, int] = dict.fromkeys(self.REASONS, 0)
+
+    def count(self, what: str) -> None:
+        with self.lock:
+            if what in self.refused:
+                self.refused[what] += 1
+            elif what == "render":
+                self.renders += 1
+            else:
+                self.served += 1
+
+
+class RenderCache:
+    """One render serves every GET within MAX_AGE_S: concurrent scrapes wait for the
+    render in progress instead of starting their own, so what strangers' GETs cost does
+    not grow with how many of them there are."""
+
+    def __init__(
+        self, registry: CollectorRegistry, max_age_s: float = 1.0, stats: ScrapeStats | None = None
+    ) -> None:
+        self.registry, self.max_age_s = registry, max_age_s
+        self.stats = stats or ScrapeStats()
+        self._lock = threading.Lock()
+        self._at = -math.inf
+        self._plain = b""
+        self._gzip: bytes | None = None
+
+    def get(self, want_gzip: bool) -> bytes:
+        with self._lock:  # one render at a time; the others wait here and take its output
+            now = time.monotonic()
+            if now - self._at >= self.max_age_s:
+                self._plain, self._gzip = render(self.registry), None
+                self._at = time.monotonic()
+                self.stats.count("render")
+            if not want_gzip:
+                return self._plain
+            if self._gzip is None:
+                self._gzip = gzip.compress(self._plain, compresslevel=1)
+            return self._gzip
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """What a web-config file (prometheus/exporter-toolkit's format) asks for.
+
+    ::
+
+        tls_server_config:
+          cert_file: /etc/fabricprobe/metrics.pem
+          key_file: /etc/fabricprobe/metrics.key
+          client_ca_file: /etc/fabricprobe/ca.pem     # optional
+          client_auth_type: RequireAndVerifyClientCert  # with client_ca_file
+        basic_auth_users:
+          prometheus: $2y$10$...                       # bcrypt hash (htpasswd -nBC 10)
+    """
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
+    client_auth_type: str = "NoClientCert"
+    users: tuple[tuple[str, bytes], ...] = ()  # (user, bcrypt hash)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.cert_file:
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.cert_file, self.key_file)
+        if self.client_ca_file:
+            ctx.load_verify_locations(self.client_ca_file)
+            ctx.verify_mode = (
+                ssl.CERT_REQUIRED
+                if self.client_auth_type == "RequireAndVerifyClientCert"
+                else ssl.CERT_OPTIONAL
+            )
+        return ctx
+
+
+_CLIENT_AUTH = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
+_BCRYPT = re.compile(rb"^\$2[abxy]?\$\d\d\$[./A-Za-z0-9]{53}$")
+
+
+def load_web_config(path: str) -> WebConfig:
+    """Read PATH; ValueError says what is wrong with it (unknown keys are refused)."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping")
+    unknown = set(data) - {"tls_server_config", "basic_auth_users", "http_server_config"}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+    tls = data.get("tls_server_config") or {}
+    users = data.get("basic_auth_users") or {}
+    if not isinstance(tls, dict) or not isinstance(users, dict):
+        raise ValueError(f"{path}: tls_server_config and basic_auth_users are mappings")
+    known_tls = {"cert_file", "key_file", "client_ca_file", "client_auth_type"}
+    if set(tls) - known_tls:
+        raise ValueError(f"{path}: tls_server_config: unknown keys {sorted(set(tls) - known_tls)}")
+    cert, key = str(tls.get("cert_file", "")), str(tls.get("key_file", ""))
+    if bool(cert) != bool(key):
+        raise ValueError(f"{path}: cert_file and key_file go together")
+    auth_type = str(tls.get("client_auth_type", "NoClientCert"))
+    if auth_type not in _CLIENT_AUTH:
+        raise ValueError(f"{path}: client_auth_type is one of {', '.join(_CLIENT_AUTH)}")
+    ca = str(tls.get("client_ca_file", ""))
+    if auth_type != "NoClientCert" and not ca:
+        raise ValueError(f"{path}: client_auth_type {auth_type} needs client_ca_file")
+    if (ca or tls) and not cert:
+        raise ValueError(f"{path}: tls_server_config needs cert_file and key_file")
+    hashed: list[tuple[str, bytes]] = []
+    for user, h in users.items():
+        raw = str(h).encode()
+        if not _BCRYPT.match(raw):
+            raise ValueError(f"{path}: basic_auth_users.{user}: expected a bcrypt hash")
+        hashed.append((str(user), raw))
+    if hashed:
+        try:
+            import bcrypt  # noqa: F401
+        except ImportError:
+            raise ValueError(f"{path}: basic_auth_users needs the bcrypt package") from None
+    if hashed and not cert:
+        raise ValueError(
+            f"{path}: basic_auth_users without tls_server_config would send passwords in clear"
+        )
+    cfg = WebConfig(cert, key, ca, auth_type, tuple(hashed))
+    cfg.ssl_context()  # unreadable files fail now, not at the first scrape
+    return cfg
+
+
+class _Passwords:
+    """bcrypt checks, with the pairs that passed remembered (bounded): a bcrypt check
+    costs tens of ms of CPU, and Prometheus sends the same pair every scrape."""
+
+    MAX = 256
+
+    CHECKS_PER_S = 4.0  # bcrypt checks of pairs not yet seen: what strangers may cost
+
+    def __init__(self, users: tuple[tuple[str, bytes], ...]) -> None:
+        self.users = dict(users)
+        self.salt = os.urandom(16)
+        self.ok: set[bytes] = set()
+        self.lock = threading.Lock()
+        self._budget, self._at = self.CHECKS_PER_S, time.monotonic()
+
+    def _may_check(self) -> bool:
+        with self.lock:
+            now = time.monotonic()
+            self._budget = min(
+                self.CHECKS_PER_S, self._budget + (now - self._at) * self.CHECKS_PER_S
+            )
+            self._at = now
+            if self._budget < 1.0:
+                return False
+            self._budget -= 1.0
+            return True
+
+    def check(self, header: str) -> bool:
+        import bcrypt
+
+        scheme, _, blob = header.partition(" ")
+        if scheme.lower() != "basic" or len(blob) > 1024:
+            return False
+        try:
+            user, _, password = base64.b64decode(blob, validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        h = self.users.get(user)
+        if h is None:
+            return False
+        key = hashlib.sha256(self.salt + user.encode() + b"\0" + password.encode()).digest()
+        with self.lock:
+            if key in self.ok:
+                return True
+        if not self._may_check() or not bcrypt.checkpw(password.encode(), h):
+            return False
+        with self.lock:
+            if len(self.ok) >= self.MAX:
+                self.ok.clear()
+            self.ok.add(key)
+        return True
+
+
 class _Handler(BaseHTTPRequestHandler):
-    registry: CollectorRegistry
+    cache: RenderCache
+    passwords: _Passwords | None
+    timeout = 10.0  # seconds a client may take to send its request (slow clients cut off)
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()  # here, on the handler's thread, with its timeout
 
     def do_GET(self) -> None:
+        stats = self.cache.stats
+        if self.passwords is not None and not self.passwords.check(
+            self.headers.get("Authorization", "")
+        ):
+            stats.count("unauthorized")
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="fabricprobe"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+            stats.count("not_found")
             self.send_error(404, "only /metrics is served here")
             return
-        body = render(self.registry)
+        want_gzip = "gzip" in self.headers.get("Accept-Encoding", "")
+        body = self.cache.get(want_gzip)
         self.send_response(200)
         self.send_header("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)
-        if "gzip" in self.headers.get("Accept-Encoding", ""):
-            body = gzip.compress(body, compresslevel=1)
+        if want_gzip:
             self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+        stats.count("served")
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # scrapes are counted in the scrape-duration gauge, not logged
 
 
-def serve_metrics(host: str, port: int, registry: CollectorRegistry) -> ThreadingHTTPServer:
-    """Serve REGISTRY on http://HOST:PORT/metrics from a daemon thread; the caller shuts
-    it down (shutdown() and server_close())."""
+class MetricsServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer that runs at most MAX_THREADS requests at once; a
+    connection beyond that is answered 503 at once and closed."""
+
+    daemon_threads = True
+    request_queue_size = 64  # the accept loop answers a busy server's extra connections fast
+    max_threads = 8
+    stats: ScrapeStats
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._slots = threading.BoundedSemaphore(self.max_threads)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.stats.count("busy")
+            try:
+                if not isinstance(request, ssl.SSLSocket):  # no handshake on this thread
+                    request.settimeout(0.2)
+                    request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away or failed its handshake: nothing to report
+
+
+_BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+def serve_metrics(
+    host: str,
+    port: int,
+    registry: CollectorRegistry,
+    *,
+    web: WebConfig | None = None,
+    stats: ScrapeStats | None = None,
+    max_threads: int = 8,
+    cache_s: float = 1.0,
+) -> MetricsServer:
+    """Serve REGISTRY on http(s)://HOST:PORT/metrics from a daemon thread; the caller
+    shuts it down (shutdown() and server_close())."""
+    web = web or WebConfig()
+    stats = stats or ScrapeStats()
     family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)[0][0]
-    server_class = type("MetricsServer", (ThreadingHTTPServer,), {"address_family": family})
-    handler = type("MetricsHandler", (_Handler,), {"registry": registry})
+    server_class = type(
+        "BoundMetricsServer",
+        (MetricsServer,),
+        {"address_family": family, "max_threads": max_threads, "stats": stats},
+    )
+    handler = type(
+        "MetricsHandler",
+        (_Handler,),
+        {
+            "cache": RenderCache(registry, cache_s, stats),
+            "passwords": _Passwords(web.users) if web.users else None,
+        },
+    )
     server = server_class((host, port), handler)
-    server.daemon_threads = True
+    ctx = web.ssl_context()
+    if ctx is not None:
+        server.socket = ctx.wrap_socket(
+            server.socket, server_side=True, do_handshake_on_connect=False
+        )
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server

@@ -8,12 +8,14 @@ wires the servicer, health, reflection, /metrics and graceful shutdown together.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
@@ -23,11 +25,23 @@ from prometheus_client import CollectorRegistry
 
 from fabricprobe.collector.assign import HostSpec, PlanConfig, Planner
 from fabricprobe.collector.attribution_exporter import attach_attribution
-from fabricprobe.collector.auth import Authenticator, AuthError, Insecure
+from fabricprobe.collector.auth import (
+    HOST,
+    INGEST,
+    READER,
+    Authenticator,
+    Gate,
+    GateConfig,
+    Insecure,
+    Policy,
+    identity_of,
+    peer_address,
+)
 from fabricprobe.collector.exporter import FabricCollector
-from fabricprobe.collector.exposition import serve_metrics
+from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_config, serve_metrics
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp_http import serve_otlp_http
+from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -36,39 +50,72 @@ from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 log = logging.getLogger("fabricprobe.collector")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Collector"].full_name
+QUERY_SERVICE = pb.DESCRIPTOR.services_by_name["Query"].full_name
+TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 MAX_MESSAGE_BYTES = 4 << 20  # a window of 32 peers x 3 kinds is ~100 KiB; 4 MiB is ample
 MAX_ADDRESSES = 16
 MAX_DEVICES = 32
+MAX_PORTS = 16  # per device
+MAX_GIDS = 256  # per port
+MAX_KINDS = 32
+MAX_LABEL = 128  # topology, version, device and kind names: they become label values
 
 
-class RateLimited(Exception):
-    """A host sent more reports than its rate allows."""
+class AddressRefused(ReportError):
+    """A registration naming an address that is not the host's."""
 
 
-class _Bucket:
-    """Token bucket: RATE per second, up to BURST at once."""
-
-    __slots__ = ("burst", "last", "rate", "tokens")
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate, self.burst, self.tokens, self.last = rate, burst, burst, time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
+def _is_local(ip: str) -> bool:
+    """Whether IP is assigned to this machine (binding to it succeeds only then)."""
+    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
         return False
+
+
+def check_addresses(
+    info: pb.HostInfo,
+    owned: frozenset[str],
+    source: str,
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...],
+) -> None:
+    """Each address INFO registers must be the host's: the connection's SOURCE, an IP its
+    certificate names (OWNED), inside one of the fleet's NETWORKS, or, for a caller on
+    this machine (a loopback source), one of this machine's addresses. A name is taken
+    only when it is the host's own name. AddressRefused says which address failed."""
+    try:
+        src = ipaddress.ip_address(source) if source else None
+    except ValueError:
+        src = None
+    for text in info.addresses:
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            if text == info.host:
+                continue
+            raise AddressRefused(
+                f"address {text[:64]!r} is neither an IP nor the host's name"
+            ) from None
+        if ip == src or str(ip) in owned or any(ip in n for n in networks):
+            continue
+        if src is not None and src.is_loopback and (ip.is_loopback or _is_local(str(ip))):
+            continue
+        raise AddressRefused(
+            f"address {ip} is not this host's: not the connection's source ({source or '?'}),"
+            " not in its certificate, not in the fleet's networks (fleet_networks)"
+        )
 
 
 @dataclass
 class ApiConfig:
     report_interval_ms: int = 10_000
-    reports_per_second: float = 50.0  # per host; replays after an outage come in bursts
-    report_burst: float = 500.0
     plan: PlanConfig = field(default_factory=PlanConfig)
+    # networks every registered address may lie in, and the only ones probes are sent
+    # to (empty: an address must be the caller's own, see check_addresses)
+    fleet_networks: tuple[str, ...] = ()
 
 
 def host_spec(info: pb.HostInfo) -> HostSpec:
@@ -102,12 +149,19 @@ class AgentApi:
 
     def __init__(self, store: WindowStore, planner: Planner, cfg: ApiConfig) -> None:
         self.store, self.planner, self.cfg = store, planner, cfg
-        self._buckets: dict[str, _Bucket] = {}
+        self.networks = tuple(ipaddress.ip_network(n) for n in cfg.fleet_networks)
         self._lock = threading.Lock()
         self._sent: dict[str, pb.Assignments] = {}  # host -> its current assignments
+        self.targets_dropped = 0  # targets outside the fleet's networks never sent
 
-    def register(self, info: pb.HostInfo) -> pb.RegisterResponse:
+    def register(
+        self, info: pb.HostInfo, *, owned: frozenset[str] = frozenset(), source: str | None = None
+    ) -> pb.RegisterResponse:
+        """Add or refresh INFO's host. With SOURCE (the caller's address; the gRPC edge
+        always gives it) each address must be the host's (check_addresses)."""
         _check_host_info(info)
+        if source is not None:
+            check_addresses(info, owned, source, self.networks)
         self.store.register(info)
         self.planner.upsert(host_spec(info))
         return pb.RegisterResponse(
@@ -123,6 +177,11 @@ class AgentApi:
         if cached is not None and cached.generation == gen:
             return cached
         gen, targets = self.planner.assignments(host)
+        if self.networks:  # the fleet's probes go nowhere else
+            kept = tuple(t for t in targets if self._in_fleet(t.address))
+            with self._lock:
+                self.targets_dropped += len(targets) - len(kept)
+            targets = kept
         msg = pb.Assignments(
             host=host,
             generation=gen,
@@ -146,19 +205,15 @@ class AgentApi:
             self._sent[host] = msg
         return msg
 
+    def _in_fleet(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in n for n in self.networks)
+
     def report(self, report: pb.WindowReport) -> pb.Ack:
-        """Take one report; raises RateLimited or ReportError."""
-        with self._lock:
-            bucket = self._buckets.get(report.host)
-            if bucket is None:
-                bucket = self._buckets[report.host] = _Bucket(
-                    self.cfg.reports_per_second, self.cfg.report_burst
-                )
-            allowed = bucket.take()
-        if not allowed:
-            raise RateLimited(
-                f"host {report.host} exceeds {self.cfg.reports_per_second:g} reports/s"
-            )
+        """Take one report; raises ReportError."""
         res = self.store.take(report)
         return pb.Ack(
             epoch=report.epoch,
@@ -175,7 +230,6 @@ class AgentApi:
         with self._lock:
             for h in [*gone, *stale]:
                 self._sent.pop(h, None)
-                self._buckets.pop(h, None)
         return gone
 
 
@@ -193,28 +247,43 @@ def _check_host_info(info: pb.HostInfo) -> None:
         raise ReportError(f"bad host name {info.host[:60]!r}")
     if len(info.addresses) > MAX_ADDRESSES or len(info.devices) > MAX_DEVICES:
         raise ReportError("too many addresses or devices")
+    if any(len(a) > 253 for a in info.addresses):
+        raise ReportError("an address over 253 characters")
     if not 0 <= info.probe_port < 65536:
         raise ReportError("probe_port out of range")
+    if len(info.topology) > MAX_LABEL or len(info.version) > MAX_LABEL:
+        raise ReportError(f"topology and version are at most {MAX_LABEL} characters")
+    if len(info.probe_kinds) > MAX_KINDS or any(len(k) > MAX_LABEL for k in info.probe_kinds):
+        raise ReportError(f"at most {MAX_KINDS} probe kinds of {MAX_LABEL} characters")
+    for d in info.devices:
+        if len(d.name) > MAX_LABEL or len(d.driver) > MAX_LABEL or len(d.ports) > MAX_PORTS:
+            raise ReportError(f"device {d.name[:40]!r}: name, driver or ports out of bounds")
+        for p in d.ports:
+            if len(p.gids) > MAX_GIDS or len(p.state) > MAX_LABEL or len(p.link_layer) > 64:
+                raise ReportError(f"device {d.name[:40]!r} port {p.number}: out of bounds")
+            if any(len(g.gid) > 64 or len(g.type) > 32 or len(g.netdev) > 64 for g in p.gids):
+                raise ReportError(f"device {d.name[:40]!r} port {p.number}: bad GID entry")
 
 
 class CollectorServicer(pb_grpc.CollectorServicer):
-    """gRPC edge: authenticate, check the caller speaks for itself, delegate to AgentApi."""
+    """gRPC edge of AgentApi. Who may call, and for which host, the server's Gate
+    (collector/auth.py) has decided before any of these runs."""
 
-    def __init__(self, api: AgentApi, auth: Authenticator) -> None:
-        self.api, self.auth = api, auth
-
-    def _caller(self, context: grpc.ServicerContext, claimed: str) -> None:
-        try:
-            self.auth.check(context, claimed)
-        except AuthError as e:
-            context.abort(e.code, str(e))
+    def __init__(self, api: AgentApi) -> None:
+        self.api = api
 
     def Register(
         self, request: pb.RegisterRequest, context: grpc.ServicerContext
     ) -> pb.RegisterResponse:
-        self._caller(context, request.host.host)
+        ident = identity_of(context)
         try:
-            resp = self.api.register(request.host)
+            resp = self.api.register(
+                request.host,
+                owned=ident.addresses if ident is not None else frozenset(),
+                source=peer_address(context),
+            )
+        except AddressRefused as e:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"register: {e}")
         except ReportError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register: {e}")
         log.info("registered host=%s addresses=%s", request.host.host, list(request.host.addresses))
@@ -223,7 +292,6 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     def GetAssignments(
         self, request: pb.AssignmentsRequest, context: grpc.ServicerContext
     ) -> pb.Assignments:
-        self._caller(context, request.host)
         if request.host not in self.api.store.hosts:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{request.host}: register first")
         return self.api.assignments(request.host)
@@ -238,11 +306,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         return self._take(request, context)
 
     def _take(self, report: pb.WindowReport, context: grpc.ServicerContext) -> pb.Ack:
-        self._caller(context, report.host)
         try:
             return self.api.report(report)
-        except RateLimited as e:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ReportError as e:
             code = (
                 grpc.StatusCode.FAILED_PRECONDITION
@@ -253,17 +318,45 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         raise AssertionError("context.abort returned")  # pragma: no cover
 
 
+def _collector_method(name: str) -> str:
+    return f"/{SERVICE_NAME}/{name}"
+
+
+def policy(gate: GateConfig) -> Policy:
+    """The role each service on the port needs, and the host each agent call names."""
+    return Policy(
+        roles={
+            SERVICE_NAME: HOST,
+            TRACE_SERVICE: INGEST,
+            QUERY_SERVICE: READER,
+            health.SERVICE_NAME: gate.health,
+            reflection.SERVICE_NAME: gate.reflection,
+        },
+        claims={
+            _collector_method("Register"): lambda r: str(r.host.host),
+            _collector_method("GetAssignments"): lambda r: str(r.host),
+            _collector_method("Report"): lambda r: str(r.host),
+            _collector_method("ReportWindow"): lambda r: str(r.host),
+        },
+    )
+
+
 @dataclass
 class ServerConfig:
     listen: str = "127.0.0.1:4794"
     metrics_listen: str = "127.0.0.1:9794"  # "" serves no /metrics
     otlp_http_listen: str = ""  # OTLP over HTTP (POST /v1/traces); "" serves none
     match: MatchConfig = field(default_factory=MatchConfig)  # engine sides -> agent hosts
-    workers: int = 64
+    web_config: str = ""  # TLS and basic auth for /metrics (collector/exposition.py)
+    metrics_threads: int = 8  # /metrics requests served at once
+    metrics_cache_s: float = 1.0  # one render serves every GET within this
+    workers: int = 64  # the gRPC worker pool; streams may hold at most half of it
     grace: float = 5.0
     stale_after: float = 30.0
     forget_after: float = 600.0
     api: ApiConfig = field(default_factory=ApiConfig)
+    raw: RawStoreConfig | None = None  # keep every window in Parquet files (rawstore.py)
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 def split_hostport(text: str) -> tuple[str, int]:
@@ -283,8 +376,13 @@ class CollectorServer:
         self.planner = Planner(cfg.api.plan)
         self.api = AgentApi(self.store, self.planner, cfg.api)
         self.rpc_stats = RpcStats()
+        workers = max(4, cfg.workers)
+        gate_cfg = replace(cfg.gate, max_streams=min(cfg.gate.max_streams, max(1, workers // 2)))
+        self.gate = Gate(self.auth, policy(gate_cfg), gate_cfg)
         self.registry = CollectorRegistry()
-        self.registry.register(FabricCollector(self.store, self.rpc_stats))
+        self.scrapes = ScrapeStats()
+        self.web = load_web_config(cfg.web_config) if cfg.web_config else WebConfig()
+        self.registry.register(FabricCollector(self.store, self.rpc_stats, self.gate, self.scrapes))
         self.health = health.HealthServicer()
         self.port = 0
         self.metrics_port = 0
@@ -294,45 +392,76 @@ class CollectorServer:
         self.otlp_http_port = 0
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
+        self.raw: RawWindowWriter | None = None
+        if cfg.raw is not None:
+            self.raw = RawWindowWriter(cfg.raw)
+            self.store.listeners.append(self.raw)
+            self.registry.register(RawStoreCollector(self.raw))
 
     def start(self) -> None:
+        workers = max(4, self.cfg.workers)
         opts = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # one collector per port: without this gRPC sets SO_REUSEPORT, and a second
+            # collector would bind the same port and take half the fleet
+            ("grpc.so_reuseport", 0),
         ]
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.cfg.workers, thread_name_prefix="grpc"),
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
             options=opts,
-            interceptors=[TimingInterceptor(self.rpc_stats)],
-            maximum_concurrent_rpcs=self.cfg.workers * 4,
+            # timing first, so that calls the gate refuses are counted by code too
+            interceptors=[TimingInterceptor(self.rpc_stats), self.gate],
+            # calls beyond this are refused at once (RESOURCE_EXHAUSTED), never queued long
+            maximum_concurrent_rpcs=workers * 2,
         )
-        pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api, self.auth), server)
-        # OTLP stage spans joined with the fabric (collector/attribution.py)
+        pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api), server)
+        # OTLP stage spans joined with the fabric (collector/attribution.py), and Query
         self.attribution = attach_attribution(
             server, self.store, self.registry, self._stop, match=self.cfg.match
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+            (SERVICE_NAME, QUERY_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         host, port = split_hostport(self.cfg.listen)
-        self.port = self.auth.add_port(server, f"{host}:{port}")
+        try:
+            self.port = self.auth.add_port(server, f"{host}:{port}")
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {self.cfg.listen}")
+            raise OSError(
+                f"cannot listen on {self.cfg.listen}: the address is in use"
+                " (another collector?) or not local"
+            )
+        if self.cfg.metrics_listen:  # before the API serves: a failure here leaves nothing up
+            mhost, mport = split_hostport(self.cfg.metrics_listen)
+            try:
+                self._http = serve_metrics(
+                    mhost,
+                    mport,
+                    self.registry,
+                    web=self.web,
+                    stats=self.scrapes,
+                    max_threads=self.cfg.metrics_threads,
+                    cache_s=self.cfg.metrics_cache_s,
+                )
+            except OSError as e:
+                server.stop(0)
+                raise OSError(f"cannot serve /metrics on {self.cfg.metrics_listen}: {e}") from e
+            self.metrics_port = int(self._http.server_address[1])
         server.start()
         self._server = server
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        if self.cfg.metrics_listen:
-            mhost, mport = split_hostport(self.cfg.metrics_listen)
-            self._http = serve_metrics(mhost, mport, self.registry)
-            self.metrics_port = int(self._http.server_address[1])
         if self.cfg.otlp_http_listen:
             ohost, oport = split_hostport(self.cfg.otlp_http_listen)
             self._otlp_http = serve_otlp_http(ohost, oport, self.attribution.ingest)
             self.otlp_http_port = int(self._otlp_http.server_address[1])
         self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         self._reaper.start()
+        if self.raw is not None:
+            self.raw.start()
         log.info(
             "collector listening api=%s:%d metrics=%s",
             host,
@@ -345,6 +474,7 @@ class CollectorServer:
     def _reap(self) -> None:
         every = max(0.5, min(self.cfg.stale_after, 10.0))
         while not self._stop.wait(every):
+            self.gate.cancel_idle()
             gone = self.api.expire()
             if gone:
                 log.info("forgot silent hosts=%s", gone)
@@ -364,6 +494,8 @@ class CollectorServer:
             self._otlp_http.shutdown()
             self._otlp_http.server_close()
             self._otlp_http = None
+        if self.raw is not None:
+            self.raw.stop()  # the last rows, after the last report
         log.info("collector stopped")
 
     def wait(self, until: Callable[[], bool]) -> None:

@@ -10,15 +10,16 @@ counted twice.
 from __future__ import annotations
 
 import copy
+import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
-from fabricprobe.probes.counters import counter_delta
 from fabricprobe.probes.errors import ParseError
 
 PathKey = tuple[str, str, str, str, int]  # src, dst, transport, op, size
@@ -27,7 +28,36 @@ CounterKey = tuple[str, str, str, int, str, int, str]
 
 COUNTER_KINDS = frozenset({"rdma", "pfc", "netdev", "nixl"})  # nixl: agent/nixl.py
 _WIDTHS = frozenset({32, 64})
-MAX_NAME = 128
+MAX_NAME = 128  # peer host names and counter names
+MAX_DEVICE = 64  # RDMA device and netdev names (the kernel's are shorter)
+
+# Bounds of what one host can make the collector hold (collector/README.md lists them).
+MAX_PATHS_PER_HOST = 4096  # new paths beyond it are dropped and counted; idle ones expire
+MAX_COUNTERS_PER_HOST = 4096  # the same for counters
+MAX_EPOCHS = 4  # agent lifetimes whose sequence numbers are kept per host
+MAX_RETIRED = 64  # older lifetimes remembered per host: their replays are not counted again
+MAX_HOSTS = 10_000  # registered hosts (tokens bound them already; plain text does not)
+FUTURE_TOLERANCE_S = 300.0  # a window may end this far past the collector's clock
+MAX_BUSY_S = 86_400.0  # seconds a bandwidth window can have spent moving bytes
+MAX_BYTES_PER_S = 1e14  # 800 Tb/s: a bandwidth figure above it is not a measurement
+MAX_STAT = 1e15  # agent self-figures (CPU seconds, probe rate)
+# A 32-bit counter read lower than before wrapped only if it could have travelled
+# 2**32 - prev + new in the time between the readings: at up to WRAP_RATE_FACTOR times the
+# fastest rate it has shown (at least MIN_WRAP_RATE a second), or, before it has shown
+# one, at a rate that wraps it once a minute (a counter faster than that cannot be read
+# at 10 s windows anyway). Anything else is a reset of the device.
+WRAP_RATE_FACTOR = 4.0
+MIN_WRAP_RATE = 1e6
+FIRST_WRAP_RATE = 2**32 / 60.0
+DROPS = (
+    "path",  # a new path over the host's bound
+    "counter",  # a new counter over the host's bound
+    "value",  # a figure out of range (non-finite, negative, wider than its counter)
+    "stale_epoch",  # a report from a lifetime older than the ones kept
+    "stale_reading",  # a counter reading older (by epoch and seq) than the one held
+    "clock_step",  # a counter reading dated at or before the previous one: no rate
+    "host",  # a registration over MAX_HOSTS
+)
 
 
 def host_pair(a: str, b: str) -> tuple[str, str]:
@@ -46,6 +76,8 @@ class PathStats:
     rtt: MergedSketch = field(default_factory=MergedSketch)  # all windows merged
     last_rtt: MergedSketch | None = None  # the newest window only
     last_end_ns: int = 0
+    last_order: tuple[int, int] = (0, 0)  # (lifetime, seq) of the newest window
+    touched_ns: int = 0  # collector clock when a window last arrived (idle paths expire)
     bytes_moved: int = 0
     busy_seconds: float = 0.0
     last_bytes_per_second: float | None = None
@@ -66,10 +98,13 @@ class CounterTrack:
     width: int
     last_value: int
     last_ns: int
+    order: tuple[int, int] = (0, 0)  # (lifetime, seq) of the last reading
     total: int = 0  # increase since the collector first saw it, wraps and resets counted
     rate: float | None = None  # per second between the two newest readings
+    peak_rate: float = 0.0  # the fastest it has moved (tells a wrap from a reset)
     wraps: int = 0
     resets: int = 0
+    touched_ns: int = 0
 
 
 @dataclass
@@ -83,14 +118,21 @@ class HostState:
     agent: pb.AgentStats | None = None
     reports: int = 0
     duplicates: int = 0
-    seen: dict[int, _SeqSet] = field(default_factory=dict)  # epoch -> seqs taken
+    # epoch -> (its lifetime number, seqs taken), in the order the collector first heard
+    # of each lifetime: that order, not the epoch's value (a clock), says which is newer
+    seen: OrderedDict[int, tuple[int, _SeqSet]] = field(default_factory=OrderedDict)
+    retired: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    lifetimes: int = 0
+    newest: tuple[int, int] = (0, 0)  # (lifetime, seq) of the newest report taken
+    paths: int = 0
+    counters: int = 0
 
 
 class _SeqSet:
     """Sequence numbers taken for one epoch: a contiguous floor plus a bounded set above."""
 
     __slots__ = ("above", "floor")
-    MAX_ABOVE = 100_000
+    MAX_ABOVE = 4096  # seqs held above the floor; a gap older than that is given up
 
     def __init__(self) -> None:
         self.floor = 0  # every seq <= floor was taken
@@ -134,10 +176,19 @@ class WindowStore:
         stale_after: float = 30.0,
         forget_after: float = 600.0,
         clock: Callable[[], int] = time.time_ns,
+        max_paths_per_host: int = MAX_PATHS_PER_HOST,
+        max_counters_per_host: int = MAX_COUNTERS_PER_HOST,
+        max_hosts: int = MAX_HOSTS,
+        future_tolerance_s: float = FUTURE_TOLERANCE_S,
     ) -> None:
         self.stale_after = stale_after
         self.forget_after = forget_after
         self.clock = clock
+        self.max_paths_per_host = max_paths_per_host
+        self.max_counters_per_host = max_counters_per_host
+        self.max_hosts = max_hosts
+        self.future_tolerance_ns = int(future_tolerance_s * 1e9)
+        self.dropped: dict[str, int] = dict.fromkeys(DROPS, 0)
         self.lock = threading.RLock()
         self.hosts: dict[str, HostState] = {}
         self.paths: dict[PathKey, PathStats] = {}
@@ -160,6 +211,9 @@ class WindowStore:
             state = self.hosts.get(info.host)
             now = self.clock()
             if state is None:
+                if len(self.hosts) >= self.max_hosts:
+                    self.dropped["host"] += 1
+                    raise ReportError(f"the collector holds {self.max_hosts} hosts already")
                 state = HostState(info=info, registered_ns=now, last_report_ns=now)
                 self.hosts[info.host] = state
             else:
@@ -188,15 +242,29 @@ class WindowStore:
             ]
             for name in gone:
                 del self.hosts[name]
-            if gone:
-                dead = set(gone)
-                self.paths = {k: v for k, v in self.paths.items() if k[0] not in dead}
+            # a path or counter no window has touched for forget_after goes too (its
+            # host's bound frees up): a host that probes new peers does not pile up old ones
+            idle = now - int(self.forget_after * 1e9)
+            dead = set(gone)
+            old_paths = [k for k, v in self.paths.items() if k[0] in dead or v.touched_ns < idle]
+            old_counters = [
+                k for k, t in self.counters.items() if k[0] in dead or t.touched_ns < idle
+            ]
+            if old_paths:
+                for k in old_paths:
+                    del self.paths[k]
+                    if (h := self.hosts.get(k[0])) is not None:
+                        h.paths -= 1
+                gone_paths = set(old_paths)
                 self._pair_paths = {
                     pair: kept
                     for pair, keys in self._pair_paths.items()
-                    if (kept := [k for k in keys if k[0] not in dead])
+                    if (kept := [k for k in keys if k not in gone_paths])
                 }
-                self.counters = {k: v for k, v in self.counters.items() if k[0] not in dead}
+            for ck in old_counters:
+                del self.counters[ck]
+                if (h := self.hosts.get(ck[0])) is not None:
+                    h.counters -= 1
             return gone
 
     # -- reports ------------------------------------------------------------------------
@@ -214,38 +282,69 @@ class WindowStore:
             if state is None:
                 self.rejected_total += 1
                 raise ReportError(f"host {report.host!r} has not registered")
-            seqs = state.seen.setdefault(report.epoch, _SeqSet())
+            now = self.clock()
+            if report.window_end_unix_ns > now + self.future_tolerance_ns:
+                self.rejected_total += 1
+                ahead = (report.window_end_unix_ns - now) / 1e9
+                raise ReportError(
+                    f"window ends {ahead:,.0f} s after the collector's clock"
+                    f" (tolerance {self.future_tolerance_ns / 1e9:g} s): check the agent's clock"
+                )
+            lifetime = self._lifetime(state, report.epoch)
+            if lifetime is None:  # a lifetime older than the ones kept: taken long ago
+                self.dropped["stale_epoch"] += 1
+                state.duplicates += 1
+                self.duplicates_total += 1
+                return TakeResult(duplicate=True, probes=0, counters=0)
+            seqs = state.seen[report.epoch][1]
             if report.seq in seqs:
                 state.duplicates += 1
                 self.duplicates_total += 1
                 return TakeResult(duplicate=True, probes=0, counters=0)
             seqs.add(report.seq)
-            if len(state.seen) > 4:  # old agent lifetimes: keep the newest few
-                for epoch in sorted(state.seen)[:-4]:
-                    del state.seen[epoch]
-            now = self.clock()
             state.last_report_ns = now
             state.reports += 1
             self.reports_total += 1
-            newest = report.window_end_unix_ns >= state.last_window_end_ns
-            if newest:
+            order = (lifetime, report.seq)
+            if order > state.newest:  # newest by lifetime and seq: clocks may step
+                state.newest = order
                 state.last_window_end_ns = report.window_end_unix_ns
                 if report.HasField("agent"):
-                    state.agent = report.agent
+                    if _agent_ok(report.agent):
+                        state.agent = report.agent
+                    else:
+                        self.dropped["value"] += 1
             end = report.window_end_unix_ns
             windows: list[tuple[PathKey, MergedSketch]] = []
             for w, sketch in zip(report.probes, sketches, strict=True):
-                key = self._merge_probe(report.host, end, w, sketch)
-                if sketch is not None and sketch.kind == "rtt":
+                key = self._merge_probe(state, end, order, now, w, sketch)
+                if key is not None and sketch is not None and sketch.kind == "rtt":
                     windows.append((key, sketch))
             rates: list[tuple[CounterKey, float]] = []
             for c in report.counters:
-                updated = self._merge_counter(report.host, end, c)
+                updated = self._merge_counter(state, end, order, now, c)
                 if updated is not None:
                     rates.append(updated)
             for listener in self.listeners:
                 listener.report_taken(end, windows, rates)
             return TakeResult(False, len(report.probes), len(report.counters))
+
+    def _lifetime(self, state: HostState, epoch: int) -> int | None:
+        """EPOCH's lifetime number for STATE (a new lifetime gets the next one), or None
+        for a lifetime retired to make room for newer ones."""
+        held = state.seen.get(epoch)
+        if held is not None:
+            return held[0]
+        if epoch in state.retired:
+            return None
+        state.lifetimes += 1
+        state.seen[epoch] = (state.lifetimes, _SeqSet())
+        while len(state.seen) > MAX_EPOCHS:  # the lifetime heard of first goes
+            old, _ = state.seen.popitem(last=False)
+            state.retired[old] = None
+            while len(state.retired) > MAX_RETIRED:
+                state.retired.popitem(last=False)
+        return state.lifetimes
 
     def _validate(self, report: pb.WindowReport) -> list[MergedSketch | None]:
         if not report.host:
@@ -275,54 +374,102 @@ class WindowStore:
                     f"bad counter kind={c.kind!r} name={name[:40]!r} width={c.width}"
                     " (kinds rdma, pfc, netdev, nixl; width 32 or 64)"
                 )
+            if len(c.device) > MAX_DEVICE or len(c.netdev) > MAX_DEVICE:
+                raise ReportError(f"counter {name[:40]!r}: device name over {MAX_DEVICE}")
         return sketches
 
     def _merge_probe(
-        self, src: str, end_ns: int, w: pb.ProbeWindow, sketch: MergedSketch | None
-    ) -> PathKey:
+        self,
+        state: HostState,
+        end_ns: int,
+        order: tuple[int, int],
+        now: int,
+        w: pb.ProbeWindow,
+        sketch: MergedSketch | None,
+    ) -> PathKey | None:
+        src = state.info.host
         key: PathKey = (src, w.dst, w.transport, w.op, int(w.size))
+        if w.bytes_moved and not _bandwidth_ok(w.bytes_moved, w.busy_seconds):
+            self.dropped["value"] += 1
+            return None
         stats = self.paths.get(key)
         if stats is None:
+            if state.paths >= self.max_paths_per_host:
+                self.dropped["path"] += 1
+                return None
             stats = self.paths[key] = PathStats()
+            state.paths += 1
             self._pair_paths.setdefault(host_pair(src, w.dst), []).append(key)
         stats.windows += 1
         stats.failures += w.failures
+        stats.touched_ns = now
+        newest = order > stats.last_order
         if sketch is not None:
             if sketch.kind == "rtt":
                 stats.rtt.merge(sketch)
                 self.merges_total += 1
-            if end_ns >= stats.last_end_ns:
+            if newest:
                 stats.last_rtt = sketch  # parsed for this report alone: never merged into
         if w.bytes_moved:
             stats.bytes_moved += w.bytes_moved
             stats.busy_seconds += w.busy_seconds
-            if end_ns >= stats.last_end_ns and w.busy_seconds > 0:
+            if newest:
                 stats.last_bytes_per_second = w.bytes_moved / w.busy_seconds
-        stats.last_end_ns = max(stats.last_end_ns, end_ns)
+        if newest:
+            stats.last_order = order
+            stats.last_end_ns = end_ns
         return key
 
     def _merge_counter(
-        self, src: str, end_ns: int, c: pb.CounterReading
+        self, state: HostState, end_ns: int, order: tuple[int, int], now: int, c: pb.CounterReading
     ) -> tuple[CounterKey, float] | None:
         """Fold one reading in; the counter and its new rate when the rate changed."""
+        src = state.info.host
         key: CounterKey = (src, c.kind, c.device, c.port, c.netdev, c.priority, c.name)
         value = c.value
+        if value >= 1 << c.width:
+            self.dropped["value"] += 1
+            return None
         track = self.counters.get(key)
         if track is None:
-            self.counters[key] = CounterTrack(c.width, value, end_ns)
+            if state.counters >= self.max_counters_per_host:
+                self.dropped["counter"] += 1
+                return None
+            state.counters += 1
+            self.counters[key] = CounterTrack(c.width, value, end_ns, order, touched_ns=now)
             return None
-        if end_ns <= track.last_ns:
+        if order <= track.order:
+            self.dropped["stale_reading"] += 1
             return None  # a replayed older reading: the totals already passed it
+        track.touched_ns = now
+        dt = (end_ns - track.last_ns) / 1e9
         if value >= track.last_value:  # the common case, without the wrap/reset analysis
             delta = value - track.last_value
+        elif track.width == 32 and c.width == 32 and dt > 0:
+            travelled = (1 << 32) - track.last_value + value
+            fastest = (
+                max(MIN_WRAP_RATE, WRAP_RATE_FACTOR * track.peak_rate)
+                if track.peak_rate > 0
+                else FIRST_WRAP_RATE
+            )
+            if travelled <= fastest * dt:
+                delta = travelled
+                track.wraps += 1
+            else:
+                delta = value
+                track.resets += 1
         else:
-            d = counter_delta(track.last_value, value, track.width)
-            delta = d.delta
-            track.wraps += d.wrapped
-            track.resets += d.reset
+            delta = value  # a 64-bit counter never wraps in practice: it was reset
+            track.resets += 1
         track.total += delta
-        rate = track.rate = delta / ((end_ns - track.last_ns) / 1e9)
-        track.last_value, track.last_ns, track.width = value, end_ns, c.width
+        track.last_value, track.order, track.width = value, order, c.width
+        if dt <= 0:  # the agent's clock stepped back: the increase counts, no rate from it
+            self.dropped["clock_step"] += 1
+            track.last_ns = end_ns
+            return None
+        rate = track.rate = delta / dt
+        track.peak_rate = max(track.peak_rate, rate)
+        track.last_ns = end_ns
         return key, rate
 
     # -- reading ------------------------------------------------------------------------
@@ -339,6 +486,7 @@ class WindowStore:
             path_keys, counter_keys = list(self.paths), list(self.counters)
             totals = (self.reports_total, self.duplicates_total, self.rejected_total)
             merges = self.merges_total
+            dropped = dict(self.dropped)
         paths: dict[PathKey, PathStats] = {}
         for i in range(0, len(path_keys), chunk):
             with self.lock:
@@ -353,7 +501,7 @@ class WindowStore:
                     t = self.counters.get(ck)
                     if t is not None:
                         counters[ck] = copy.copy(t)
-        return StoreSnapshot(now, hosts, paths, counters, *totals, merges)
+        return StoreSnapshot(now, hosts, paths, counters, *totals, merges, dropped)
 
     def newest_windows(self, a: str, b: str) -> list[tuple[PathKey, int, MergedSketch]]:
         """(path, end, RTT sketch) of the newest window of each path between A and B, both
@@ -372,7 +520,17 @@ class WindowStore:
             state = self.hosts.get(host)
             if state is None:
                 return {}
-            return {e: set(range(1, s.floor + 1)) | set(s.above) for e, s in state.seen.items()}
+            return {
+                e: set(range(1, s.floor + 1)) | set(s.above) for e, (_, s) in state.seen.items()
+            }
+
+
+def _bandwidth_ok(moved: int, busy: float) -> bool:
+    return math.isfinite(busy) and 1e-9 <= busy <= MAX_BUSY_S and moved / busy <= MAX_BYTES_PER_S
+
+
+def _agent_ok(a: pb.AgentStats) -> bool:
+    return all(math.isfinite(v) and 0.0 <= v <= MAX_STAT for v in (a.cpu_seconds, a.probe_rate))
 
 
 @dataclass(frozen=True)
@@ -385,6 +543,7 @@ class StoreSnapshot:
     duplicates_total: int
     rejected_total: int
     merges_total: int
+    dropped: dict[str, int] = field(default_factory=dict)
 
     def counters_of(self, kind: str) -> Iterable[tuple[CounterKey, CounterTrack]]:
         return ((k, t) for k, t in self.counters.items() if k[1] == kind)

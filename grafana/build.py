@@ -25,9 +25,11 @@ HOST_SEL = 'src=~"$src"'
 class Panel:
     title: str
     exprs: tuple[tuple[str, str], ...]  # (PromQL, legend)
-    unit: str = "short"
+    unit: str
     kind: str = "timeseries"
     description: str = ""
+    instant: bool = False  # one value per series (top-k bars, stats), not a time series
+    fmt: str = "time_series"  # or "heatmap": buckets by `le`, drawn as a heatmap
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,32 @@ FABRIC = Dashboard(
                     description="Tail round trip; the figure KV transfers feel.",
                 ),
                 Panel(
+                    "Worst 10 paths by p99 RTT",
+                    (
+                        (
+                            f"topk(10, {_quantile(0.99)}{{{SEL}}})",
+                            "{{src}} → {{dst}} {{transport}} {{op}} {{size}}",
+                        ),
+                    ),
+                    "s",
+                    "bargauge",
+                    description="The paths whose tail a KV transfer would feel most, now.",
+                    instant=True,
+                ),
+                Panel(
+                    "RTT distribution",
+                    (
+                        (
+                            f"sum by (le) (rate(fabricprobe_rtt_seconds_bucket{{{SEL}}}[5m]))",
+                            "{{le}}",
+                        ),
+                    ),
+                    "s",
+                    "heatmap",
+                    description="Probes per RTT bucket over time, for the selected paths.",
+                    fmt="heatmap",
+                ),
+                Panel(
                     "Loss ratio",
                     ((f"fabricprobe_loss_ratio{{{SEL}}}", "{{src}} → {{dst}} {{transport}}"),),
                     "percentunit",
@@ -97,7 +125,7 @@ FABRIC = Dashboard(
                             "{{src}} → {{dst}} {{op}} {{size}}",
                         ),
                     ),
-                    "short",
+                    "suffix:×",
                     description="Below 1: kernel bypass is paying off on this pair.",
                 ),
                 Panel(
@@ -142,7 +170,7 @@ FABRIC = Dashboard(
                             "{{src}} {{netdev}} tx prio {{priority}}",
                         ),
                     ),
-                    "short",
+                    "pps",
                 ),
                 Panel(
                     "Retransmits and timeouts",
@@ -154,7 +182,7 @@ FABRIC = Dashboard(
                             "{{src}} {{device}} {{counter}}",
                         ),
                     ),
-                    "short",
+                    "pps",
                 ),
                 Panel(
                     "Congestion notification (ECN marks, CNPs)",
@@ -166,7 +194,7 @@ FABRIC = Dashboard(
                             "{{src}} {{device}} {{counter}}",
                         ),
                     ),
-                    "short",
+                    "pps",
                 ),
                 Panel(
                     "Drops (out of buffer, discards)",
@@ -181,7 +209,7 @@ FABRIC = Dashboard(
                             "{{src}} {{netdev}} prio {{priority}} discards",
                         ),
                     ),
-                    "short",
+                    "pps",
                 ),
             ),
         ),
@@ -191,13 +219,14 @@ FABRIC = Dashboard(
                 Panel(
                     "Hosts up",
                     (("sum(fabricprobe_host_up)", "up"), ("fabricprobe_collector_hosts", "known")),
-                    "short",
+                    "none",
                     "stat",
+                    instant=True,
                 ),
                 Panel(
-                    "Agent CPU (cores)",
+                    "Agent CPU (share of one core)",
                     ((f"rate(fabricprobe_agent_cpu_seconds_total{{{HOST_SEL}}}[5m])", "{{src}}"),),
-                    "short",
+                    "percentunit",
                     description="Target: at most 1 % of a core at the default schedule.",
                 ),
                 Panel(
@@ -216,14 +245,14 @@ FABRIC = Dashboard(
                             "{{src}} refused per minute",
                         ),
                     ),
-                    "short",
+                    "none",
                     description="Kept links an agent holds to its targets, the sessions its "
                     "responder answers (224 at most), and probers it turned away as busy.",
                 ),
                 Panel(
                     "Agent spool depth",
                     ((f"fabricprobe_agent_spool_windows{{{HOST_SEL}}}", "{{src}}"),),
-                    "short",
+                    "none",
                     description="Windows waiting for the collector; non-zero means an outage.",
                 ),
                 Panel(
@@ -233,7 +262,7 @@ FABRIC = Dashboard(
                         ("rate(fabricprobe_collector_duplicate_reports_total[5m])", "duplicate"),
                         ("rate(fabricprobe_collector_rejected_reports_total[5m])", "rejected"),
                     ),
-                    "short",
+                    "reqps",
                 ),
                 Panel(
                     "Collector RPC p99",
@@ -315,7 +344,7 @@ REQUESTS = Dashboard(
                         ),
                         ("fabricprobe_throughput_tokens_per_second", "throughput"),
                     ),
-                    "short",
+                    "suffix: tok/s",
                 ),
             ),
         ),
@@ -332,6 +361,32 @@ REQUESTS = Dashboard(
                         ),
                     ),
                     "s",
+                ),
+                Panel(
+                    "Slowest 10 paths by KV transfer p99",
+                    (
+                        (
+                            "topk(10, histogram_quantile(0.99, sum by (src, dst, transport, le) "
+                            f"(rate(fabricprobe_kv_transfer_seconds_bucket{{{KV_SEL}}}[5m]))))",
+                            "{{src}} → {{dst}} {{transport}}",
+                        ),
+                    ),
+                    "s",
+                    "bargauge",
+                    instant=True,
+                ),
+                Panel(
+                    "KV transfer time distribution",
+                    (
+                        (
+                            "sum by (le) "
+                            f"(rate(fabricprobe_kv_transfer_seconds_bucket{{{KV_SEL}}}[5m]))",
+                            "{{le}}",
+                        ),
+                    ),
+                    "s",
+                    "heatmap",
+                    fmt="heatmap",
                 ),
                 Panel(
                     "Stage time each path explains",
@@ -352,7 +407,7 @@ REQUESTS = Dashboard(
                             "{{src}} → {{dst}} {{transport}}",
                         ),
                     ),
-                    "short",
+                    "bool",
                     description="1: its KV transfers are slow and its probes or congestion "
                     "counters say why.",
                 ),
@@ -364,13 +419,14 @@ REQUESTS = Dashboard(
                             "{{src}} → {{dst}} {{transport}}",
                         ),
                     ),
-                    "short",
+                    "none",
                 ),
                 Panel(
                     "Communication-bound",
                     (("fabricprobe_communication_bound", "flag"),),
-                    "short",
+                    "bool",
                     "stat",
+                    instant=True,
                     description="KV transfer and decode queueing rising together while "
                     "compute stays flat.",
                 ),
@@ -380,7 +436,7 @@ REQUESTS = Dashboard(
                         ("rate(fabricprobe_otlp_spans_received_total[5m])", "received"),
                         ("rate(fabricprobe_otlp_spans_rejected_total[5m])", "rejected"),
                     ),
-                    "short",
+                    "cps",
                 ),
             ),
         ),
@@ -398,11 +454,24 @@ RECORDING: list[dict[str, str]] = [
 
 ALERTS: list[dict[str, Any]] = [
     {
+        # A host the collector has given up on leaves /metrics; `unless` keeps the alert
+        # firing for a day after its last report instead of letting it resolve.
         "alert": "FabricprobeHostDown",
-        "expr": "fabricprobe_host_up == 0",
+        "expr": "fabricprobe_host_up == 0 or "
+        "(max_over_time(fabricprobe_host_up[1d]) unless fabricprobe_host_up)",
         "for": "2m",
         "labels": {"severity": "page"},
         "annotations": {"summary": "agent on {{ $labels.src }} stopped reporting"},
+    },
+    {
+        "alert": "FabricprobeCollectorDown",
+        "expr": "absent_over_time(fabricprobe_collector_hosts[2m])",
+        "for": "1m",
+        "labels": {"severity": "page"},
+        "annotations": {
+            "summary": "no collector has been scraped for 2 minutes: the fleet's figures "
+            "and alerts are blind"
+        },
     },
     {
         "alert": "FabricprobePathLoss",
@@ -453,6 +522,17 @@ ALERTS: list[dict[str, Any]] = [
         "annotations": {"summary": "agent on {{ $labels.src }} cannot deliver its windows"},
     },
     {
+        # from the agents' own /metrics (no src label: the scrape target names the host)
+        "alert": "FabricprobeAgentToolMissing",
+        "expr": "fabricprobe_agent_tool_missing == 1",
+        "for": "10m",
+        "labels": {"severity": "ticket"},
+        "annotations": {
+            "summary": "{{ $labels.instance }} has no {{ $labels.tool }}: its PFC, ECN and "
+            "discard counters are absent and the pause-storm alert cannot fire there"
+        },
+    },
+    {
         "alert": "FabricprobeAgentRefusingProbes",
         "expr": "increase(fabricprobe_agent_probe_sessions_refused_total[15m]) > 0",
         "for": "15m",
@@ -476,6 +556,14 @@ ALERTS: list[dict[str, Any]] = [
 ]
 
 
+RUNBOOK_BASE = "grafana/runbooks.md"
+
+
+def runbook_anchor(alert: str) -> str:
+    """The heading id of ALERT's section in runbooks.md (GitHub's rule: lower case)."""
+    return alert.lower()
+
+
 def render_dashboard(d: Dashboard) -> dict[str, Any]:
     panels: list[dict[str, Any]] = []
     y = 0
@@ -495,6 +583,16 @@ def render_dashboard(d: Dashboard) -> dict[str, Any]:
         y += 1
         for i, p in enumerate(row.panels):
             w = 8 if p.kind == "stat" else 12
+            options: dict[str, Any] = {}
+            if p.kind == "heatmap":  # buckets as Prometheus gives them, upper bounds on y
+                options = {
+                    "calculate": False,
+                    "yAxis": {"unit": p.unit},
+                    "cellValues": {"unit": "ops"},
+                    "color": {"scheme": "Oranges", "mode": "scheme"},
+                }
+            elif p.kind == "bargauge":
+                options = {"orientation": "horizontal", "displayMode": "gradient"}
             panels.append(
                 {
                     "type": p.kind,
@@ -504,11 +602,15 @@ def render_dashboard(d: Dashboard) -> dict[str, Any]:
                     "datasource": {"type": "prometheus", "uid": "${datasource}"},
                     "gridPos": {"x": (i % 2) * 12, "y": y + (i // 2) * 8, "w": w, "h": 8},
                     "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
+                    "options": options,
                     "targets": [
                         {
                             "refId": chr(ord("A") + j),
                             "expr": expr,
                             "legendFormat": legend,
+                            "instant": p.instant,
+                            "range": not p.instant,
+                            "format": p.fmt,
                             "datasource": {"type": "prometheus", "uid": "${datasource}"},
                         }
                         for j, (expr, legend) in enumerate(p.exprs)
@@ -568,6 +670,8 @@ def render_rules() -> str:
         lines += [f"          {k}: {v}" for k, v in a["labels"].items()]
         lines += ["        annotations:"]
         lines += [f"          {k}: {json.dumps(v)}" for k, v in a["annotations"].items()]
+        runbook = f"{RUNBOOK_BASE}#{runbook_anchor(a['alert'])}"
+        lines += [f"          runbook_url: {json.dumps(runbook)}"]
     return "\n".join(lines) + "\n"
 
 

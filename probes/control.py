@@ -413,7 +413,7 @@ def parse_hostport(
     port = default_port
     if port_text:
         lo = 0 if allow_port_zero else 1
-        if not port_text.isdigit() or not lo <= int(port_text) < 65536:
+        if not port_text.isdecimal() or not lo <= int(port_text) < 65536:
             raise ValueError(f"bad port in {text!r}: expected {lo}..65535")
         port = int(port_text)
     return host, port

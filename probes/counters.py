@@ -216,7 +216,7 @@ class PortCounters:
 def parse_counter(text: str) -> int:
     """Parse one sysfs counter file: a non-negative decimal integer."""
     s = text.strip()
-    if not s.isdigit():  # rejects "", "-1", "N/A (no PMA)", "0x10"
+    if not s.isdecimal():  # rejects "", "-1", "N/A (no PMA)", "0x10", and "²" (isdigit would not)
         raise ParseError(f"not a counter: {s[:40]!r}")
     return int(s)
 

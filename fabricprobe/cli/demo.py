@@ -323,6 +323,7 @@ def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
             console,
             300,
             "why",
+            "--insecure",
             "--collector",
             api,
             "--slowest",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -36,6 +38,96 @@ log_level_option = click.option(
     help="Least severe level logged (also FABRICPROBE_LOG_LEVEL).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+# --- how a client reaches the collector (probe agent, probe why) -----------------------
+
+F = TypeVar("F", bound=Callable[..., Any])
+_PEM = click.Path(dir_okay=False)
+
+
+def collector_credential_options(token_help: str) -> Callable[[F], F]:
+    """--insecure, --token-file, --ca-file, --cert-file, --key-file, --server-name, each
+    None when not given (so a config file's value stands)."""
+
+    def add(f: F) -> F:
+        for opt in reversed(
+            [
+                click.option(
+                    "--insecure", is_flag=True, default=None, help="Plain text to the collector."
+                ),
+                click.option("--token-file", type=_PEM, help=token_help),
+                click.option("--ca-file", type=_PEM, help="CA of the collector (TLS)."),
+                click.option("--cert-file", type=_PEM, help="Client certificate (PEM)."),
+                click.option("--key-file", type=_PEM, help="Client key (PEM)."),
+                click.option(
+                    "--server-name",
+                    metavar="NAME",
+                    help="TLS name the collector's certificate carries, if not its address.",
+                ),
+            ]
+        ):
+            f = opt(f)
+        return f
+
+    return add
+
+
+@dataclass(frozen=True)
+class CollectorCredentials:
+    insecure: bool | None = None
+    token_file: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+
+    def check(self) -> None:
+        """Fail (exit 2) unless the options make sense together."""
+        if bool(self.cert_file) != bool(self.key_file):
+            fail("--cert-file and --key-file go together")
+        if self.cert_file and not self.ca_file:
+            fail("--cert-file needs --ca-file")
+        if not self.ca_file and not self.insecure:
+            fail("no TLS: give --ca-file, or --insecure for plain text")
+        if self.ca_file and self.insecure:
+            fail("--insecure and --ca-file contradict each other")
+
+    def channel(self, target: str, options: list[tuple[str, Any]] | None = None) -> Any:
+        """A gRPC channel to TARGET as these options ask (check() first)."""
+        import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+
+        opts = list(options or [])
+        if self.server_name:
+            opts.append(("grpc.ssl_target_name_override", self.server_name))
+        if not self.ca_file:
+            return grpc.insecure_channel(target, options=opts)
+        try:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(self.ca_file),
+                private_key=_read(self.key_file) if self.key_file else None,
+                certificate_chain=_read(self.cert_file) if self.cert_file else None,
+            )
+        except OSError as e:
+            fail(f"{e.filename}: {e.strerror}")
+        return grpc.secure_channel(target, creds, options=opts)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The bearer token of --token-file as call metadata (none without it)."""
+        if not self.token_file:
+            return ()
+        try:
+            with open(self.token_file) as f:
+                token = f.read().strip()
+        except OSError as e:
+            fail(f"{e.filename}: {e.strerror}")
+        if not token or any(c.isspace() for c in token):
+            fail(f"{self.token_file}: expected one token")
+        return (("authorization", f"Bearer {token}"),)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from fabricprobe.probes.counters import counter_delta, counter_width
 from fabricprobe.probes.errors import ParseError
+from fabricprobe.probes.ethtool import EcnConfig
 from fabricprobe.probes.roce.host import CounterSample, HostView, ToolRun, is_soft
 from fabricprobe.probes.roce.policy import IB_MTUS, Policy
 from fabricprobe.probes.roce.result import CheckResult, Status
@@ -492,56 +493,89 @@ def check_trust(view: HostView, t: Target, policy: Policy) -> CheckResult:
 
 # --------------------------------------------------------------------------- ECN
 
-TITLE_ECN = "ECN at reaction and notification points"
+TITLE_ECN_RP = "ECN reaction point (DCQCN rate limiter)"
+TITLE_ECN_NP = "ECN notification point (CNP generation)"
+TITLE_CNP = "CNP DSCP and priority"
 
 
-def check_ecn(view: HostView, t: Target, policy: Policy) -> CheckResult:
-    """ECN (DCQCN) on for the RoCE priority at both RP and NP; CNP priority/DSCP."""
+def _ecn_config(
+    view: HostView, t: Target, check: str, title: str
+) -> tuple[EcnConfig | None, str, CheckResult | None]:
+    """The port's ECN sysfs settings, or the SKIP result that says why there are none."""
     if t.soft:
-        return _soft_skip(t, "ecn", TITLE_ECN, "ECN / DCQCN")
+        return None, "", _soft_skip(t, check, title, "ECN / DCQCN")
     if t.netdev is None:
-        return t.result("ecn", TITLE_ECN, Status.SKIP, "no netdev to read ECN settings from")
-    nd, prio = t.netdev, policy.priority
-    base = f"{view.sysfs_root}/class/net/{nd}/ecn"
-    cfg = view.ecn(nd)
+        return None, "", t.result(check, title, Status.SKIP, "no netdev to read ECN settings from")
+    base = f"{view.sysfs_root}/class/net/{t.netdev}/ecn"
+    cfg = view.ecn(t.netdev)
     if cfg is None:
-        return t.result(
-            "ecn",
-            TITLE_ECN,
-            Status.SKIP,
-            f"{t.device.driver or 'this driver'} does not expose ECN enablement in sysfs "
-            f"({base} is mlx5-only): check it with the vendor's tool",
-            [f"{base}: absent"],
+        return (
+            None,
+            base,
+            t.result(
+                check,
+                title,
+                Status.SKIP,
+                f"{t.device.driver or 'this driver'} does not expose ECN enablement in sysfs "
+                f"({base} is mlx5-only): check it with the vendor's tool",
+                [f"{base}: absent"],
+            ),
         )
-    rp, np_ = cfg.rp_enabled.get(prio), cfg.np_enabled.get(prio)
+    return cfg, base, None
+
+
+def _ecn_point(
+    view: HostView, t: Target, policy: Policy, point: str, check: str, title: str
+) -> CheckResult:
+    cfg, base, skip = _ecn_config(view, t, check, title)
+    if skip is not None:
+        return skip
+    assert cfg is not None
+    prio = policy.priority
+    on = (cfg.rp_enabled if point == "roce_rp" else cfg.np_enabled).get(prio)
+    ev = [f"{base}/{point}/enable/{prio}: {_flag(on)}"]
+    what = "reaction point" if point == "roce_rp" else "notification point"
+    if on is None:
+        return t.result(check, title, Status.SKIP, f"no {point} setting for priority {prio}", ev)
+    if not on:
+        effect = (
+            "this host ignores CNPs and never slows down: congestion turns into PFC pauses"
+            if point == "roce_rp"
+            else "this host sends no CNPs for marked packets: senders never slow down"
+        )
+        return t.result(
+            check,
+            title,
+            Status.FAIL,
+            f"ECN is off for priority {prio} at the {what} ({point}): {effect}",
+            ev,
+            f"echo 1 > {base}/{point}/enable/{prio}",
+        )
+    return t.result(check, title, Status.PASS, f"ECN on for priority {prio} at the {what}", ev)
+
+
+def check_ecn_rp(view: HostView, t: Target, policy: Policy) -> CheckResult:
+    """DCQCN reaction point on for the RoCE priority (the sender slows on CNPs)."""
+    return _ecn_point(view, t, policy, "roce_rp", "ecn_rp", TITLE_ECN_RP)
+
+
+def check_ecn_np(view: HostView, t: Target, policy: Policy) -> CheckResult:
+    """DCQCN notification point on for the RoCE priority (the receiver answers CE with CNPs)."""
+    return _ecn_point(view, t, policy, "roce_np", "ecn_np", TITLE_ECN_NP)
+
+
+def check_cnp(view: HostView, t: Target, policy: Policy) -> CheckResult:
+    """CNPs leave with the policy's DSCP and 802.1p priority."""
+    cfg, base, skip = _ecn_config(view, t, "cnp", TITLE_CNP)
+    if skip is not None:
+        return skip
+    assert cfg is not None
     ev = [
-        f"{base}/roce_rp/enable/{prio}: {_flag(rp)}",
-        f"{base}/roce_np/enable/{prio}: {_flag(np_)}",
         f"{base}/roce_np/cnp_dscp: {cfg.cnp_dscp}",
         f"{base}/roce_np/cnp_802p_prio: {cfg.cnp_802p_prio}",
     ]
-    if rp is None and np_ is None:
-        return t.result("ecn", TITLE_ECN, Status.SKIP, f"no ECN setting for priority {prio}", ev)
-    off = [
-        name
-        for name, on in (("reaction point (roce_rp)", rp), ("notification point (roce_np)", np_))
-        if not on
-    ]
-    if off:
-        fix = "; ".join(
-            f"echo 1 > {base}/{d}/enable/{prio}"
-            for d, on in (("roce_rp", rp), ("roce_np", np_))
-            if not on
-        )
-        return t.result(
-            "ecn",
-            TITLE_ECN,
-            Status.FAIL,
-            f"ECN is off for priority {prio} at the {' and '.join(off)}: no DCQCN, "
-            "congestion turns into PFC pauses",
-            ev,
-            fix,
-        )
+    if cfg.cnp_dscp is None and cfg.cnp_802p_prio is None:
+        return t.result("cnp", TITLE_CNP, Status.SKIP, "no CNP DSCP or priority in sysfs", ev)
     wrong = []
     fixes = []
     if cfg.cnp_dscp is not None and cfg.cnp_dscp != policy.cnp_dscp:
@@ -552,19 +586,18 @@ def check_ecn(view: HostView, t: Target, policy: Policy) -> CheckResult:
         fixes.append(f"echo {policy.cnp_priority} > {base}/roce_np/cnp_802p_prio")
     if wrong:
         return t.result(
-            "ecn",
-            TITLE_ECN,
+            "cnp",
+            TITLE_CNP,
             Status.WARN,
-            f"ECN on for priority {prio}, but {', '.join(wrong)}",
+            f"{', '.join(wrong)}: CNPs may queue behind the data they throttle",
             ev,
             "; ".join(fixes),
         )
     return t.result(
-        "ecn",
-        TITLE_ECN,
+        "cnp",
+        TITLE_CNP,
         Status.PASS,
-        f"ECN on for priority {prio} at RP and NP; CNPs DSCP {cfg.cnp_dscp}, "
-        f"priority {cfg.cnp_802p_prio}",
+        f"CNPs DSCP {cfg.cnp_dscp}, priority {cfg.cnp_802p_prio}",
         ev,
     )
 
@@ -624,12 +657,16 @@ def check_rdma_cm(view: HostView, t: Target, policy: Policy) -> CheckResult:
         )
     if cm.tos is None or cm.tos >> 2 != policy.dscp:
         dscp = "unknown" if cm.tos is None else cm.tos >> 2
+        # A connection that sets no ToS of its own leaves with this DSCP. When that DSCP
+        # maps to another priority than the lossless one, its RoCE traffic runs lossy:
+        # under a lossless policy that is a FAIL. An unreadable ToS stays a WARN.
+        status = Status.FAIL if cm.tos is not None and policy.lossless else Status.WARN
         return t.result(
             "rdma_cm",
             TITLE_RDMA_CM,
-            Status.WARN,
+            status,
             f"default ToS {cm.tos} (DSCP {dscp}): rdma_cm connections that set no ToS "
-            f"miss DSCP {policy.dscp}",
+            f"miss DSCP {policy.dscp} and land outside lossless priority {policy.priority}",
             ev,
             fix=f"{mkdir}echo {policy.tos} > {cm.path}/default_roce_tos",
         )
@@ -643,8 +680,6 @@ def check_rdma_cm(view: HostView, t: Target, policy: Policy) -> CheckResult:
 
 
 # --------------------------------------------------------------------------- counters
-
-TITLE_COUNTERS = "counters over the sample window"
 
 _STORM_ERR = ("tx_pause_storm_error_events",)
 _STORM_WARN = ("tx_pause_storm_warning_events", "continuous_roce_pause_events")
@@ -697,10 +732,21 @@ def _rates(
     return out
 
 
-def check_counters(view: HostView, t: Target, policy: Policy, window: float) -> CheckResult:
-    """Sample counters twice WINDOW seconds apart; rising pauses, drops, timeouts warn."""
+TITLE_PAUSE = "pause storms and PFC pause time"
+TITLE_DISCARDS = "discards and receive buffer exhaustion"
+TITLE_RDMA_ERRORS = "RDMA transport errors (timeouts, retransmissions)"
+COUNTER_CHECKS = ("pause", "discards", "rdma_errors")
+
+
+def check_counters(view: HostView, t: Target, policy: Policy, window: float) -> list[CheckResult]:
+    """Sample counters twice WINDOW seconds apart; judge pauses, discards and RDMA errors."""
     if window <= 0:
-        return t.result("counters", TITLE_COUNTERS, Status.SKIP, "no sample window (--window 0)")
+        return [
+            t.result(c, title, Status.SKIP, "no sample window (--window 0)")
+            for c, title in zip(
+                COUNTER_CHECKS, (TITLE_PAUSE, TITLE_DISCARDS, TITLE_RDMA_ERRORS), strict=True
+            )
+        ]
     s0 = view.sample(t.device.name, t.port.number, t.netdev)
     view.sleep(window)
     s1 = view.sample(t.device.name, t.port.number, t.netdev)
@@ -709,25 +755,28 @@ def check_counters(view: HostView, t: Target, policy: Policy, window: float) -> 
 
 def evaluate_counters(
     t: Target, policy: Policy, s0: CounterSample, s1: CounterSample, window: float
-) -> CheckResult:
-    """Judge two counter samples (pure)."""
+) -> list[CheckResult]:
+    """Judge two counter samples (pure): one result each for pause, discards, rdma_errors."""
     dt = s1.t - s0.t if s1.t > s0.t else window
     th = policy.thresholds
     ev: list[str] = [f"window {dt:.2f} s"]
     if s1.note:
         ev.append(f"ethtool: {s1.note}")
+    titles = (TITLE_PAUSE, TITLE_DISCARDS, TITLE_RDMA_ERRORS)
     if not s0.hw and s0.ethtool is None:
-        return t.result(
-            "counters",
-            TITLE_COUNTERS,
-            Status.SKIP,
-            "no counters to sample (no hw_counters, no ethtool)",
-            ev,
-        )
+        return [
+            t.result(
+                c, title, Status.SKIP, "no counters to sample (no hw_counters, no ethtool)", ev
+            )
+            for c, title in zip(COUNTER_CHECKS, titles, strict=True)
+        ]
     resets: list[str] = []
     hw = _rates(s0.hw, s1.hw, dt, t.device.driver, resets)
     eth = _rates(s0.ethtool or {}, s1.ethtool or {}, dt, None, resets)
-    findings: list[tuple[Status, str]] = []
+    if resets:
+        ev.append(
+            "counters reset during the window (rates count from 0): " + ", ".join(sorted(resets))
+        )
 
     def rising(
         table: dict[str, tuple[int, float]], names: tuple[str, ...], limit: float
@@ -738,81 +787,100 @@ def evaluate_counters(
             if n in table and table[n][0] > 0 and table[n][1] > limit
         ]
 
+    def moving(table: dict[str, tuple[int, float]], words: tuple[str, ...]) -> list[str]:
+        out = sorted(
+            f"{n} {r:.1f}/s" for n, (d, r) in table.items() if d > 0 and any(w in n for w in words)
+        )
+        return ["rising: " + ", ".join(out[:12]) + (" ..." if len(out) > 12 else "")] if out else []
+
+    pause: list[tuple[Status, str]] = []
     storm = rising(eth, _STORM_ERR, 0.0)
     if storm:
-        findings.append(
+        pause.append(
             (Status.FAIL, "pause storm: PFC watchdog cut pause sending: " + ", ".join(storm))
         )
     storm_w = rising(eth, _STORM_WARN, 0.0)
     if storm_w:
-        findings.append((Status.WARN, "long pause episodes: " + ", ".join(storm_w)))
+        pause.append((Status.WARN, "long pause episodes: " + ", ".join(storm_w)))
     for p in range(8):
         paused_us = [eth[n.format(p=p)][0] for n in _PAUSE_DURATION if n.format(p=p) in eth]
         if paused_us:
             pct = max(paused_us) / (dt * 1e6) * 100
             if pct > th.pause_duration_fail_pct:
-                findings.append((Status.FAIL, f"priority {p} paused {pct:.0f}% of the window"))
+                pause.append((Status.FAIL, f"priority {p} paused {pct:.0f}% of the window"))
             elif pct > th.pause_duration_warn_pct:
-                findings.append((Status.WARN, f"priority {p} paused {pct:.1f}% of the window"))
+                pause.append((Status.WARN, f"priority {p} paused {pct:.1f}% of the window"))
         frames = sum(eth[n.format(p=p)][1] for n in _PAUSE_FRAMES if n.format(p=p) in eth)
         if frames > th.pause_frames_warn_per_s:
-            findings.append((Status.WARN, f"priority {p}: {frames:.0f} PFC frames/s"))
+            pause.append((Status.WARN, f"priority {p}: {frames:.0f} PFC frames/s"))
+    drops: list[tuple[Status, str]] = []
     discards = rising(
         eth, _DISCARDS_ETH + tuple(f"rx_prio{p}_discards" for p in range(8)), th.discards_warn_per_s
     )
     discards += rising(hw, _DISCARDS_HW, th.discards_warn_per_s)
     if discards:
-        findings.append((Status.WARN, "discards: " + ", ".join(discards)))
+        drops.append((Status.WARN, "discards: " + ", ".join(discards)))
     oob = rising(hw, _OOB_HW, th.out_of_buffer_warn_per_s)
     if oob:
-        findings.append((Status.WARN, "receive queues ran dry: " + ", ".join(oob)))
+        drops.append((Status.WARN, "receive queues ran dry: " + ", ".join(oob)))
+    errors: list[tuple[Status, str]] = []
     timeouts = rising(hw, _TIMEOUTS_HW, th.timeouts_warn_per_s)
     if timeouts:
-        findings.append((Status.WARN, "transport timeouts: " + ", ".join(timeouts)))
+        errors.append((Status.WARN, "transport timeouts: " + ", ".join(timeouts)))
     retrans = rising(hw, _RETRANS_HW, th.retransmits_warn_per_s)
     if retrans:
-        findings.append((Status.WARN, "retransmissions: " + ", ".join(retrans)))
-    if resets:
-        ev.append(
-            "counters reset during the window (rates count from 0): " + ", ".join(sorted(resets))
-        )
-    moving = sorted(
-        f"{n} {r:.1f}/s"
-        for table in (hw, eth)
-        for n, (d, r) in table.items()
-        if d > 0 and _interesting(n)
-    )
-    if moving:
-        ev.append("rising: " + ", ".join(moving[:12]) + (" ..." if len(moving) > 12 else ""))
-    if not findings:
-        return t.result(
-            "counters",
-            TITLE_COUNTERS,
-            Status.PASS,
-            f"no pause storms, drops, timeouts or retransmissions in {dt:.1f} s",
-            ev,
-        )
-    worst = max((s for s, _ in findings), key=lambda s: s.rank)
-    return t.result(
-        "counters",
-        TITLE_COUNTERS,
-        worst,
-        "; ".join(msg for _, msg in findings),
-        ev,
-        fix=(
-            f"watch `ethtool -S {t.netdev} | grep -E 'pause|discard'` and "
-            f"`rdma statistic show link {t.device.name}/{t.port.number}`; a storm or drops on "
-            "the lossless priority point at a stuck receiver or a switch port without PFC/ECN "
-            "(see the pfc, trust and ecn checks)"
+        errors.append((Status.WARN, "retransmissions: " + ", ".join(retrans)))
+    nd, dev = t.netdev, f"{t.device.name}/{t.port.number}"
+    spec = [
+        (
+            "pause",
+            TITLE_PAUSE,
+            pause,
+            f"no pause storm, no priority paused over {th.pause_duration_warn_pct:g}%",
+            moving(eth, ("pause", "storm")),
+            f"watch `ethtool -S {nd} | grep -E 'pause|storm'`; a storm or long pauses on the "
+            "lossless priority point at a stuck receiver or a congested switch port without "
+            "ECN (see the ecn_rp, ecn_np and pfc checks)",
         ),
-    )
-
-
-def _interesting(name: str) -> bool:
-    return any(
-        k in name
-        for k in ("pause", "discard", "storm", "buffer", "err", "retrans", "timeout", "seq")
-    )
+        (
+            "discards",
+            TITLE_DISCARDS,
+            drops,
+            "no discards, receive queues never ran dry",
+            moving(eth, ("discard", "drop")) + moving(hw, ("discard", "buffer")),
+            f"watch `ethtool -S {nd} | grep -E 'discard|drop'`; discards on the lossless "
+            "priority mean PFC is not honoured on this hop (see the pfc, trust and buffers "
+            "checks); out_of_buffer means the receiver posts too few receive WQEs",
+        ),
+        (
+            "rdma_errors",
+            TITLE_RDMA_ERRORS,
+            errors,
+            "no transport timeouts or retransmissions",
+            moving(hw, ("err", "retrans", "timeout", "seq")),
+            f"rdma statistic show link {dev}  # timeouts and retransmissions follow loss: "
+            "check the discards and pause results and the switch ports on the path",
+        ),
+    ]
+    out = []
+    for check, title, found, ok, rising_ev, fix in spec:
+        if not found:
+            out.append(
+                t.result(check, title, Status.PASS, f"{ok} in {dt:.1f} s", [*ev, *rising_ev])
+            )
+            continue
+        worst = max((st for st, _ in found), key=lambda st: st.rank)
+        out.append(
+            t.result(
+                check,
+                title,
+                worst,
+                "; ".join(msg for _, msg in found),
+                [*ev, *rising_ev],
+                fix=fix,
+            )
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- registry
@@ -824,6 +892,8 @@ PORT_CHECKS: tuple[Check, ...] = (
     check_mtu,
     check_pfc,
     check_trust,
-    check_ecn,
+    check_ecn_rp,
+    check_ecn_np,
+    check_cnp,
     check_rdma_cm,
 )

@@ -162,7 +162,7 @@ class HostView:
     def netdev_mtu(self, ifname: str) -> int | None:
         """SYSFS/class/net/IF/mtu."""
         text = read_optional(self.netdev_dir(ifname) / "mtu")
-        return int(text) if text and text.isdigit() else None
+        return int(text) if text and text.isdecimal() else None
 
     def candidate_netdev(self) -> str | None:
         """A netdev to suggest for soft-RoCE: the first up one that is not loopback."""
@@ -212,7 +212,7 @@ class HostView:
             "ok",
             pdir,
             read_optional(pdir / "default_roce_mode"),
-            int(tos) if tos and tos.isdigit() else None,
+            int(tos) if tos and tos.isdecimal() else None,
         )
 
     def port_counters(self, device: str, port: int) -> PortCounters:

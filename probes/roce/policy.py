@@ -10,15 +10,25 @@ of them:
     cnp_priority = 6
     cnp_dscp = 48
     mtu = 4096
+    lossless = true          # RoCE traffic off `priority` (rdma_cm ToS 0) is a FAIL
+    roce_bw_min_pct = 50     # ETS share of the RoCE traffic class
+    dcbx = "any"             # or "host" / "firmware"
+    link_speed_gbps = 100    # 0: the port's fastest supported mode
+    link_lanes = 4           # 0: not checked
+    firmware_min = "28.39.1002"
 
     [thresholds]
     pause_duration_warn_pct = 1.0
     rdma_rtt_p99_us_max = 100.0
+    pre_fec_ber_warn = 1e-6
+    post_fec_ber_fail = 1e-12
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +62,10 @@ class Thresholds:
     rdma_rtt_p50_us_max: float = 20.0
     rdma_rtt_p99_us_max: float = 100.0
     rdma_gbps_min: float = 0.0  # 0: not checked
+    # Pre-FEC (raw) BER above this warns: the link runs on its FEC margin. Post-FEC
+    # (effective) BER above this fails: frames are being lost after correction.
+    pre_fec_ber_warn: float = 1e-6
+    post_fec_ber_fail: float = 1e-12
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,12 @@ class Policy:
     cnp_dscp: int = 48  # DSCP of CNPs (CS6)
     mtu: int = 4096  # IB (RoCE) MTU
     roce_mode: str = "RoCE v2"  # rdma_cm default_roce_mode
+    lossless: bool = True  # PFC on `priority`: traffic off it is lossy, so a miss FAILs
+    roce_bw_min_pct: int = 50  # ETS share the RoCE traffic class should get
+    dcbx: str = "any"  # who runs DCBX: "any", "host" (OS LLDP agent) or "firmware"
+    link_speed_gbps: int = 0  # expected link speed; 0: the port's fastest supported mode
+    link_lanes: int = 0  # expected lanes (ethtool Lanes:); 0: not checked
+    firmware_min: str = ""  # lowest acceptable NIC firmware, dotted (e.g. "28.39.1002")
     thresholds: Thresholds = field(default_factory=Thresholds)
 
     @property
@@ -91,12 +111,21 @@ class Policy:
             raise PolicyError(
                 f"roce_mode must be 'RoCE v2' or 'IB/RoCE v1', not {self.roce_mode!r}"
             )
+        if self.dcbx not in ("any", "host", "firmware"):
+            raise PolicyError(f"dcbx must be 'any', 'host' or 'firmware', not {self.dcbx!r}")
+        if not 0 <= self.roce_bw_min_pct <= 100:
+            raise PolicyError(f"roce_bw_min_pct must be 0..100, not {self.roce_bw_min_pct}")
+        if not 0 <= self.link_speed_gbps <= 10_000 or not 0 <= self.link_lanes <= 32:
+            raise PolicyError("link_speed_gbps must be 0..10000 and link_lanes 0..32")
+        if self.firmware_min and not re.fullmatch(r"\d{1,9}(\.\d{1,9}){0,5}", self.firmware_min):
+            raise PolicyError(f"firmware_min must be dotted numbers, not {self.firmware_min!r}")
         if self.priority == self.cnp_priority:
             raise PolicyError(f"cnp_priority must differ from priority ({self.priority})")
         t = self.thresholds
         for f in dataclasses.fields(t):
-            if getattr(t, f.name) < 0:
-                raise PolicyError(f"thresholds.{f.name} must not be negative")
+            v = getattr(t, f.name)
+            if not math.isfinite(v) or v < 0:
+                raise PolicyError(f"thresholds.{f.name} must be finite and not negative")
         if t.pause_duration_fail_pct < t.pause_duration_warn_pct:
             raise PolicyError("thresholds.pause_duration_fail_pct is below the warn level")
         return self

@@ -62,7 +62,7 @@ def parse_dcb_pfc(text: str) -> PfcConfig:
             enabled = set()
             for item in words[1:]:
                 prio, sep, state = item.partition(":")
-                if not sep or not prio.isdigit() or int(prio) not in PRIOS:
+                if not sep or not prio.isdecimal() or int(prio) not in PRIOS:
                     raise ParseError(f"dcb pfc: bad priority entry {item!r}")
                 if _on_off(state):
                     enabled.add(int(prio))
@@ -97,7 +97,7 @@ def parse_dcb_app(text: str) -> Mapping[int, tuple[int, ...]]:
             continue
         for item in words[1:]:
             key, sep, prio = item.rpartition(":")
-            if not sep or not prio.isdigit() or int(prio) not in PRIOS:
+            if not sep or not prio.isdecimal() or int(prio) not in PRIOS:
                 raise ParseError(f"dcb app: bad dscp-prio entry {item!r}")
             out.setdefault(dscp_value(key), []).append(int(prio))
     return MappingProxyType({k: tuple(v) for k, v in out.items()})
@@ -158,7 +158,7 @@ def parse_lldptool_pfc(text: str) -> PfcConfig:
     if value in ("", "none"):
         return PfcConfig(frozenset(), "lldptool")
     words = value.split()
-    if not all(w.isdigit() and int(w) in PRIOS for w in words):
+    if not all(w.isdecimal() and int(w) in PRIOS for w in words):
         raise ParseError(f"lldptool: bad PFC enabled list {value!r}")
     return PfcConfig(frozenset(int(w) for w in words), "lldptool")
 
@@ -190,7 +190,7 @@ def parse_ibv_devinfo(text: str) -> Mapping[int, IbvPort]:
         if f and current is not None:
             key, value = f.groups()
             if key.endswith("mtu"):
-                if not value.isdigit():
+                if not value.isdecimal():
                     raise ParseError(f"ibv_devinfo: {key} {value!r} is not a number")
                 current[key] = int(value)
             else:

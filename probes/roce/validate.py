@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from fabricprobe.probes.errors import SysfsError
 from fabricprobe.probes.roce.checks import PORT_CHECKS, Target, check_counters, check_device_port
 from fabricprobe.probes.roce.host import HostView
+from fabricprobe.probes.roce.hwchecks import HW_CHECKS
 from fabricprobe.probes.roce.live import Measure, check_live
 from fabricprobe.probes.roce.policy import Policy
 from fabricprobe.probes.roce.result import CheckResult, Report, Status
@@ -96,8 +97,8 @@ def validate(
         results.append(first)
         if first.status is Status.SKIP:  # not a RoCE port
             continue
-        results.extend(check(view, t, policy) for check in PORT_CHECKS)
-        results.append(check_counters(view, t, policy, window))
+        results.extend(check(view, t, policy) for check in (*PORT_CHECKS, *HW_CHECKS))
+        results.extend(check_counters(view, t, policy, window))
     if peer is not None:
         results.append(check_live(peer, measure, policy, measure_unavailable))
     return Report.of(results, policy.to_dict())

@@ -43,8 +43,9 @@ def test_validate_rxe_with_a_live_peer(lane_hosts) -> None:
     print(f"\nprobe validate --device {a.device} --peer {b.ip}: exit {out.returncode}, {status}")
     assert out.returncode == 0, out.stderr
     assert status["device"] == "PASS" and status["gid"] == "PASS"
-    # soft-RoCE has no PFC, DSCP trust or ECN: skipped with a reason, never failed
-    for check in ("pfc", "trust", "ecn"):
+    # soft-RoCE has no PFC, DSCP trust, ECN, ETS, buffers, FEC or PCIe link: skipped with a
+    # reason, never failed
+    for check in ("pfc", "trust", "ecn_rp", "ecn_np", "cnp", "ets", "buffers", "fec", "pcie"):
         assert status[check] == "SKIP", check
     live = [r for r in report["results"] if r["check"] == "live"]
     assert live and live[0]["status"] in ("PASS", "WARN")

@@ -83,6 +83,10 @@ def full_store() -> WindowStore:
                 links=96,
                 sessions=97,
                 sessions_refused=3,
+                spool_write_failures=4,
+                spool_quarantined=5,
+                spool_memory_windows=6,
+                thread_failures=7,
             )
         )
         store.take(r)
@@ -182,3 +186,13 @@ def test_agent_links_and_sessions_are_exported() -> None:
     assert reg.get_sample_value("fabricprobe_agent_probe_links", src) == 96
     assert reg.get_sample_value("fabricprobe_agent_probe_sessions", src) == 97
     assert reg.get_sample_value("fabricprobe_agent_probe_sessions_refused_total", src) == 3
+
+
+def test_agent_fault_counters_are_exported() -> None:
+    reg = CollectorRegistry()
+    reg.register(FabricCollector(full_store()))
+    src = {"src": "a"}
+    assert reg.get_sample_value("fabricprobe_agent_spool_write_failures_total", src) == 4
+    assert reg.get_sample_value("fabricprobe_agent_spool_quarantined_total", src) == 5
+    assert reg.get_sample_value("fabricprobe_agent_spool_memory_windows", src) == 6
+    assert reg.get_sample_value("fabricprobe_agent_thread_failures_total", src) == 7

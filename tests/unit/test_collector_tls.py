@@ -79,15 +79,19 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=d,
     )
     _issue(d, "collector", "/CN=collector", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for host in ("h1", "h2"):
+    for host in ("h1", "h2", "reader"):
         _issue(d, host, f"/CN={host}", f"subjectAltName=DNS:{host}\n")
+    _issue(d, "h3", "/CN=h3", "subjectAltName=DNS:h3,IP:10.20.30.40\n")
     return d
 
 
 @pytest.fixture
 def server(pki: Path) -> Iterator[CollectorServer]:
     auth = MutualTls.from_files(
-        str(pki / "collector.pem"), str(pki / "collector.key"), str(pki / "ca.pem")
+        str(pki / "collector.pem"),
+        str(pki / "collector.key"),
+        str(pki / "ca.pem"),
+        readers=frozenset({"reader"}),
     )
     s = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""), auth)
     s.start()
@@ -149,3 +153,65 @@ def test_agent_over_mutual_tls(pki: Path, server: CollectorServer, tmp_path: Pat
         assert agent.acked >= 1 and "h2" in server.store.hosts
     finally:
         agent.close()
+
+
+def test_why_over_mutual_tls_needs_a_reader_certificate(pki: Path, server: CollectorServer) -> None:
+    from click.testing import CliRunner
+
+    from fabricprobe.cli import main
+
+    base = ["why", "--collector", f"127.0.0.1:{server.port}", "--ca-file", str(pki / "ca.pem")]
+    reader = ["--cert-file", str(pki / "reader.pem"), "--key-file", str(pki / "reader.key")]
+    res = CliRunner().invoke(main, [*base, *reader, "--json"])
+    assert res.exit_code == 0, res.output
+    assert '"slowest": []' in res.output
+    res = CliRunner().invoke(
+        main, [*base, "--cert-file", str(pki / "h1.pem"), "--key-file", str(pki / "h1.key")]
+    )
+    assert res.exit_code == 1 and "PERMISSION_DENIED" in res.output  # a host is not a reader
+    c = client(pki, server, "reader")
+    with pytest.raises(grpc.RpcError) as e:  # and a reader is not a host
+        c.register(pb.HostInfo(host="reader"))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_certificate_names_the_addresses_a_host_may_register(
+    pki: Path, server: CollectorServer
+) -> None:
+    c = client(pki, server, "h3")
+    assert c.register(pb.HostInfo(host="h3", addresses=["10.20.30.40"])).report_interval_ms
+    with pytest.raises(grpc.RpcError) as e:
+        c.register(pb.HostInfo(host="h3", addresses=["10.20.30.41"]))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "10.20.30.41 is not this host's" in e.value.details()
+
+
+def test_one_valid_certificate_cannot_freeze_the_fleet(pki: Path, server: CollectorServer) -> None:
+    import threading
+    import time
+
+    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
+
+    stop = threading.Event()
+
+    def nothing() -> Iterator[pb.WindowReport]:
+        stop.wait(20)
+        yield from ()
+
+    creds = channel_credentials(str(pki / "ca.pem"), str(pki / "h1.pem"), str(pki / "h1.key"))
+    stub = pb_grpc.CollectorStub(grpc.secure_channel(f"127.0.0.1:{server.port}", creds))
+    calls = [stub.Report(nothing(), timeout=20) for _ in range(64)]
+    try:
+        time.sleep(1.0)
+        assert client(pki, server, "h2").register(pb.HostInfo(host="h2")).report_interval_ms
+        assert server.gate.limits.streams <= 4
+    finally:
+        stop.set()
+    refused = 0
+    for call in calls:
+        try:
+            list(call)
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            refused += 1
+    assert refused == 60

@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fabricprobe.grafana import build
 
@@ -23,13 +24,17 @@ def catalogue() -> dict[str, set[str]]:
     """metric name as queried -> labels it carries."""
     data = tomllib.loads((ROOT / "collector" / "metrics.toml").read_text())
     out: dict[str, set[str]] = {}
-    for m in data["metric"] + data.get("attribution_metric", []):
+    tables = ("metric", "attribution_metric", "rawstore_metric", "agent_metric")
+    for m in (row for table in tables for row in data.get(table, [])):
         labels = set(m["labels"])
         if m["type"] == "histogram":
             for suffix in HIST_SUFFIXES:
-                out[m["name"] + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
-        else:
-            out[m["name"]] = labels
+                name = m["name"] + suffix
+                out[name] = (
+                    out.get(name, set()) | labels | ({"le"} if suffix == "_bucket" else set())
+                )
+        else:  # a name both the collector and the agents export carries either's labels
+            out[m["name"]] = out.get(m["name"], set()) | labels
     for r in build.RECORDING:  # recording rules keep the path labels
         out[r["record"]] = {"src", "dst", "transport", "op", "size"}
     return out
@@ -90,3 +95,45 @@ def test_promtool_accepts_the_rules() -> None:
         check=False,
     )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_promtool_rule_tests_pass_and_cover_every_alert() -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: scripts/setup.sh installs Debian's prometheus"
+    res = subprocess.run(
+        [promtool, "test", "rules", "rules_test.yml"],
+        cwd=ROOT / "grafana",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    tests = yaml.safe_load((ROOT / "grafana" / "rules_test.yml").read_text())["tests"]
+    fired = {
+        case["alertname"]
+        for t in tests
+        for case in t.get("alert_rule_test", [])
+        if case.get("exp_alerts")
+    }
+    alerts = {a["alert"] for a in build.ALERTS}
+    assert alerts <= fired, f"alerts no test sees firing: {sorted(alerts - fired)}"
+
+
+def test_every_alert_has_a_runbook() -> None:
+    text = (ROOT / "grafana" / "runbooks.md").read_text()
+    headings = set(re.findall(r"^## (\S+)$", text, re.M))
+    for a in build.ALERTS:
+        assert build.runbook_anchor(a["alert"]) in headings, a["alert"]
+    rules = (ROOT / "grafana" / "rules.yml").read_text()
+    assert rules.count("runbook_url:") == len(build.ALERTS)
+
+
+def test_panels_have_units_heatmaps_and_top_k() -> None:
+    panels = [p for d in build.DASHBOARDS for row in d.rows for p in row.panels]
+    assert not [p.title for p in panels if p.unit in ("", "short")]
+    kinds = {p.kind for p in panels}
+    assert {"heatmap", "bargauge", "stat", "timeseries"} <= kinds
+    assert any("topk(" in e for p in panels for e, _ in p.exprs)
+    for p in panels:
+        if p.kind == "heatmap":
+            assert p.fmt == "heatmap" and all("by (le)" in e for e, _ in p.exprs)

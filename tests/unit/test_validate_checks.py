@@ -71,7 +71,30 @@ def by_check(report: Report, check: str) -> list:
     return [r for r in report.results if r.check == check]
 
 
-ALL_CHECKS = ["device", "gid", "mtu", "pfc", "trust", "ecn", "rdma_cm", "counters"]
+ALL_CHECKS = [
+    "device",
+    "gid",
+    "mtu",
+    "pfc",
+    "trust",
+    "ecn_rp",
+    "ecn_np",
+    "cnp",
+    "rdma_cm",
+    "ets",
+    "global_pause",
+    "buffers",
+    "dcbx",
+    "link",
+    "fec",
+    "pcie",
+    "acs",
+    "firmware",
+    "pause",
+    "discards",
+    "rdma_errors",
+]
+NO_GPU = {"acs": Status.SKIP}  # the fixture hosts have no GPU: GPUDirect checks do not apply
 
 
 @pytest.mark.parametrize(
@@ -86,14 +109,15 @@ ALL_CHECKS = ["device", "gid", "mtu", "pfc", "trust", "ecn", "rdma_cm", "counter
 def test_good_mlx5_host_passes_everything(tmp_path: Path, tool_view: list[str]) -> None:
     report = validate(host(tmp_path, "mlx5", tool_view), Policy())
     assert [r.check for r in report.results] == ALL_CHECKS
-    assert not_passing(report) == {}
+    assert not_passing(report) == NO_GPU
     assert report.exit_code == 0
-    assert report.summary().startswith("OK: 8 pass, 0 warn, 0 fail, 0 skip")
+    assert report.summary().startswith("OK: 20 pass, 0 warn, 0 fail, 1 skip")
 
 
 def test_good_mlx5_host_through_lldptool_only(tmp_path: Path) -> None:
     report = validate(host(tmp_path, "mlx5", ["mlx5", "mlx5_lldptool_only"]), Policy())
-    assert not_passing(report) == {"trust": Status.SKIP}
+    skipped = {"trust": Status.SKIP, "ets": Status.SKIP, "buffers": Status.SKIP}
+    assert not_passing(report) == skipped | NO_GPU
     (pfc,) = by_check(report, "pfc")
     assert "lldptool" in pfc.evidence[0]
 
@@ -108,7 +132,7 @@ MISCONFIGURED = [
         "PFC is off on RoCE priority 3 (on 4)",
         "prio-pfc all:off 3:on",
     ),
-    ("ecn_off", ("ecn_off",), [], "ecn", "ECN is off for priority 3", "echo 1 > "),
+    ("ecn_off", ("ecn_off",), [], "ecn_rp+ecn_np", "ECN is off for priority 3", "echo 1 > "),
     ("trust_pcp", (), ["trust_pcp"], "trust", "port trusts PCP", "--trust dscp"),
     (
         "mtu_mismatch",
@@ -119,7 +143,7 @@ MISCONFIGURED = [
         "mtu 9000",
     ),
     ("v1_only_gids", ("v1_only_gids",), [], "gid", "no RoCE v2 GID", "RoCE v2"),
-    ("pause_storm", (), ["pause_storm"], "counters", "pause storm", "pause"),
+    ("pause_storm", (), ["pause_storm"], "pause", "pause storm", "pause"),
 ]
 
 
@@ -138,8 +162,9 @@ def test_each_misconfiguration_alone(
     fix: str,
 ) -> None:
     report = validate(host(tmp_path, "mlx5", ["mlx5", *tools], overlays), Policy())
-    assert not_passing(report) == {check: Status.FAIL}
-    (result,) = by_check(report, check)
+    failing = dict.fromkeys(check.split("+"), Status.FAIL)
+    assert {c: s for c, s in not_passing(report).items() if c != "discards"} == failing | NO_GPU
+    (result,) = by_check(report, check.split("+")[0])
     assert message in result.message
     assert result.fix is not None and fix in result.fix
     assert report.exit_code == 1
@@ -155,7 +180,7 @@ def test_misconfiguration_seen_through_dcb_alone(
     # the overlay first, then the view without mlnx_qos: dcb alone must see it too
     view = host(tmp_path, "mlx5", ["mlx5", misconfig, "mlx5_dcb_only"])
     report = validate(view, Policy())
-    assert not_passing(report) == {check: Status.FAIL}
+    assert not_passing(report) == {check: Status.FAIL} | NO_GPU
     (r,) = by_check(report, check)
     assert any(e.startswith("dcb ") for e in r.evidence)
     assert not any(e.startswith("mlnx_qos") and "ok" in e for e in r.evidence)
@@ -163,19 +188,26 @@ def test_misconfiguration_seen_through_dcb_alone(
 
 def test_pause_storm_details(tmp_path: Path) -> None:
     report = validate(host(tmp_path, "mlx5", ["mlx5", "pause_storm"]), Policy())
-    (c,) = by_check(report, "counters")
+    (c,) = by_check(report, "pause")
     assert "tx_pause_storm_error_events +1" in c.message
     assert "priority 3 paused 92% of the window" in c.message
-    assert "rx_discards_phy +4410" in c.message
+    (d,) = by_check(report, "discards")
+    assert d.status is Status.WARN and "rx_discards_phy +4410" in d.message
+    assert "rx_discards_phy" not in c.message  # each finding on its own line
 
 
 def test_bnxt_re_without_counters_dir(tmp_path: Path) -> None:
     report = validate(host(tmp_path, "bnxt_re", ["bnxt_re"]), Policy())
-    assert not_passing(report) == {"ecn": Status.SKIP}
-    (ecn,) = by_check(report, "ecn")
-    assert "does not expose ECN" in ecn.message
-    (counters,) = by_check(report, "counters")
-    assert counters.status is Status.PASS
+    ecn = dict.fromkeys(("ecn_rp", "ecn_np", "cnp"), Status.SKIP)
+    assert not_passing(report) == ecn | {"buffers": Status.SKIP} | NO_GPU
+    (rp,) = by_check(report, "ecn_rp")
+    assert "does not expose ECN" in rp.message
+    (buffers,) = by_check(report, "buffers")
+    assert "bnxt_en" in buffers.message or "does not support it" in buffers.message
+    assert buffers.fix is None  # nothing to install: the driver has no buffer operations
+    for c in ("pause", "discards", "rdma_errors"):
+        (counters,) = by_check(report, c)
+        assert counters.status is Status.PASS
     (trust,) = by_check(report, "trust")
     assert "trust inferred from the APP table: dscp" in trust.evidence
 
@@ -183,8 +215,24 @@ def test_bnxt_re_without_counters_dir(tmp_path: Path) -> None:
 def test_rxe_skips_pfc_and_ecn_and_never_fails(tmp_path: Path) -> None:
     report = validate(host(tmp_path, "rxe", ["rxe"]), Policy())
     assert not report.failed
-    assert not_passing(report) == {"pfc": Status.SKIP, "trust": Status.SKIP, "ecn": Status.SKIP}
-    for check in ("pfc", "trust", "ecn"):
+    soft = [
+        "pfc",
+        "trust",
+        "ecn_rp",
+        "ecn_np",
+        "cnp",
+        "ets",
+        "global_pause",
+        "buffers",
+        "dcbx",
+        "link",
+        "fec",
+        "pcie",
+        "acs",
+        "firmware",
+    ]
+    assert not_passing(report) == dict.fromkeys(soft, Status.SKIP)
+    for check in soft:
         (r,) = by_check(report, check)
         assert "software RDMA" in r.message and "lossy Ethernet" in r.message
     (mtu,) = by_check(report, "mtu")
@@ -212,7 +260,7 @@ def test_no_tools_unprivileged_says_what_needed_root(tmp_path: Path) -> None:
     (mtu,) = by_check(report, "mtu")
     assert mtu.status is Status.PASS
     assert "ibverbs-utils" in mtu.message
-    assert report.to_dict()["needs_root"] == ["pfc", "trust"]
+    assert report.to_dict()["needs_root"] == ["buffers", "ets", "pfc", "trust"]
 
 
 def test_no_rdma_device(tmp_path: Path) -> None:
@@ -238,7 +286,7 @@ def test_unknown_device_and_netdev(tmp_path: Path) -> None:
     (r,) = report.results
     assert r.status is Status.FAIL and "no RDMA device on netdev eth7" in r.message
     report = validate(view, Policy(), netdev="ens1f0np0", window=0)
-    assert [r.device for r in report.results] == ["mlx5_0"] * 8
+    assert [r.device for r in report.results] == ["mlx5_0"] * len(ALL_CHECKS)
 
 
 def test_infiniband_port_is_not_a_roce_port(tmp_path: Path) -> None:
@@ -272,12 +320,22 @@ def test_pfc_on_extra_priority_warns(tmp_path: Path) -> None:
 def test_policy_priority_changes_the_verdict(tmp_path: Path) -> None:
     # the same good host judged by a policy that wants RoCE on priority 4
     report = validate(host(tmp_path, "mlx5", ["mlx5"]), Policy(priority=4, dscp=34), window=0)
-    assert not_passing(report) == {
-        "pfc": Status.FAIL,
-        "ecn": Status.FAIL,
-        "rdma_cm": Status.WARN,
-        "counters": Status.SKIP,
-    }
+    assert (
+        not_passing(report)
+        == {
+            "pfc": Status.FAIL,
+            "ecn_rp": Status.FAIL,
+            "ecn_np": Status.FAIL,
+            "rdma_cm": Status.FAIL,
+            "ets": Status.FAIL,  # TC 4 gets 0% in the good host's ETS table
+            "buffers": Status.WARN,  # priority 4 shares buffer 0 with the lossy priorities
+            "dcbx": Status.FAIL,
+            "pause": Status.SKIP,
+            "discards": Status.SKIP,
+            "rdma_errors": Status.SKIP,
+        }
+        | NO_GPU
+    )
 
 
 def test_dscp_mapped_to_wrong_priority(tmp_path: Path) -> None:
@@ -294,7 +352,7 @@ def test_ecn_cnp_settings_warn(tmp_path: Path) -> None:
     view = host(tmp_path, "mlx5", ["mlx5"])
     (view.sysfs_root / "class/net/ens1f0np0/ecn/roce_np/cnp_dscp").write_text("46\n")
     report = validate(view, Policy(), window=0)
-    (ecn,) = by_check(report, "ecn")
+    (ecn,) = by_check(report, "cnp")
     assert ecn.status is Status.WARN and "CNP DSCP 46 (policy 48)" in ecn.message
     assert ecn.fix is not None and "echo 48 >" in ecn.fix
 
@@ -303,8 +361,8 @@ def test_ecn_cnp_settings_warn(tmp_path: Path) -> None:
     ("setup", "status", "message"),
     [
         ("v1", Status.FAIL, "connects with IB/RoCE v1"),
-        ("tos0", Status.WARN, "default ToS 0 (DSCP 0)"),
-        ("no_dev_dir", Status.WARN, "default ToS 0"),
+        ("tos0", Status.FAIL, "default ToS 0 (DSCP 0)"),  # DSCP 0 is a lossy priority
+        ("no_dev_dir", Status.FAIL, "default ToS 0"),
         ("no_rdma_cm", Status.SKIP, "rdma_cm is not loaded"),
     ],
 )
@@ -369,22 +427,25 @@ def _target(tmp_path: Path) -> Target:
         ),
         ({"roce_adp_retrans": 41}, {"roce_adp_retrans": 45}, Status.WARN, "retransmissions"),
         ({"rx_roce_discards": 0}, {"rx_roce_discards": 2}, Status.WARN, "discards"),
-        ({"np_cnp_sent": 1}, {"np_cnp_sent": 900}, Status.PASS, "no pause storms"),
+        ({"np_cnp_sent": 1}, {"np_cnp_sent": 900}, Status.PASS, "no pause storm"),
     ],
 )
 def test_evaluate_counters(
     tmp_path: Path, hw0: dict[str, int], hw1: dict[str, int], status: Status, text: str
 ) -> None:
     t = _target(tmp_path)
-    r = evaluate_counters(
+    results = evaluate_counters(
         t, Policy(), CounterSample(0.0, hw0, {}), CounterSample(2.0, hw1, {}), 2.0
     )
-    assert r.status is status and text in r.message
+    assert [r.check for r in results] == ["pause", "discards", "rdma_errors"]
+    worst = max(results, key=lambda r: r.status.rank)
+    assert worst.status is status and text in " ".join(r.message for r in results)
+    assert sum(r.status is not Status.PASS for r in results) == (status is not Status.PASS)
 
 
 def test_evaluate_counters_flags_a_reset(tmp_path: Path) -> None:
     t = _target(tmp_path)
-    r = evaluate_counters(
+    r, *_ = evaluate_counters(
         t,
         Policy(),
         CounterSample(0.0, {"np_cnp_sent": 5_000_000}, None),
@@ -398,32 +459,33 @@ def test_evaluate_counters_flags_a_reset(tmp_path: Path) -> None:
 
 def test_evaluate_counters_nothing_to_sample(tmp_path: Path) -> None:
     t = _target(tmp_path)
-    r = evaluate_counters(
+    results = evaluate_counters(
         t, Policy(), CounterSample(0.0, {}, None), CounterSample(1.0, {}, None), 1.0
     )
-    assert r.status is Status.SKIP
+    assert [r.status for r in results] == [Status.SKIP] * 3
 
 
 def test_thresholds_come_from_the_policy(tmp_path: Path) -> None:
     t = _target(tmp_path)
     s0 = CounterSample(0.0, {}, {"tx_prio3_pause_duration": 0})
     s1 = CounterSample(1.0, {}, {"tx_prio3_pause_duration": 50_000})  # 5% of one second
-    assert evaluate_counters(t, Policy(), s0, s1, 1.0).status is Status.WARN
+    assert evaluate_counters(t, Policy(), s0, s1, 1.0)[0].status is Status.WARN
     lenient = Policy().with_overrides(thresholds=Thresholds(pause_duration_warn_pct=6.0))
-    assert evaluate_counters(t, lenient, s0, s1, 1.0).status is Status.PASS
+    assert evaluate_counters(t, lenient, s0, s1, 1.0)[0].status is Status.PASS
 
 
 def test_window_zero_skips_counters(tmp_path: Path) -> None:
     report = validate(host(tmp_path, "mlx5", ["mlx5"]), Policy(), window=0)
-    (c,) = by_check(report, "counters")
-    assert c.status is Status.SKIP and "--window 0" in c.message
+    for check in ("pause", "discards", "rdma_errors"):
+        (c,) = by_check(report, check)
+        assert c.status is Status.SKIP and "--window 0" in c.message
 
 
 def test_report_json_shape(tmp_path: Path) -> None:
     report = validate(host(tmp_path, "mlx5", ["mlx5", "pfc_wrong_priority"]), Policy(), window=0)
     d = report.to_dict()
     assert d["ok"] is False
-    assert d["summary"] == {"pass": 6, "skip": 1, "warn": 0, "fail": 1}
+    assert d["summary"] == {"pass": 16, "skip": 4, "warn": 0, "fail": 1}
     assert d["policy"]["priority"] == 3
     pfc = next(r for r in d["results"] if r["check"] == "pfc")
     assert pfc["status"] == "FAIL" and pfc["device"] == "mlx5_0" and pfc["port"] == 1

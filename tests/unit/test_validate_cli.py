@@ -45,7 +45,7 @@ def test_good_host_exits_0() -> None:
     code, out, _ = run(*fixture_args("mlx5", "mlx5"))
     assert code == 0
     assert "PASS" in out and "FAIL" not in out
-    assert out.strip().splitlines()[-1].startswith("OK: 8 pass, 0 warn, 0 fail, 0 skip")
+    assert out.strip().splitlines()[-1].startswith("OK: 20 pass, 0 warn, 0 fail, 1 skip")
 
 
 def test_misconfigured_host_exits_1_with_fix() -> None:
@@ -68,9 +68,9 @@ def test_json_is_valid_and_complete(tmp_path: Path) -> None:
     assert code == 1
     doc = json.loads(out)
     assert doc["ok"] is False
-    assert doc["summary"]["fail"] == 1
+    assert doc["summary"]["fail"] == 2
     failed = [r for r in doc["results"] if r["status"] == "FAIL"]
-    assert [r["check"] for r in failed] == ["ecn"]
+    assert [r["check"] for r in failed] == ["ecn_rp", "ecn_np"]
     assert failed[0]["fix"].startswith("echo 1 > ")
     assert doc["policy"]["dscp"] == 26
 
@@ -95,7 +95,24 @@ def test_rxe_host_exits_0_with_skips() -> None:
     assert code == 0
     doc = json.loads(out)
     skipped = {r["check"] for r in doc["results"] if r["status"] == "SKIP"}
-    assert skipped == {"pfc", "trust", "ecn"}
+    assert skipped == set(
+        [
+            "pfc",
+            "trust",
+            "ecn_rp",
+            "ecn_np",
+            "cnp",
+            "ets",
+            "global_pause",
+            "buffers",
+            "dcbx",
+            "link",
+            "fec",
+            "pcie",
+            "acs",
+            "firmware",
+        ]
+    )
 
 
 def test_priority_and_dscp_flags_override_the_policy_file(tmp_path: Path) -> None:
@@ -193,3 +210,21 @@ def test_help_smoke() -> None:
     assert proc.returncode == 0
     assert "probe validate --device mlx5_0" in proc.stdout
     assert "Exit status: 0 when nothing FAILs" in proc.stdout
+
+
+def test_fix_commands_are_never_split_at_80_columns(tmp_path: Path) -> None:
+    root = sys_with_overlay(tmp_path, "ecn_off")
+    args = ["validate", "--sysfs", str(root), "--replay", str(TOOLS / "mlx5")]
+    args += ["--replay", str(TOOLS / "pfc_wrong_priority"), "--window", "0"]
+    res = CliRunner().invoke(main, [*args, "--json"], env={"COLUMNS": "80"})
+    fixes = [
+        r["fix"] for r in json.loads(res.stdout)["results"] if r["fix"] and r["status"] != "PASS"
+    ]
+    assert len(fixes) >= 3 and any(len(f) > 80 for f in fixes)
+    res = CliRunner().invoke(main, args, env={"COLUMNS": "80"})
+    assert res.exit_code == 1
+    lines = res.stdout.splitlines()
+    for fix in fixes:
+        assert any(fix in line for line in lines), f"fix split across lines: {fix}"
+    table = [ln for ln in lines if not ln.startswith("[")]
+    assert max(len(ln) for ln in table[:-1]) <= 80  # the table itself fits the terminal

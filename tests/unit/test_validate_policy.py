@@ -50,7 +50,7 @@ def test_toml_overrides() -> None:
         ("[roce]\nmtu = 9000\n", "mtu must be one of"),
         ("[roce]\nroce_mode = 'v2'\n", "roce_mode must be"),
         ("[roce]\ncnp_priority = 3\n", "cnp_priority must differ"),
-        ("[thresholds]\ndiscards_warn_per_s = -1.0\n", "must not be negative"),
+        ("[thresholds]\ndiscards_warn_per_s = -1.0\n", "not negative"),
         ("[thresholds]\npause_duration_fail_pct = 0.5\n", "below the warn level"),
         ("roce = 3\n", "must be tables"),
     ],

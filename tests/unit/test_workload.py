@@ -113,21 +113,22 @@ def test_cli_workload_with_otlp_then_why(collector: CollectorServer) -> None:
     out = json.loads(res.output)
     assert out["model"]["bytes_per_token"] == 57_344
     assert out["paths"][0]["requests"] == 4
-    res = runner.invoke(main, ["why", "--collector", f"127.0.0.1:{collector.port}", "--json"])
+    why = ["why", "--insecure", "--collector", f"127.0.0.1:{collector.port}"]
+    res = runner.invoke(main, [*why, "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.output)
     assert len(report["slowest"]) == 4
     first = report["slowest"][0]
     assert first["src"] == "local" and first["transport"] == "tcp"
     assert first["ttft_s"] > 0 and first["kv_transfer_s"] > 0
-    res = runner.invoke(main, ["why", "--collector", f"127.0.0.1:{collector.port}"])
+    res = runner.invoke(main, why)
     assert res.exit_code == 0 and "Slowest requests" in res.output
 
 
 def test_cli_errors_are_one_line() -> None:
     res = CliRunner().invoke(main, ["workload", "--path", "x:y"])
     assert res.exit_code == 2 and "--path 'x:y'" in res.output
-    res = CliRunner().invoke(main, ["why", "--collector", "127.0.0.1:1"])
+    res = CliRunner().invoke(main, ["why", "--insecure", "--collector", "127.0.0.1:1"])
     assert res.exit_code == 1 and "UNAVAILABLE" in res.output
 
 
@@ -139,7 +140,7 @@ def test_help_runs_as_a_process() -> None:
 
 
 def test_why_on_a_collector_that_has_seen_no_request(collector: CollectorServer) -> None:
-    res = CliRunner().invoke(main, ["why", "--collector", f"127.0.0.1:{collector.port}",
-                                    "--json"])  # fmt: skip
+    res = CliRunner().invoke(main, ["why", "--insecure", "--collector",
+                                    f"127.0.0.1:{collector.port}", "--json"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["slowest"] == []

@@ -9,9 +9,15 @@ from typing import Any
 
 import click
 
-from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.agent import EX_SOFTWARE, Agent
 from fabricprobe.agent.config import AgentConfig, apply, load_toml
-from fabricprobe.cli.options import fail, log_format_option, log_level_option, sysfs_option
+from fabricprobe.cli.options import (
+    collector_credential_options,
+    fail,
+    log_format_option,
+    log_level_option,
+    sysfs_option,
+)
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.logs import setup_logging
 from fabricprobe.probes.errors import ProbeError
@@ -32,6 +38,11 @@ Examples:
 @click.option("--collector", metavar="HOST:PORT", help="Collector's agent API [127.0.0.1:4794].")
 @click.option("--host", help="This host's name, its identity [the system host name].")
 @click.option("--topology", help="Topology label, e.g. the ToR switch.")
+@click.option(
+    "--metrics-listen",
+    metavar="ADDR:PORT",
+    help="This host's own /metrics [127.0.0.1:9795]; '' for none.",
+)
 @click.option(
     "--listen", "probe_listen", metavar="ADDR:PORT", help="Responder address [0.0.0.0:4793]."
 )
@@ -54,13 +65,7 @@ Examples:
     metavar="URL",
     help="/metrics of an engine on this host with NIXL telemetry (repeat).",
 )
-@click.option("--insecure", is_flag=True, default=None, help="Plain text to the collector.")
-@click.option(
-    "--token-file", type=click.Path(dir_okay=False), help="File holding this host's token."
-)
-@click.option("--ca-file", type=click.Path(dir_okay=False), help="CA of the collector (TLS).")
-@click.option("--cert-file", type=click.Path(dir_okay=False), help="Client certificate (PEM).")
-@click.option("--key-file", type=click.Path(dir_okay=False), help="Client key (PEM).")
+@collector_credential_options("File holding this host's token.")
 @log_format_option
 @log_level_option
 @sysfs_option
@@ -111,3 +116,6 @@ def agent(
     signal.signal(signal.SIGINT, on_signal)
     the_agent.wait()
     the_agent.close()
+    if the_agent.failure:
+        # A dead thread: exit non-zero so systemd's Restart=on-failure starts a fresh agent.
+        fail(f"agent thread died: {the_agent.failure}", EX_SOFTWARE)

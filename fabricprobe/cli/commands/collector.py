@@ -38,6 +38,18 @@ Examples:
     metavar="ADDR:PORT",
     help="OTLP over HTTP (POST /v1/traces) for engines' spans [off; 0.0.0.0:4318 is usual].",
 )
+@click.option(
+    "--fleet-network",
+    "fleet_networks",
+    multiple=True,
+    metavar="CIDR",
+    help="A network the fleet's addresses lie in (repeat); probes go nowhere else.",
+)
+@click.option(
+    "--web-config",
+    type=click.Path(dir_okay=False),
+    help="TLS and basic auth for /metrics (exporter-toolkit's web-config YAML).",
+)
 @click.option("--report-interval", type=click.FloatRange(0.1, 3600), help="Window seconds [10].")
 @click.option("--budget", type=click.IntRange(1, 1024), help="Peers each host probes [16].")
 @click.option("--probe-interval", type=click.FloatRange(0.1, 3600), help="Seconds per burst [10].")
@@ -48,6 +60,16 @@ Examples:
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="Server certificate (PEM).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="Server key (PEM).")
 @click.option("--client-ca", type=click.Path(dir_okay=False), help="CA of agent certificates.")
+@click.option(
+    "--windows-dir",
+    type=click.Path(file_okay=False),
+    help="Keep every raw window here as Parquet (`probe windows` reads it).",
+)
+@click.option(
+    "--windows-max-bytes",
+    type=click.IntRange(1 << 20),
+    help="Disk budget of --windows-dir [1 GiB].",
+)
 @log_format_option
 @log_level_option
 def collector(config_file: str | None, log_format: str, log_level: str, **flags: Any) -> None:
@@ -65,6 +87,10 @@ def collector(config_file: str | None, log_format: str, log_level: str, **flags:
         if config_file:
             apply(settings, load_toml(config_file, "collector"), config_file)
         given = {renames.get(k, k): v for k, v in flags.items() if v is not None}
+        if given.get("fleet_networks") == ():
+            del given["fleet_networks"]
+        elif "fleet_networks" in given:
+            given["fleet_networks"] = list(given["fleet_networks"])
         apply(settings, given, "flags")
         auth = settings.authenticator()
         cfg = settings.server_config()

@@ -129,23 +129,32 @@ def _soft(view: HostView, device: str | None) -> bool:
 
 
 def render(report: Report, console: Console, verbose: bool) -> None:
-    """The results table and one summary line."""
+    """The results table, the fix commands, and one summary line.
+
+    Fix commands are printed below the table, one per line and never wrapped by the
+    console (soft_wrap): a command folded at the terminal width into a table cell cannot
+    be copied and pasted.
+    """
     table = Table(show_lines=False, pad_edge=False, expand=False)
     table.add_column("", no_wrap=True)
     table.add_column("check", no_wrap=True)
     table.add_column("device", no_wrap=True)
     table.add_column("result", overflow="fold")
+    fixes: list[tuple[str, str, str]] = []
     for r in report.results:
         where = f"{r.device}/{r.port}" if r.device and r.port else (r.device or r.netdev or "-")
         body = Text(r.message)
         if r.fix and r.status is not Status.PASS:
-            body.append(f"\nfix: {r.fix}", style="cyan")
+            fixes.append((r.check, where, r.fix))
+            body.append(f"\nfix: [{len(fixes)}] below", style="cyan")
         if r.needs_root:
             body.append("\n(needs root)", style="dim")
         if verbose and r.evidence:
             body.append("\n" + "\n".join(f"  {e}" for e in r.evidence), style="dim")
         table.add_row(Text(r.status.value, style=_STYLE[r.status]), r.check, where, body)
     console.print(table)
+    for i, (check, where, fix) in enumerate(fixes, 1):
+        console.print(Text(f"[{i}] {check} {where} fix: {fix}", style="cyan"), soft_wrap=True)
     worst = Status.FAIL if report.failed else (Status.WARN if report.count(Status.WARN) else None)
     console.print(Text(report.summary(), style=_STYLE[worst] if worst else "green"))
 

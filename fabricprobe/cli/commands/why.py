@@ -2,35 +2,64 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from fabricprobe.cli.options import OneLineCommand, fail, print_json
+from fabricprobe.cli.options import (
+    CollectorCredentials,
+    OneLineCommand,
+    collector_credential_options,
+    fail,
+    print_json,
+)
 from fabricprobe.probes.control import parse_hostport
 
-WHY_METHOD = "/fabricprobe.Attribution/Why"  # fabricprobe.collector.attribution.WHY_METHOD
+
+def reply_dict(reply: Any) -> dict[str, Any]:
+    """A WhyReply as plain JSON-ready data: one flat dict per request (figures that were
+    not measured are absent; counter rates sit beside the other figures)."""
+
+    def fields(msg: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for fd, value in msg.ListFields():
+            if fd.name == "counter_rates":
+                out.update(dict(value))
+            else:
+                out[fd.name] = value
+        return out
+
+    return {
+        "now_ns": reply.now_ns,
+        "slowest": [fields(r) for r in reply.slowest],
+        "paths": [fields(p) for p in reply.paths],
+        "communication_bound": reply.communication_bound,
+        "goodput": [fields(reply.goodput)] if reply.HasField("goodput") else [],
+        "stages": reply.stages,
+    }
 
 
 def query(
-    collector: str, slowest: int, window_s: float | None, by: str, timeout: float = 30.0
+    collector: str,
+    slowest: int,
+    window_s: float | None,
+    by: str,
+    timeout: float = 30.0,
+    creds: CollectorCredentials | None = None,
 ) -> dict[str, Any]:
-    """Ask the collector's attribution service (JSON over one gRPC method)."""
-    import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+    """Ask the collector's Query service for the Why report (plain text without CREDS)."""
+    from fabricprobe.core.api import fabricprobe_pb2 as pb
+    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
+    creds = creds or CollectorCredentials(insecure=True)
     host, port = parse_hostport(collector, 4794)
-    with grpc.insecure_channel(f"{host}:{port}") as channel:
-        call = channel.unary_unary(
-            WHY_METHOD,
-            request_serializer=lambda o: json.dumps(o).encode(),
-            response_deserializer=json.loads,
-        )
-        body = {"slowest": slowest, "window_s": window_s, "by": by}
-        reply: dict[str, Any] = call(body, timeout=timeout)
-        return reply
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    with creds.channel(target) as channel:
+        request = pb.WhyRequest(slowest=slowest, window_s=window_s or 0.0, by=by)
+        reply = pb_grpc.QueryStub(channel).Why(request, timeout=timeout, metadata=creds.metadata())
+        return reply_dict(reply)
 
 
 def _ms(v: Any) -> str:
@@ -99,9 +128,10 @@ def paths_table(rows: list[dict[str, Any]]) -> Table:
     cls=OneLineCommand,
     epilog="""\b
 Examples:
-  probe why                                  # collector on 127.0.0.1:4794, last 60 s
-  probe why --collector 10.0.0.9:4794 --slowest 20 --by ttft_s
-  probe why --window 300 --json""",
+  probe why --insecure                       # collector on 127.0.0.1:4794, last 60 s
+  probe why --collector 10.0.0.9:4794 --ca-file ca.pem --token-file reader.token \\
+      --slowest 20 --by ttft_s
+  probe why --ca-file ca.pem --cert-file me.pem --key-file me.key --window 300 --json""",
 )
 @click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT")
 @click.option("--slowest", type=click.IntRange(1, 200), default=10, show_default=True)
@@ -121,16 +151,28 @@ Examples:
     help="Seconds to wait for the collector's analysis.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@collector_credential_options("File holding a reader token.")
 def why(
-    collector: str, slowest: int, window_s: float | None, by: str, timeout: float, as_json: bool
+    collector: str,
+    slowest: int,
+    window_s: float | None,
+    by: str,
+    timeout: float,
+    as_json: bool,
+    **cred: Any,
 ) -> None:
     """The slowest requests of the last window, stage by stage, beside the probe RTT,
     loss and congestion counters of the path their KV cache crossed at the time, and
-    the paths ranked by the stage time they explain."""
-    import grpc
+    the paths ranked by the stage time they explain.
 
+    The collector wants a reader identity: a reader token (--token-file) or a client
+    certificate it lists in reader_names; plain text only with --insecure."""
+    import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+
+    creds = CollectorCredentials(**cred)
+    creds.check()
     try:
-        report = query(collector, slowest, window_s, by, timeout)
+        report = query(collector, slowest, window_s, by, timeout, creds)
     except ValueError as e:
         fail(str(e))
     except grpc.RpcError as e:

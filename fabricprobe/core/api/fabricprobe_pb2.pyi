@@ -177,7 +177,7 @@ class CounterReading(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., device: _Optional[str] = ..., port: _Optional[int] = ..., netdev: _Optional[str] = ..., priority: _Optional[int] = ..., name: _Optional[str] = ..., value: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
 
 class AgentStats(_message.Message):
-    __slots__ = ("cpu_seconds", "rss_bytes", "probes", "probe_rate", "spool_depth", "spool_bytes", "spool_dropped", "links", "sessions", "sessions_refused")
+    __slots__ = ("cpu_seconds", "rss_bytes", "probes", "probe_rate", "spool_depth", "spool_bytes", "spool_dropped", "links", "sessions", "sessions_refused", "spool_write_failures", "spool_quarantined", "spool_memory_windows", "thread_failures")
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROBES_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,10 @@ class AgentStats(_message.Message):
     LINKS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_WRITE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_MEMORY_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    THREAD_FAILURES_FIELD_NUMBER: _ClassVar[int]
     cpu_seconds: float
     rss_bytes: int
     probes: int
@@ -198,7 +202,11 @@ class AgentStats(_message.Message):
     links: int
     sessions: int
     sessions_refused: int
-    def __init__(self, cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., probes: _Optional[int] = ..., probe_rate: _Optional[float] = ..., spool_depth: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., links: _Optional[int] = ..., sessions: _Optional[int] = ..., sessions_refused: _Optional[int] = ...) -> None: ...
+    spool_write_failures: int
+    spool_quarantined: int
+    spool_memory_windows: int
+    thread_failures: int
+    def __init__(self, cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., probes: _Optional[int] = ..., probe_rate: _Optional[float] = ..., spool_depth: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., links: _Optional[int] = ..., sessions: _Optional[int] = ..., sessions_refused: _Optional[int] = ..., spool_write_failures: _Optional[int] = ..., spool_quarantined: _Optional[int] = ..., spool_memory_windows: _Optional[int] = ..., thread_failures: _Optional[int] = ...) -> None: ...
 
 class WindowReport(_message.Message):
     __slots__ = ("host", "epoch", "seq", "window_start_unix_ns", "window_end_unix_ns", "probes", "counters", "agent", "assignment_generation")
@@ -233,3 +241,132 @@ class Ack(_message.Message):
     duplicate: bool
     assignment_generation: int
     def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., assignment_generation: _Optional[int] = ...) -> None: ...
+
+class WhyRequest(_message.Message):
+    __slots__ = ("slowest", "window_s", "by")
+    SLOWEST_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    slowest: int
+    window_s: float
+    by: str
+    def __init__(self, slowest: _Optional[int] = ..., window_s: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
+
+class SlowRequest(_message.Message):
+    __slots__ = ("request_id", "src", "dst", "transport", "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s", "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "loss_ratio", "output_tokens", "kv_bytes", "fabric_windows", "counter_rates")
+    class CounterRatesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_S_FIELD_NUMBER: _ClassVar[int]
+    DETOKENIZE_S_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_S_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    ITL_S_FIELD_NUMBER: _ClassVar[int]
+    E2E_S_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_SHARE_TTFT_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_SHARE_E2E_FIELD_NUMBER: _ClassVar[int]
+    RTT_MIN_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_P50_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_P99_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_RATIO_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_RATES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    src: str
+    dst: str
+    transport: str
+    queue_s: float
+    prefill_s: float
+    kv_transfer_s: float
+    decode_s: float
+    detokenize_s: float
+    deliver_s: float
+    ttft_s: float
+    itl_s: float
+    e2e_s: float
+    fabric_share_ttft: float
+    fabric_share_e2e: float
+    rtt_min_s: float
+    rtt_p50_s: float
+    rtt_p99_s: float
+    loss_ratio: float
+    output_tokens: int
+    kv_bytes: int
+    fabric_windows: int
+    counter_rates: _containers.ScalarMap[str, float]
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., kv_transfer_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., deliver_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., fabric_share_ttft: _Optional[float] = ..., fabric_share_e2e: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., output_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., fabric_windows: _Optional[int] = ..., counter_rates: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class PathRank(_message.Message):
+    __slots__ = ("rank", "src", "dst", "transport", "transfers", "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio", "congestion_per_s", "explained_s", "fabric_bound")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    KV_MEDIAN_S_FIELD_NUMBER: _ClassVar[int]
+    KV_RATIO_FIELD_NUMBER: _ClassVar[int]
+    RTT_MIN_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_P50_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_P99_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    CONGESTION_PER_S_FIELD_NUMBER: _ClassVar[int]
+    EXPLAINED_S_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_BOUND_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    src: str
+    dst: str
+    transport: str
+    transfers: int
+    kv_median_s: float
+    kv_ratio: float
+    rtt_min_s: float
+    rtt_p50_s: float
+    rtt_p99_s: float
+    rtt_ratio: float
+    congestion_per_s: float
+    explained_s: float
+    fabric_bound: bool
+    def __init__(self, rank: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., transfers: _Optional[int] = ..., kv_median_s: _Optional[float] = ..., kv_ratio: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., rtt_ratio: _Optional[float] = ..., congestion_per_s: _Optional[float] = ..., explained_s: _Optional[float] = ..., fabric_bound: _Optional[bool] = ...) -> None: ...
+
+class Goodput(_message.Message):
+    __slots__ = ("requests", "met", "tokens", "goodput_tps", "throughput_tps")
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MET_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_TPS_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_TPS_FIELD_NUMBER: _ClassVar[int]
+    requests: int
+    met: int
+    tokens: float
+    goodput_tps: float
+    throughput_tps: float
+    def __init__(self, requests: _Optional[int] = ..., met: _Optional[int] = ..., tokens: _Optional[float] = ..., goodput_tps: _Optional[float] = ..., throughput_tps: _Optional[float] = ...) -> None: ...
+
+class WhyReply(_message.Message):
+    __slots__ = ("now_ns", "slowest", "paths", "communication_bound", "goodput", "stages")
+    NOW_NS_FIELD_NUMBER: _ClassVar[int]
+    SLOWEST_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    COMMUNICATION_BOUND_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    now_ns: int
+    slowest: _containers.RepeatedCompositeFieldContainer[SlowRequest]
+    paths: _containers.RepeatedCompositeFieldContainer[PathRank]
+    communication_bound: bool
+    goodput: Goodput
+    stages: int
+    def __init__(self, now_ns: _Optional[int] = ..., slowest: _Optional[_Iterable[_Union[SlowRequest, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathRank, _Mapping]]] = ..., communication_bound: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., stages: _Optional[int] = ...) -> None: ...

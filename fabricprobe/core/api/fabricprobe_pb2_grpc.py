@@ -231,3 +231,80 @@ class Collector:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class QueryStub:
+    """Questions people ask the collector (`probe why`); callers need a reader identity.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Why = channel.unary_unary(
+                '/fabricprobe.v1.Query/Why',
+                request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyRequest.SerializeToString,
+                response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyReply.FromString,
+                _registered_method=True)
+
+
+class QueryServicer:
+    """Questions people ask the collector (`probe why`); callers need a reader identity.
+    """
+
+    def Why(self, request, context):
+        """The slowest requests of the analysed window beside the fabric figures of the path
+        their KV cache crossed, the paths ranked by the time they explain, and goodput.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_QueryServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Why': grpc.unary_unary_rpc_method_handler(
+                    servicer.Why,
+                    request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyRequest.FromString,
+                    response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'fabricprobe.v1.Query', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('fabricprobe.v1.Query', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Query:
+    """Questions people ask the collector (`probe why`); callers need a reader identity.
+    """
+
+    @staticmethod
+    def Why(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabricprobe.v1.Query/Why',
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyRequest.SerializeToString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

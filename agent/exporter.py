@@ -1,0 +1,309 @@
+"""The agent's own /metrics: this host's counters, its probes' newest figures and its own
+health, served on the host as node_exporter serves a node's.
+
+Nothing here touches hardware: a scrape maps what the agent's last window already read
+(counters, probe sketches, its own footprint), so scraping costs the GPU host next to
+nothing and cannot stall on a driver. Series grow with this host's ports, priorities and
+targets only (at the default plan, about 250): the collector tier keeps the fleet's.
+
+- `fabricprobe_rdma_<counter>_total{device,port}`: one family per kernel counter name of
+  `counters/` and `hw_counters/`, the name as the kernel spells it (raw values: mlx5's
+  `port_rcv_data` and `port_xmit_data` count 4-byte words, as the kernel reports them).
+- `fabricprobe_pfc_*{netdev,priority}` and `fabricprobe_netdev_<counter>_total{netdev}`
+  from `ethtool -S`, parsed.
+- `fabricprobe_agent_path_rtt_seconds{dst,transport,op,size,quantile}` (p50, p99) and
+  `fabricprobe_agent_path_loss_ratio` from the newest window's sketches.
+- Health: CPU, memory, spool, links, sessions, refusals, reports acknowledged, the time of
+  the newest acknowledged report, and per-part scrape health
+  (`fabricprobe_agent_scrape_part_success{part}`), so one failing part never hides the
+  others.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import from_wire
+
+log = logging.getLogger("fabricprobe.agent")
+
+P = "fabricprobe_"
+NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,127}$")
+MAX_COUNTER_NAMES = 256  # families from kernel counter names; the rest are skipped
+QUANTILES = (("0.5", 50.0), ("0.99", 99.0))
+PFC_FAMILIES = {  # reading name -> (family, help, scale)
+    "rx_pause": ("pfc_rx_pause_frames", "PFC pause (XOFF) frames received per priority.", 1.0),
+    "tx_pause": ("pfc_tx_pause_frames", "PFC pause (XOFF) frames sent per priority.", 1.0),
+    "rx_pause_duration_us": (
+        "pfc_rx_pause_seconds",
+        "Time this port was paused by its peer per priority.",
+        1e-6,
+    ),
+    "tx_pause_duration_us": (
+        "pfc_tx_pause_seconds",
+        "Time this port held its peer paused per priority.",
+        1e-6,
+    ),
+    "rx_pause_transitions": (
+        "pfc_rx_pause_transitions",
+        "Received pause-to-resume transitions per priority.",
+        1.0,
+    ),
+    "tx_pause_transitions": (
+        "pfc_tx_pause_transitions",
+        "Sent pause-to-resume transitions per priority.",
+        1.0,
+    ),
+    "rx_discards": ("pfc_rx_discards", "Packets dropped for lack of buffer per priority.", 1.0),
+}
+TOOLS = ("ethtool",)  # tools the agent runs to read counters
+# hw_counters entries that are settings, not counts
+NOT_COUNTERS = {"lifespan"}
+
+
+class AgentView(Protocol):
+    """What the exporter reads of a running agent (fabricprobe.agent.agent.Agent)."""
+
+    @property
+    def last_report(self) -> pb.WindowReport | None: ...
+
+    @property
+    def latest_counters(self) -> list[pb.CounterReading]: ...
+
+    @property
+    def acked(self) -> int: ...
+
+    @property
+    def last_ack_unix_s(self) -> float: ...
+
+    @property
+    def registered(self) -> bool: ...
+
+    @property
+    def tools_missing(self) -> set[str]: ...
+
+
+@dataclass
+class _Families:
+    out: dict[str, Metric] = field(default_factory=dict)
+
+    def counter(self, name: str, help_: str, labels: list[str]) -> CounterMetricFamily:
+        fam = self.out.get(name)
+        if fam is None:
+            fam = self.out[name] = CounterMetricFamily(P + name, help_, labels=labels)
+        assert isinstance(fam, CounterMetricFamily)
+        return fam
+
+    def gauge(self, name: str, help_: str, labels: list[str]) -> GaugeMetricFamily:
+        fam = self.out.get(name)
+        if fam is None:
+            fam = self.out[name] = GaugeMetricFamily(P + name, help_, labels=labels)
+        assert isinstance(fam, GaugeMetricFamily)
+        return fam
+
+
+def counter_families(readings: list[pb.CounterReading], f: _Families) -> None:
+    """This host's RDMA, PFC and netdev counters, under the kernel's and ethtool's names."""
+    names: set[str] = set()
+    for r in readings:
+        if r.kind == "rdma":
+            if r.name in NOT_COUNTERS or not NAME.match(r.name):
+                continue
+            if r.name not in names and len(names) >= MAX_COUNTER_NAMES:
+                continue
+            names.add(r.name)
+            fam = f.counter(
+                f"rdma_{r.name}",
+                f"RDMA port counter {r.name} (counters/ or hw_counters/), as the kernel reports it",
+                ["device", "port"],
+            )
+            fam.add_metric([r.device, str(r.port)], float(r.value))
+        elif r.kind == "pfc" and r.name in PFC_FAMILIES:
+            name, help_, scale = PFC_FAMILIES[r.name]
+            fam = f.counter(name, help_, ["netdev", "priority"])
+            fam.add_metric([r.netdev, str(r.priority)], r.value * scale)
+        elif r.kind == "netdev" and NAME.match(r.name):
+            fam = f.counter(
+                f"netdev_{r.name}", f"ethtool -S counter {r.name} of the netdev.", ["netdev"]
+            )
+            fam.add_metric([r.netdev], float(r.value))
+
+
+def probe_families(report: pb.WindowReport, f: _Families) -> None:
+    """The newest window's RTT percentiles and loss per target path."""
+    labels = ["dst", "transport", "op", "size"]
+    rtt = f.gauge(
+        "agent_path_rtt_seconds",
+        "RTT percentiles of this host's probes to a target in the newest window.",
+        [*labels, "quantile"],
+    )
+    loss = f.gauge(
+        "agent_path_loss_ratio",
+        "Share of this host's probe exchanges to a target lost in the newest window.",
+        labels,
+    )
+    for w in report.probes:
+        if not w.HasField("rtt"):
+            continue
+        sk = from_wire(w.rtt)
+        key = [w.dst, w.transport, w.op, str(w.size)]
+        if sk.count:
+            for q, p in QUANTILES:
+                v = sk.percentile_ns(p)
+                if v is not None:
+                    rtt.add_metric([*key, q], v / 1e9)
+        if sk.count or sk.lost:
+            loss.add_metric(key, sk.lost / (sk.count + sk.lost))
+
+
+def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Families) -> None:
+    up = f.gauge("agent_registered", "1 while the collector has this agent registered.", [])
+    up.add_metric([], 1.0 if agent.registered else 0.0)
+    acked = f.counter("agent_reports_acked", "Windows the collector acknowledged.", [])
+    acked.add_metric([], float(agent.acked))
+    last = f.gauge(
+        "agent_last_ack_timestamp_seconds", "When the collector last acknowledged a window.", []
+    )
+    last.add_metric([], agent.last_ack_unix_s)
+    tools = f.gauge(
+        "agent_tool_missing",
+        "1 when a tool the agent reads counters with is not installed (its counters are absent).",
+        ["tool"],
+    )
+    missing = agent.tools_missing
+    for tool in TOOLS:
+        tools.add_metric([tool], 1.0 if tool in missing else 0.0)
+    if report is None or not report.HasField("agent"):
+        return
+    a = report.agent
+    for name, kind, help_, value in (
+        ("agent_cpu_seconds", "counter", "Agent process CPU time.", a.cpu_seconds),
+        ("agent_resident_memory_bytes", "gauge", "Agent resident memory.", float(a.rss_bytes)),
+        ("agent_spool_windows", "gauge", "Windows waiting in the spool.", float(a.spool_depth)),
+        (
+            "agent_spool_dropped",
+            "counter",
+            "Windows dropped because the spool was full.",
+            float(a.spool_dropped),
+        ),
+        ("agent_probe_links", "gauge", "Kept probe links to targets.", float(a.links)),
+        ("agent_probe_sessions", "gauge", "Probe sessions the responder runs.", float(a.sessions)),
+        (
+            "agent_probe_sessions_refused",
+            "counter",
+            "Probers the responder turned away.",
+            float(a.sessions_refused),
+        ),
+    ):
+        fam = f.counter(name, help_, []) if kind == "counter" else f.gauge(name, help_, [])
+        fam.add_metric([], value)
+
+
+class AgentCollector(Collector):
+    """Custom collector over a running agent; describe() touches nothing."""
+
+    PARTS = ("counters", "probes", "health")
+
+    def __init__(self, agent: AgentView) -> None:
+        self.agent = agent
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        report = self.agent.last_report
+        f = _Families()
+        success = GaugeMetricFamily(
+            P + "agent_scrape_part_success",
+            "1 when this part of the scrape worked.",
+            labels=["part"],
+        )
+        took = GaugeMetricFamily(
+            P + "agent_scrape_part_duration_seconds",
+            "Time this part of the scrape took.",
+            labels=["part"],
+        )
+        for part in self.PARTS:
+            t0 = time.perf_counter()
+            ok = 1.0
+            try:
+                if part == "counters":
+                    counter_families(list(self.agent.latest_counters), f)
+                elif part == "probes" and report is not None:
+                    probe_families(report, f)
+                elif part == "health":
+                    health_families(self.agent, report, f)
+            except Exception:  # one bad part never fails the scrape
+                log.exception("agent /metrics: %s failed", part)
+                ok = 0.0
+            success.add_metric([part], ok)
+            took.add_metric([part], time.perf_counter() - t0)
+        yield from f.out.values()
+        yield success
+        yield took
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = 5  # a client that stalls mid-request is dropped
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """At most MAX_CLIENTS scrapes at once; more wait in the listen backlog."""
+
+    daemon_threads = True
+    MAX_CLIENTS = 4
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self._slots = threading.BoundedSemaphore(self.MAX_CLIENTS)
+        super().__init__(*args, **kw)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class MetricsServer:
+    """/metrics of one agent on HOST:PORT (port 0 picks one), in a daemon thread."""
+
+    def __init__(self, agent: AgentView, host: str, port: int) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(AgentCollector(agent))
+        app = make_wsgi_app(self.registry)
+        self.httpd = make_server(host, port, app, server_class=_Server, handler_class=_QuietHandler)
+        self.port = int(self.httpd.server_address[1])
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="agent-metrics", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,159 @@
+"""The Query service: `probe why` as a typed RPC over the attribution analysis.
+
+`why_reply()` turns one Analysis into a WhyReply (pure; tests call it bare);
+`QueryServicer` is its gRPC edge. Who may call it is decided by the server's one
+authentication layer (collector/auth.py), not here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+import pandas as pd
+
+from fabricprobe.collector.attribution import Analysis, Attribution
+from fabricprobe.collector.join import RATE_FIELDS
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
+
+MAX_WHY = 200
+SORT_KEYS = ("e2e_s", "ttft_s", "kv_transfer_s", "itl_s")
+MAX_WINDOW_S = 86_400.0
+_REQUEST_FLOATS = (
+    "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s",
+    "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s",
+    "rtt_p99_s", "loss_ratio",
+)  # fmt: skip
+_PATH_FLOATS = (
+    "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio",
+    "congestion_per_s", "explained_s",
+)  # fmt: skip
+
+
+def _finite(v: Any) -> float | None:
+    """A number that can go on the wire as a measured figure, else None."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _count(v: Any) -> int | None:
+    f = _finite(v)
+    return int(f) if f is not None and 0 <= f < 2**64 else None
+
+
+def _text(v: Any) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
+def _slow_request(row: dict[str, Any]) -> pb.SlowRequest:
+    msg = pb.SlowRequest(
+        request_id=_text(row.get("request_id")),
+        src=_text(row.get("src")),
+        dst=_text(row.get("dst")),
+        transport=_text(row.get("transport")),
+        fabric_windows=_count(row.get("fabric_windows")) or 0,
+    )
+    for name in _REQUEST_FLOATS:
+        if (f := _finite(row.get(name))) is not None:
+            setattr(msg, name, f)
+    for name in ("output_tokens", "kv_bytes"):
+        if (n := _count(row.get(name))) is not None:
+            setattr(msg, name, n)
+    for name in RATE_FIELDS:
+        if (f := _finite(row.get(name))) is not None:
+            msg.counter_rates[name] = f
+    return msg
+
+
+def _path_rank(row: dict[str, Any]) -> pb.PathRank:
+    msg = pb.PathRank(
+        rank=_count(row.get("rank")) or 0,
+        src=_text(row.get("src")),
+        dst=_text(row.get("dst")),
+        transport=_text(row.get("transport")),
+        transfers=_count(row.get("transfers")) or 0,
+        fabric_bound=bool(row.get("fabric_bound")),
+    )
+    for name in _PATH_FLOATS:
+        if (f := _finite(row.get(name))) is not None:
+            setattr(msg, name, f)
+    return msg
+
+
+def why_reply(res: Analysis, slowest: int = 10, by: str = "e2e_s") -> pb.WhyReply:
+    """The slowest requests of the analysed window with their path's figures at the time,
+    the path ranking, the communication-bound flag and goodput."""
+    if by not in SORT_KEYS:
+        raise ValueError(f"cannot sort by {by!r} (one of {', '.join(SORT_KEYS)})")
+    req = res.requests
+    if by in req.columns:
+        # an empty window (or one whose figures are all missing) has an object-typed column
+        ranked = req.assign(**{by: pd.to_numeric(req[by], errors="coerce")}).dropna(subset=[by])
+        top = ranked.nlargest(min(slowest, MAX_WHY), by)
+    else:
+        top = req.iloc[0:0]
+    kv = res.kv.drop(columns=["stage", "derived"], errors="ignore")
+    fabric_cols = [c for c in kv.columns if c not in top.columns or c == "request_id"]
+    top = top.merge(kv[fabric_cols], on="request_id", how="left")
+    reply = pb.WhyReply(
+        now_ns=res.now_ns,
+        communication_bound=bool(res.communication_bound),
+        stages=len(res.stages),
+    )
+    reply.slowest.extend(_slow_request(r) for r in top.to_dict("records"))
+    reply.paths.extend(_path_rank(r) for r in res.paths.to_dict("records"))
+    if len(res.goodput):
+        g = res.goodput.iloc[0]
+        reply.goodput.CopyFrom(
+            pb.Goodput(
+                requests=_count(g["requests"]) or 0,
+                met=_count(g["met"]) or 0,
+                tokens=_finite(g["tokens"]) or 0.0,
+                goodput_tps=_finite(g["goodput_tps"]) or 0.0,
+                throughput_tps=_finite(g["throughput_tps"]) or 0.0,
+            )
+        )
+    return reply
+
+
+def check_why(request: pb.WhyRequest) -> tuple[int, float | None, str]:
+    """(slowest, window_s, by) of REQUEST; ValueError says what is out of range."""
+    n = request.slowest or 10
+    if not 1 <= n <= MAX_WHY:
+        raise ValueError(f"slowest must be 1..{MAX_WHY}, not {n}")
+    w = request.window_s
+    if not math.isfinite(w) or not 0 <= w <= MAX_WINDOW_S:
+        raise ValueError(f"window_s must be 0..{MAX_WINDOW_S:g} seconds")
+    by = request.by or "e2e_s"
+    if by not in SORT_KEYS:
+        raise ValueError(f"cannot sort by {by[:40]!r} (one of {', '.join(SORT_KEYS)})")
+    return n, (w or None), by
+
+
+class QueryServicer(pb_grpc.QueryServicer):
+    def __init__(self, attribution: Attribution) -> None:
+        self.attribution = attribution
+
+    def Why(self, request: pb.WhyRequest, context: grpc.ServicerContext) -> pb.WhyReply:
+        try:
+            n, window_s, by = check_why(request)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"why: {e}")
+            raise AssertionError("context.abort returned") from None  # pragma: no cover
+        try:
+            res = self.attribution.analyse(window_s=window_s)
+        except Exception as e:  # pandas raises many kinds; say so, stay up
+            with self.attribution.lock:
+                self.attribution.analysis_failures += 1
+            context.abort(grpc.StatusCode.INTERNAL, f"why: the analysis failed: {e!s:.200}")
+            raise AssertionError("context.abort returned") from None  # pragma: no cover
+        return why_reply(res, n, by)
+
+
+def add_query_service(server: grpc.Server, attribution: Attribution) -> None:
+    pb_grpc.add_QueryServicer_to_server(QueryServicer(attribution), server)

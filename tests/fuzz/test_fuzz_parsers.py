@@ -1,0 +1,314 @@
+"""Hypothesis fuzzers for every parser of outside input in fabricprobe.probes and the
+agent's spool decoder: whatever the text, a parser returns or raises its module's own
+error (ParseError, PolicyError, ProtocolError, ValueError where that is the contract,
+SpoolCorrupt), never anything else.
+
+Strategies are cheap on purpose (short text, a tool's own vocabulary shuffled), and each
+example feeds a batch of BATCH inputs (hypothesis' own per-example cost dominates
+otherwise), so the suite tries over 100,000 inputs in well under a minute on an idle
+machine; the count is printed in the terminal summary (tests/conftest.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fabricprobe.agent.spool import (
+    SpoolCorrupt,
+    SpoolKey,
+    decode_record,
+    decode_window,
+    encode_record,
+)
+from fabricprobe.probes import ethtool
+from fabricprobe.probes.control import ProtocolError, decode_payload, parse_hostport
+from fabricprobe.probes.counters import parse_counter
+from fabricprobe.probes.errors import ParseError
+from fabricprobe.probes.roce import hwtools, tools
+from fabricprobe.probes.roce import policy as roce_policy
+from fabricprobe.probes.sysfs import Gid
+from tests.conftest import FuzzCounter
+
+N = 500  # examples per target
+BATCH = 8  # inputs per example: 4,000 inputs per target, over 100,000 over the 29 targets
+
+# Words the tools print, so that shuffled lines reach deep into each parser.
+VOCAB = [
+    "prio-pfc",
+    "pg-pfc",
+    "pfc-cap",
+    "dscp-prio",
+    "order",
+    "pcp",
+    "dscp",
+    "enabled",
+    "Priority",
+    "trust",
+    "state:",
+    "mode:",
+    "prio:",
+    "dscp:",
+    "PFC",
+    "enabled:",
+    "none",
+    "port:",
+    "max_mtu:",
+    "active_mtu:",
+    "link_layer:",
+    "NIC",
+    "statistics:",
+    "on",
+    "off",
+    "0",
+    "1",
+    "3",
+    "7",
+    "8",
+    "26",
+    "63",
+    "64",
+    "-1",
+    "0x1a",
+    "AF31",
+    "CS6",
+    "EF",
+    ":",
+    ",",
+    "3:on",
+    "0:off",
+    "9:on",
+    "x:on",
+    "AF31:3",
+    "CS6:9",
+    "²",
+    "٣",
+    "4096",
+    "(5)",
+    "Ethernet",
+    "tc-bw",
+    "tc-tsa",
+    "ets",
+    "strict",
+    "prio-tc",
+    "prio-buffer",
+    "buffer-size",
+    "total-size",
+    "FEC",
+    "Configured",
+    "Active",
+    "RS",
+    "BaseR",
+    "Auto",
+    "driver:",
+    "version:",
+    "firmware-version:",
+    "bus-info:",
+    "App#",
+    "Priority:",
+    "Sel:",
+    "Protocol:",
+    "4791",
+    "willing",
+    "yes",
+    "no",
+    "tsa:",
+    "bw",
+    "\t",
+    "  ",
+    "[",
+    "]",
+    "{",
+    "}",
+    '"',
+    "=",
+    "Raw",
+    "BER",
+    "Pre-FEC",
+    "E-12",
+    "1.5E-12",
+    "nan",
+    "inf",
+    "Speed:",
+    "Width:",
+    "x16",
+    "16.0 GT/s PCIe",
+    "8.0 GT/s",
+    "Unknown",
+]
+
+texts = st.one_of(
+    st.text(max_size=80),
+    st.lists(st.lists(st.sampled_from(VOCAB), max_size=8).map(" ".join), max_size=6).map("\n".join),
+)
+FUZZ = settings(
+    max_examples=N,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def batch(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Any]]:
+    return st.lists(strategy, min_size=BATCH, max_size=BATCH)
+
+
+def _probe(
+    counter: FuzzCounter,
+    target: str,
+    fn: Callable[[Any], object],
+    args: list[Any],
+    allowed: tuple[type[BaseException], ...],
+) -> None:
+    for arg in args:
+        counter.tried(target)
+        try:
+            fn(arg)
+        except allowed:
+            pass
+        except Exception:
+            counter.crashed(target)
+            raise
+
+
+def _ethtool_stats(text: str) -> object:
+    stats = ethtool.parse_ethtool_stats(text)
+    return ethtool.parse_pfc_stats(stats)
+
+
+TEXT_PARSERS: list[tuple[str, Callable[[str], object], tuple[type[BaseException], ...]]] = [
+    ("counters.parse_counter", parse_counter, (ParseError,)),
+    ("ethtool.parse_ethtool_stats+parse_pfc_stats", _ethtool_stats, (ParseError,)),
+    ("roce.tools.parse_dcb_pfc", tools.parse_dcb_pfc, (ParseError,)),
+    ("roce.tools.parse_dcb_app", tools.parse_dcb_app, (ParseError,)),
+    ("roce.tools.parse_dcb_apptrust", tools.parse_dcb_apptrust, (ParseError,)),
+    ("roce.tools.parse_mlnx_qos", tools.parse_mlnx_qos, (ParseError,)),
+    ("roce.tools.parse_lldptool_pfc", tools.parse_lldptool_pfc, (ParseError,)),
+    ("roce.tools.parse_ibv_devinfo", tools.parse_ibv_devinfo, (ParseError,)),
+    ("roce.tools.parse_ip_addr", tools.parse_ip_addr, (ParseError,)),
+    ("roce.policy.parse_policy", roce_policy.parse_policy, (roce_policy.PolicyError,)),
+    ("control.parse_hostport", parse_hostport, (ValueError,)),
+    ("sysfs.Gid.ipv4", lambda s: Gid(0, s, "RoCE v2", None).ipv4, ()),
+    *(
+        (f"roce.hwtools.{f.__name__}", f, (ParseError,))
+        for f in (
+            hwtools.parse_dcb_ets,
+            hwtools.parse_mlnx_qos_ets,
+            hwtools.parse_dcb_buffer,
+            hwtools.parse_mlnx_qos_buffers,
+            hwtools.parse_dcb_dcbx,
+            hwtools.parse_mlnx_qos_dcbx,
+            hwtools.parse_dcb_app_ports,
+            hwtools.parse_lldptool_app,
+            hwtools.parse_ethtool_pause,
+            hwtools.parse_ethtool_link,
+            hwtools.parse_ethtool_driver,
+            hwtools.parse_ethtool_fec,
+            hwtools.parse_mlxlink,
+            hwtools.parse_link_speed,
+            hwtools.parse_link_width,
+            hwtools.parse_lspci_caps,
+        )
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "fn", "allowed"), TEXT_PARSERS, ids=[t[0] for t in TEXT_PARSERS]
+)
+def test_text_parsers_raise_only_their_own_errors(
+    target: str,
+    fn: Callable[[str], object],
+    allowed: tuple[type[BaseException], ...],
+    fuzz_inputs: FuzzCounter,
+) -> None:
+    @FUZZ
+    @given(batch(texts))
+    def run(text: list[str]) -> None:
+        _probe(fuzz_inputs, target, fn, text, allowed)
+
+    run()
+
+
+def test_policy_toml_with_policy_keys(fuzz_inputs: FuzzCounter) -> None:
+    keys = ["priority", "dscp", "cnp_priority", "cnp_dscp", "mtu", "roce_mode", "bogus"]
+    values = st.one_of(
+        st.integers(-5, 5000), st.floats(allow_nan=True), st.text(max_size=8), st.booleans()
+    )
+    tables = st.dictionaries(st.sampled_from(keys), values, max_size=4)
+
+    def toml_of(d: dict[str, Any]) -> str:
+        def lit(v: Any) -> str:
+            if isinstance(v, bool):
+                return "true" if v else "false"
+            if isinstance(v, str):
+                return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            if isinstance(v, float) and v != v:
+                return "nan"
+            return repr(v).replace("inf", "inf")
+
+        return "[roce]\n" + "".join(f"{k} = {lit(v)}\n" for k, v in d.items())
+
+    @FUZZ
+    @given(batch(tables.map(toml_of)))
+    def run(text: list[str]) -> None:
+        _probe(
+            fuzz_inputs,
+            "roce.policy.parse_policy (typed tables)",
+            roce_policy.parse_policy,
+            text,
+            (roce_policy.PolicyError,),
+        )
+
+    run()
+
+
+def test_control_messages(fuzz_inputs: FuzzCounter) -> None:
+    blobs = st.one_of(
+        st.binary(max_size=64),
+        st.text(max_size=64).map(str.encode),
+        st.dictionaries(
+            st.sampled_from(["kind", "op", "size", "n"]),
+            st.integers() | st.text(max_size=5),
+            max_size=3,
+        ).map(lambda d: __import__("json").dumps(d).encode()),
+    )
+
+    @FUZZ
+    @given(batch(blobs))
+    def run(data: list[bytes]) -> None:
+        _probe(fuzz_inputs, "control.decode_payload", decode_payload, data, (ProtocolError,))
+
+    run()
+
+
+def test_spool_file_decoder(fuzz_inputs: FuzzCounter) -> None:
+    key = SpoolKey(5, 1)
+    valid = encode_record(b"\x10\x05\x18\x01")  # epoch 5, seq 1
+
+    def mutate(data: bytes, at: int, byte: int, cut: int) -> bytes:
+        b = bytearray(data)
+        if b:
+            b[at % len(b)] = byte
+        return bytes(b[: max(0, len(b) - cut)])
+
+    files = st.one_of(
+        st.binary(max_size=48),
+        st.binary(max_size=32).map(encode_record),  # right header, payload garbage
+        st.builds(
+            mutate, st.just(valid), st.integers(0, 64), st.integers(0, 255), st.integers(0, 3)
+        ),
+    )
+
+    def load(data: bytes) -> object:
+        return decode_window(decode_record(data), key)
+
+    @FUZZ
+    @given(batch(files))
+    def run(data: list[bytes]) -> None:
+        _probe(fuzz_inputs, "agent.spool decode_record+decode_window", load, data, (SpoolCorrupt,))
+
+    run()

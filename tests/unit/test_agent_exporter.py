@@ -1,0 +1,187 @@
+"""The agent's own /metrics: this host's counters under the kernel's names, its probes'
+newest figures and its health, over HTTP from a running agent; promtool-clean; within
+the per-host series budget at the default plan."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+import tomllib
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.config import AgentConfig
+from fabricprobe.agent.counters import CounterSampler, netdevs_of
+from fabricprobe.agent.exporter import AgentCollector
+from fabricprobe.agent.identity import discover_devices
+from fabricprobe.collector.service import CollectorServer, ServerConfig
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.probes.ethtool import CommandResult
+from fabricprobe.probes.stats import LatencySketch
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+BUDGET = 300  # series per agent endpoint at the default plan
+
+
+def ethtool(argv: Sequence[str], timeout: float) -> CommandResult:
+    return CommandResult(0, (FIXTURES / "ethtool" / "mlx5_core.txt").read_text())
+
+
+def get(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+def test_a_running_agent_serves_its_host_figures(tmp_path: Path) -> None:
+    collector = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""))
+    collector.start()
+    cfg = AgentConfig(
+        host="gpu-1",
+        collector=f"127.0.0.1:{collector.port}",
+        probe_listen="127.0.0.2:0",
+        metrics_listen="127.0.0.1:0",
+        spool_dir=str(tmp_path / "spool"),
+        sysfs_root=str(FIXTURES / "sys" / "mlx5"),
+        insecure=True,
+        window_s=0.5,
+    )
+    agent = Agent(cfg, ethtool_runner=ethtool)
+    agent.start()
+    try:
+        assert agent.metrics is not None
+        deadline = time.monotonic() + 20
+        while not agent.acked and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = get(agent.metrics.port)
+    finally:
+        agent.close()
+        collector.stop(0)
+    assert 'fabricprobe_rdma_port_xmit_data_total{device="mlx5_0",port="1"}' in text
+    assert 'fabricprobe_pfc_rx_pause_frames_total{netdev="' in text
+    assert "fabricprobe_agent_registered 1.0" in text
+    assert "fabricprobe_agent_resident_memory_bytes" in text
+    for part in AgentCollector.PARTS:
+        assert f'fabricprobe_agent_scrape_part_success{{part="{part}"}} 1.0' in text
+    assert "lifespan" not in text
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: scripts/setup.sh installs it"
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def fleet_report(peers: int = 16) -> pb.WindowReport:
+    report = pb.WindowReport(host="gpu-1", agent=pb.AgentStats(rss_bytes=1, cpu_seconds=1))
+    sk = LatencySketch()
+    for v in range(3_000, 9_000, 7):
+        sk.record(v)
+    for i in range(peers):
+        for transport, op in (("tcp", "pingpong"), ("rdma", "send"), ("rdma", "ud")):
+            report.probes.add(dst=f"peer-{i}", transport=transport, op=op, size=64, rtt=to_wire(sk))
+    return report
+
+
+def test_series_stay_within_the_per_host_budget() -> None:
+    devices = discover_devices(str(FIXTURES / "sys" / "mlx5"))
+    readings = CounterSampler(
+        str(FIXTURES / "sys" / "mlx5"), devices, netdevs_of(devices), ethtool
+    ).sample()
+    view = SimpleNamespace(
+        last_report=fleet_report(16),
+        latest_counters=readings,
+        acked=3,
+        last_ack_unix_s=1.0,
+        registered=True,
+        tools_missing=set(),
+    )
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(view))  # type: ignore[arg-type]
+    text = generate_latest(reg).decode()
+    series = [line for line in text.splitlines() if line and not line.startswith("#")]
+    print(f"agent /metrics at 16 peers x 3 kinds on an mlx5 port: {len(series)} series")
+    assert len(series) <= BUDGET, len(series)
+    assert sum("agent_path_rtt_seconds{" in s for s in series) == 16 * 3 * 2
+    # every family is in the catalogue (kernel-named families by their pattern)
+    rows = tomllib.loads((ROOT / "collector" / "metrics.toml").read_text())["agent_metric"]
+    patterns = [
+        re.compile("^" + r["name"].replace("{counter}", "[a-zA-Z0-9_]+") + "$") for r in rows
+    ]
+    for fam in reg.collect():
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        assert any(p.match(name) for p in patterns), f"{name} is not in the agent catalogue"
+
+
+def test_a_bad_part_never_fails_the_scrape() -> None:
+    view = SimpleNamespace(
+        last_report=fleet_report(1),
+        latest_counters=[object()],  # not a reading: the counters part fails
+        acked=0,
+        last_ack_unix_s=0.0,
+        registered=False,
+        tools_missing={"ethtool"},
+    )
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(view))  # type: ignore[arg-type]
+    text = generate_latest(reg).decode()
+    assert 'fabricprobe_agent_scrape_part_success{part="counters"} 0.0' in text
+    assert 'fabricprobe_agent_scrape_part_success{part="probes"} 1.0' in text
+    assert "fabricprobe_agent_path_rtt_seconds" in text
+
+
+@pytest.mark.parametrize("name", ["bad name", "x" * 300, "1abc"])
+def test_counter_names_that_cannot_be_metric_names_are_skipped(name: str) -> None:
+    view = SimpleNamespace(
+        last_report=None,
+        latest_counters=[pb.CounterReading(kind="rdma", device="d", port=1, name=name, value=1)],
+        acked=0,
+        last_ack_unix_s=0.0,
+        registered=False,
+        tools_missing={"ethtool"},
+    )
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(view))  # type: ignore[arg-type]
+    assert "fabricprobe_rdma_" not in generate_latest(reg).decode()
+
+
+def test_a_missing_ethtool_is_loud_and_heals(caplog: pytest.LogCaptureFixture) -> None:
+    devices = discover_devices(str(FIXTURES / "sys" / "mlx5"))
+    installed = [False]
+
+    def runner(argv: Sequence[str], timeout: float) -> CommandResult:
+        if not installed[0]:
+            raise FileNotFoundError(2, "No such file or directory", "ethtool")
+        return ethtool(argv, timeout)
+
+    sampler = CounterSampler(str(FIXTURES / "sys" / "mlx5"), devices, netdevs_of(devices), runner)
+    with caplog.at_level("ERROR", logger="fabricprobe.agent"):
+        first = sampler.sample()
+        sampler.sample()
+    assert sampler.tools_missing == {"ethtool"}
+    assert not [r for r in first if r.kind in ("pfc", "netdev")]
+    loud = [r for r in caplog.records if "ethtool is not installed" in r.getMessage()]
+    assert len(loud) == 1 and "pause-storm alert cannot fire" in loud[0].getMessage()
+    view = SimpleNamespace(
+        last_report=None,
+        latest_counters=first,
+        acked=0,
+        last_ack_unix_s=0.0,
+        registered=True,
+        tools_missing=sampler.tools_missing,
+    )
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(view))  # type: ignore[arg-type]
+    assert 'fabricprobe_agent_tool_missing{tool="ethtool"} 1.0' in generate_latest(reg).decode()
+    installed[0] = True
+    healed = sampler.sample()
+    assert sampler.tools_missing == set() and [r for r in healed if r.kind == "pfc"]
