@@ -367,6 +367,7 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
             cli,
             [
                 "why",
+                "--insecure",
                 "--collector",
                 f"127.0.0.1:{collector.port}",
                 "--json",
@@ -383,6 +384,7 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
             sum(1 for r in rids if shown.get(r, {}).get("src") == "pd-prefill-host")
             >= 0.95 * REQUESTS
         )
+        assert all(shown[r].get("kv_source", "").startswith("gen_ai.latency") for r in attributed)
         print(f"test wall time {time.monotonic() - t0:.0f} s")
     finally:
         if proxy is not None:

@@ -126,6 +126,11 @@ def test_unknown_host_keeps_the_request_with_a_reason_and_nan_share() -> None:
     assert "somewhere-else" in r["path_detail"]
     assert math.isnan(r["fabric_share_ttft"])  # unknown is not 0
     assert res.kv.empty  # no path to join with
+    from fabricprobe.collector.query import why_reply
+
+    slow = {r.request_id: r for r in why_reply(res, 10).slowest}["req-19"]
+    assert slow.src == "" and slow.path_reason == "decode host unknown" and slow.engine == "vllm"
+    assert not slow.HasField("fabric_share_ttft")
     assert a.path_unknown_total["decode host unknown"] == 0  # still waiting for a host
     a.clock = lambda: NOW + 10 * S
     a.sync()
