@@ -35,6 +35,7 @@ from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
 from fabricprobe.agent.exporter import MetricsServer
 from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
+from fabricprobe.agent.nixl import NixlReader
 from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler
 from fabricprobe.agent.probing import Runner as ProbeRunner
 from fabricprobe.agent.rdma_runners import all_runners
@@ -121,6 +122,7 @@ class Agent:
         self.sampler = CounterSampler(
             cfg.sysfs_root, self.devices, netdevs_of(self.devices), ethtool_runner, cfg.ethtool
         )
+        self.nixl = NixlReader(list(cfg.nixl_metrics), timeout=min(1.0, cfg.window_s / 4))
         listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
         token = _probe_token(cfg)
         self.responder = Responder(
@@ -303,7 +305,7 @@ class Agent:
             window_start_unix_ns=self._window_start,
             window_end_unix_ns=end,
             probes=self.aggregator.cut(),
-            counters=self.changed(sample := self.sampler.sample()),
+            counters=self.changed((sample := self.sampler.sample()) + self.nixl.sample()),
             agent=pb.AgentStats(
                 cpu_seconds=cpu.user + cpu.system,
                 rss_bytes=self._proc.memory_info().rss,

@@ -13,6 +13,7 @@ Example file::
     spool_max_bytes = 67108864    # 64 MiB
     token_file = "/etc/fabricprobe/token"
     probe_token_file = "/etc/fabricprobe/probe-token"   # the fleet's, the same on every host
+    nixl_metrics = ["http://127.0.0.1:8000/metrics"]   # engines' NIXL telemetry (agent/nixl.py)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fabricprobe.agent.nixl import check_url
 from fabricprobe.agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_WINDOWS
 from fabricprobe.core.errors import ConfigError
 
@@ -59,6 +61,8 @@ class AgentConfig:
     cert_file: str = ""
     key_file: str = ""
     server_name: str = ""  # TLS name to expect from the collector, if not its address
+    # /metrics URLs of this host's engines (vLLM's vllm:nixl_* series) or NIXL exporters
+    nixl_metrics: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         if not self.host or any(c.isspace() for c in self.host):
@@ -84,6 +88,11 @@ class AgentConfig:
             raise ConfigError("probe_max_keepalive_s: must be within 0..600")
         if bool(self.cert_file) != bool(self.key_file):
             raise ConfigError("cert_file and key_file go together")
+        for url in self.nixl_metrics:
+            try:
+                check_url(url)
+            except ValueError as e:
+                raise ConfigError(f"nixl_metrics: {e}") from None
 
 
 def load_toml(path: str | Path, section: str) -> dict[str, Any]:

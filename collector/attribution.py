@@ -26,8 +26,23 @@ from fabricprobe.collector.analysis import (
     rank_correlation,
     rank_paths,
 )
+from fabricprobe.collector.engines import Fragment
 from fabricprobe.collector.history import FabricHistory
-from fabricprobe.collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
+from fabricprobe.collector.join import (
+    join_fabric,
+    paths_frame,
+    request_breakdown,
+    requests_frame,
+    stages_frame,
+)
+from fabricprobe.collector.linking import (
+    REASONS,
+    HostDirectory,
+    Linked,
+    MatchConfig,
+    group,
+    link,
+)
 from fabricprobe.collector.otlp import TraceIngest
 from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
 from fabricprobe.collector.store import WindowStore, host_pair
@@ -37,6 +52,7 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
     60.0,
 )  # fmt: skip
 MAX_PATHS = 1024  # distinct (src, dst, transport) label sets; the rest are counted as "other"
+MAX_FINAL = 200_000  # request ids remembered as counted (a late fragment counts nothing twice)
 MAX_PAIRS = 4096  # host pairs whose fabric history is kept for the join
 MAX_RECORDS = 50_000  # stage records kept (and as many request records), newest first
 MAX_BYTES = 2**53  # a KV transfer larger than this (8 PiB) is not a measurement
@@ -101,6 +117,7 @@ class Analysis:
     bins: pd.DataFrame
     goodput: pd.DataFrame
     requests: pd.DataFrame  # per-request breakdown
+    paths_found: pd.DataFrame = field(default_factory=pd.DataFrame)  # per-request path
 
 
 class Attribution:
@@ -113,6 +130,9 @@ class Attribution:
         *,
         max_records: int = MAX_RECORDS,
         clock: Callable[[], int] = time.time_ns,
+        match: MatchConfig | None = None,
+        link_wait_s: float = 5.0,
+        pair_wait_s: float = 300.0,
     ) -> None:
         self.store = store
         self.cfg = cfg or AnalysisConfig()
@@ -133,8 +153,28 @@ class Attribution:
         self.analysis_failures = 0
         self.dropped_values = 0  # records whose figures were out of range
         self.pairs_dropped = 0  # KV host pairs beyond MAX_PAIRS, not watched
+        # engine spans, linked into requests with a path (collector/linking.py)
+        self.match = match or MatchConfig()
+        self.link_wait_s = link_wait_s  # no new fragment this long: a request is complete
+        self.pair_wait_s = pair_wait_s  # ... unless it is half of a pair (PathInfo.pending)
+        self.fragments: deque[Fragment] = deque(maxlen=max_records)
+        self._final: dict[str, None] = {}  # request ids counted, oldest first
+        self._measured: dict[tuple[str, str], tuple[str, str]] = {}  # (rid, stage) -> path
+        self._new_fragments = False
+        self._frag_total = 0  # fragments taken, ever
+        self._hosts_seen = 0  # of those, looked at for their hosts
+        self._paths_seen = 0
+        self._identity_host: dict[str, str | None] = {}
+        self._engine_hosts: set[str] = set()
+        self.path_known_total = 0
+        self.path_unknown_total: dict[str, int] = dict.fromkeys(REASONS, 0)
 
-    def take(self, stages: list[StageRecord], requests: list[RequestRecord]) -> None:
+    def take(
+        self,
+        stages: list[StageRecord],
+        requests: list[RequestRecord],
+        fragments: list[Fragment] | None = None,
+    ) -> None:
         """Keep records from one OTLP batch and count them into the histograms; records
         whose figures are out of range (stage_ok, request_ok) are counted and dropped."""
         now = self.clock()
@@ -146,10 +186,15 @@ class Attribution:
             self.dropped_values += dropped
             self.stages.extend(stages)
             self.requests.extend(requests)
+            if fragments:
+                self.fragments.extend(fragments)
+                self._frag_total += len(fragments)
+                self._new_fragments = True
             pairs = {(s.src, s.dst) for s in stages if s.stage in FABRIC_STAGES}
             for s in stages:
                 if s.derived:
                     continue
+                self._remember_measured(s)
                 self.stage_hist[s.stage].observe(s.duration_s)
                 if s.stage == "kv_transfer":
                     self._kv_hist(s).observe(s.duration_s)
@@ -189,9 +234,133 @@ class Attribution:
                 h = self.kv_hist[key] = Histogram()
         return h
 
+    def _remember_measured(self, s: StageRecord) -> None:
+        m = self._measured
+        m[(s.request_id, s.stage)] = (s.src, s.dst)
+        if len(m) > MAX_FINAL:
+            del m[next(iter(m))]
+
+    def directory(self) -> HostDirectory:
+        """The agents' host names and addresses, for matching engine sides to hosts."""
+        hosts: list[tuple[str, list[str]]] = []
+        if self.store is not None:
+            with self.store.lock:
+                hosts = [(h, list(st.info.addresses)) for h, st in self.store.hosts.items()]
+        return HostDirectory(hosts, self.match)
+
+    def linked(self, since_ns: int) -> list[Linked]:
+        """Engine fragments that ended after SINCE_NS, linked into requests."""
+        with self.lock:
+            frags = [f for f in self.fragments if f.end_ns > since_ns]
+        if not frags:
+            return []
+        hosts = self.directory()
+        return [link(g, hosts) for g in group(frags)]
+
+    def _path_known(self, lk: Linked) -> bool:
+        """A request's path is known from its engines' link, or from a measured KV span."""
+        got = self._measured.get((lk.path.request_id, "kv_transfer"))
+        return lk.path.path_known or (got is not None and bool(got[0] and got[1]))
+
+    def _watch_engine_hosts(self) -> None:
+        """Watch the probed paths of every host an engine side runs on, from the first
+        fragment on: a KV transfer's path is known only once its decode side reports
+        (after the decode), and its fabric windows must be kept from before that."""
+        with self.lock:
+            n = min(self._frag_total - self._hosts_seen, len(self.fragments))
+            new = list(self.fragments)[-n:] if n > 0 else []
+            self._hosts_seen = self._frag_total
+        if len(self._identity_host) > 100_000:
+            self._identity_host.clear()
+        hosts = self.directory() if new else None
+        found: set[str] = set()
+        for f in new:
+            assert hosts is not None
+            if f.identity in self._identity_host:
+                continue
+            got, _ = hosts.resolve(f.hosts)
+            if got is None and f.peer:
+                got, _ = hosts.resolve([("peer", f.peer)])
+            self._identity_host[f.identity] = got
+            if got is not None and got not in self._engine_hosts:
+                found.add(got)
+        self._engine_hosts |= found
+        if self.store is None or not self._engine_hosts:
+            return
+        with self.store.lock:
+            n_paths = len(self.store.paths)
+            if not found and n_paths == self._paths_seen:
+                return  # nothing new: no host, no path
+            self._paths_seen = n_paths
+            eh = self._engine_hosts
+            pairs = {(k[0], k[1]) for k in self.store.paths if k[0] in eh or k[1] in eh}
+        pairs = self._bounded(pairs)
+        if pairs:
+            self.history.watch(pairs, self.store)
+
+    def finalize(self, now_ns: int) -> int:
+        """Count linked requests that are complete: both sides with hosts, or no fragment
+        for link_wait_s. Their stages go to the histograms, their path to the counters."""
+        with self.lock:
+            fresh, self._new_fragments = self._new_fragments, False
+        horizon = max(120.0, 4 * self.link_wait_s, 2 * self.pair_wait_s)
+        done = 0
+        pairs: set[tuple[str, str]] = set()
+        for lk in self.linked(now_ns - int(horizon * 1e9)):
+            p = lk.path
+            if p.request_id in self._final:
+                continue
+            known = self._path_known(lk)
+            wait = self.pair_wait_s if p.pending else self.link_wait_s
+            waited = (now_ns - p.last_ns) / 1e9 >= wait
+            if not (fresh and known and p.path_known) and not waited:
+                continue
+            done += 1
+            with self.lock:
+                self._final[p.request_id] = None
+                if len(self._final) > MAX_FINAL:
+                    del self._final[next(iter(self._final))]
+                if known:
+                    self.path_known_total += 1
+                else:
+                    self.path_unknown_total[p.reason or "one side only"] += 1
+                for s in lk.stages:
+                    if (s.request_id, s.stage) in self._measured:
+                        continue  # the measured span of this stage was counted already
+                    self.stage_hist[s.stage].observe(s.duration_s)
+                    if s.stage == "kv_transfer" and s.src and s.dst:
+                        self._kv_hist(s).observe(s.duration_s)
+                        pairs.add((s.src, s.dst))
+                r = lk.request
+                if r.ttft_s is not None:
+                    self.ttft_hist.observe(r.ttft_s)
+                if r.itl_s is not None:
+                    self.itl_hist.observe(r.itl_s)
+                self._cache = None
+        pairs = self._bounded(pairs)
+        if pairs:
+            self.history.watch(pairs, self.store)
+        return done
+
     def sync(self) -> int:
-        """Turn the fabric windows and counter rates reports brought into history rows."""
-        return self.history.drain(self.clock())
+        """Turn the fabric windows and counter rates reports brought into history rows,
+        and count the engine requests that are complete."""
+        now = self.clock()
+        self._watch_engine_hosts()
+        self.finalize(now)
+        return self.history.drain(now)
+
+    def bandwidth(self) -> dict[tuple[str, str], float]:
+        """Each probed path's newest measured throughput (bytes/s), by (src, dst)."""
+        out: dict[tuple[str, str], float] = {}
+        if self.store is None:
+            return out
+        with self.store.lock:
+            for key, st in self.store.paths.items():
+                bps = st.last_bytes_per_second
+                if bps:
+                    out[(key[0], key[1])] = max(out.get((key[0], key[1]), 0.0), bps)
+        return out
 
     def run_sync(self, stop: threading.Event, every_s: float = 0.5) -> threading.Thread:
         def loop() -> None:
@@ -214,9 +383,14 @@ class Attribution:
         with self.lock:
             st = [s for s in self.stages if s.end_ns > now - span]
             rq = [r for r in self.requests if r.end_ns > now - span]
+        linked = self.linked(now - span)
+        for lk in linked:
+            st.extend(lk.stages)
+            rq.append(lk.request)
+        found = paths_frame([lk.path for lk in linked], st)
         stages, requests = stages_frame(st), requests_frame(rq)
         windows, rates = self.history.frames()
-        kv = join_fabric(stages, windows, rates)
+        kv = join_fabric(stages, windows, rates, bandwidth=self.bandwidth())
         flag, bins = communication_bound(stages, cfg)
         out = Analysis(
             now_ns=now,
@@ -227,7 +401,8 @@ class Attribution:
             communication_bound=flag,
             bins=bins,
             goodput=goodput(requests, cfg, now_ns=now),
-            requests=request_breakdown(stages, requests),
+            requests=request_breakdown(stages, requests, found),
+            paths_found=found,
         )
         if window_s is None:
             self._cache = out

@@ -23,12 +23,22 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from fabricprobe.collector.attribution import Attribution
+from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp import add_trace_service
 from fabricprobe.collector.query import add_query_service
 from fabricprobe.collector.store import WindowStore
 
 P = "fabricprobe_"
 PATH = ["src", "dst", "transport"]
+NIXL_LABELS = ["host", "engine"]
+# agent/nixl.py's counter names -> (family, scale to the exported unit)
+NIXL_COUNTERS = {
+    "transfers": ("nixl_transfers", 1.0),
+    "bytes": ("nixl_bytes", 1.0),
+    "xfer_time_us": ("nixl_xfer", 1e-6),
+    "post_time_us": ("nixl_post", 1e-6),
+    "errors": ("nixl_errors", 1.0),
+}
 
 
 def _families() -> dict[str, Any]:  # each family's own add_metric signature
@@ -88,6 +98,71 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
         "rejected": CounterMetricFamily(
             P + "otlp_spans_rejected", "Spans refused as malformed or oversized.", labels=[]
         ),
+        "ignored": CounterMetricFamily(
+            P + "otlp_spans_ignored",
+            "Spans taken but not used: other instrumentation, engine spans not mapped.",
+            labels=[],
+        ),
+        "engine_spans": CounterMetricFamily(
+            P + "otlp_engine_spans",
+            "Spans received from inference engines, by engine.",
+            labels=["engine"],
+        ),
+        "unmapped": CounterMetricFamily(
+            P + "otlp_engine_spans_unmapped",
+            "Engine spans whose name the receiver does not map (counted, not errors).",
+            labels=["engine"],
+        ),
+        "path_known": CounterMetricFamily(
+            P + "requests_path_known",
+            "Engine requests whose KV path (prefill host -> decode host) was found.",
+            labels=[],
+        ),
+        "path_unknown": CounterMetricFamily(
+            P + "requests_path_unknown",
+            "Engine requests whose path is unknown, by reason.",
+            labels=["reason"],
+        ),
+        "kv_fabric": GaugeMetricFamily(
+            P + "path_kv_fabric_seconds",
+            "Median KV-transfer seconds the path's RTT and bandwidth explain, last window.",
+            labels=PATH,
+        ),
+        "kv_other": GaugeMetricFamily(
+            P + "path_kv_other_seconds",
+            "Median KV-transfer seconds beyond what the fabric explains, last window.",
+            labels=PATH,
+        ),
+        "kv_speed_flag": GaugeMetricFamily(
+            P + "path_kv_speed_above_bandwidth",
+            "1 when NIXL's KV speed on the path exceeds its measured bandwidth, last window.",
+            labels=PATH,
+        ),
+        "nixl_transfers": CounterMetricFamily(
+            P + "nixl_transfers",
+            "NIXL KV transfers the engines on a host counted.",
+            labels=NIXL_LABELS,
+        ),
+        "nixl_bytes": CounterMetricFamily(
+            P + "nixl_bytes",
+            "Bytes of NIXL KV transfers the engines on a host counted.",
+            labels=NIXL_LABELS,
+        ),
+        "nixl_xfer": CounterMetricFamily(
+            P + "nixl_transfer_seconds",
+            "Seconds NIXL KV transfers took, summed, per host and engine.",
+            labels=NIXL_LABELS,
+        ),
+        "nixl_post": CounterMetricFamily(
+            P + "nixl_post_seconds",
+            "Seconds from NIXL transfer start to its post to the backend, summed.",
+            labels=NIXL_LABELS,
+        ),
+        "nixl_errors": CounterMetricFamily(
+            P + "nixl_errors",
+            "Failed NIXL KV transfers per host and engine.",
+            labels=NIXL_LABELS,
+        ),
         "analysis_failures": CounterMetricFamily(
             P + "attribution_failures",
             "Analyses that failed; the last good one was served instead.",
@@ -139,6 +214,20 @@ class AttributionCollector(Collector):
         f["analysis_failures"].add_metric([], float(a.analysis_failures))
         f["dropped_values"].add_metric([], float(a.dropped_values))
         f["pairs_dropped"].add_metric([], float(a.pairs_dropped))
+        ing = a.ingest
+        f["ignored"].add_metric([], float(ing.ignored_total))
+        with ing.lock:
+            for engine, n in ing.engine_spans.items():
+                f["engine_spans"].add_metric([engine], float(n))
+            for engine, n in ing.unmapped.items():
+                f["unmapped"].add_metric([engine], float(n))
+        with a.lock:
+            f["path_known"].add_metric([], float(a.path_known_total))
+            for reason, n in a.path_unknown_total.items():
+                f["path_unknown"].add_metric([reason], float(n))
+        if res is not None:
+            self._kv_split(res.kv, f)
+        self._nixl(f)
         yield from f.values()
 
     @staticmethod
@@ -166,13 +255,47 @@ class AttributionCollector(Collector):
             add("goodput", [], g["goodput_tps"])
             add("throughput", [], g["throughput_tps"])
 
+    @staticmethod
+    def _kv_split(kv: Any, f: dict[str, Any]) -> None:
+        if kv.empty or "kv_fabric_s" not in kv.columns:
+            return
+        kv = kv.assign(transport=kv["transport"].replace("", "unknown"))
+        for (src, dst, tr), g in kv.groupby(["src", "dst", "transport"]):
+            labels = [str(src), str(dst), str(tr)]
+            fabric, other = g["kv_fabric_s"].median(), g["kv_other_s"].median()
+            if not math.isnan(fabric):
+                f["kv_fabric"].add_metric(labels, float(fabric))
+                f["kv_other"].add_metric(labels, float(other))
+            flags = g["kv_speed_above_path"].dropna()
+            if len(flags):
+                f["kv_speed_flag"].add_metric(labels, 1.0 if flags.astype(bool).any() else 0.0)
+
+    def _nixl(self, f: dict[str, Any]) -> None:
+        store = self.attribution.store
+        if store is None:
+            return
+        with store.lock:
+            rows = [
+                (k[0], k[2], k[6], t.total) for k, t in store.counters.items() if k[1] == "nixl"
+            ]
+        for host, engine, name, total in sorted(rows):
+            fam = NIXL_COUNTERS.get(name)
+            if fam is not None:
+                f[fam[0]].add_metric([host, engine], float(total) * fam[1])
+
 
 def attach_attribution(
-    server: Any, store: WindowStore, registry: Any, stop: threading.Event
+    server: Any,
+    store: WindowStore,
+    registry: Any,
+    stop: threading.Event,
+    *,
+    match: MatchConfig | None = None,
 ) -> Attribution:
     """Add the OTLP TraceService to SERVER (a grpc.Server), the attribution metrics to
-    REGISTRY, and keep the fabric history fed from STORE until STOP is set."""
-    attribution = Attribution(store)
+    REGISTRY, and keep the fabric history fed from STORE until STOP is set. MATCH says how
+    engine spans' host attributes name the agents' hosts."""
+    attribution = Attribution(store, match=match)
     add_trace_service(server, attribution.ingest)
     add_query_service(server, attribution)
     registry.register(AttributionCollector(attribution))

@@ -12,6 +12,10 @@ Example file::
     sizes = [64, 4096]
     kinds = ["tcp_lat", "rdma_rc_lat", "rdma_ud", "tcp_bw"]  # tcp_bw is off by default
     stale_after_s = 30.0
+    otlp_http_listen = "0.0.0.0:4318"   # OTLP over HTTP beside the gRPC receiver
+    host_attributes = ["host.name", "service.instance.id", "k8s.pod.ip", "server.address"]
+    host_aliases = { "vllm-decode-0" = "gpu-node-17" }   # engine host value -> agent host
+    host_rewrite = [["^(.*)-vllm-[0-9]+$", "\\1"]]       # regex, replacement
     tls_cert = "/etc/fabricprobe/collector.pem"
     tls_key = "/etc/fabricprobe/collector.key"
     client_ca = "/etc/fabricprobe/ca.pem"
@@ -22,6 +26,7 @@ Example file::
 from __future__ import annotations
 
 import ipaddress
+import re
 import ssl
 from dataclasses import dataclass, field
 
@@ -36,7 +41,9 @@ from fabricprobe.collector.auth import (
     TokenAuth,
     read_token_file,
 )
+from fabricprobe.collector.engines import HOST_ATTRIBUTES
 from fabricprobe.collector.exposition import load_web_config
+from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.rawstore import RawStoreConfig
 from fabricprobe.collector.service import ApiConfig, ServerConfig
 from fabricprobe.core.errors import ConfigError
@@ -46,6 +53,10 @@ from fabricprobe.core.errors import ConfigError
 class CollectorSettings:
     listen: str = "0.0.0.0:4794"
     metrics_listen: str = "0.0.0.0:9794"
+    otlp_http_listen: str = ""
+    host_attributes: list[str] = field(default_factory=lambda: list(HOST_ATTRIBUTES))
+    host_aliases: dict[str, str] = field(default_factory=dict)
+    host_rewrite: list[list[str]] = field(default_factory=list)
     report_interval_s: float = 10.0
     budget: int = 16
     intra_share: float = 0.5
@@ -122,6 +133,8 @@ class CollectorSettings:
             raw=raw,
             listen=self.listen,
             metrics_listen=self.metrics_listen,
+            otlp_http_listen=self.otlp_http_listen,
+            match=self.match_config(),
             web_config=self.web_config,
             workers=self.workers,
             grace=self.grace_s,
@@ -141,6 +154,26 @@ class CollectorSettings:
                 health=self.health,
                 reflection=self.reflection,
             ),
+        )
+
+    def match_config(self) -> MatchConfig:
+        """How engine spans' host attributes name agents' hosts (collector/linking.py)."""
+        rules = []
+        for rule in self.host_rewrite:
+            ok = isinstance(rule, list) and len(rule) == 2
+            if not (ok and all(isinstance(x, str) for x in rule)):
+                raise ConfigError("host_rewrite: each rule is [regex, replacement]")
+            try:
+                re.compile(rule[0])
+            except re.error as e:
+                raise ConfigError(f"host_rewrite: {rule[0]!r}: {e}") from None
+            rules.append((rule[0], rule[1]))
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.host_aliases.items()):
+            raise ConfigError("host_aliases: names map to names")
+        return MatchConfig(
+            attributes=tuple(self.host_attributes),
+            aliases=dict(self.host_aliases),
+            rewrite=tuple(rules),
         )
 
     def _networks(self) -> list[str]:

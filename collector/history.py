@@ -24,6 +24,9 @@ from fabricprobe.collector.store import CounterKey, PathKey, WindowStore, host_p
 from fabricprobe.core.sketchwire import MergedSketch
 
 COUNTER_CATEGORIES = ("pfc_pause", "ecn_mark", "cnp", "retransmit")
+# NIXL's per-engine transfer counters (agent/nixl.py), kept for every host that has them:
+# the join reads the decode host's transfers around each KV transfer
+NIXL_CATEGORY = "nixl"
 # RDMA hw_counters that count a retransmission or what causes one (mlx5 and rxe names).
 _RETRANSMIT = frozenset(
     {
@@ -43,6 +46,8 @@ _RETRANSMIT = frozenset(
 def counter_category(kind: str, name: str) -> str | None:
     """Which explanatory category a counter belongs to, None for the rest."""
     lname = name.lower()
+    if kind == "nixl":
+        return NIXL_CATEGORY
     if kind == "pfc" and lname in ("rx_pause", "tx_pause"):
         return "pfc_pause"
     if "ecn" in lname:
@@ -145,11 +150,12 @@ class FabricHistory:
         the store took them; kept are the windows of watched pairs and the counters of
         watched hosts in an explanatory category."""
         pairs = self.pairs
-        if not pairs:
+        nixl = [r for r in rates if r[0][1] == "nixl"]
+        if not pairs and not nixl:
             return
         windows = [(k, sk) for k, sk in windows if host_pair(k[0], k[1]) in pairs]
         if rates and rates[0][0][0] not in self.hosts:
-            rates = []  # one report, one host
+            rates = nixl  # one report, one host
         cats = self._category
         kept: list[_Rate] = []
         for key, rate in rates:

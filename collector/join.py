@@ -6,6 +6,14 @@ direction when the forward one was not probed, since an RTT crosses both) that o
 its time window, and with the counter rates of both ends over that time. A request's
 breakdown puts its stages side by side with TTFT and inter-token latency kept apart,
 and the fabric's share of each.
+
+A KV transfer is split in two: the part the fabric explains at that moment (the path's
+median probe RTT plus the transfer's bytes at the path's measured bandwidth) and the
+rest (the engine's scheduling and polling around it). The bytes are the span's, else the
+mean bytes per transfer NIXL counted on the decode host around that time. NIXL's own
+figures for the decode host ride along, and a KV speed above the path's measured
+bandwidth is flagged: the transfer cannot have crossed that path at that speed.
+A request whose path is unknown keeps NaN fabric figures and share, never 0.
 """
 
 from __future__ import annotations
@@ -15,7 +23,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from fabricprobe.collector.history import COUNTER_CATEGORIES
+from fabricprobe.collector.history import COUNTER_CATEGORIES, NIXL_CATEGORY
+from fabricprobe.collector.linking import PathInfo
 from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
 
 STAGE_COLUMNS = [
@@ -44,6 +53,49 @@ REQUEST_COLUMNS = [
     "model",
 ]
 RATE_FIELDS = [f"{end}_{c}_per_s" for end in ("src", "dst") for c in COUNTER_CATEGORIES]
+PATH_COLUMNS = [
+    "request_id",
+    "engine",
+    "path_src",
+    "path_dst",
+    "path_known",
+    "path_reason",
+    "path_detail",
+    "kv_source",
+]
+NIXL_FIELDS = [
+    "nixl_bytes_per_s",
+    "nixl_transfers_per_s",
+    "nixl_mean_bytes",
+    "nixl_mean_xfer_s",
+    "nixl_speed_bytes_per_s",
+    "nixl_errors_per_s",
+]
+SPEED_SLACK = 1.1  # a KV speed this far above the measured bandwidth is flagged
+
+
+def paths_frame(paths: Iterable[PathInfo], stages: Iterable[StageRecord]) -> pd.DataFrame:
+    """One row per linked request: engine, whether its path is known, and why not. A
+    measured KV span with its hosts (fabricprobe's own spans) makes a path known."""
+    measured = {
+        s.request_id
+        for s in stages
+        if s.stage in FABRIC_STAGES and not s.derived and s.src and s.dst
+    }
+    rows = [
+        {
+            "request_id": p.request_id,
+            "engine": p.engine,
+            "path_src": p.src if p.path_known else "",
+            "path_dst": p.dst if p.path_known else "",
+            "path_known": p.path_known or p.request_id in measured,
+            "path_reason": "" if (p.path_known or p.request_id in measured) else p.reason,
+            "path_detail": p.detail,
+            "kv_source": p.kv_source or ("span" if p.request_id in measured else ""),
+        }
+        for p in paths
+    ]
+    return pd.DataFrame(rows, columns=PATH_COLUMNS).drop_duplicates("request_id", keep="last")
 
 
 def stages_frame(records: Iterable[StageRecord]) -> pd.DataFrame:
@@ -92,6 +144,47 @@ class _PathIndex:
         return rev if rev is not None else self.empty
 
 
+def _nixl_figures(rates: pd.DataFrame, start_ns: int, end_ns: int) -> dict[str, float]:
+    """NIXL rates of one host for the counter window a transfer ran in (NaN: none)."""
+    out = dict.fromkeys(NIXL_FIELDS, np.nan)
+    r = rates[(rates["t_ns"] >= start_ns) & (rates["t_ns"] <= end_ns)]
+    if r.empty:
+        return out
+    first = r.sort_values("t_ns").drop_duplicates(["device", "name"], keep="first")
+    per = first.groupby("name")["rate"].sum()
+    nbytes, n = per.get("bytes", np.nan), per.get("transfers", np.nan)
+    busy = per.get("xfer_time_us", np.nan) / 1e6  # transfer seconds per second
+    out["nixl_bytes_per_s"] = float(nbytes)
+    out["nixl_transfers_per_s"] = float(n)
+    out["nixl_errors_per_s"] = float(per.get("errors", np.nan))
+    if n and n > 0:
+        out["nixl_mean_bytes"] = float(nbytes / n)
+        out["nixl_mean_xfer_s"] = float(busy / n)
+    if busy and busy > 0:
+        out["nixl_speed_bytes_per_s"] = float(nbytes / busy)
+    return out
+
+
+def split_kv(kv: pd.DataFrame) -> pd.DataFrame:
+    """kv_bytes_used, kv_fabric_s (what the path explains: median RTT + bytes at the
+    measured bandwidth, at most the transfer's time), kv_other_s (the rest), and
+    kv_speed_above_path. NaN where a figure it needs is unknown."""
+    if kv.empty:
+        return kv.assign(kv_bytes_used=[], kv_fabric_s=[], kv_other_s=[], kv_speed_above_path=[])
+    nbytes = kv["bytes"].where(kv["bytes"] > 0, kv["nixl_mean_bytes"]).astype(float)
+    wire = nbytes / kv["bandwidth_bytes_per_s"].where(kv["bandwidth_bytes_per_s"] > 0)
+    fabric = (kv["rtt_p50_s"] + wire).clip(upper=kv["duration_s"])
+    speed = kv["nixl_speed_bytes_per_s"]
+    bw = kv["bandwidth_bytes_per_s"]
+    above = (speed > bw * SPEED_SLACK).where(speed.notna() & bw.notna())
+    return kv.assign(
+        kv_bytes_used=nbytes,
+        kv_fabric_s=fabric,
+        kv_other_s=kv["duration_s"] - fabric,
+        kv_speed_above_path=above,
+    )
+
+
 def join_fabric(
     stages: pd.DataFrame,
     windows: pd.DataFrame,
@@ -99,6 +192,7 @@ def join_fabric(
     *,
     slack_s: float = 1.0,
     horizon_s: float = 30.0,
+    bandwidth: dict[tuple[str, str], float] | None = None,
 ) -> pd.DataFrame:
     """Fabric stages with the figures of their path over their time.
 
@@ -108,7 +202,11 @@ def join_fabric(
     rate (per second) of the first reading at or after the stage started, within
     HORIZON_S: the counter window the stage ran in. A stage no window overlaps takes
     the first window of its path that ended after it, within HORIZON_S."""
-    fab = stages[stages["stage"].isin(FABRIC_STAGES)].copy()
+    # only transfers whose path is known cross a path; the others stay in the breakdown
+    fab = stages[
+        stages["stage"].isin(FABRIC_STAGES) & (stages["src"] != "") & (stages["dst"] != "")
+    ].copy()
+    bandwidth = bandwidth or {}
     slack = int(slack_s * 1e9)
     horizon = int(horizon_s * 1e9)
     rmin: list[float] = []
@@ -117,10 +215,26 @@ def join_fabric(
     loss: list[float] = []
     matched: list[int] = []
     rate_cols: dict[str, list[float]] = {c: [] for c in RATE_FIELDS}
+    nixl_cols: dict[str, list[float]] = {c: [] for c in NIXL_FIELDS}
+    bw_col: list[float] = []
     paths = _PathIndex(windows)
-    by_host = {h: g for h, g in rates.groupby("host", sort=False)}
+    is_nixl = rates["category"] == NIXL_CATEGORY
+    by_host = {h: g for h, g in rates[~is_nixl].groupby("host", sort=False)}
+    nixl_by_host = {h: g for h, g in rates[is_nixl].groupby("host", sort=False)}
     no_rates = rates.iloc[0:0]
     for row in fab.itertuples(index=False):
+        bw = bandwidth.get((row.src, row.dst)) or bandwidth.get((row.dst, row.src))
+        bw_col.append(float(bw) if bw else np.nan)
+        # NIXL counts a transfer where it is posted: the decode side reads remote KV
+        nx = dict.fromkeys(NIXL_FIELDS, np.nan)
+        for host in (row.dst, row.src):
+            nr = nixl_by_host.get(host)
+            if nr is not None:
+                nx = _nixl_figures(nr, row.start_ns, row.end_ns + horizon)
+                if not np.isnan(nx["nixl_bytes_per_s"]):
+                    break
+        for c in NIXL_FIELDS:
+            nixl_cols[c].append(nx[c])
         pw = paths.get(row.src, row.dst, row.transport)
         w = pw[(pw["start_ns"] <= row.end_ns + slack) & (pw["end_ns"] >= row.start_ns - slack)]
         if w.empty and not pw.empty:  # a gap, or a first window's estimated start: take the next
@@ -152,21 +266,27 @@ def join_fabric(
     fab["fabric_windows"] = matched
     for col, values in rate_cols.items():
         fab[col] = values
-    return fab.reset_index(drop=True)
+    fab["bandwidth_bytes_per_s"] = bw_col
+    for col, values in nixl_cols.items():
+        fab[col] = values
+    return split_kv(fab.reset_index(drop=True))
 
 
-def request_breakdown(stages: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+def request_breakdown(
+    stages: pd.DataFrame, requests: pd.DataFrame, paths: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per request: seconds per stage, TTFT, ITL, e2e, the KV path, fabric share.
 
     fabric_share_ttft is KV-transfer time over TTFT (in disaggregated serving the KV
     cache must arrive before decode can produce the first token); fabric_share_e2e is
-    over the whole request."""
+    over the whole request. Both are NaN when the request's path is unknown (PATHS says
+    which and why: `path` is "unknown" and `path_reason` the reason)."""
     st = measured_first(stages)
     per = st.pivot_table(
         index="request_id", columns="stage", values="duration_s", aggfunc="sum"
     ).reindex(columns=list(STAGES))
     per.columns = [f"{c}_s" for c in per.columns]
-    kv = st[st["stage"].isin(FABRIC_STAGES)]
+    kv = st[st["stage"].isin(FABRIC_STAGES) & (st["src"] != "") & (st["dst"] != "")]
     path = kv.groupby("request_id").agg(
         src=("src", "first"),
         dst=("dst", "first"),
@@ -179,7 +299,25 @@ def request_breakdown(stages: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFr
     out = out.join(span, how="left")
     req = requests.set_index("request_id")[["ttft_s", "itl_s", "e2e_s", "output_tokens"]]
     out = out.join(req, how="outer")
-    kv_s = out["kv_transfer_s"].fillna(0.0)
+    if paths is not None and len(paths):
+        out = out.join(paths.set_index("request_id"), how="left")
+    else:
+        out = out.assign(**{c: None for c in PATH_COLUMNS[1:]})
+    # a path is known from a KV stage with both hosts, or from the engines' link (which
+    # may know the hosts without a KV time: Dynamo, llm-d alone); otherwise the path is
+    # unknown and the fabric figures are NaN (unknown is not zero)
+    from_kv = out["src"].notna() & (out["src"].astype(str) != "")
+    linked = out["path_src"].notna() & (out["path_src"].astype(str) != "")
+    out["src"] = out["src"].where(from_kv, out["path_src"].where(linked))
+    out["dst"] = out["dst"].where(from_kv, out["path_dst"].where(linked))
+    has_path = from_kv | linked
+    out["path_known"] = has_path
+    reason = out["path_reason"].where(out["path_reason"].notna() & (out["path_reason"] != ""))
+    out["path_reason"] = reason.where(~has_path, "").fillna("no KV transfer seen")
+    out["path"] = (out["src"].astype(str) + "->" + out["dst"].astype(str)).where(
+        has_path, "unknown"
+    )
+    kv_s = out["kv_transfer_s"].where(from_kv)
     out["fabric_share_ttft"] = kv_s / out["ttft_s"].where(out["ttft_s"] > 0)
     out["fabric_share_e2e"] = kv_s / out["e2e_s"].where(out["e2e_s"] > 0)
     return out.reset_index().rename(columns={"index": "request_id"})

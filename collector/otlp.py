@@ -8,6 +8,11 @@ with the first few reasons in its error message. A batch with more spans than
 malformed (INVALID_ARGUMENT): the sender learns what was wrong either way. Spans that
 are not stage spans (other instrumentation in the same process) are ignored, not
 rejected.
+
+Spans of inference engines (vLLM, SGLang, Dynamo, llm-d: collector/engines.py) become
+fragments, with the host attributes of their resource; an engine's span this receiver
+does not map is counted per engine (`unmapped`), never rejected. The same ingest serves
+OTLP over gRPC (here) and over HTTP (collector/otlp_http.py).
 """
 
 from __future__ import annotations
@@ -20,7 +25,20 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from fabricprobe.collector.stages import RequestRecord, SpanError, StageRecord, parse_span
+from fabricprobe.collector.engines import (
+    ENGINES,
+    Fragment,
+    engine_of,
+    engine_of_scope,
+    parse_fragment,
+)
+from fabricprobe.collector.stages import (
+    RequestRecord,
+    SpanError,
+    StageRecord,
+    parse_span,
+    span_attributes,
+)
 
 MAX_SPANS = 20_000  # per Export call
 MAX_REASONS = 3
@@ -42,7 +60,15 @@ class IngestResult:
     reasons: tuple[str, ...]
 
 
-Sink = Callable[[list[StageRecord], list[RequestRecord]], None]
+Sink = Callable[[list[StageRecord], list[RequestRecord], list[Fragment]], None]
+
+
+def resource_attributes(rs: object) -> dict[str, object]:
+    """Scalar attributes of a ResourceSpans' resource ({} when they cannot be read)."""
+    try:
+        return span_attributes(rs.resource)  # type: ignore[attr-defined]
+    except SpanError:
+        return {}
 
 
 class TraceIngest:
@@ -55,10 +81,17 @@ class TraceIngest:
         self.rejected_total = 0
         self.ignored_total = 0
         self.batches_refused_total = 0
+        self.engine_spans: dict[str, int] = dict.fromkeys(ENGINES, 0)
+        self.unmapped: dict[str, int] = dict.fromkeys(ENGINES, 0)
 
     def export(self, request: ts_pb.ExportTraceServiceRequest) -> IngestResult:
         """Take one batch; raises BatchRefused when nothing in it can be taken."""
-        spans = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+        spans = [
+            (s, rs_i, ss.scope.name)
+            for rs_i, rs in enumerate(request.resource_spans)
+            for ss in rs.scope_spans
+            for s in ss.spans
+        ]
         if len(spans) > self.max_spans:
             self._count(len(spans), len(spans), 0, refused=True)
             raise BatchRefused(
@@ -67,10 +100,25 @@ class TraceIngest:
             )
         stages: list[StageRecord] = []
         requests: list[RequestRecord] = []
+        fragments: list[Fragment] = []
         reasons: list[str] = []
         rejected = ignored = 0
-        for span in spans:
+        resources: dict[int, dict[str, object]] = {}
+        engines = dict.fromkeys(ENGINES, 0)
+        unmapped = dict.fromkeys(ENGINES, 0)
+        for span, rs_i, scope in spans:
             try:
+                if rs_i not in resources:
+                    resources[rs_i] = resource_attributes(request.resource_spans[rs_i])
+                frag, engine = self._engine_span(span, resources[rs_i], scope)
+                if engine is not None:
+                    engines[engine] += 1
+                    if frag is None:
+                        unmapped[engine] += 1
+                        ignored += 1
+                    else:
+                        fragments.append(frag)
+                    continue
                 got, req = parse_span(span)
             except SpanError as e:
                 rejected += 1
@@ -89,9 +137,32 @@ class TraceIngest:
                 f"all {rejected} spans malformed; first: {'; '.join(reasons)}",
             )
         self._count(len(spans), rejected, ignored, refused=False)
-        if stages or requests:
-            self.sink(stages, requests)
+        with self.lock:
+            for k, n in engines.items():
+                self.engine_spans[k] += n
+            for k, n in unmapped.items():
+                self.unmapped[k] += n
+        if stages or requests or fragments:
+            self.sink(stages, requests, fragments)
         return IngestResult(len(spans) - rejected - ignored, rejected, ignored, tuple(reasons))
+
+    @staticmethod
+    def _engine_span(
+        span: object, resource: dict[str, object], scope: str
+    ) -> tuple[Fragment | None, str | None]:
+        """(fragment, engine) of an engine's span; (None, engine) for one not mapped;
+        (None, None) for a span that is no engine's."""
+        name = span.name  # type: ignore[attr-defined]
+        if len(name) > 256:
+            raise SpanError(f"span name of {len(name)} characters")
+        attrs = span_attributes(span)  # type: ignore[arg-type]
+        # fabricprobe's own spans (the workload) keep their meaning
+        if any(k.startswith("fabricprobe.") for k in attrs):
+            return None, None
+        engine = engine_of(name, resource, attrs)
+        if engine is None:
+            return None, engine_of_scope(scope, resource)
+        return parse_fragment(span, attrs, resource), engine  # type: ignore[arg-type]
 
     def _count(self, n: int, rejected: int, ignored: int, *, refused: bool) -> None:
         with self.lock:

@@ -57,8 +57,11 @@ def _slow_request(row: dict[str, Any]) -> pb.SlowRequest:
         dst=_text(row.get("dst")),
         transport=_text(row.get("transport")),
         fabric_windows=_count(row.get("fabric_windows")) or 0,
+        path_reason=_text(row.get("path_reason")),
+        engine=_text(row.get("engine")),
+        kv_source=_text(row.get("kv_source")),
     )
-    for name in _REQUEST_FLOATS:
+    for name in (*_REQUEST_FLOATS, "kv_fabric_s", "kv_other_s"):
         if (f := _finite(row.get(name))) is not None:
             setattr(msg, name, f)
     for name in ("output_tokens", "kv_bytes"):

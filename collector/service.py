@@ -39,6 +39,8 @@ from fabricprobe.collector.auth import (
 )
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_config, serve_metrics
+from fabricprobe.collector.linking import MatchConfig
+from fabricprobe.collector.otlp_http import serve_otlp_http
 from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
 from fabricprobe.collector.store import ReportError, WindowStore
@@ -343,6 +345,8 @@ def policy(gate: GateConfig) -> Policy:
 class ServerConfig:
     listen: str = "127.0.0.1:4794"
     metrics_listen: str = "127.0.0.1:9794"  # "" serves no /metrics
+    otlp_http_listen: str = ""  # OTLP over HTTP (POST /v1/traces); "" serves none
+    match: MatchConfig = field(default_factory=MatchConfig)  # engine sides -> agent hosts
     web_config: str = ""  # TLS and basic auth for /metrics (collector/exposition.py)
     metrics_threads: int = 8  # /metrics requests served at once
     metrics_cache_s: float = 1.0  # one render serves every GET within this
@@ -384,6 +388,8 @@ class CollectorServer:
         self.metrics_port = 0
         self._server: grpc.Server | None = None
         self._http: Any = None
+        self._otlp_http: Any = None
+        self.otlp_http_port = 0
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
         self.raw: RawWindowWriter | None = None
@@ -411,7 +417,9 @@ class CollectorServer:
         )
         pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api), server)
         # OTLP stage spans joined with the fabric (collector/attribution.py), and Query
-        self.attribution = attach_attribution(server, self.store, self.registry, self._stop)
+        self.attribution = attach_attribution(
+            server, self.store, self.registry, self._stop, match=self.cfg.match
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, QUERY_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -446,6 +454,10 @@ class CollectorServer:
         self._server = server
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.cfg.otlp_http_listen:
+            ohost, oport = split_hostport(self.cfg.otlp_http_listen)
+            self._otlp_http = serve_otlp_http(ohost, oport, self.attribution.ingest)
+            self.otlp_http_port = int(self._otlp_http.server_address[1])
         self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         self._reaper.start()
         if self.raw is not None:
@@ -478,6 +490,10 @@ class CollectorServer:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+        if self._otlp_http is not None:
+            self._otlp_http.shutdown()
+            self._otlp_http.server_close()
+            self._otlp_http = None
         if self.raw is not None:
             self.raw.stop()  # the last rows, after the last report
         log.info("collector stopped")

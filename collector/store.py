@@ -26,7 +26,7 @@ PathKey = tuple[str, str, str, str, int]  # src, dst, transport, op, size
 # src, kind, device, port, netdev, priority, name
 CounterKey = tuple[str, str, str, int, str, int, str]
 
-COUNTER_KINDS = frozenset({"rdma", "pfc", "netdev"})
+COUNTER_KINDS = frozenset({"rdma", "pfc", "netdev", "nixl"})  # nixl: agent/nixl.py
 _WIDTHS = frozenset({32, 64})
 MAX_NAME = 128  # peer host names and counter names
 MAX_DEVICE = 64  # RDMA device and netdev names (the kernel's are shorter)
@@ -372,7 +372,7 @@ class WindowStore:
             if c.kind not in kinds or not name or len(name) > MAX_NAME or c.width not in widths:
                 raise ReportError(
                     f"bad counter kind={c.kind!r} name={name[:40]!r} width={c.width}"
-                    " (kinds rdma, pfc, netdev; width 32 or 64)"
+                    " (kinds rdma, pfc, netdev, nixl; width 32 or 64)"
                 )
             if len(c.device) > MAX_DEVICE or len(c.netdev) > MAX_DEVICE:
                 raise ReportError(f"counter {name[:40]!r}: device name over {MAX_DEVICE}")

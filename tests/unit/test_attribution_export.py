@@ -103,7 +103,8 @@ def test_metrics_show_the_slow_path_and_match_the_catalogue() -> None:
     assert sorted(got) == sorted(cat)
     for name, m in cat.items():
         assert got[name][0] == m["type"] and got[name][1] == m["help"], name
-        assert got[name][2] == sorted(m["labels"]), name
+        if got[name][2]:  # a family with no sample this time shows no labels
+            assert got[name][2] == sorted(m["labels"]), name
     assert {f.name for f in AttributionCollector(a).describe()} == {
         n.removesuffix("_total") for n in cat
     }

@@ -23,7 +23,7 @@ def taken() -> Taken:
 
 @pytest.fixture
 def ingest(taken: Taken) -> TraceIngest:
-    return TraceIngest(lambda st, rq: taken.append((st, rq)), max_spans=10)
+    return TraceIngest(lambda st, rq, _frags: taken.append((st, rq)), max_spans=10)
 
 
 GOOD = kv_span("r1", 10 * S, 0.1, "h0", "h1", 1024)

@@ -59,6 +59,13 @@ Examples:
 @click.option("--spool-max-windows", type=click.IntRange(1), help="Spool bound in windows [8640].")
 @click.option("--spool-max-bytes", type=click.IntRange(4096), help="Spool bound in bytes [64 MiB].")
 @click.option("--no-ethtool", "no_ethtool", is_flag=True, help="Do not run `ethtool -S`.")
+@click.option(
+    "--nixl-metrics",
+    "nixl_metrics",
+    multiple=True,
+    metavar="URL",
+    help="/metrics of an engine on this host with NIXL telemetry (repeat).",
+)
 @collector_credential_options("File holding this host's token.")
 @click.option(
     "--probe-token-file",
@@ -72,6 +79,7 @@ def agent(
     config_file: str | None,
     addresses: tuple[str, ...],
     devices: tuple[str, ...],
+    nixl_metrics: tuple[str, ...],
     no_ethtool: bool,
     sysfs_root: str,
     log_format: str,
@@ -88,6 +96,8 @@ def agent(
             given["addresses"] = list(addresses)
         if devices:
             given["devices"] = list(devices)
+        if nixl_metrics:
+            given["nixl_metrics"] = list(nixl_metrics)
         if no_ethtool:
             given["ethtool"] = False
         if sysfs_root != "/sys":

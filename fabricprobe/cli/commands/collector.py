@@ -34,6 +34,11 @@ Examples:
     "--metrics-listen", metavar="ADDR:PORT", help="Where /metrics is served [0.0.0.0:9794]."
 )
 @click.option(
+    "--otlp-http-listen",
+    metavar="ADDR:PORT",
+    help="OTLP over HTTP (POST /v1/traces) for engines' spans [off; 0.0.0.0:4318 is usual].",
+)
+@click.option(
     "--fleet-network",
     "fleet_networks",
     multiple=True,

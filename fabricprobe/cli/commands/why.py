@@ -82,6 +82,8 @@ def requests_table(rows: list[dict[str, Any]]) -> Table:
         t.add_column(c, justify="left" if c in ("request", "path") else "right")
     for r in rows:
         path = f"{r.get('src')}->{r.get('dst')} {r.get('transport') or ''}" if r.get("src") else "-"
+        if not r.get("src") and r.get("path_reason"):
+            path = f"unknown: {r['path_reason']}"
         pauses = [r.get(f"{e}_pfc_pause_per_s") for e in ("src", "dst")]
         retrans = [r.get(f"{e}_retransmit_per_s") for e in ("src", "dst")]
         loss = r.get("loss_ratio")

@@ -262,7 +262,7 @@ class WhyRequest(_message.Message):
     def __init__(self, slowest: _Optional[int] = ..., window_s: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
 
 class SlowRequest(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "transport", "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s", "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "loss_ratio", "output_tokens", "kv_bytes", "fabric_windows", "counter_rates")
+    __slots__ = ("request_id", "src", "dst", "transport", "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s", "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "loss_ratio", "output_tokens", "kv_bytes", "fabric_windows", "counter_rates", "path_reason", "engine", "kv_source", "kv_fabric_s", "kv_other_s")
     class CounterRatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +293,11 @@ class SlowRequest(_message.Message):
     KV_BYTES_FIELD_NUMBER: _ClassVar[int]
     FABRIC_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     COUNTER_RATES_FIELD_NUMBER: _ClassVar[int]
+    PATH_REASON_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    KV_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    KV_FABRIC_S_FIELD_NUMBER: _ClassVar[int]
+    KV_OTHER_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     src: str
     dst: str
@@ -316,7 +321,12 @@ class SlowRequest(_message.Message):
     kv_bytes: int
     fabric_windows: int
     counter_rates: _containers.ScalarMap[str, float]
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., kv_transfer_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., deliver_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., fabric_share_ttft: _Optional[float] = ..., fabric_share_e2e: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., output_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., fabric_windows: _Optional[int] = ..., counter_rates: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    path_reason: str
+    engine: str
+    kv_source: str
+    kv_fabric_s: float
+    kv_other_s: float
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., kv_transfer_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., deliver_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., fabric_share_ttft: _Optional[float] = ..., fabric_share_e2e: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., output_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., fabric_windows: _Optional[int] = ..., counter_rates: _Optional[_Mapping[str, float]] = ..., path_reason: _Optional[str] = ..., engine: _Optional[str] = ..., kv_source: _Optional[str] = ..., kv_fabric_s: _Optional[float] = ..., kv_other_s: _Optional[float] = ...) -> None: ...
 
 class PathRank(_message.Message):
     __slots__ = ("rank", "src", "dst", "transport", "transfers", "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio", "congestion_per_s", "explained_s", "fabric_bound")

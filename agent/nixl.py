@@ -1,0 +1,132 @@
+"""NIXL telemetry of the engines on this host, as counter readings of kind "nixl".
+
+Two Prometheus sources say what NIXL moved:
+- an engine's /metrics with vLLM's NIXL connector series (vLLM 0.32:
+  `vllm:nixl_xfer_time_seconds`, `vllm:nixl_post_time_seconds` and
+  `vllm:nixl_bytes_transferred` histograms, `vllm:nixl_num_failed_transfers`);
+- NIXL's own Prometheus exporter (ai-dynamo/nixl docs/telemetry.md:
+  `agent_xfer_time_total` and `agent_xfer_post_time_total` in microseconds,
+  `agent_tx_bytes_total`/`agent_rx_bytes_total`, `agent_tx_requests_num_total`,
+  `agent_errors_total`).
+Both become the same five raw totals per source (`transfers`, `bytes`,
+`xfer_time_us`, `post_time_us`, `errors`; the reading's `device` names the source); the
+collector turns them into rates and joins them with the KV transfers of that host.
+A source that does not answer, or answers garbage, costs only its own readings this
+window (counted in `errors`, logged once).
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+
+log = logging.getLogger("fabricprobe.agent")
+
+MAX_BODY = 8 << 20  # an engine's /metrics is tens of KiB; more is not a metrics page
+MAX_SOURCES = 32
+
+# sample name -> (reading name, scale to the reading's unit)
+VLLM_SAMPLES = {
+    "vllm:nixl_xfer_time_seconds_count": ("transfers", 1.0),
+    "vllm:nixl_xfer_time_seconds_sum": ("xfer_time_us", 1e6),
+    "vllm:nixl_post_time_seconds_sum": ("post_time_us", 1e6),
+    "vllm:nixl_bytes_transferred_sum": ("bytes", 1.0),
+    "vllm:nixl_num_failed_transfers_total": ("errors", 1.0),
+}
+NIXL_SAMPLES = {
+    "agent_tx_requests_num_total": ("transfers", 1.0),
+    "agent_xfer_time_total": ("xfer_time_us", 1.0),
+    "agent_xfer_post_time_total": ("post_time_us", 1.0),
+    "agent_tx_bytes_total": ("bytes", 1.0),
+    "agent_rx_bytes_total": ("bytes", 1.0),
+    "agent_errors_total": ("errors", 1.0),
+}
+READINGS = ("transfers", "bytes", "xfer_time_us", "post_time_us", "errors")
+
+Fetch = Callable[[str, float], bytes]
+
+
+def fetch_url(url: str, timeout: float) -> bytes:
+    req = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        body = resp.read(MAX_BODY + 1)
+    if len(body) > MAX_BODY:
+        raise ValueError(f"more than {MAX_BODY} bytes")
+    return bytes(body)
+
+
+def check_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r}: expected http://HOST:PORT/metrics")
+
+
+def parse_totals(text: str) -> dict[str, float]:
+    """The five totals from one /metrics page (summed over its label sets); a reading
+    neither vLLM nor NIXL's exporter offers is absent, never 0."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            m = VLLM_SAMPLES.get(s.name) or NIXL_SAMPLES.get(s.name)
+            if m is None:
+                continue
+            name, scale = m
+            if s.value != s.value or s.value < 0:
+                continue
+            out[name] = out.get(name, 0.0) + s.value * scale
+    return out
+
+
+@dataclass
+class NixlReader:
+    """Reads the NIXL totals of each source URL once per sample()."""
+
+    urls: list[str]
+    timeout: float = 1.0
+    fetch: Fetch = fetch_url
+    errors: int = 0
+    _warned: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if len(self.urls) > MAX_SOURCES:
+            raise ValueError(f"at most {MAX_SOURCES} NIXL sources")
+        for u in self.urls:
+            check_url(u)
+
+    @staticmethod
+    def source_name(url: str) -> str:
+        p = urlsplit(url)
+        return f"{p.hostname}:{p.port or (443 if p.scheme == 'https' else 80)}"
+
+    def sample(self) -> list[pb.CounterReading]:
+        out: list[pb.CounterReading] = []
+        for url in self.urls:
+            try:
+                totals = parse_totals(self.fetch(url, self.timeout).decode("utf-8", "replace"))
+            except (OSError, ValueError) as e:
+                self.errors += 1
+                if url not in self._warned:
+                    self._warned.add(url)
+                    log.warning("NIXL telemetry of %s not read: %s", url, e)
+                continue
+            src = self.source_name(url)
+            for name in READINGS:
+                if name in totals:
+                    out.append(
+                        pb.CounterReading(
+                            kind="nixl",
+                            device=src,
+                            priority=-1,
+                            name=name,
+                            value=int(totals[name]),
+                            width=64,
+                        )
+                    )
+        return out
