@@ -25,11 +25,11 @@ from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.cli.commands.why import query as why_query
 from fabricprobe.cli.options import CollectorCredentials
+from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.auth import MutualTls
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.probes.ethtool import CommandResult
-from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.probes.responder import Responder
 from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
