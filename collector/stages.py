@@ -10,6 +10,7 @@ only itself (SpanError says what was wrong with it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,8 +120,8 @@ def _num(attrs: dict[str, Any], key: str) -> float | None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise SpanError(f"attribute {key} must be a number, not {type(v).__name__}")
-    if v < 0 or v != v:
-        raise SpanError(f"attribute {key} = {v} is not a non-negative number")
+    if not math.isfinite(v) or v < 0:  # inf would overflow int() and NaN compares false
+        raise SpanError(f"attribute {key} = {v} is not a finite non-negative number")
     return float(v)
 
 

@@ -89,3 +89,18 @@ def test_the_collector_serves_otlp_and_refuses_a_batch_over_its_message_limit() 
         assert server.attribution.ingest.received_total == 1
     finally:
         server.stop(0)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), 1e300])
+def test_a_non_finite_or_huge_attribute_costs_only_its_span(
+    ingest: TraceIngest, taken: Taken, value: float
+) -> None:
+    odd = span(
+        "llm_request",
+        3 * S,
+        4 * S,
+        **{"gen_ai.request.id": "r9", "gen_ai.usage.prompt_tokens": value},
+    )
+    res = ingest.export(batch(odd, GOOD))
+    assert res.accepted >= 1 and res.rejected <= 1
+    assert "r1" in [r.request_id for r in taken[0][0]]
