@@ -9,7 +9,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
@@ -19,6 +18,7 @@ from fabricprobe.probes.tcp import run_pingpong
 from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import SpanSender
+from tests.support.fleet import open_responder
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def collector() -> Iterator[CollectorServer]:
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    with Responder("127.0.0.1", 0, sessions=served_sessions(), auth=None) as r:
+    with open_responder() as r:
         yield r
 
 

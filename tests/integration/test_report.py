@@ -25,16 +25,15 @@ from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.cli.commands.why import query as why_query
 from fabricprobe.cli.options import CollectorCredentials
-from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.auth import MutualTls
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.probes.ethtool import CommandResult
-from fabricprobe.probes.responder import Responder
 from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import emit_request
 from tests.integration.test_loopback_fleet import FIXTURES, free_port, wait_for
+from tests.support.fleet import open_responder
 from tests.unit.test_collector_tls import _issue, _openssl
 
 HOSTS = {"host-2": "127.0.0.2", "host-3": "127.0.0.3", "host-4": "127.0.0.4"}
@@ -238,7 +237,7 @@ def test_report_renders_in_chromium(
     for a in agents:
         a.start()
     try:
-        with Responder(HOSTS["host-3"], 0, sessions=served_sessions(), auth=None) as kv_sink:
+        with open_responder(HOSTS["host-3"]) as kv_sink:
             names = list(HOSTS)
             pairs = len(names) * (len(names) - 1)
             rtt = "fabricprobe_rtt_seconds_bucket"

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from fabricprobe.agent.config import AgentConfig
+from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.probes.responder import Responder
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -80,3 +82,11 @@ def scrape(server: CollectorServer, timeout: float = 10.0) -> str:
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return str(resp.read().decode())
+
+
+def open_responder(address: str = "127.0.0.1", **kw: Any) -> Responder:
+    """An open (unauthenticated) in-process responder on ADDRESS with every session kind
+    `probe serve` answers, the workload's kv_sink among them; a context manager."""
+    kw.setdefault("sessions", served_sessions())
+    kw.setdefault("auth", None)
+    return Responder(address, 0, **kw)

@@ -11,13 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 from fabricprobe.cli import main
-from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.probes.responder import Responder
 from fabricprobe.workload.models import PRESETS, model_shape
 from fabricprobe.workload.pipeline import STAGE_ORDER, Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.summary import summarise
 from fabricprobe.workload.transfer import TcpKvChannel
+from tests.support.fleet import open_responder
 
 
 def test_kv_bytes_follow_the_shape_and_gqa() -> None:
@@ -47,7 +47,7 @@ def test_bad_shapes_say_why(kw: dict[str, object], msg: str) -> None:
 
 @pytest.fixture
 def responder() -> Iterator[Responder]:
-    with Responder("127.0.0.1", 0, sessions=served_sessions(), auth=None) as r:
+    with open_responder() as r:
         yield r
 
 
