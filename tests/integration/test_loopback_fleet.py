@@ -24,6 +24,7 @@ from tests.support.fleet import (
     FIXTURES,
     HOSTS,
     fast_server_config,
+    free_port,
     loopback_agent_config,
     scrape,
     wait_for,
@@ -149,12 +150,6 @@ def test_collector_restart_loses_no_window(tmp_path: Path) -> None:
     missing = set(range(1, agent.seq + 1)) - taken
     assert not missing, f"windows lost across the restart: {sorted(missing)}"
     assert agent.spool.depth == 0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def test_real_processes_and_sigterm(tmp_path: Path) -> None:

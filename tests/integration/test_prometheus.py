@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -32,6 +31,7 @@ from tests.support.fleet import (
     FIXTURES,
     HOSTS,
     ROOT,
+    free_port,
     loopback_agent_config,
     running_collector,
     scrape,
@@ -41,12 +41,6 @@ from tests.support.fleet import (
 # each agent's own /metrics, on its own loopback address (free ports, found at import)
 # Alerts whose expression is empty on a healthy fleet by design.
 QUIET = {"FabricprobeCollectorDown"}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 AGENT_METRICS = {h: free_port(h) for h in HOSTS}

@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -37,6 +36,7 @@ from fabricprobe.agent.config import AgentConfig
 from fabricprobe.cli import main as cli
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
+from tests.support.fleet import free_port
 
 VENV = Path(os.environ.get("FABRICPROBE_VLLM_VENV", "/opt/fabricprobe-vllm/venv"))
 PREFILL, DECODE = "127.0.0.2", "127.0.0.3"
@@ -58,12 +58,6 @@ MODEL = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(cond: Any, timeout: float, what: str, proc: list[subprocess.Popen] = ()) -> None:

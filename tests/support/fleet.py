@@ -3,6 +3,7 @@ what they report. Every address is on this machine."""
 
 from __future__ import annotations
 
+import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -19,6 +20,13 @@ from fabricprobe.probes.responder import Responder
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on HOST now (the caller binds it soon after)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> None:
