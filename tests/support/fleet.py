@@ -3,6 +3,7 @@ what they report. Every address is on this machine."""
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 import urllib.request
@@ -27,6 +28,32 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def quiet_port(host: str = "127.0.0.1") -> int:
+    """A port free on HOST now and outside the kernel's ephemeral range, for a server
+    that binds it only after a long start (vLLM's side channel binds a minute later):
+    the kernel hands out ephemeral ports to every outgoing connection meanwhile, so one
+    of those could take a free_port() before the server gets to it."""
+    lo, hi = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, lo) if lo > 10000 else rng.randrange(hi + 1, 65536)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no quiet port free on {host}")
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> None:
