@@ -6,6 +6,9 @@ Example file::
     host = "gpu-node-17"
     collector = "collector.example:4794"
     topology = "tor-a12"
+    role = "decode"               # hosts are compared with their ToR's and their role's
+    validate_interval_s = 3600    # the RoCE checks, hourly (jittered); 0 runs none
+    validate_policy = "/etc/fabricprobe/roce.toml"   # what `probe validate --policy` takes
     probe_listen = "0.0.0.0:4793"
     metrics_listen = "127.0.0.1:9795"   # this host's own /metrics
     spool_dir = "/var/lib/fabricprobe/spool"
@@ -35,6 +38,7 @@ class AgentConfig:
     host: str = field(default_factory=socket.gethostname)
     collector: str = "127.0.0.1:4794"
     topology: str = ""
+    role: str = ""  # what the host does ("prefill", "decode"): drift compares by role too
     addresses: list[str] = field(default_factory=list)  # empty: discover
     devices: list[str] = field(
         default_factory=list
@@ -61,6 +65,11 @@ class AgentConfig:
     cert_file: str = ""
     key_file: str = ""
     server_name: str = ""  # TLS name to expect from the collector, if not its address
+    # `probe validate` on a schedule (agent/validation.py): every this many seconds,
+    # jittered, the first run within validate_first_s of the start; 0 runs none
+    validate_interval_s: float = 3600.0
+    validate_first_s: float = 60.0
+    validate_policy: str = ""  # a policy file as `probe validate --policy` takes
     # /metrics URLs of this host's engines (vLLM's vllm:nixl_* series) or NIXL exporters
     nixl_metrics: list[str] = field(default_factory=list)
 
@@ -84,6 +93,14 @@ class AgentConfig:
                 "no probe credentials: give --probe-token-file (the fleet's probe token), "
                 "or --insecure for an open responder"
             )
+        if self.validate_interval_s != 0 and not 60 <= self.validate_interval_s <= 86400:
+            raise ConfigError("validate_interval_s: 0 (off) or within 60..86400")
+        if not 0 <= self.validate_first_s <= 86400:
+            raise ConfigError("validate_first_s: must be within 0..86400")
+        if self.validate_policy and not Path(self.validate_policy).is_file():
+            raise ConfigError(f"validate_policy: {self.validate_policy}: no such file")
+        if len(self.role) > 128 or any(c.isspace() for c in self.role):
+            raise ConfigError(f"role: {self.role[:40]!r} is not a label (no spaces, 128 at most)")
         if not 0 <= self.probe_max_keepalive_s <= 600:
             raise ConfigError("probe_max_keepalive_s: must be within 0..600")
         if bool(self.cert_file) != bool(self.key_file):

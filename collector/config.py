@@ -21,6 +21,10 @@ Example file::
     client_ca = "/etc/fabricprobe/ca.pem"
     windows_dir = "/var/lib/fabricprobe-collector/windows"   # raw windows as Parquet
     windows_max_bytes = 1073741824
+    drift_min_group = 3        # hosts of one ToR or role before any is called different
+    drift_waivers = [          # known differences, shown but not alerted on
+        { host = "gpu-node-4*", check = "firmware", reason = "canary", until = 2027-01-31 },
+    ]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from fabricprobe.collector.auth import (
     TokenAuth,
     read_token_file,
 )
+from fabricprobe.collector.drift import parse_waivers
 from fabricprobe.collector.engines import HOST_ATTRIBUTES
 from fabricprobe.collector.exposition import load_web_config
 from fabricprobe.collector.linking import MatchConfig
@@ -87,6 +92,8 @@ class CollectorSettings:
     windows_dir: str = ""  # keep every window in Parquet files here ("" keeps none)
     windows_max_bytes: int = 1 << 30
     windows_max_age_s: float = 7 * 86400.0
+    drift_min_group: int = 3
+    drift_waivers: list[dict[str, object]] = field(default_factory=list)
 
     def server_config(self) -> ServerConfig:
         try:
@@ -129,8 +136,12 @@ class CollectorSettings:
             raise ConfigError("streams_per_identity: must be within 1..workers/2")
         if not (0 < self.reports_per_second <= 1e6 and 1 <= self.report_burst <= 1e7):
             raise ConfigError("reports_per_second/report_burst out of range")
+        if not 2 <= self.drift_min_group <= 100_000:
+            raise ConfigError("drift_min_group: must be within 2..100000")
         return ServerConfig(
             raw=raw,
+            drift_min_group=self.drift_min_group,
+            drift_waivers=parse_waivers(self.drift_waivers),
             listen=self.listen,
             metrics_listen=self.metrics_listen,
             otlp_http_listen=self.otlp_http_listen,
