@@ -61,6 +61,13 @@ class AgentConfig:
     # itself to, only hosts holding it (fabricprobe.probes.fleet)
     probe_token_file: str = ""
     probe_max_keepalive_s: float = 600.0  # longest a peer's kept link is held here
+    # the host reference (agent.reference_spec): a TCP probe of this host's own responder
+    host_reference: bool = True
+    # the self-throttle: probe intervals stretch (up to 4x, never a stop) while the agent
+    # uses more than cpu_budget of a core or the host's CPU pressure is over pressure_limit
+    cpu_budget: float = 0.01
+    pressure_limit: float = 0.5
+    proc_root: str = "/proc"
     ca_file: str = ""
     cert_file: str = ""
     key_file: str = ""
@@ -101,6 +108,10 @@ class AgentConfig:
             raise ConfigError(f"validate_policy: {self.validate_policy}: no such file")
         if len(self.role) > 128 or any(c.isspace() for c in self.role):
             raise ConfigError(f"role: {self.role[:40]!r} is not a label (no spaces, 128 at most)")
+        if not 0.0001 <= self.cpu_budget <= 4:
+            raise ConfigError("cpu_budget: a share of a core within 0.0001..4")
+        if not 0 < self.pressure_limit <= 1:
+            raise ConfigError("pressure_limit: a share of the time within 0..1")
         if not 0 <= self.probe_max_keepalive_s <= 600:
             raise ConfigError("probe_max_keepalive_s: must be within 0..600")
         if bool(self.cert_file) != bool(self.key_file):

@@ -93,7 +93,11 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     reference. It is fabric_bound when it is
     slow by `kv_ratio` and its probe RTT (the `rtt_evidence` statistics) exceeds the
     other paths' by `rtt_ratio`, or its ends show congestion counters moving where the
-    others' do not."""
+    others' do not. The RTT evidence uses the figures with the hosts' own delay taken
+    out (rtt_p50_net_s, rtt_p99_net_s: collector/join.py) where the ends measured it, so
+    a busy prober does not pass for a slow path. A path most of whose transfers ran in
+    host-bound windows, and that the fabric does not explain, is host_bound: its time
+    is the hosts', not the network's."""
     cols = [
         "src",
         "dst",
@@ -108,6 +112,8 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         "congestion_per_s",
         "explained_s",
         "fabric_bound",
+        "host_bound",
+        "host_delay_s",
         "rank",
     ]
     if kv.empty:
@@ -119,6 +125,11 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         s_per_byte=kv["duration_s"] / kv["bytes"].where(kv["bytes"] > 0),
         congestion=kv[rate_cols].sum(axis=1, min_count=1) if rate_cols else np.nan,
     )
+    for raw, net in (("rtt_p50_s", "rtt_p50_net_s"), ("rtt_p99_s", "rtt_p99_net_s")):
+        df[net] = df[net].fillna(df[raw]) if net in df else df[raw]
+    for col in ("host_bound", "host_delay_s"):
+        if col not in df:
+            df[col] = np.nan
     per = df.groupby(["src", "dst", "transport"]).agg(
         transfers=("duration_s", "size"),
         kv_median_s=("duration_s", "median"),
@@ -126,15 +137,22 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         rtt_min_s=("rtt_min_s", "median"),
         rtt_p50_s=("rtt_p50_s", "median"),
         rtt_p99_s=("rtt_p99_s", "median"),
+        rtt_p50_net_s=("rtt_p50_net_s", "median"),
+        rtt_p99_net_s=("rtt_p99_net_s", "median"),
         congestion_per_s=("congestion", "median"),
+        host_share=("host_bound", "mean"),
+        host_delay_s=("host_delay_s", "median"),
     )
+    net_of = {"rtt_p50_s": "rtt_p50_net_s", "rtt_p99_s": "rtt_p99_net_s"}
     parts = []
     for _tr, g in per.groupby(level="transport"):
         g = g.copy()
         judged = g["transfers"] >= cfg.min_transfers
         ref_bpb = _leave_one_out_median(g["s_per_byte"].where(judged))
         ratios = [
-            g[stat] / _leave_one_out_median(g[stat].where(judged)) for stat in cfg.rtt_evidence
+            g[net_of.get(stat, stat)]
+            / _leave_one_out_median(g[net_of.get(stat, stat)].where(judged))
+            for stat in cfg.rtt_evidence
         ]
         ref_cong = _leave_one_out_median(g["congestion_per_s"].where(judged))
         g["kv_ratio"] = g["s_per_byte"] / ref_bpb
@@ -155,6 +173,7 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     slow = (per["kv_ratio"] >= cfg.kv_ratio) & (per["transfers"] >= cfg.min_transfers)
     evidence = (per["rtt_ratio"] >= cfg.rtt_ratio) | per["congested"]
     per["fabric_bound"] = (slow & evidence).astype(bool)
+    per["host_bound"] = (per["host_share"].fillna(0) >= 0.5) & ~per["fabric_bound"]
     per = per.sort_values("explained_s", ascending=False).reset_index()
     per["rank"] = np.arange(1, len(per) + 1)
     return per[cols]

@@ -129,7 +129,9 @@ class FabricHistory:
         """Keep windows of the paths between each of PAIRS (host names, either order)
         and the counter rates of their hosts from now on; the newest window each such
         path already has in STORE is taken at once."""
-        new = {host_pair(a, b) for a, b in pairs} - self.pairs
+        # each host's path to itself is its host reference (agent.reference_spec)
+        new = {host_pair(a, b) for a, b in pairs} | {(h, h) for p in pairs for h in p}
+        new -= self.pairs
         if not new:
             return
         with self.lock:
