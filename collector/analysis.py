@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from fabricprobe.collector.history import COUNTER_CATEGORIES
+from fabricprobe.collector.join import HOST_FLOOR_S
 
 
 @dataclass(frozen=True)
@@ -148,15 +149,23 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     for _tr, g in per.groupby(level="transport"):
         g = g.copy()
         judged = g["transfers"] >= cfg.min_transfers
-        ref_bpb = _leave_one_out_median(g["s_per_byte"].where(judged))
-        ratios = [
-            g[net_of.get(stat, stat)]
-            / _leave_one_out_median(g[net_of.get(stat, stat)].where(judged))
-            for stat in cfg.rtt_evidence
-        ]
-        ref_cong = _leave_one_out_median(g["congestion_per_s"].where(judged))
+        # the reference is what quiet hosts' paths do: a busy host slows its transfers
+        # too, and counting its paths in would hide a slow path beside them
+        quiet = judged & (g["host_share"].fillna(0) < 0.5)
+        base = quiet if quiet.sum() >= 2 else judged
+        ref_bpb = _leave_one_out_median(g["s_per_byte"].where(base))
+        ratios, rises = [], []
+        host = g["host_delay_s"].fillna(0.0).clip(lower=HOST_FLOOR_S)
+        for stat in cfg.rtt_evidence:
+            col = g[net_of.get(stat, stat)]
+            ref_stat = _leave_one_out_median(col.where(base))
+            ratios.append(col / ref_stat)
+            # a rise the hosts' own delay could account for is no evidence of the network
+            rises.append((col / ref_stat >= cfg.rtt_ratio) & (col - ref_stat > host))
+        ref_cong = _leave_one_out_median(g["congestion_per_s"].where(base))
         g["kv_ratio"] = g["s_per_byte"] / ref_bpb
         g["rtt_ratio"] = pd.concat(ratios, axis=1).max(axis=1) if ratios else np.nan
+        g["rtt_evidence"] = pd.concat(rises, axis=1).any(axis=1) if rises else False
         g["ref_s_per_byte"] = ref_bpb
         g["congested"] = (g["congestion_per_s"].fillna(0) > 0) & (ref_cong.fillna(0) == 0)
         parts.append(g)
@@ -171,7 +180,7 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     )
     per["explained_s"] = (typical.clip(lower=0) * per["transfers"]).fillna(0.0)
     slow = (per["kv_ratio"] >= cfg.kv_ratio) & (per["transfers"] >= cfg.min_transfers)
-    evidence = (per["rtt_ratio"] >= cfg.rtt_ratio) | per["congested"]
+    evidence = per["rtt_evidence"].astype(bool) | per["congested"]
     per["fabric_bound"] = (slow & evidence).astype(bool)
     per["host_bound"] = (per["host_share"].fillna(0) >= 0.5) & ~per["fabric_bound"]
     per = per.sort_values("explained_s", ascending=False).reset_index()

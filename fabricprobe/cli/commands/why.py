@@ -17,7 +17,6 @@ from fabricprobe.cli.options import (
 )
 from fabricprobe.probes.control import parse_hostport
 
-
 EXIT_EMPTY = 3  # the collector answered, but has no request on a path to show
 
 
