@@ -282,7 +282,8 @@ class Agent:
                 log.error("flush at shutdown stopped: %s", e)
                 break
         self.responder.stop()
-        self._threads[0].join()
+        if self._threads:  # started
+            self._threads[0].join()
         if self.metrics is not None:
             self.metrics.stop()
         self.client.close()
