@@ -160,8 +160,11 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
             col = g[net_of.get(stat, stat)]
             ref_stat = _leave_one_out_median(col.where(base))
             ratios.append(col / ref_stat)
-            # a rise the hosts' own delay could account for is no evidence of the network
-            rises.append((col / ref_stat >= cfg.rtt_ratio) & (col - ref_stat > host))
+            # a rise the hosts' own delay could account for is no evidence of the network;
+            # the minimum of a window keeps its quietest exchange, which host noise (it
+            # only ever adds delay) leaves alone, so it needs only to clear the floor
+            room = HOST_FLOOR_S if stat == "rtt_min_s" else host
+            rises.append((col / ref_stat >= cfg.rtt_ratio) & (col - ref_stat > room))
         ref_cong = _leave_one_out_median(g["congestion_per_s"].where(base))
         g["kv_ratio"] = g["s_per_byte"] / ref_bpb
         g["rtt_ratio"] = pd.concat(ratios, axis=1).max(axis=1) if ratios else np.nan
