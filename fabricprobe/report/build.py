@@ -149,7 +149,9 @@ def fabric_sections(expo: frames.Exposition) -> tuple[list[Section], list[Pictur
     classes = frames.path_classes(paths)
     for i, (transport, op, size) in enumerate(classes[:MAX_CLASSES]):
         sub = paths[(paths["transport"] == transport) & (paths["op"] == op)]
-        sub = sub[sub["size"] == size]
+        # a host's path to itself is its reference (no NIC, no wire): not a cell of the
+        # fabric's matrix, which keeps its diagonal empty
+        sub = sub[(sub["size"] == size) & (sub["src"] != sub["dst"])]
         p50, left = frames.matrix(sub, "p50_s", limit=MAX_HOSTS)
         p99, _ = frames.matrix(sub, "p99_s", limit=MAX_HOSTS)
         lossm, _ = frames.matrix(sub, "loss", limit=MAX_HOSTS)
@@ -174,10 +176,10 @@ def fabric_sections(expo: frames.Exposition) -> tuple[list[Section], list[Pictur
     topo = frames.host_topology(expo)
     if classes and not buckets.empty:
         transport, op, size = classes[0]
-        tb = frames.with_tor(buckets, topo)
+        tb = frames.with_tor(buckets[buckets["src"] != buckets["dst"]], topo)
         tb = tb[(tb["transport"] == transport) & (tb["op"] == op) & (tb["size"] == size)]
         tq = frames.path_quantiles(tb, keys=("src_tor", "dst_tor"))
-        tl = frames.with_tor(loss, topo)
+        tl = frames.with_tor(loss[loss["src"] != loss["dst"]], topo)
         tl = tl[(tl["transport"] == transport) & (tl["op"] == op) & (tl["size"] == size)]
         tl = tl.groupby(["src_tor", "dst_tor"], as_index=False)[["exchanges_total", "lost_total"]]
         tl = tl.sum()
