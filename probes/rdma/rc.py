@@ -27,6 +27,7 @@ from typing import Any
 
 from fabricprobe.probes.control import (
     ControlClient,
+    Deadline,
     ProtocolError,
     RdmaEndpoint,
     Session,
@@ -253,7 +254,10 @@ def _pingpong(
 def _prober_session(
     kind: str, link: LinkParams, timeout: float, engine: str, op: str, params: dict[str, Any]
 ) -> Iterator[tuple[ControlClient, Any, RdmaEndpoint]]:
-    """Open a KIND session on LINK's responder with a connected endpoint on our side."""
+    """Open a KIND session on LINK's responder with a connected endpoint on our side; the
+    whole setup (our endpoint, connect, hello, the fleet-token challenge, ready) fits in
+    TIMEOUT."""
+    setup = Deadline(timeout)
     source = source_address(link.peer, link.port, link.bind)
     dev, gid_index = local_device(link.sysfs_root, source, link.device)
     with ControlClient(
@@ -268,7 +272,9 @@ def _prober_session(
             receives=kind == "rdma_rc_lat" and op == "send",
         ) as ep:
             info = ctl.open(
-                kind, {**params, "op": op, "engine": engine, "endpoint": ep.endpoint().as_dict()}
+                kind,
+                {**params, "op": op, "engine": engine, "endpoint": ep.endpoint().as_dict()},
+                deadline=setup,
             )
             remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
             ep.connect(remote)
@@ -389,7 +395,7 @@ def rc_bandwidth(
             completed, error = _stream(ep, remote, op, size, iters, outstanding, step_s, progress)
             duration = time.perf_counter() - t0
         if error is None:
-            ctl.done({"completed": completed})
+            ctl.done({"completed": completed}, timeout=step_s)
         dev = ep.device
     return BandwidthResult(
         transport="rdma",

@@ -1,0 +1,133 @@
+"""Every client command ends within its --timeout when the peer falls silent, wherever it
+does: at connect, at the hello, in the fleet-token handshake, mid-run, at `done`.
+
+These check that one deadline is passed down through a stage's steps (they must not add
+up), not how fast anything is: the wall time of an in-process CliRunner call must stay
+within --timeout plus SLACK_S, which covers Python's own work (the run's bookkeeping, the
+timer calibration, printing) on a loaded 2-core machine. Every peer is on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from fabricprobe.cli import main
+from tests.support.silent_peers import SilentPeer, full_backlog, refusing_port
+
+SLACK_S = 0.75
+T = 1.0  # the --timeout the commands get
+
+
+def timed(*args: str) -> tuple[Result, float]:
+    t0 = time.monotonic()
+    res = CliRunner().invoke(main, list(args))
+    return res, time.monotonic() - t0
+
+
+def within_deadline(wall: float) -> bool:
+    print(f"wall {wall:.2f} s for --timeout {T:g} (slack {SLACK_S} s)")
+    return wall <= T + SLACK_S
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Iterator[str]:
+    path = tmp_path / "fleet.token"
+    path.write_text("a-fleet-token-for-the-deadline-tests\n")
+    yield str(path)
+
+
+@pytest.mark.parametrize("mode", [[], ["--bw"]], ids=["rtt", "bw"])
+def test_tcp_to_a_listener_that_never_answers(mode: list[str]) -> None:
+    with SilentPeer("hang") as peer:
+        res, wall = timed("tcp", peer.address, "--timeout", f"{T:g}", *mode)
+    assert res.exit_code == 1
+    assert f"did not answer the hello within {T:g} s" in res.stderr
+    assert within_deadline(wall)
+
+
+def test_tcp_to_a_refusing_port_fails_at_once() -> None:
+    with refusing_port() as address:
+        res, wall = timed("tcp", address, "--timeout", "30")
+    assert res.exit_code == 1 and "Connection refused" in res.stderr
+    assert wall < SLACK_S  # a refusal is an answer: no waiting for the deadline
+
+
+def test_tcp_to_a_full_listen_backlog() -> None:
+    with full_backlog() as address:
+        res, wall = timed("tcp", address, "--timeout", f"{T:g}")
+    assert res.exit_code == 1
+    assert f"did not accept the connection within {T:g} s" in res.stderr
+    assert within_deadline(wall)
+
+
+def test_tcp_fleet_token_handshake_left_unanswered(token_file: str) -> None:
+    with SilentPeer("challenge") as peer:
+        res, wall = timed("tcp", peer.address, "--timeout", f"{T:g}", "--token-file", token_file)
+    assert res.exit_code == 1
+    assert f"did not answer the fleet-token answer (auth) within {T:g} s" in res.stderr
+    assert within_deadline(wall)
+
+
+def test_tcp_setup_steps_share_one_deadline(token_file: str) -> None:
+    # each step comes 0.6 s late: inside a 1 s per-step timeout, but the whole setup
+    # (challenge at 0.6 s, ready at 1.2 s) is past the one deadline
+    with SilentPeer("trickle", delay=0.6) as peer:
+        res, wall = timed("tcp", peer.address, "--timeout", f"{T:g}", "--token-file", token_file)
+    assert res.exit_code == 1 and f"within {T:g} s" in res.stderr, res.stderr
+    assert within_deadline(wall)
+    assert wall >= 0.9 * T  # it was the deadline that ended it
+
+
+def test_tcp_peer_silent_mid_run() -> None:
+    with SilentPeer("echo_then_silent", echoes=50) as peer:
+        res, wall = timed(
+            "tcp", peer.address, "--iters", "1000", "--warmup", "0", "--timeout", f"{T:g}",
+            "--json",
+        )  # fmt: skip
+    assert res.exit_code == 1
+    assert f"run ended early: peer did not answer within {T:g} s" in res.stderr
+    rtt = json.loads(res.stdout)["rtt"]
+    assert rtt["count"] == 50 and rtt["lost"] == 950
+    assert within_deadline(wall)
+
+
+def test_tcp_bw_peer_stops_reading_mid_run() -> None:
+    with SilentPeer("stop_reading", read_bytes=1 << 20) as peer:
+        res, wall = timed("tcp", peer.address, "--bw", "--duration", "60", "--timeout", f"{T:g}")
+    assert res.exit_code == 1 and "run ended early" in res.stderr, res.stderr
+    assert within_deadline(wall)
+
+
+def test_tcp_peer_silent_at_done_keeps_the_run() -> None:
+    with SilentPeer("no_done") as peer:
+        res, wall = timed(
+            "tcp", peer.address, "--iters", "100", "--warmup", "0", "--timeout", f"{T:g}",
+            "--json",
+        )  # fmt: skip
+    assert res.exit_code == 0, res.stderr  # the figures were measured; `done` is courtesy
+    assert json.loads(res.stdout)["rtt"]["count"] == 100
+    assert within_deadline(wall)
+
+
+def test_why_to_a_collector_that_never_answers() -> None:
+    import grpc  # type: ignore[import-untyped]  # noqa: F401  # imported before the clock
+
+    with SilentPeer("hang") as peer:
+        res, wall = timed("why", "--insecure", "--collector", peer.address, "--timeout", f"{T:g}")
+    assert res.exit_code == 1 and "DEADLINE_EXCEEDED" in res.stderr, res.stderr
+    assert within_deadline(wall)
+
+
+def test_why_to_a_refusing_port_fails_at_once() -> None:
+    import grpc  # noqa: F401
+
+    with refusing_port() as address:
+        res, wall = timed("why", "--insecure", "--collector", address, "--timeout", "30")
+    assert res.exit_code == 1 and "UNAVAILABLE" in res.stderr, res.stderr
+    assert wall < 2 * SLACK_S
