@@ -9,16 +9,21 @@ timer calibration, printing) on a loaded 2-core machine. Every peer is on loopba
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
 from fabricprobe.cli import main
-from tests.support.silent_peers import SilentPeer, full_backlog, refusing_port
+from fabricprobe.report.build import ReportOptions, gather
+from fabricprobe.report.sources import HttpAuth, SourceError, fetch_metrics
+from tests.support.silent_peers import LOOPBACK, SilentPeer, full_backlog, refusing_port
 
 SLACK_S = 0.75
 T = 1.0  # the --timeout the commands get
@@ -131,3 +136,74 @@ def test_why_to_a_refusing_port_fails_at_once() -> None:
         res, wall = timed("why", "--insecure", "--collector", address, "--timeout", "30")
     assert res.exit_code == 1 and "UNAVAILABLE" in res.stderr, res.stderr
     assert wall < 2 * SLACK_S
+
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+    """/metrics answers at once; /slow sends its body one byte per 0.2 s."""
+
+    def do_GET(self) -> None:
+        body = b"fabricprobe_host_up 1\n" if self.path == "/metrics" else b"x" * 100
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.path == "/metrics":
+            self.wfile.write(body)
+            return
+        for i in range(len(body)):
+            try:
+                self.wfile.write(body[i : i + 1])
+                self.wfile.flush()
+            except OSError:  # the client gave up, as it should
+                return
+            time.sleep(0.2)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_peer() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), _Trickle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://{LOOPBACK}:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_report_source_that_trickles_its_answer(http_peer: str) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(SourceError, match=f"no complete answer within {T:g} s"):
+        fetch_metrics(f"{http_peer}/slow", HttpAuth(), timeout=T)
+    assert within_deadline(time.monotonic() - t0)
+
+
+def test_report_sources_share_one_deadline(http_peer: str, tmp_path: Path) -> None:
+    import grpc
+
+    from fabricprobe.cli.commands.why import query
+    from fabricprobe.cli.options import CollectorCredentials
+
+    with SilentPeer("hang") as collector, SilentPeer("hang") as prometheus:
+
+        def why_query(slowest: int, window: float, timeout: float) -> dict[str, Any]:
+            creds = CollectorCredentials(insecure=True)
+            try:
+                return query(collector.address, slowest, window, "e2e_s", timeout, creds)
+            except grpc.RpcError as e:
+                raise SourceError(f"collector: {e.code().name}") from None
+
+        opts = ReportOptions(
+            collector=collector.address,
+            metrics_url=f"{http_peer}/metrics",
+            out_dir=tmp_path,
+            auth=HttpAuth(),
+            prometheus=f"http://{prometheus.address}",
+            timeout=T,
+        )
+        t0 = time.monotonic()
+        got = gather(opts, why_query)  # the Why query and Prometheus are both silent
+        wall = time.monotonic() - t0
+    assert got.metrics_text == "fabricprobe_host_up 1\n"
+    assert "DEADLINE_EXCEEDED" in got.why_error
+    assert "no time left" in got.prom_error or "no complete answer" in got.prom_error
+    assert within_deadline(wall)
