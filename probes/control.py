@@ -131,6 +131,12 @@ class Refused(ProbeError):
 REFUSAL_REASONS = ("busy", "source", "memory", "hello", "unauthenticated", "address")
 
 
+class PeerUnreachable(PeerError):
+    """Nothing answered the session's setup: the connection was refused or not accepted
+    in time, or the peer took it and stayed silent. No other session kind would fare
+    better there now, so a caller with several to run may skip the rest."""
+
+
 class PeerClosed(PeerError):
     """The peer closed the control connection between messages."""
 
@@ -503,7 +509,7 @@ def connect(
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
-        raise PeerError(f"cannot resolve {host}: {e.strerror}") from None
+        raise PeerUnreachable(f"cannot resolve {host}: {e.strerror}") from None
     last: Exception | None = None
     for family, stype, proto, _, sockaddr in infos:
         sock = socket.socket(family, stype, proto)
@@ -518,11 +524,11 @@ def connect(
             sock.close()
             last = e
     if isinstance(last, TimeoutError | PeerError):
-        raise PeerError(
+        raise PeerUnreachable(
             f"{host}:{port} did not accept the connection within {deadline.seconds:g} s"
         )
     where = f" from {bind}" if bind else ""
-    raise PeerError(f"cannot connect to {host}:{port}{where}: {_os_reason(last)}")
+    raise PeerUnreachable(f"cannot connect to {host}:{port}{where}: {_os_reason(last)}")
 
 
 def _os_reason(e: Exception | None) -> str:
@@ -595,7 +601,7 @@ class ControlClient:
         except PeerError as e:
             if not deadline.expired or isinstance(e, PeerClosed | ProtocolError):
                 raise
-            raise PeerError(
+            raise PeerUnreachable(
                 f"{format_hostport(self.host, self.port)} took the connection but did not "
                 f"answer {to} within {deadline.seconds:g} s (is `probe serve` running there?)"
             ) from None

@@ -108,10 +108,10 @@ def _send_pingpong(
             if first:
                 post(wr)
                 if not poll(recv_cq, 1, deadline):
-                    return LoopOutcome(i, f"no reply within {step_s} s")
+                    return LoopOutcome(i, f"no reply within {step_s:g} s")
             else:
                 if not poll(recv_cq, 1, deadline):
-                    return LoopOutcome(i, f"no request within {step_s} s")
+                    return LoopOutcome(i, f"no request within {step_s:g} s")
                 post(wr)
             t1 = clock()
             if samples is not None:
@@ -151,14 +151,14 @@ def _write_pingpong(
                 spin = Spin(deadline)
                 while rbuf[last] != mark:  # the peer's WRITE lands in our memory
                     if spin.expired():
-                        return LoopOutcome(i, f"no request within {step_s} s")
+                        return LoopOutcome(i, f"no request within {step_s:g} s")
             sbuf[last] = mark
             post(wr)
             if first:
                 spin = Spin(deadline)
                 while rbuf[last] != mark:
                     if spin.expired():
-                        return LoopOutcome(i, f"no reply within {step_s} s")
+                        return LoopOutcome(i, f"no reply within {step_s:g} s")
             t1 = clock()
             if samples is not None:
                 samples[i] = t1 - t0
@@ -246,7 +246,7 @@ def _pingpong(
     except PeerError as err:
         return LoopOutcome(int(getattr(err, "completed", 0)), str(err))
     if done < total:
-        return LoopOutcome(done, f"no {'reply' if first else 'request'} within {step_s} s")
+        return LoopOutcome(done, f"no {'reply' if first else 'request'} within {step_s:g} s")
     return LoopOutcome(done)
 
 

@@ -207,3 +207,19 @@ def test_report_sources_share_one_deadline(http_peer: str, tmp_path: Path) -> No
     assert "DEADLINE_EXCEEDED" in got.why_error
     assert "no time left" in got.prom_error or "no complete answer" in got.prom_error
     assert within_deadline(wall)
+
+
+def test_validate_live_check_to_a_silent_peer() -> None:
+    from tests.unit.test_validate_cli import fixture_args
+
+    with SilentPeer("hang") as peer:
+        res, wall = timed(
+            "validate", *fixture_args("mlx5", "mlx5"), "--window", "0", "--json",
+            "--peer", peer.address, "--bind", LOOPBACK, "--timeout", f"{T:g}",
+        )  # fmt: skip
+    assert res.exit_code == 1, res.output  # the live check FAILs
+    live = next(r for r in json.loads(res.stdout)["results"] if r["check"] == "live")
+    assert live["status"] == "FAIL"
+    text = json.dumps(live)
+    assert f"did not answer the hello within {T:g} s" in text and "not tried" in text, text
+    assert within_deadline(wall)  # TCP found it silent; RDMA did not wait a second time
