@@ -155,6 +155,7 @@ def responder() -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(timeout=60)
 
 
+@pytest.mark.timeout(1500)  # some twenty `probe` runs, 15-30 s each under TCG
 def test_rxe_laptop_sequence(lane: dict[str, str], responder: subprocess.Popen[bytes]) -> None:
     t_start = time.monotonic()
     # up: the first named, the second with the default name (the first free rxeN)
