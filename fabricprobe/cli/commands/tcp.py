@@ -84,7 +84,7 @@ Examples:
     help="--bw: parallel connections (default 1).",
 )
 @bind_option
-@timeout_option(2.0, "2")
+@timeout_option(2.0)
 @token_file_option
 @json_option
 def tcp(
