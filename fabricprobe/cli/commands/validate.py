@@ -244,13 +244,6 @@ Checks that need root say so and are skipped when run unprivileged.""",
 @click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT")
 @click.option("--fleet-host", default="", metavar="HOST", help="With --fleet: only this host.")
 @click.option("--include-waived", is_flag=True, help="With --fleet: list waived differences.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(1, 600),
-    default=30.0,
-    show_default=True,
-    help="With --fleet: seconds to wait for the collector.",
-)
 @collector_credential_options("With --fleet: a file holding a reader token.")
 def validate(
     devices: tuple[str, ...],
@@ -271,7 +264,6 @@ def validate(
     collector: str,
     fleet_host: str,
     include_waived: bool,
-    timeout: float,
     **cred: Any,
 ) -> None:
     """Check this host's RoCEv2 configuration and say how to fix what is wrong.
@@ -281,7 +273,8 @@ def validate(
     With --fleet it asks the collector for every agent's scheduled checks instead.
     """
     if fleet:
-        _fleet(collector, fleet_host, include_waived, timeout, as_json, cred)
+        # --timeout, with --fleet: how long the collector may take to answer (30 s)
+        _fleet(collector, fleet_host, include_waived, timeout or 30.0, as_json, cred)
     try:
         policy = load_policy(policy_file) if policy_file else Policy()
         policy = policy.with_overrides(priority=priority, dscp=dscp)
