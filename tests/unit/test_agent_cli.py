@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fabricprobe.agent.config import AgentConfig, apply, load_toml
+from fabricprobe.agent.config import AgentConfig
 from fabricprobe.cli import main
 from fabricprobe.collector.config import CollectorSettings
+from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
 
 
@@ -44,9 +45,7 @@ def test_bad_toml_is_a_one_line_error(tmp_path: Path) -> None:
 def test_toml_then_flags(tmp_path: Path) -> None:
     f = tmp_path / "a.toml"
     f.write_text('[agent]\nhost = "h7"\nwindow_s = 5\ninsecure = true\nspool_max_windows = 9\n')
-    cfg = AgentConfig()
-    apply(cfg, load_toml(f, "agent"), str(f))
-    apply(cfg, {"host": "h8"}, "flags")
+    cfg = settings.load(AgentConfig, "agent", file=f, flags={"host": "h8"})
     cfg.validate()
     assert (cfg.host, cfg.window_s, cfg.spool_max_windows) == ("h8", 5.0, 9)
 
