@@ -19,7 +19,7 @@ Example file::
     otlp_http_listen = "0.0.0.0:4318"   # OTLP over HTTP beside the gRPC receiver
     host_attributes = ["host.name", "service.instance.id", "k8s.pod.ip", "server.address"]
     host_aliases = { "vllm-decode-0" = "gpu-node-17" }   # engine host value -> agent host
-    host_rewrite = [["^(.*)-vllm-[0-9]+$", "\\1"]]       # regex, replacement
+    host_rewrite = [["^(.*)-vllm-[0-9]+$", '\\1']]       # regex, replacement
     tls_cert = "/etc/fabricprobe/collector.pem"
     tls_key = "/etc/fabricprobe/collector.key"
     client_ca = "/etc/fabricprobe/ca.pem"

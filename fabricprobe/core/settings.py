@@ -273,7 +273,7 @@ def check_value(spec: Spec, value: Any) -> Any:
         if isinstance(item, int | float) and not isinstance(item, bool):
             lo, hi = decl.lo, decl.hi
             if (lo is not None and not item >= lo) or (hi is not None and not item <= hi):
-                raise _Must(f"must be within {_num(lo)}..{_num(hi)}, not {_show(item)}")
+                raise _Must(f"must be within {_num(lo)}..{_num(hi)}, not {_num(item)}")
         if decl.choices and item not in decl.choices:
             near = difflib.get_close_matches(str(item), decl.choices, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
@@ -286,7 +286,7 @@ def check_value(spec: Spec, value: Any) -> Any:
 def _num(x: float | None) -> str:
     if x is None:
         return ""
-    return str(int(x)) if float(x).is_integer() else str(x)
+    return str(int(x)) if float(x).is_integer() else repr(x)
 
 
 def parse_text(spec: Spec, text: str) -> Any:
@@ -364,8 +364,7 @@ def _suggest(word: str, known: list[str], fmt: str = "{!r}") -> str:
 
 
 def read_toml(path: str | Path) -> TomlFile:
-    """Parse a settings file; ConfigError for one that cannot be read, is not TOML, or
-    holds a section no fabricprobe command reads."""
+    """Read and parse a settings file (see parse_toml); ConfigError names the file."""
     name = str(path)
     try:
         with open(path, "rb") as f:
@@ -376,9 +375,16 @@ def read_toml(path: str | Path) -> TomlFile:
         raise ConfigError(f"{name}: larger than {MAX_FILE_BYTES} bytes")
     try:
         text = raw.decode("utf-8")
-        data = tomllib.loads(text)
     except UnicodeDecodeError:
         raise ConfigError(f"{name}: not UTF-8 text") from None
+    return parse_toml(text, name)
+
+
+def parse_toml(text: str, name: str) -> TomlFile:
+    """TEXT of the settings file NAME, parsed (pure); ConfigError for text that is not
+    TOML or holds a section no fabricprobe command reads."""
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{name}: not valid TOML: {e}") from None
     doc = TomlFile(name, data, key_lines(text))
