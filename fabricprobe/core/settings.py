@@ -359,6 +359,8 @@ class TomlFile:
 
 
 def _suggest(word: str, known: list[str], fmt: str = "{!r}") -> str:
+    if len(word) > 64:  # difflib is quadratic; no typo of a setting's name is this long
+        return ""
     near = difflib.get_close_matches(word, known, n=1)
     return f"did you mean {fmt.format(near[0])}? " if near else ""
 
@@ -445,8 +447,8 @@ def load(
                 continue
             spec = by_name.get(var[len(prefix) :].lower())
             if spec is None:
-                known = [s.env(section) for s in by_name.values()]
-                hint = _suggest(var, known)
+                upper = [n.upper() for n in by_name]
+                hint = _suggest(var[len(prefix) :], upper, f"'{prefix}{{}}'")
                 raise ConfigError(
                     f"{var}: unknown setting" + (f" ({hint.strip()})" if hint else "")
                 )
