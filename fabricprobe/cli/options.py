@@ -118,7 +118,7 @@ def settings_epilog(section: str) -> str:
     )
 
 
-# --- how a client reaches the collector (probe agent, probe why) -----------------------
+# --- how a client reaches the collector (probe why, probe report) ---------------------
 _PEM = click.Path(dir_okay=False)
 
 

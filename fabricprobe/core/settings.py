@@ -9,6 +9,12 @@ options. Every value is checked the same way whatever its source, and an error n
 source: `agent.toml:7: window_s must be within 0.1..3600, not 0`,
 `FABRICPROBE_AGENT_WINDOW_S must be a float, not 'fast'`, `--window must be ...`.
 
+Adding a setting is one line in its class, e.g.
+`validate_every_s: float = setting(3600.0, "Seconds between checks.", lo=60, hi=86400)`:
+the TOML key `validate_every_s`, the variable FABRICPROBE_AGENT_VALIDATE_EVERY_S and the
+flag `--validate-every` follow (tests/unit/test_settings.py holds every field to having
+help, and every number to having bounds).
+
 Why dataclass metadata and not pydantic-settings: the settings stay the dataclasses that
 the agent, the collector and the tests build directly (`AgentConfig(host="h2", ...)`,
 mutable, positional-free, no validation until asked); pydantic's errors carry no file
@@ -143,9 +149,23 @@ def specs(cls: type) -> tuple[Spec, ...]:
             default = f.default_factory()
         else:
             default = None
+        if not _supported(hints[f.name]):
+            raise TypeError(
+                f"{cls.__name__}.{f.name}: a setting is a str, int, float or bool, "
+                "or a list or str-keyed table of them"
+            )
         out.append(Spec(f.name, hints[f.name], decl, default))
     _SPECS[cls] = tuple(out)
     return _SPECS[cls]
+
+
+def _supported(kind: Any) -> bool:
+    if kind in (str, int, float, bool):
+        return True
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is list:
+        return _supported(args[0])
+    return origin is dict and args[0] is str and _supported(args[1])
 
 
 def env_var(section: str, name: str) -> str:
@@ -298,8 +318,8 @@ def parse_text(spec: Spec, text: str) -> Any:
     if spec.is_many and t[:1] in ("[", "{"):
         try:
             doc = tomllib.loads("v = " + t)
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"{_show(text)} is not a TOML value: {e}") from None
+        except tomllib.TOMLDecodeError:
+            raise ValueError(f"{_show(text)} is not a TOML array or inline table") from None
         if set(doc) != {"v"}:
             raise ValueError(f"{_show(text)} is not one TOML value")
         return doc["v"]

@@ -154,7 +154,7 @@ BAD_VALUES = [
     ("agent", "env", "ethtool", "maybe", "FABRICPROBE_AGENT_ETHTOOL must be true or false"),
     ("agent", "env", "token_file", "/no/such", "FABRICPROBE_AGENT_TOKEN_FILE: '/no/such': no such"),
     ("collector", "env", "kinds", "tcp_lat,tcp_lag", "FABRICPROBE_COLLECTOR_KINDS must be one of"),
-    ("collector", "env", "sizes", "[64, x]", "_SIZES: '[64, x]' is not a TOML"),
+    ("collector", "env", "sizes", "[64, x]", "_SIZES: '[64, x]' is not a TOML array"),
     ("collector", "flag", "budget", "0", "--budget must be within 1..1024, not 0"),
     ("collector", "flag", "budget", "many", "--budget must be an integer, not 'many'"),
     ("collector", "flag", "sizes", ("64", "x"), "--size must be an integer, not 'x'"),
@@ -258,3 +258,30 @@ def test_docstring_examples_load(tmp_path: Path) -> None:
         for name in re.findall(rf"{tmp_path}/([\w.-]+)", text):
             (tmp_path / name).write_text("x\n")
         load(section, text)
+
+
+def test_declaring_a_setting_is_one_line() -> None:
+    from dataclasses import dataclass
+
+    from fabricprobe.core.settings import setting
+
+    @dataclass
+    class Demo:
+        validate_every_s: float = setting(3600.0, "Seconds between checks.", lo=60, hi=86400)
+        waivers: list[str] = setting([], "Check names not to alert on.", flag="--waive")
+
+    (every, waivers) = specs(Demo)
+    assert (every.flag, every.env("agent")) == (
+        "--validate-every",
+        "FABRICPROBE_AGENT_VALIDATE_EVERY_S",
+    )
+    assert waivers.flag == "--waive" and Demo().waivers is not Demo().waivers
+    d = settings.load(Demo, "agent", env={"FABRICPROBE_AGENT_WAIVERS": "pfc, ecn"})
+    assert d.waivers == ["pfc", "ecn"]
+
+    @dataclass
+    class Bad:
+        x: int | None = setting(None, "No null in TOML.")
+
+    with pytest.raises(TypeError, match=r"Bad\.x: a setting is"):
+        specs(Bad)
