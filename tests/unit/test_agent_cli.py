@@ -148,3 +148,27 @@ def test_config_file_from_the_environment_and_its_line(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["agent"], env={"FABRICPROBE_AGENT_CONFIG": str(f)})
     assert res.exit_code == 2
     assert f"{f}:4: unknown section [colector] (did you mean [collector]?" in res.output
+
+
+def test_cli_precedence_file_then_environment_then_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fabricprobe.cli.commands.collector as command
+
+    seen = []
+
+    class Captured:
+        def __init__(self, cfg: object, auth: object) -> None:
+            seen.append(cfg)
+
+        def start(self) -> None:
+            raise OSError("not started in this test")
+
+    monkeypatch.setattr(command, "CollectorServer", Captured)
+    f = tmp_path / "c.toml"
+    f.write_text("[collector]\ninsecure = true\nbudget = 2\nprobe_count = 2\nworkers = 8\n")
+    env = {"FABRICPROBE_COLLECTOR_BUDGET": "3", "FABRICPROBE_COLLECTOR_PROBE_COUNT": "3"}
+    res = CliRunner().invoke(main, ["collector", "--config", str(f), "--budget", "4"], env=env)
+    assert res.exit_code == 1 and "not started in this test" in res.output
+    plan = seen[0].api.plan
+    assert (plan.budget, plan.count, seen[0].workers) == (4, 3, 8)
