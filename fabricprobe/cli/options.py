@@ -49,6 +49,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _metavar(spec: Spec) -> str | None:
     decl = spec.setting
+    if decl.choices:
+        return "[" + "|".join(decl.choices) + "]"
     if decl.metavar or (decl.check and decl.check.metavar):
         return decl.metavar or (decl.check.metavar if decl.check else "")
     item = typing.get_args(spec.kind)[0] if spec.is_many else spec.kind
@@ -108,13 +110,14 @@ def settings_options(cls: type, section: str) -> Callable[[F], F]:
     return add
 
 
-def settings_epilog(section: str) -> str:
-    """What --help says about where settings come from."""
+def settings_epilog(section: str, key: str) -> str:
+    """What --help says about where settings come from; KEY is an example setting."""
     return (
-        f"\n\nEvery flag is also the key NAME of the [{section}] table of --config and the "
-        f"variable FABRICPROBE_{section.upper()}_NAME, shown beside each flag. Flags win over "
-        f"the environment, which wins over the file, which wins over the defaults. "
-        f"Unknown sections, keys and variables are errors, as are values out of bounds."
+        f"\n\nSettings come from the defaults, then the [{section}] table of --config, then "
+        f"the environment, then flags, each winning over the one before. The variable beside "
+        f"each flag, in lower case without its prefix, is its key in the file: "
+        f"{env_var(section, key)} is {key}. Unknown sections, keys and variables are errors, "
+        f"as are values out of bounds."
     )
 
 

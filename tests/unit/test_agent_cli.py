@@ -91,7 +91,7 @@ def test_help_lists_every_setting_with_its_variable(command: str, cls: type) -> 
         if spec.flag is not None:
             assert spec.flag in names or f"--no-{spec.flag[2:]}" in names, spec.name
             assert spec.env(command) in flat, spec.name
-    assert f"FABRICPROBE_{command.upper()}_CONFIG" in flat and "Flags win over" in flat
+    assert f"FABRICPROBE_{command.upper()}_CONFIG" in flat and "each winning over" in flat
 
 
 ROOT = Path(__file__).resolve().parents[2]

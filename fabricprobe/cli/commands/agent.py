@@ -38,7 +38,7 @@ Examples:
   FABRICPROBE_AGENT_TOPOLOGY=tor-a12 probe agent --config /etc/fabricprobe/agent.toml
   probe agent --collector 127.0.0.1:4794 --insecure --listen 127.0.0.2:4793 \\
       --host h2 --spool-dir /tmp/h2-spool   # one of several agents on a laptop"""
-    + settings_epilog("agent"),
+    + settings_epilog("agent", "probe_listen"),
 )
 @settings_options(AgentConfig, "agent")
 @log_format_option

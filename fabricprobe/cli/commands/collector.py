@@ -36,7 +36,7 @@ Examples:
   probe collector --config /etc/fabricprobe/collector.toml
   FABRICPROBE_COLLECTOR_BUDGET=8 probe collector --config /etc/fabricprobe/collector.toml
   probe collector --listen 127.0.0.1:4794 --insecure --report-interval 2  # a laptop"""
-    + settings_epilog("collector"),
+    + settings_epilog("collector", "report_interval_s"),
 )
 @settings_options(CollectorSettings, "collector")
 @log_format_option
