@@ -40,6 +40,7 @@ from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler
 from fabricprobe.agent.probing import Runner as ProbeRunner
 from fabricprobe.agent.rdma_runners import all_runners
 from fabricprobe.agent.spool import Spool, SpoolCorrupt, SpoolKey, decode_window
+from fabricprobe.agent.validation import ValidationSchedule
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.errors import ConfigError
@@ -175,6 +176,18 @@ class Agent:
         if cfg.metrics_listen:
             mhost, mport = parse_hostport(cfg.metrics_listen, 9795, allow_port_zero=True)
             self.metrics = MetricsServer(self, mhost, mport)
+        self.checks: ValidationSchedule | None = None
+        if cfg.validate_interval_s > 0:
+            self.checks = ValidationSchedule(
+                cfg.host,
+                sysfs_root=cfg.sysfs_root,
+                runner=ethtool_runner,
+                interval_s=cfg.validate_interval_s,
+                jitter=cfg.jitter,
+                first_within_s=cfg.validate_first_s,
+                policy_file=cfg.validate_policy,
+                devices=tuple(cfg.devices),
+            )
         self.failure: str | None = None  # "thread: error" once a thread died
         self._failures_path = Path(cfg.spool_dir) / FAILURES_FILE
         self.thread_failures, last = _read_failures(self._failures_path)
@@ -200,6 +213,7 @@ class Agent:
                 ("responder", self.responder.serve_forever),
                 ("windows", self._window_loop),
                 ("sender", self._send_loop),
+                *([("checks", self._checks_loop)] if self.checks is not None else []),
             )
         ]
         for t in self._threads:
@@ -354,6 +368,7 @@ class Agent:
             self.cfg.topology,
             self.responder.port,
             self.probe_kinds(),
+            role=self.cfg.role,
         )
 
     def probe_kinds(self) -> list[str]:
@@ -393,12 +408,32 @@ class Agent:
         self.scheduler.set_targets(specs, budget=float(a.probe_budget) or None)
         self.generation = a.generation
 
+    def _checks_loop(self) -> None:
+        assert self.checks is not None
+        self.checks.loop(self._stop)
+
+    def _send_checks(self) -> None:
+        """Send the newest verdicts if the collector lacks them (one message, no spool)."""
+        if self.checks is None or (msg := self.checks.take_pending()) is None:
+            return
+        try:
+            self.client.report_checks(msg)
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED):
+                # the collector will never take this one: say so once and drop it
+                log.error("collector refused the checks: %s", _rpc_reason(e))
+                self.checks.sent_ok(msg)
+                return
+            raise
+        self.checks.sent_ok(msg)
+
     def _send_loop(self) -> None:
         backoff = 0.2
         while not self._stop.is_set():
             try:
                 if not self.registered:
                     self.register()
+                self._send_checks()
                 if not self.spool.depth:
                     self._wake.wait(1.0)
                     self._wake.clear()

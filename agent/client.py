@@ -86,5 +86,8 @@ class CollectorClient:
             return acks, e
         return acks, None
 
+    def report_checks(self, report: pb.CheckReport) -> pb.CheckAck:
+        return self.stub.ReportChecks(report, timeout=self.timeout, metadata=self.metadata)
+
     def close(self) -> None:
         self.channel.close()

@@ -10,6 +10,9 @@ Example file::
     host = "gpu-node-17"
     collector = "collector.example:4794"
     topology = "tor-a12"
+    role = "decode"               # hosts are compared with their ToR's and their role's
+    validate_interval_s = 3600    # the RoCE checks, hourly (jittered); 0 runs none
+    validate_policy = "/etc/fabricprobe/roce.toml"   # what `probe validate --policy` takes
     probe_listen = "0.0.0.0:4793"
     metrics_listen = "127.0.0.1:9795"   # this host's own /metrics
     spool_dir = "/var/lib/fabricprobe/spool"
@@ -34,6 +37,20 @@ from fabricprobe.core.settings import FILE, LISTEN, LISTEN_OR_OFF, NAME, PEER, C
 URL = Check(check_url, "URL")
 
 
+def _label(text: str) -> None:
+    if len(text) > 128 or any(c.isspace() for c in text):
+        raise ValueError(f"{text[:40]!r} is not a label (no spaces, 128 at most)")
+
+
+def _every(seconds: float) -> None:
+    if seconds != 0 and seconds < 60:
+        raise ValueError(f"{seconds:g} is neither 0 (off) nor within 60..86400")
+
+
+ROLE = Check(_label, "LABEL", empty_ok=True)
+EVERY = Check(_every, "SECONDS")
+
+
 @dataclass
 class AgentConfig:
     """Every setting of `probe agent`; `settings.load(AgentConfig, "agent", ...)` fills one."""
@@ -46,6 +63,9 @@ class AgentConfig:
     )
     collector: str = setting("127.0.0.1:4794", "Collector's agent API.", check=PEER)
     topology: str = setting("", "Topology label, e.g. the ToR switch.", metavar="LABEL")
+    role: str = setting(
+        "", "What the host does (prefill, decode): drift compares by role too.", check=ROLE
+    )
     addresses: list[str] = setting(
         [], "Address peers probe.", flag="--address", shown="discovered", check=NAME
     )
@@ -100,6 +120,21 @@ class AgentConfig:
     key_file: str = setting("", "Client key (PEM).", check=FILE)
     server_name: str = setting(
         "", "TLS name the collector's certificate carries, if not its address.", metavar="NAME"
+    )
+    # `probe validate` on a schedule (agent/validation.py): every this many seconds,
+    # jittered, the first run within validate_first_s of the start; 0 runs none
+    validate_interval_s: float = setting(
+        3600.0,
+        "Seconds between runs of the RoCE checks; 0 runs none.",
+        lo=0,
+        hi=86400,
+        check=EVERY,
+    )
+    validate_first_s: float = setting(
+        60.0, "The first run within this many seconds of the start.", lo=0, hi=86400
+    )
+    validate_policy: str = setting(
+        "", "A policy file, as `probe validate --policy` takes.", check=FILE, shown="defaults"
     )
     # /metrics URLs of this host's engines (vLLM's vllm:nixl_* series) or NIXL exporters
     nixl_metrics: list[str] = setting(

@@ -73,6 +73,7 @@ def host_info(
     topology: str,
     probe_port: int,
     probe_kinds: list[str],
+    role: str = "",
 ) -> pb.HostInfo:
     return pb.HostInfo(
         host=host,
@@ -82,4 +83,5 @@ def host_info(
         probe_port=probe_port,
         probe_kinds=sorted(probe_kinds),
         version=__version__,
+        role=role,
     )

@@ -23,6 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from fabricprobe.collector.attribution import Attribution
+from fabricprobe.collector.drift import DriftBook
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp import add_trace_service
 from fabricprobe.collector.query import add_query_service
@@ -291,13 +292,14 @@ def attach_attribution(
     stop: threading.Event,
     *,
     match: MatchConfig | None = None,
+    drift: DriftBook | None = None,
 ) -> Attribution:
     """Add the OTLP TraceService to SERVER (a grpc.Server), the attribution metrics to
     REGISTRY, and keep the fabric history fed from STORE until STOP is set. MATCH says how
     engine spans' host attributes name the agents' hosts."""
     attribution = Attribution(store, match=match)
     add_trace_service(server, attribution.ingest)
-    add_query_service(server, attribution)
+    add_query_service(server, attribution, drift)
     registry.register(AttributionCollector(attribution))
     attribution.run_sync(stop)
     return attribution

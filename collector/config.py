@@ -25,6 +25,10 @@ Example file::
     client_ca = "/etc/fabricprobe/ca.pem"
     windows_dir = "/var/lib/fabricprobe-collector/windows"   # raw windows as Parquet
     windows_max_bytes = 1073741824
+    drift_min_group = 3        # hosts of one ToR or role before any is called different
+    drift_waivers = [          # known differences, shown but not alerted on
+        { host = "gpu-node-4*", check = "firmware", reason = "canary", until = 2027-01-31 },
+    ]
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from fabricprobe.collector.auth import (
     TokenAuth,
     read_token_file,
 )
+from fabricprobe.collector.drift import MAX_WAIVERS, parse_waivers
 from fabricprobe.collector.engines import HOST_ATTRIBUTES
 from fabricprobe.collector.exposition import load_web_config
 from fabricprobe.collector.linking import MatchConfig
@@ -67,6 +72,16 @@ def _rewrite_rule(rule: list[str]) -> None:
 
 
 REWRITE = Check(_rewrite_rule, "RULE")
+
+
+def _waiver(item: object) -> None:
+    try:
+        parse_waivers([item], where="")
+    except ConfigError as e:
+        raise ValueError(str(e).removeprefix("[0]: ")) from None
+
+
+WAIVER = Check(_waiver, "TABLE")
 
 
 @dataclass
@@ -169,6 +184,17 @@ class CollectorSettings:
     windows_max_age_s: float = setting(
         7 * 86400.0, "Oldest window kept, seconds.", lo=3600, hi=366 * 86400
     )
+    drift_min_group: int = setting(
+        3, "Hosts of one ToR or role before any is called different.", lo=2, hi=100_000
+    )
+    # { host = "gpu-node-4*", check = "firmware", reason = "canary", until = 2027-01-31 }
+    drift_waivers: list[dict[str, object]] = setting(
+        [],
+        "Known differences, shown but not alerted on.",
+        flag=None,
+        check=WAIVER,
+        max_items=MAX_WAIVERS,
+    )
 
     def server_config(self) -> ServerConfig:
         settings.check(self)
@@ -201,6 +227,8 @@ class CollectorSettings:
             raise ConfigError("streams_per_identity must be at most workers / 2")
         return ServerConfig(
             raw=raw,
+            drift_min_group=self.drift_min_group,
+            drift_waivers=parse_waivers(self.drift_waivers),
             listen=self.listen,
             metrics_listen=self.metrics_listen,
             otlp_http_listen=self.otlp_http_listen,

@@ -14,6 +14,7 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import pandas as pd
 
 from fabricprobe.collector.attribution import Analysis, Attribution
+from fabricprobe.collector.drift import DriftBook
 from fabricprobe.collector.join import RATE_FIELDS
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
@@ -139,8 +140,9 @@ def check_why(request: pb.WhyRequest) -> tuple[int, float | None, str]:
 
 
 class QueryServicer(pb_grpc.QueryServicer):
-    def __init__(self, attribution: Attribution) -> None:
+    def __init__(self, attribution: Attribution, drift: DriftBook | None = None) -> None:
         self.attribution = attribution
+        self.drift = drift
 
     def Why(self, request: pb.WhyRequest, context: grpc.ServicerContext) -> pb.WhyReply:
         try:
@@ -157,6 +159,16 @@ class QueryServicer(pb_grpc.QueryServicer):
             raise AssertionError("context.abort returned") from None  # pragma: no cover
         return why_reply(res, n, by)
 
+    def Drift(self, request: pb.DriftRequest, context: grpc.ServicerContext) -> pb.DriftReply:
+        if self.drift is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "drift: this collector keeps no verdicts")
+            raise AssertionError("context.abort returned")  # pragma: no cover
+        if len(request.host) > 256:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "drift: host name too long")
+        return self.drift.reply(request.host, request.include_waived)
 
-def add_query_service(server: grpc.Server, attribution: Attribution) -> None:
-    pb_grpc.add_QueryServicer_to_server(QueryServicer(attribution), server)
+
+def add_query_service(
+    server: grpc.Server, attribution: Attribution, drift: DriftBook | None = None
+) -> None:
+    pb_grpc.add_QueryServicer_to_server(QueryServicer(attribution, drift), server)

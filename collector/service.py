@@ -37,6 +37,7 @@ from fabricprobe.collector.auth import (
     identity_of,
     peer_address,
 )
+from fabricprobe.collector.drift import DriftBook, DriftCollector, Waiver
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_config, serve_metrics
 from fabricprobe.collector.linking import MatchConfig
@@ -251,8 +252,8 @@ def _check_host_info(info: pb.HostInfo) -> None:
         raise ReportError("an address over 253 characters")
     if not 0 <= info.probe_port < 65536:
         raise ReportError("probe_port out of range")
-    if len(info.topology) > MAX_LABEL or len(info.version) > MAX_LABEL:
-        raise ReportError(f"topology and version are at most {MAX_LABEL} characters")
+    if max(len(info.topology), len(info.version), len(info.role)) > MAX_LABEL:
+        raise ReportError(f"topology, role and version are at most {MAX_LABEL} characters")
     if len(info.probe_kinds) > MAX_KINDS or any(len(k) > MAX_LABEL for k in info.probe_kinds):
         raise ReportError(f"at most {MAX_KINDS} probe kinds of {MAX_LABEL} characters")
     for d in info.devices:
@@ -269,8 +270,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     """gRPC edge of AgentApi. Who may call, and for which host, the server's Gate
     (collector/auth.py) has decided before any of these runs."""
 
-    def __init__(self, api: AgentApi) -> None:
+    def __init__(self, api: AgentApi, drift: DriftBook | None = None) -> None:
         self.api = api
+        self.drift = drift
 
     def Register(
         self, request: pb.RegisterRequest, context: grpc.ServicerContext
@@ -305,6 +307,22 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     def ReportWindow(self, request: pb.WindowReport, context: grpc.ServicerContext) -> pb.Ack:
         return self._take(request, context)
 
+    def ReportChecks(self, request: pb.CheckReport, context: grpc.ServicerContext) -> pb.CheckAck:
+        if self.drift is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "checks: this collector keeps none")
+            raise AssertionError("context.abort returned")  # pragma: no cover
+        try:
+            kept = self.drift.take(request)
+        except ReportError as e:
+            code = (
+                grpc.StatusCode.FAILED_PRECONDITION
+                if "not registered" in str(e)
+                else grpc.StatusCode.INVALID_ARGUMENT
+            )
+            context.abort(code, f"checks: {e}")
+            raise AssertionError("context.abort returned") from None  # pragma: no cover
+        return pb.CheckAck(kept=len(kept.checks))
+
     def _take(self, report: pb.WindowReport, context: grpc.ServicerContext) -> pb.Ack:
         try:
             return self.api.report(report)
@@ -337,6 +355,7 @@ def policy(gate: GateConfig) -> Policy:
             _collector_method("GetAssignments"): lambda r: str(r.host),
             _collector_method("Report"): lambda r: str(r.host),
             _collector_method("ReportWindow"): lambda r: str(r.host),
+            _collector_method("ReportChecks"): lambda r: str(r.host),
         },
     )
 
@@ -356,6 +375,8 @@ class ServerConfig:
     forget_after: float = 600.0
     api: ApiConfig = field(default_factory=ApiConfig)
     raw: RawStoreConfig | None = None  # keep every window in Parquet files (rawstore.py)
+    drift_min_group: int = 3  # hosts of one ToR or role before any is called different
+    drift_waivers: tuple[Waiver, ...] = ()
     gate: GateConfig = field(default_factory=GateConfig)
 
 
@@ -383,6 +404,10 @@ class CollectorServer:
         self.scrapes = ScrapeStats()
         self.web = load_web_config(cfg.web_config) if cfg.web_config else WebConfig()
         self.registry.register(FabricCollector(self.store, self.rpc_stats, self.gate, self.scrapes))
+        self.drift = DriftBook(
+            self.store, min_group=cfg.drift_min_group, waivers=tuple(cfg.drift_waivers)
+        )
+        self.registry.register(DriftCollector(self.drift))
         self.health = health.HealthServicer()
         self.port = 0
         self.metrics_port = 0
@@ -415,10 +440,10 @@ class CollectorServer:
             # calls beyond this are refused at once (RESOURCE_EXHAUSTED), never queued long
             maximum_concurrent_rpcs=workers * 2,
         )
-        pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api), server)
+        pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api, self.drift), server)
         # OTLP stage spans joined with the fabric (collector/attribution.py), and Query
         self.attribution = attach_attribution(
-            server, self.store, self.registry, self._stop, match=self.cfg.match
+            server, self.store, self.registry, self._stop, match=self.cfg.match, drift=self.drift
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

@@ -277,6 +277,56 @@ FABRIC = Dashboard(
                 ),
             ),
         ),
+        Row(
+            "Configuration drift",
+            (
+                Panel(
+                    "Hosts unlike their group",
+                    (("fabricprobe_drift_hosts", "hosts"),),
+                    "none",
+                    "stat",
+                    instant=True,
+                    description="Hosts whose RoCE configuration differs from the one most "
+                    "hosts of their ToR or role hold (waived differences not counted).",
+                ),
+                Panel(
+                    "Differences from the group",
+                    (
+                        (
+                            "max by (host, check, group_by, group) "
+                            '(fabricprobe_host_check_drift{waived="false"})',
+                            "{{host}} {{check}} ({{group_by}} {{group}})",
+                        ),
+                    ),
+                    "none",
+                    "bargauge",
+                    instant=True,
+                    description="Each host and check that differs; `probe validate --fleet` "
+                    "shows the values side by side.",
+                ),
+                Panel(
+                    "Failing checks by host",
+                    (
+                        (
+                            "topk(20, count by (host) (fabricprobe_host_check_status == 3))",
+                            "{{host}}",
+                        ),
+                    ),
+                    "none",
+                    "bargauge",
+                    instant=True,
+                    description="Checks with a FAIL on any port, from the agents' scheduled "
+                    "`probe validate`.",
+                ),
+                Panel(
+                    "Age of the newest checks",
+                    (("max(fabricprobe_host_checks_age_seconds)", "oldest host"),),
+                    "s",
+                    description="Agents check hourly (jittered); far above that, a host has "
+                    "stopped checking.",
+                ),
+            ),
+        ),
     ),
 )
 
@@ -552,6 +602,27 @@ ALERTS: list[dict[str, Any]] = [
         "annotations": {
             "summary": "agent on {{ $labels.src }} turns probers away as busy: "
             "its peers' probes to it fail"
+        },
+    },
+    {
+        "alert": "FabricprobeConfigDrift",
+        "expr": "max by (host, check, group_by, group) "
+        '(fabricprobe_host_check_drift{waived="false"}) == 1',
+        "for": "30m",
+        "labels": {"severity": "ticket"},
+        "annotations": {
+            "summary": "{{ $labels.host }}'s {{ $labels.check }} differs from most hosts of its "
+            "{{ $labels.group_by }} {{ $labels.group }}: probe validate --fleet shows the values"
+        },
+    },
+    {
+        "alert": "FabricprobeHostCheckFailing",
+        "expr": "fabricprobe_host_check_status == 3",
+        "for": "2h",
+        "labels": {"severity": "ticket"},
+        "annotations": {
+            "summary": "{{ $labels.host }} fails the {{ $labels.check }} check: "
+            "probe validate on it gives the fix"
         },
     },
     {

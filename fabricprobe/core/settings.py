@@ -160,7 +160,7 @@ def specs(cls: type) -> tuple[Spec, ...]:
 
 
 def _supported(kind: Any) -> bool:
-    if kind in (str, int, float, bool):
+    if kind in (str, int, float, bool, object):  # object: any TOML value, left to the check
         return True
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin is list:
@@ -222,6 +222,7 @@ class _Must(ValueError):
 
 
 _KIND_NAMES = {str: "a string", int: "an integer", float: "a float", bool: "true or false"}
+_KIND_NAMES[object] = "a value"
 
 
 def _show(value: Any) -> str:
@@ -242,6 +243,8 @@ def _kind_name(kind: Any) -> str:
 def _typed(kind: Any, value: Any) -> Any:
     """VALUE as KIND (an int is a float too); ValueError when it is not one."""
     bad = _Must(f"must be {_kind_name(kind)}, not {_show(value)}")
+    if kind is object:
+        return value
     if kind is bool or kind is str:
         if type(value) is not kind:
             raise bad

@@ -53,6 +53,7 @@ class Target:
         evidence: list[str] | tuple[str, ...] = (),
         fix: str | None = None,
         needs_root: bool = False,
+        value: str | None = None,
     ) -> CheckResult:
         return CheckResult(
             check=check,
@@ -65,6 +66,7 @@ class Target:
             evidence=tuple(evidence),
             fix=fix,
             needs_root=needs_root,
+            value=value,
         )
 
 
@@ -123,6 +125,7 @@ def check_device_port(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"port {p.number} is {p.state} / {p.phys_state}, not ACTIVE / LinkUp",
             ev,
             fix=fix,
+            value=f"{p.state}/{p.phys_state}",
         )
     if t.netdev is None:
         return t.result(
@@ -142,7 +145,14 @@ def check_device_port(view: HostView, t: Target, policy: Policy) -> CheckResult:
             ev,
             fix="ip -br link  # pick the netdev under this RDMA device and pass --netdev",
         )
-    return t.result("device", TITLE_DEVICE, Status.PASS, f"ACTIVE / LinkUp, Ethernet, {p.rate}", ev)
+    return t.result(
+        "device",
+        TITLE_DEVICE,
+        Status.PASS,
+        f"ACTIVE / LinkUp, Ethernet, {p.rate}",
+        ev,
+        value=p.rate,
+    )
 
 
 # --------------------------------------------------------------------------- GIDs
@@ -210,8 +220,16 @@ def check_gid(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"RoCE v2 GID for {use}, none for {', '.join(missing)}",
             ev,
             fix_v2,
+            value=f"index {first.index}",
         )
-    return t.result("gid", TITLE_GID, Status.PASS, f"RoCE v2 GID {use} ({hint})", ev)
+    return t.result(
+        "gid",
+        TITLE_GID,
+        Status.PASS,
+        f"RoCE v2 GID {use} ({hint})",
+        ev,
+        value=f"index {first.index}",
+    )
 
 
 # --------------------------------------------------------------------------- MTU
@@ -244,6 +262,7 @@ def check_mtu(view: HostView, t: Target, policy: Policy) -> CheckResult:
         )
     if note:
         ev.append(note)
+    v = f"{mtu}/{active}"  # netdev MTU / active IB MTU
     if mtu is None and active is None:
         return t.result(
             "mtu", TITLE_MTU, Status.SKIP, "neither the netdev MTU nor active_mtu could be read", ev
@@ -258,6 +277,7 @@ def check_mtu(view: HostView, t: Target, policy: Policy) -> CheckResult:
                 f"active_mtu {active}, expected {expect} from netdev MTU {mtu}",
                 ev,
                 fix=f"rdma link delete {t.device.name}; probe rxe up --netdev {t.netdev}",
+                value=v,
             )
         return t.result(
             "mtu",
@@ -266,6 +286,7 @@ def check_mtu(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"soft-RoCE follows the netdev: MTU {mtu} gives IB MTU {active or expect}"
             f" (policy MTU {policy.mtu} applies to RoCE NICs)",
             ev,
+            value=v,
         )
     need = policy.min_netdev_mtu
     fix_mtu = f"ip link set dev {t.netdev} mtu 9000  # and the same jumbo MTU on the switch ports"
@@ -278,6 +299,7 @@ def check_mtu(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"netdev MTU {mtu} is below {need}: RoCE runs at IB MTU {gets}, not {policy.mtu}",
             ev,
             fix=fix_mtu,
+            value=v,
         )
     if active is not None and active < policy.mtu:
         why = f"the port's max_mtu is {max_mtu}" if max_mtu and max_mtu < policy.mtu else "unknown"
@@ -289,11 +311,12 @@ def check_mtu(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f" allows it ({why})",
             ev,
             fix=f"ip link set dev {t.netdev} down && ip link set dev {t.netdev} up",
+            value=v,
         )
     msg = f"netdev MTU {mtu} carries IB MTU {policy.mtu}"
     if active is not None:
         msg = f"active_mtu {active}, netdev MTU {mtu}"
-    return t.result("mtu", TITLE_MTU, Status.PASS, msg + (f"; {note}" if note else ""), ev)
+    return t.result("mtu", TITLE_MTU, Status.PASS, msg + (f"; {note}" if note else ""), ev, value=v)
 
 
 # --------------------------------------------------------------------------- PFC
@@ -353,6 +376,7 @@ def check_pfc(view: HostView, t: Target, policy: Policy) -> CheckResult:
             fix="apt install iproute2  # provides dcb; or run as root for mlnx_qos",
             needs_root=root,
         )
+    v = ",".join(map(str, sorted(enabled))) or "none"  # the priorities with PFC on
     if prio not in enabled:
         on = f"on {', '.join(map(str, sorted(enabled)))}" if enabled else "on no priority"
         return t.result(
@@ -362,6 +386,7 @@ def check_pfc(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"PFC is off on RoCE priority {prio} ({on}): RoCE traffic is lossy",
             ev,
             _pfc_fix(nd, prio),
+            value=v,
         )
     extra = sorted(enabled - {prio})
     if extra:
@@ -373,8 +398,9 @@ def check_pfc(view: HostView, t: Target, policy: Policy) -> CheckResult:
             "classes spread pause storms",
             ev,
             _pfc_fix(nd, prio),
+            value=v,
         )
-    return t.result("pfc", TITLE_PFC, Status.PASS, f"PFC on priority {prio} only", ev)
+    return t.result("pfc", TITLE_PFC, Status.PASS, f"PFC on priority {prio} only", ev, value=v)
 
 
 # --------------------------------------------------------------------------- trust / DSCP
@@ -450,6 +476,8 @@ def check_trust(view: HostView, t: Target, policy: Policy) -> CheckResult:
             fix="apt install iproute2  # provides dcb; or run as root for mlnx_qos",
             needs_root=root,
         )
+    # trust mode, then where the RoCE and CNP DSCPs go: "dscp 26:3 48:6"
+    v = " ".join([trust, *(f"{d}:{dscp_prio.get(d, 0)}" for d in (policy.dscp, policy.cnp_dscp))])
     if trust != "dscp":
         return t.result(
             "trust",
@@ -458,6 +486,7 @@ def check_trust(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"port trusts {trust.upper()}: untagged RoCE traffic lands on priority 0, outside PFC",
             ev,
             fix=f"mlnx_qos -i {nd} --trust dscp  # or: dcb apptrust set dev {nd} order dscp",
+            value=v,
         )
     got = dscp_prio.get(policy.dscp, 0)
     if got != policy.priority:
@@ -469,6 +498,7 @@ def check_trust(view: HostView, t: Target, policy: Policy) -> CheckResult:
             ev,
             fix=f"dcb app replace dev {nd} dscp-prio {policy.dscp}:{policy.priority}"
             f"  # or: mlnx_qos -i {nd} --dscp2prio set,{policy.dscp},{policy.priority}",
+            value=v,
         )
     cnp = dscp_prio.get(policy.cnp_dscp, 0)
     if cnp != policy.cnp_priority:
@@ -480,6 +510,7 @@ def check_trust(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"{policy.cnp_dscp} maps to priority {cnp}, not {policy.cnp_priority}",
             ev,
             fix=f"dcb app replace dev {nd} dscp-prio {policy.cnp_dscp}:{policy.cnp_priority}",
+            value=v,
         )
     return t.result(
         "trust",
@@ -488,6 +519,7 @@ def check_trust(view: HostView, t: Target, policy: Policy) -> CheckResult:
         f"trust DSCP; DSCP {policy.dscp} -> priority {policy.priority}, "
         f"CNP DSCP {policy.cnp_dscp} -> priority {policy.cnp_priority}",
         ev,
+        value=v,
     )
 
 
@@ -535,6 +567,7 @@ def _ecn_point(
     on = (cfg.rp_enabled if point == "roce_rp" else cfg.np_enabled).get(prio)
     ev = [f"{base}/{point}/enable/{prio}: {_flag(on)}"]
     what = "reaction point" if point == "roce_rp" else "notification point"
+    v = _flag(on)
     if on is None:
         return t.result(check, title, Status.SKIP, f"no {point} setting for priority {prio}", ev)
     if not on:
@@ -550,8 +583,11 @@ def _ecn_point(
             f"ECN is off for priority {prio} at the {what} ({point}): {effect}",
             ev,
             f"echo 1 > {base}/{point}/enable/{prio}",
+            value=v,
         )
-    return t.result(check, title, Status.PASS, f"ECN on for priority {prio} at the {what}", ev)
+    return t.result(
+        check, title, Status.PASS, f"ECN on for priority {prio} at the {what}", ev, value=v
+    )
 
 
 def check_ecn_rp(view: HostView, t: Target, policy: Policy) -> CheckResult:
@@ -576,6 +612,7 @@ def check_cnp(view: HostView, t: Target, policy: Policy) -> CheckResult:
     ]
     if cfg.cnp_dscp is None and cfg.cnp_802p_prio is None:
         return t.result("cnp", TITLE_CNP, Status.SKIP, "no CNP DSCP or priority in sysfs", ev)
+    v = f"dscp {cfg.cnp_dscp} prio {cfg.cnp_802p_prio}"
     wrong = []
     fixes = []
     if cfg.cnp_dscp is not None and cfg.cnp_dscp != policy.cnp_dscp:
@@ -592,6 +629,7 @@ def check_cnp(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"{', '.join(wrong)}: CNPs may queue behind the data they throttle",
             ev,
             "; ".join(fixes),
+            value=v,
         )
     return t.result(
         "cnp",
@@ -599,6 +637,7 @@ def check_cnp(view: HostView, t: Target, policy: Policy) -> CheckResult:
         Status.PASS,
         f"CNPs DSCP {cfg.cnp_dscp}, priority {cfg.cnp_802p_prio}",
         ev,
+        value=v,
     )
 
 
@@ -634,6 +673,7 @@ def check_rdma_cm(view: HostView, t: Target, policy: Policy) -> CheckResult:
             needs_root=not view.is_root,
         )
     ev = [f"{cm.path}/default_roce_mode: {cm.roce_mode}", f"{cm.path}/default_roce_tos: {cm.tos}"]
+    v = f"{cm.roce_mode} tos {cm.tos}"
     mkdir = ""
     if cm.state == "no_device_dir":
         ev.insert(0, f"{dev_dir}: absent, kernel defaults apply")
@@ -646,6 +686,7 @@ def check_rdma_cm(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"rdma_cm connects with {cm.roce_mode} by default, not {policy.roce_mode}",
             ev,
             fix=f"{mkdir}echo '{policy.roce_mode}' > {cm.path}/default_roce_mode",
+            value=v,
         )
     if t.soft:
         return t.result(
@@ -654,6 +695,7 @@ def check_rdma_cm(view: HostView, t: Target, policy: Policy) -> CheckResult:
             Status.PASS,
             f"{cm.roce_mode} (ToS not checked: soft-RoCE has no lossless class)",
             ev,
+            value=v,
         )
     if cm.tos is None or cm.tos >> 2 != policy.dscp:
         dscp = "unknown" if cm.tos is None else cm.tos >> 2
@@ -669,6 +711,7 @@ def check_rdma_cm(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"miss DSCP {policy.dscp} and land outside lossless priority {policy.priority}",
             ev,
             fix=f"{mkdir}echo {policy.tos} > {cm.path}/default_roce_tos",
+            value=v,
         )
     return t.result(
         "rdma_cm",
@@ -676,6 +719,7 @@ def check_rdma_cm(view: HostView, t: Target, policy: Policy) -> CheckResult:
         Status.PASS,
         f"{cm.roce_mode}, ToS {cm.tos} (DSCP {policy.dscp})",
         ev,
+        value=v,
     )
 
 

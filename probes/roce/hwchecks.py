@@ -155,6 +155,7 @@ def judge_ets(t: Target, policy: Policy, ets: EtsConfig, ev: list[str]) -> Check
     found: list[tuple[Status, str, str | None]] = []
     tsa = ets.tsa.get(tc)
     bw = ets.bw.get(tc, 0)
+    v = f"tc {tc} {tsa} {bw}%"
     if tsa == "ets" and bw == 0:
         found.append((Status.FAIL, f"RoCE TC {tc} gets 0% under ETS: it only runs when idle", fix))
     elif tsa == "ets" and bw < policy.roce_bw_min_pct:
@@ -176,10 +177,10 @@ def judge_ets(t: Target, policy: Policy, ets: EtsConfig, ev: list[str]) -> Check
     if not found:
         share = "strict" if tsa == "strict" else f"{bw}%"
         return t.result(
-            "ets", TITLE_ETS, Status.PASS, f"RoCE priority {p} -> TC {tc} with {share}", ev
+            "ets", TITLE_ETS, Status.PASS, f"RoCE priority {p} -> TC {tc} with {share}", ev, value=v
         )
     status, msg, fix_ = _worst(found)
-    return t.result("ets", TITLE_ETS, status, msg, ev, fix_)
+    return t.result("ets", TITLE_ETS, status, msg, ev, fix_, value=v)
 
 
 # --------------------------------------------------------------------------- global pause
@@ -201,6 +202,7 @@ def check_global_pause(view: HostView, t: Target, policy: Policy) -> CheckResult
             t, check, title, "pause parameters", ev, runs, "apt install ethtool"
         )
     ev.append(f"ethtool -a {nd}: autoneg {pp.autoneg}, rx {pp.rx}, tx {pp.tx}")
+    v = f"rx {'on' if pp.rx else 'off'} tx {'on' if pp.tx else 'off'}"
     if pp.rx or pp.tx:
         on = " and ".join(d for d, v in (("RX", pp.rx), ("TX", pp.tx)) if v)
         return t.result(
@@ -211,8 +213,9 @@ def check_global_pause(view: HostView, t: Target, policy: Policy) -> CheckResult
             "and PFC cannot run beside it",
             ev,
             f"ethtool -A {nd} autoneg off rx off tx off",
+            value=v,
         )
-    return t.result(check, title, Status.PASS, "global pause off (RX and TX)", ev)
+    return t.result(check, title, Status.PASS, "global pause off (RX and TX)", ev, value=v)
 
 
 # --------------------------------------------------------------------------- buffers
@@ -256,6 +259,7 @@ def judge_buffers(t: Target, policy: Policy, buf: BufferConfig, ev: list[str]) -
     if b is None:
         return t.result(check, title, Status.SKIP, f"no buffer listed for priority {p}", ev)
     others = sorted(q for q, bb in buf.prio_buffer.items() if bb == b and q != p)
+    v = f"buffer {b} size {buf.size.get(b)} shared {','.join(map(str, others)) or 'no'}"
     flags = ",".join("1" if q == p else "0" for q in range(8))
     fix = (
         f"dcb buffer set dev {nd} prio-buffer all:0 {p}:1"
@@ -271,6 +275,7 @@ def judge_buffers(t: Target, policy: Policy, buf: BufferConfig, ev: list[str]) -
             "traffic in flight after a pause, so lossless frames drop",
             ev,
             fix + f"; dcb buffer set dev {nd} buffer-size all:0 0:256K 1:256K",
+            value=v,
         )
     if others:
         return t.result(
@@ -281,10 +286,11 @@ def judge_buffers(t: Target, policy: Policy, buf: BufferConfig, ev: list[str]) -
             "lossy traffic fills the lossless headroom",
             ev,
             fix,
+            value=v,
         )
     shown = f"{size} bytes" if size is not None else "size not shown"
     return t.result(
-        check, title, Status.PASS, f"priority {p} has buffer {b} to itself ({shown})", ev
+        check, title, Status.PASS, f"priority {p} has buffer {b} to itself ({shown})", ev, value=v
     )
 
 
@@ -377,6 +383,10 @@ def judge_dcbx(
             )
     else:
         ev.append("APP table: not readable")
+    v = (
+        f"{mode.managed_by if mode is not None else 'unknown'} "
+        f"app {','.join(map(str, sorted(set(apps.get(ROCE_UDP_PORT, ()))))) if apps else '-'}"
+    )
     if not found:
         managed = mode.managed_by if mode is not None else "unknown"
         return t.result(
@@ -387,9 +397,10 @@ def judge_dcbx(
             if apps is not None
             else f"DCBX by {managed}",
             ev,
+            value=v,
         )
     status, msg, fix_ = _worst(found)
-    return t.result(check, title, status, msg, ev, fix_)
+    return t.result(check, title, status, msg, ev, fix_, value=v)
 
 
 # --------------------------------------------------------------------------- link
@@ -426,6 +437,7 @@ def check_link(view: HostView, t: Target, policy: Policy) -> CheckResult:
             f"ip link set dev {nd} up; check the cable, transceiver and switch port",
         )
     gbps = info.speed_mbps / 1000
+    v = f"{gbps:g}G x{info.lanes}" if info.lanes else f"{gbps:g}G"
     want = policy.link_speed_gbps or (
         info.max_supported_mbps / 1000 if info.max_supported_mbps else None
     )
@@ -451,9 +463,9 @@ def check_link(view: HostView, t: Target, policy: Policy) -> CheckResult:
         )
     if not found:
         lanes = f", {info.lanes} lanes" if info.lanes else ""
-        return t.result(check, title, Status.PASS, f"link at {gbps:g} Gb/s{lanes}", ev)
+        return t.result(check, title, Status.PASS, f"link at {gbps:g} Gb/s{lanes}", ev, value=v)
     status, msg, fix = _worst(found)
-    return t.result(check, title, status, msg, ev, fix)
+    return t.result(check, title, status, msg, ev, fix, value=v)
 
 
 # --------------------------------------------------------------------------- FEC
@@ -501,6 +513,7 @@ def judge_fec(
                 f"{f.uncorrectable_blocks}, raw BER {f.raw_ber}, effective BER {f.effective_ber}"
             )
     active = (fec.active if fec is not None else None) or (ml.active if ml is not None else None)
+    v = active or "unknown"  # the mode only: error counts differ from host to host
     found: list[tuple[Status, str, str | None]] = []
     off = active is not None and active.split()[0].lower() in ("off", "none", "no")
     if off and speed_mbps is not None and speed_mbps >= 50_000:
@@ -539,9 +552,9 @@ def judge_fec(
         )
     if not found:
         ber = f", raw BER {ml.raw_ber:.1e}" if ml is not None and ml.raw_ber is not None else ""
-        return t.result(check, title, Status.PASS, f"FEC {active or 'unknown'}{ber}", ev)
+        return t.result(check, title, Status.PASS, f"FEC {active or 'unknown'}{ber}", ev, value=v)
     status, msg, fix = _worst(found)
-    return t.result(check, title, status, msg, ev, fix)
+    return t.result(check, title, status, msg, ev, fix, value=v)
 
 
 # --------------------------------------------------------------------------- PCIe
@@ -581,6 +594,7 @@ def check_pcie(view: HostView, t: Target, policy: Policy) -> CheckResult:
         ms = parse_link_speed(raw["max_link_speed"] or "Unknown")
     except ParseError as e:
         return t.result(check, title, Status.SKIP, f"PCIe link attributes unreadable: {e}", ev)
+    v = f"x{cw} {cs:g}GT/s" if cs is not None else f"x{cw}"
     found: list[tuple[Status, str, str | None]] = []
     if cw is not None and mw is not None and cw < mw:
         found.append(
@@ -599,9 +613,11 @@ def check_pcie(view: HostView, t: Target, policy: Policy) -> CheckResult:
             )
         )
     if not found:
-        return t.result(check, title, Status.PASS, f"PCIe x{cw} at {cs:g} GT/s (the maximum)", ev)
+        return t.result(
+            check, title, Status.PASS, f"PCIe x{cw} at {cs:g} GT/s (the maximum)", ev, value=v
+        )
     status, msg, fix = _worst(found)
-    return t.result(check, title, status, msg, ev, fix)
+    return t.result(check, title, status, msg, ev, fix, value=v)
 
 
 # --------------------------------------------------------------------------- ACS / ATS
@@ -774,11 +790,12 @@ def check_firmware(view: HostView, t: Target, policy: Policy) -> CheckResult:
     if fw is None:
         return t.result(check, title, Status.SKIP, "no firmware version in sysfs or ethtool -i", ev)
     driver = f"{drv.driver} {drv.version}" if drv is not None else (t.device.driver or "unknown")
+    v = f"{fw} {driver}"
     if policy.firmware_min:
         have, want = _version(fw), _version(policy.firmware_min)
         if have is None:
             return t.result(
-                check, title, Status.WARN, f"firmware {fw!r} is not a dotted version", ev
+                check, title, Status.WARN, f"firmware {fw!r} is not a dotted version", ev, value=v
             )
         if want is not None and have < want:
             return t.result(
@@ -789,9 +806,12 @@ def check_firmware(view: HostView, t: Target, policy: Policy) -> CheckResult:
                 ev,
                 "update the NIC firmware with the vendor's tool (mlxfwmanager --online -u, "
                 "bnxtnvm, ...), then reboot or reset the NIC",
+                value=v,
             )
     floor = f" (policy minimum {policy.firmware_min})" if policy.firmware_min else ""
-    return t.result(check, title, Status.PASS, f"firmware {fw}{floor}, driver {driver}", ev)
+    return t.result(
+        check, title, Status.PASS, f"firmware {fw}{floor}, driver {driver}", ev, value=v
+    )
 
 
 HW_CHECKS = (

@@ -35,6 +35,10 @@ class CheckResult:
     evidence: tuple[str, ...] = ()  # "source: value" lines that were read
     fix: str | None = None  # the command(s) that fix a WARN/FAIL, or enable a SKIP
     needs_root: bool = False  # SKIP because reading the input needs root
+    # The setting this check compared, normalised so that two hosts configured alike give
+    # the same text ("pfc 3", "mtu 9000/4096"): what fleet drift compares. None where the
+    # verdict is about state rather than configuration (counters, live probes).
+    value: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +52,7 @@ class CheckResult:
             "evidence": list(self.evidence),
             "fix": self.fix,
             "needs_root": self.needs_root,
+            "value": self.value,
         }
 
 

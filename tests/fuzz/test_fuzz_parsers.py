@@ -324,3 +324,57 @@ def test_spool_file_decoder(fuzz_inputs: FuzzCounter) -> None:
         _probe(fuzz_inputs, "agent.spool decode_record+decode_window", load, data, (SpoolCorrupt,))
 
     run()
+
+
+def test_check_reports(fuzz_inputs: FuzzCounter) -> None:
+    """Verdict reports as a stranger could send them, as messages and as raw bytes: the
+    collector's book keeps a well-formed one or refuses it with ReportError, and keeps
+    what it held before whatever comes."""
+    from fabricprobe.collector.drift import DriftBook
+    from fabricprobe.collector.store import ReportError, WindowStore
+    from fabricprobe.core.api import fabricprobe_pb2 as pb
+
+    store = WindowStore()
+    store.register(pb.HostInfo(host="h", topology="t"))
+    book = DriftBook(store)
+    good = pb.CheckReport(host="h", taken_unix_ns=2**62)
+    good.checks.add(check="pfc", status="PASS", value="3")
+    book.take(good)
+    short = st.text(max_size=12) | st.sampled_from(["PASS", "FAIL", "pfc", "h", "\x00", "é"])
+    verdicts = st.builds(
+        pb.CheckVerdict,
+        check=short,
+        device=short,
+        port=st.integers(0, 2**32 - 1),
+        status=short,
+        value=st.text(max_size=300),
+        message=short,
+    )
+    messages = st.builds(
+        pb.CheckReport,
+        host=st.sampled_from(["h", "", "other"]) | short,
+        taken_unix_ns=st.integers(-(2**63), 2**63 - 1),
+        checks=st.lists(verdicts, max_size=4),
+        policy=short,
+    )
+    raw = st.binary(max_size=80).map(
+        lambda b: pb.CheckReport.FromString(b) if _parses(pb.CheckReport, b) else pb.CheckReport()
+    )
+
+    @FUZZ
+    @given(batch(messages | raw))
+    def run(data: list[Any]) -> None:
+        _probe(fuzz_inputs, "collector.drift DriftBook.take", book.take, data, (ReportError,))
+        book.drift()
+
+    run()
+    # the newest run stays (taken at 2**62, later than anything but the largest stamps)
+    assert "h" in book.hosts
+
+
+def _parses(cls: Any, data: bytes) -> bool:
+    try:
+        cls.FromString(data)
+    except Exception:  # a DecodeError: not a message at all, nothing to feed
+        return False
+    return True

@@ -1,8 +1,9 @@
 """The dashboards and rules against a real Prometheus (Debian's 2.42): it scrapes a real
 collector fed by loopback agents (one reading a captured mlx5 sysfs tree and `ethtool -S`
-text whose pause counters rise), RDMA probe windows from a fixture host pair, and stage
-spans from the OpenTelemetry SDK. Every panel query, every template variable and every
-recording rule must return data, and every rule must evaluate without error.
+text whose pause counters rise), RDMA probe windows from a fixture host pair, scheduled
+check verdicts of a fixture ToR whose one host differs, and stage spans from the
+OpenTelemetry SDK. Every panel query, every template variable and every recording rule
+must return data, and every rule must evaluate without error.
 """
 
 from __future__ import annotations
@@ -115,6 +116,21 @@ def fixture_rdma_windows(server: CollectorServer, seq: int) -> None:
         server.api.report(report)
 
 
+def fixture_checks(server: CollectorServer) -> None:
+    """Scheduled `probe validate` verdicts of four fixture hosts on one ToR, one with
+    MTU 1500 among 9000 (a FAIL, and a difference from its ToR), through the API."""
+    for i in range(4):
+        host = f"cfg-{i}"
+        server.api.register(pb.HostInfo(host=host, addresses=["127.0.0.9"], topology="tor-c"))
+        mtu = "1500/1024" if i == 3 else "9000/4096"
+        report = pb.CheckReport(host=host, taken_unix_ns=time.time_ns(), policy="p")
+        report.checks.add(check="pfc", device="mlx5_0", port=1, status="PASS", value="3")
+        report.checks.add(
+            check="mtu", device="mlx5_0", port=1, status="FAIL" if i == 3 else "PASS", value=mtu
+        )
+        server.drift.take(report)
+
+
 def send_spans(endpoint: str, src: str, dst: str, n: int) -> None:
     """Requests as our workload sends them: a vLLM-style request span and stage children,
     the KV transfer naming its path."""
@@ -225,6 +241,7 @@ def test_every_dashboard_query_and_rule_returns_data(
         a.start()
     try:
         fixture_rdma_windows(collector, 1)
+        fixture_checks(collector)
         names = [c.host for c in configs]
         wait_for(
             lambda: len(prometheus.query("fabricprobe_rtt_seconds_count")) >= 6,

@@ -36,7 +36,7 @@ from fabricprobe.agent.config import AgentConfig
 from fabricprobe.cli import main as cli
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
-from tests.support.fleet import free_port
+from tests.support.fleet import quiet_port
 
 VENV = Path(os.environ.get("FABRICPROBE_VLLM_VENV", "/opt/fabricprobe-vllm/venv"))
 PREFILL, DECODE = "127.0.0.2", "127.0.0.3"
@@ -143,6 +143,13 @@ class PdProxy:
         self.server.server_close()
 
 
+def cpu_for(host: str) -> str:
+    """The CPU (as vLLM's bind list) an engine gets: prefill the first, decode the last
+    of the CPUs this process may use."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return str(cpus[0] if host == PREFILL else cpus[-1])
+
+
 def engine(
     model: Path, host: str, port: int, side_port: int, otel: dict[str, str], log: Path
 ) -> subprocess.Popen:
@@ -154,6 +161,11 @@ def engine(
         "OTEL_RESOURCE_ATTRIBUTES": f"host.name={NAMES[host]}",
         "OTEL_SERVICE_NAME": "vllm-" + ("prefill" if host == PREFILL else "decode"),
         "OTEL_BSP_SCHEDULE_DELAY": "200",  # the SDK's batch delay (default 5 s)
+        # Each engine binds its OpenMP threads to every CPU by default, so two engines on
+        # a small machine spin-wait against each other (requests then took minutes): give
+        # each engine its own CPU, and let idle OpenMP threads sleep.
+        "VLLM_CPU_OMP_THREADS_BIND": cpu_for(host),
+        "OMP_WAIT_POLICY": "PASSIVE",
         **{k: v for k, v in otel.items() if k != "endpoint"},
     }
     cfg = {
@@ -233,8 +245,10 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(MODEL))
-    ports = {h: free_port(h) for h in (PREFILL, DECODE)}
-    side = {h: free_port(h) for h in (PREFILL, DECODE)}
+    # the side channel binds a minute after the start: a port from the ephemeral range
+    # could be taken by then by one of the many connections made meanwhile
+    ports = {h: quiet_port(h) for h in (PREFILL, DECODE)}
+    side = {h: quiet_port(h) for h in (PREFILL, DECODE)}
     otel = {
         # prefill exports over OTLP/gRPC, decode over OTLP/HTTP (protobuf)
         PREFILL: {"endpoint": f"127.0.0.1:{collector.port}"},
@@ -267,12 +281,7 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
             a.start()
             agents.append(a)
         urls = {h: f"http://{h}:{ports[h]}" for h in (PREFILL, DECODE)}
-        try:
-            wait_for(lambda: all(up(u + "/health") for u in urls.values()), 480, "engines", procs)
-        except AssertionError:
-            for h in (PREFILL, DECODE):
-                print((tmp_path / f"{NAMES[h]}.log").read_text()[-3000:])
-            raise
+        wait_for(lambda: all(up(u + "/health") for u in urls.values()), 480, "engines", procs)
         t_up = time.monotonic() - t0
         print(f"engines up in {t_up:.0f} s", flush=True)
         proxy = PdProxy(urls[PREFILL], urls[DECODE])
@@ -380,6 +389,13 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
         )
         assert all(shown[r].get("kv_source", "").startswith("gen_ai.latency") for r in attributed)
         print(f"test wall time {time.monotonic() - t0:.0f} s")
+    except BaseException:
+        for h in (PREFILL, DECODE):
+            print(
+                f"--- {NAMES[h]} log, last lines",
+                (tmp_path / f"{NAMES[h]}.log").read_text()[-6000:],
+            )
+        raise
     finally:
         if proxy is not None:
             proxy.close()

@@ -3,6 +3,7 @@ what they report. Every address is on this machine."""
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 import urllib.request
@@ -29,6 +30,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def quiet_port(host: str = "127.0.0.1") -> int:
+    """A port free on HOST now and outside the kernel's ephemeral range, for a server
+    that binds it only after a long start (vLLM's side channel binds a minute later):
+    the kernel hands out ephemeral ports to every outgoing connection meanwhile, so one
+    of those could take a free_port() before the server gets to it."""
+    lo, hi = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, lo) if lo > 10000 else rng.randrange(hi + 1, 65536)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no quiet port free on {host}")
+
+
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> None:
     """Poll COND until it is true; a COND that raises OSError (a server not up yet) is
     polled again. Fails with WHAT after TIMEOUT seconds."""
@@ -46,13 +73,11 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condit
 
 def fast_server_config(port: int = 0, **kw: Any) -> ServerConfig:
     """A collector on 127.0.0.1 with 1 s windows and quick probe bursts."""
-    return ServerConfig(
-        listen=f"127.0.0.1:{port}",
-        metrics_listen="127.0.0.1:0",
-        grace=0.5,
-        api=ApiConfig(report_interval_ms=1000, plan=PlanConfig(interval_ms=300, count=5, budget=8)),
-        **kw,
+    kw.setdefault(
+        "api",
+        ApiConfig(report_interval_ms=1000, plan=PlanConfig(interval_ms=300, count=5, budget=8)),
     )
+    return ServerConfig(listen=f"127.0.0.1:{port}", metrics_listen="127.0.0.1:0", grace=0.5, **kw)
 
 
 @contextmanager

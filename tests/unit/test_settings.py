@@ -149,6 +149,14 @@ BAD_VALUES = [
     ("agent", "file", "host", "a b", "host: 'a b' is not a name"),
     ("agent", "file", "nixl_metrics", ["ftp://x/"], "nixl_metrics: 'ftp://x/': expected http"),
     ("agent", "file", "topology", "a\nb", "topology must be short text without control"),
+    ("collector", "file", "drift_min_group", 1, "drift_min_group must be within 2..100000, not 1"),
+    ("collector", "file", "drift_waivers", [{"host": "a", "check": "c", "reason": "", "x": 1}],
+     "agent.toml:2: drift_waivers: unknown key(s) x"),
+    ("collector", "env", "drift_waivers", '[{ host = "a" }]',
+     "FABRICPROBE_COLLECTOR_DRIFT_WAIVERS: check must be a non-empty string"),
+    ("agent", "env", "validate_interval_s", "30", "_S: 30 is neither 0 (off) nor within 60..86400"),
+    ("agent", "flag", "role", "a b", "--role: 'a b' is not a label"),
+    ("agent", "file", "validate_policy", "/no/p.toml", "validate_policy: '/no/p.toml': no such"),
     ("agent", "env", "window_s", "0", "FABRICPROBE_AGENT_WINDOW_S must be within 0.1..3600, not 0"),
     ("agent", "env", "spool_max_bytes", "64M", "FABRICPROBE_AGENT_SPOOL_MAX_BYTES must be an int"),
     ("agent", "env", "ethtool", "maybe", "FABRICPROBE_AGENT_ETHTOOL must be true or false"),
@@ -174,6 +182,8 @@ def _toml(v: Any) -> str:
         return '"' + v.replace("\\", "\\\\").replace("\n", "\\n") + '"'
     if isinstance(v, list):
         return "[" + ", ".join(_toml(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + "}"
     return repr(v)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -11,8 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 from fabricprobe.cli.options import (
+    CollectorCredentials,
     OneLineCommand,
     bind_option,
+    collector_credential_options,
     fail,
     json_option,
     print_json,
@@ -172,9 +175,12 @@ Examples:
   probe validate --priority 5 --dscp 34   # a fabric that puts RoCE on priority 5
   probe validate --policy roce.toml --json | jq '.results[] | select(.status=="FAIL")'
   probe validate --peer 10.0.0.2          # add a live RDMA/TCP check (peer runs probe serve)
+  probe validate --fleet --collector 10.0.0.9:4794 --ca-file ca.pem --token-file reader.token
+                                          # every host's checks, and hosts unlike their peers
 
 \b
-Exit status: 0 when nothing FAILs, 1 on any FAIL, 2 on bad usage.
+Exit status: 0 when nothing FAILs, 1 on any FAIL (with --fleet: on any FAIL or
+difference not waived), 2 on bad usage.
 Checks that need root say so and are skipped when run unprivileged.""",
 )
 @click.option("--device", "devices", multiple=True, metavar="DEV", help="RDMA device (repeatable).")
@@ -207,6 +213,23 @@ Checks that need root say so and are skipped when run unprivileged.""",
     help="Answer tool commands from captures in DIR/commands.toml (repeatable, later wins).",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show the evidence each check read.")
+@click.option(
+    "--fleet",
+    is_flag=True,
+    help="Ask the collector instead: every host's newest checks and the hosts whose "
+    "configuration differs from their ToR's or role's.",
+)
+@click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT")
+@click.option("--fleet-host", default="", metavar="HOST", help="With --fleet: only this host.")
+@click.option("--include-waived", is_flag=True, help="With --fleet: list waived differences.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(1, 600),
+    default=30.0,
+    show_default=True,
+    help="With --fleet: seconds to wait for the collector.",
+)
+@collector_credential_options("With --fleet: a file holding a reader token.")
 def validate(
     devices: tuple[str, ...],
     netdev: str | None,
@@ -221,12 +244,21 @@ def validate(
     configfs_root: str | None,
     replay_dirs: tuple[str, ...],
     verbose: bool,
+    fleet: bool,
+    collector: str,
+    fleet_host: str,
+    include_waived: bool,
+    timeout: float,
+    **cred: Any,
 ) -> None:
     """Check this host's RoCEv2 configuration and say how to fix what is wrong.
 
     Each check reads sysfs, configfs and the DCB tools (dcb, mlnx_qos, lldptool) and
     returns PASS, WARN, FAIL or SKIP with what it read and the command that fixes it.
+    With --fleet it asks the collector for every agent's scheduled checks instead.
     """
+    if fleet:
+        _fleet(collector, fleet_host, include_waived, timeout, as_json, cred)
     try:
         policy = load_policy(policy_file) if policy_file else Policy()
         policy = policy.with_overrides(priority=priority, dscp=dscp)
@@ -267,3 +299,29 @@ def validate(
     else:
         render(report, Console(), verbose)
     raise SystemExit(report.exit_code)
+
+
+def _fleet(
+    collector: str,
+    host: str,
+    include_waived: bool,
+    timeout: float,
+    as_json: bool,
+    cred: dict[str, Any],
+) -> NoReturn:
+    import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+
+    from fabricprobe.cli.drift import fleet_exit, fleet_query, render_fleet
+
+    creds = CollectorCredentials(**cred)
+    creds.check()
+    try:
+        data = fleet_query(collector, host, include_waived, timeout, creds)
+    except ValueError as e:
+        fail(str(e))
+    except grpc.RpcError as e:
+        fail(f"collector {collector}: {e.code().name}: {e.details()}", 1)
+    if as_json:
+        print_json(data)
+        raise SystemExit(fleet_exit(data))
+    raise SystemExit(render_fleet(data, Console(width=max(120, Console().width))))

@@ -43,7 +43,7 @@ class RdmaDevice(_message.Message):
     def __init__(self, name: _Optional[str] = ..., driver: _Optional[str] = ..., ports: _Optional[_Iterable[_Union[RdmaPort, _Mapping]]] = ...) -> None: ...
 
 class HostInfo(_message.Message):
-    __slots__ = ("host", "addresses", "devices", "topology", "probe_port", "probe_kinds", "version")
+    __slots__ = ("host", "addresses", "devices", "topology", "probe_port", "probe_kinds", "version", "role")
     HOST_FIELD_NUMBER: _ClassVar[int]
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class HostInfo(_message.Message):
     PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
     PROBE_KINDS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     host: str
     addresses: _containers.RepeatedScalarFieldContainer[str]
     devices: _containers.RepeatedCompositeFieldContainer[RdmaDevice]
@@ -58,7 +59,8 @@ class HostInfo(_message.Message):
     probe_port: int
     probe_kinds: _containers.RepeatedScalarFieldContainer[str]
     version: str
-    def __init__(self, host: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ..., devices: _Optional[_Iterable[_Union[RdmaDevice, _Mapping]]] = ..., topology: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_kinds: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ...) -> None: ...
+    role: str
+    def __init__(self, host: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ..., devices: _Optional[_Iterable[_Union[RdmaDevice, _Mapping]]] = ..., topology: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_kinds: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("host",)
@@ -389,3 +391,108 @@ class WhyReply(_message.Message):
     goodput: Goodput
     stages: int
     def __init__(self, now_ns: _Optional[int] = ..., slowest: _Optional[_Iterable[_Union[SlowRequest, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathRank, _Mapping]]] = ..., communication_bound: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., stages: _Optional[int] = ...) -> None: ...
+
+class CheckVerdict(_message.Message):
+    __slots__ = ("check", "device", "port", "netdev", "status", "value", "message")
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    NETDEV_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    check: str
+    device: str
+    port: int
+    netdev: str
+    status: str
+    value: str
+    message: str
+    def __init__(self, check: _Optional[str] = ..., device: _Optional[str] = ..., port: _Optional[int] = ..., netdev: _Optional[str] = ..., status: _Optional[str] = ..., value: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CheckReport(_message.Message):
+    __slots__ = ("host", "taken_unix_ns", "checks", "policy", "took_s")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    TOOK_S_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    taken_unix_ns: int
+    checks: _containers.RepeatedCompositeFieldContainer[CheckVerdict]
+    policy: str
+    took_s: float
+    def __init__(self, host: _Optional[str] = ..., taken_unix_ns: _Optional[int] = ..., checks: _Optional[_Iterable[_Union[CheckVerdict, _Mapping]]] = ..., policy: _Optional[str] = ..., took_s: _Optional[float] = ...) -> None: ...
+
+class CheckAck(_message.Message):
+    __slots__ = ("kept",)
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    kept: int
+    def __init__(self, kept: _Optional[int] = ...) -> None: ...
+
+class DriftRequest(_message.Message):
+    __slots__ = ("host", "include_waived")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_WAIVED_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    include_waived: bool
+    def __init__(self, host: _Optional[str] = ..., include_waived: _Optional[bool] = ...) -> None: ...
+
+class DriftRow(_message.Message):
+    __slots__ = ("host", "group_by", "group", "check", "value", "peers_value", "peers_agree", "group_size", "ports", "waived", "waiver")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BY_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    PEERS_VALUE_FIELD_NUMBER: _ClassVar[int]
+    PEERS_AGREE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    WAIVED_FIELD_NUMBER: _ClassVar[int]
+    WAIVER_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    group_by: str
+    group: str
+    check: str
+    value: str
+    peers_value: str
+    peers_agree: int
+    group_size: int
+    ports: str
+    waived: bool
+    waiver: str
+    def __init__(self, host: _Optional[str] = ..., group_by: _Optional[str] = ..., group: _Optional[str] = ..., check: _Optional[str] = ..., value: _Optional[str] = ..., peers_value: _Optional[str] = ..., peers_agree: _Optional[int] = ..., group_size: _Optional[int] = ..., ports: _Optional[str] = ..., waived: _Optional[bool] = ..., waiver: _Optional[str] = ...) -> None: ...
+
+class HostChecks(_message.Message):
+    __slots__ = ("host", "topology", "role", "taken_unix_ns", "by_status", "failing")
+    class ByStatusEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    BY_STATUS_FIELD_NUMBER: _ClassVar[int]
+    FAILING_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    topology: str
+    role: str
+    taken_unix_ns: int
+    by_status: _containers.ScalarMap[str, int]
+    failing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, host: _Optional[str] = ..., topology: _Optional[str] = ..., role: _Optional[str] = ..., taken_unix_ns: _Optional[int] = ..., by_status: _Optional[_Mapping[str, int]] = ..., failing: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DriftReply(_message.Message):
+    __slots__ = ("drift", "hosts", "hosts_without_checks")
+    DRIFT_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_WITHOUT_CHECKS_FIELD_NUMBER: _ClassVar[int]
+    drift: _containers.RepeatedCompositeFieldContainer[DriftRow]
+    hosts: _containers.RepeatedCompositeFieldContainer[HostChecks]
+    hosts_without_checks: int
+    def __init__(self, drift: _Optional[_Iterable[_Union[DriftRow, _Mapping]]] = ..., hosts: _Optional[_Iterable[_Union[HostChecks, _Mapping]]] = ..., hosts_without_checks: _Optional[int] = ...) -> None: ...

@@ -55,6 +55,11 @@ class CollectorStub:
                 request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WindowReport.SerializeToString,
                 response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Ack.FromString,
                 _registered_method=True)
+        self.ReportChecks = channel.unary_unary(
+                '/fabricprobe.v1.Collector/ReportChecks',
+                request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.CheckReport.SerializeToString,
+                response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.CheckAck.FromString,
+                _registered_method=True)
 
 
 class CollectorServicer:
@@ -90,6 +95,15 @@ class CollectorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportChecks(self, request, context):
+        """The newest `probe validate` verdicts of the calling host, with the values behind
+        them: an agent sends one on its schedule (hourly by default) and the collector keeps
+        the newest per host, to compare hosts with their peers (collector/drift.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CollectorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +126,11 @@ def add_CollectorServicer_to_server(servicer, server):
                     servicer.ReportWindow,
                     request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WindowReport.FromString,
                     response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.Ack.SerializeToString,
+            ),
+            'ReportChecks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportChecks,
+                    request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.CheckReport.FromString,
+                    response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.CheckAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -232,6 +251,33 @@ class Collector:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def ReportChecks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabricprobe.v1.Collector/ReportChecks',
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.CheckReport.SerializeToString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.CheckAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class QueryStub:
     """Questions people ask the collector (`probe why`); callers need a reader identity.
@@ -248,6 +294,11 @@ class QueryStub:
                 request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyRequest.SerializeToString,
                 response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyReply.FromString,
                 _registered_method=True)
+        self.Drift = channel.unary_unary(
+                '/fabricprobe.v1.Query/Drift',
+                request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftRequest.SerializeToString,
+                response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftReply.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -262,6 +313,14 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drift(self, request, context):
+        """Each host's check verdicts and where a host's configuration differs from its peers'
+        (same topology label or same role): `probe validate --fleet`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -269,6 +328,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.Why,
                     request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyRequest.FromString,
                     response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyReply.SerializeToString,
+            ),
+            'Drift': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drift,
+                    request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftRequest.FromString,
+                    response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -299,6 +363,33 @@ class Query:
             '/fabricprobe.v1.Query/Why',
             fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyRequest.SerializeToString,
             fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.WhyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drift(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabricprobe.v1.Query/Drift',
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftRequest.SerializeToString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftReply.FromString,
             options,
             channel_credentials,
             insecure,
