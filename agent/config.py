@@ -32,7 +32,7 @@ from fabricprobe.agent.nixl import check_url
 from fabricprobe.agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_WINDOWS
 from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
-from fabricprobe.core.settings import FILE, LISTEN, LISTEN_OR_OFF, NAME, PEER, Check, setting
+from fabricprobe.core.settings import FILE, IP, LISTEN, LISTEN_OR_OFF, NAME, PEER, Check, setting
 
 URL = Check(check_url, "URL")
 
@@ -67,7 +67,11 @@ class AgentConfig:
         "", "What the host does (prefill, decode): drift compares by role too.", check=ROLE
     )
     addresses: list[str] = setting(
-        [], "Address peers probe.", flag="--address", shown="discovered", check=NAME
+        [],
+        "Address peers probe (the first is the probes' source).",
+        flag="--address",
+        shown="discovered",
+        check=IP,
     )
     devices: list[str] = setting(
         [], "RDMA device of this host.", flag="--device", shown="all", check=NAME

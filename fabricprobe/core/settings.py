@@ -201,6 +201,10 @@ def _network(text: str) -> None:
     ipaddress.ip_network(text, strict=False)
 
 
+def _ip(text: str) -> None:
+    ipaddress.ip_address(text)
+
+
 def _name(text: str) -> None:
     if not text or any(c.isspace() for c in text):
         raise ValueError(f"{text!r} is not a name (empty, or with spaces)")
@@ -212,6 +216,7 @@ PEER = Check(_peer, "HOST:PORT")
 FILE = Check(_file, "FILE", empty_ok=True)  # must exist when given
 NETWORK = Check(_network, "CIDR")
 NAME = Check(_name, "NAME")
+IP = Check(_ip, "IP")
 
 
 # --- checking one value ---------------------------------------------------------------

@@ -156,6 +156,7 @@ BAD_VALUES = [
      "FABRICPROBE_COLLECTOR_DRIFT_WAIVERS: check must be a non-empty string"),
     ("agent", "env", "validate_interval_s", "30", "_S: 30 is neither 0 (off) nor within 60..86400"),
     ("agent", "flag", "role", "a b", "--role: 'a b' is not a label"),
+    ("agent", "flag", "addresses", ("10.0.0.1", "gpu-2"), "--address: 'gpu-2' does not appear"),
     ("agent", "file", "validate_policy", "/no/p.toml", "validate_policy: '/no/p.toml': no such"),
     ("agent", "env", "window_s", "0", "FABRICPROBE_AGENT_WINDOW_S must be within 0.1..3600, not 0"),
     ("agent", "env", "spool_max_bytes", "64M", "FABRICPROBE_AGENT_SPOOL_MAX_BYTES must be an int"),
