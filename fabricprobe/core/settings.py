@@ -10,17 +10,17 @@ source: `agent.toml:7: window_s must be within 0.1..3600, not 0`,
 `FABRICPROBE_AGENT_WINDOW_S must be a float, not 'fast'`, `--window must be ...`.
 
 Adding a setting is one line in its class, e.g.
-`validate_every_s: float = setting(3600.0, "Seconds between checks.", lo=60, hi=86400)`:
-the TOML key `validate_every_s`, the variable FABRICPROBE_AGENT_VALIDATE_EVERY_S and the
-flag `--validate-every` follow (tests/unit/test_settings.py holds every field to having
-help, and every number to having bounds).
+`drain_s: float = setting(5.0, "Seconds to drain at shutdown.", lo=0, hi=600)`: the TOML
+key `drain_s`, the variable FABRICPROBE_<SECTION>_DRAIN_S and the flag `--drain` follow
+(tests/unit/test_settings.py holds every field to having help, and every number bounds).
 
-Why dataclass metadata and not pydantic-settings: the settings stay the dataclasses that
-the agent, the collector and the tests build directly (`AgentConfig(host="h2", ...)`,
-mutable, positional-free, no validation until asked); pydantic's errors carry no file
-line and its settings sources know neither click nor a line of a TOML file, so both
-would be rebuilt around it anyway; and it would add a compiled dependency to every
-agent for about three hundred lines of checking done here.
+Why dataclass metadata and not pydantic-settings: the settings stay the plain, mutable
+dataclasses that the agent, the collector and the tests build by keyword
+(`AgentConfig(host="h2", ...)`, checked only when `validate()` asks); pydantic's errors
+name a key path but no file or line, and its settings sources know neither click nor
+where a key sits in a TOML file, so both would be rebuilt around it anyway; and it would
+add a compiled dependency (pydantic-core) to every agent for what a few hundred lines
+here do.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class Spec:
         return "--" + self.name.removesuffix("_s").replace("_", "-")
 
     def env(self, section: str) -> str:
-        return f"FABRICPROBE_{section.upper()}_{self.name.upper()}"
+        return env_var(section, self.name)
 
     @property
     def is_many(self) -> bool:
