@@ -47,6 +47,7 @@ from fabricprobe.core.errors import ConfigError
 from fabricprobe.probes.control import SessionTable, parse_hostport
 from fabricprobe.probes.ethtool import Runner, run_command
 from fabricprobe.probes.fleet import FleetToken
+from fabricprobe.probes.hostload import CpuPressure
 from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.sessions import probe_sessions
 
@@ -64,6 +65,8 @@ MAX_PER_SOURCE = 8
 # peer's one-shot tcp_bw alone could ask for 64 MiB of stream buffers.
 MAX_SESSION_MEMORY = 32 << 20
 MAX_BACKOFF_S = 10.0
+REFERENCE_EXCHANGES = 10  # per host-reference burst: two bursts a window
+MAX_SLOWDOWN = 4.0  # the self-throttle stretches probe intervals at most this much
 EX_SOFTWARE = 70  # sysexits.h: an internal error; the exit status when a thread died
 FAILURES_FILE = "thread-failures.json"
 
@@ -188,6 +191,9 @@ class Agent:
                 policy_file=cfg.validate_policy,
                 devices=tuple(cfg.devices),
             )
+        self.pressure = CpuPressure(Path(cfg.proc_root) / "pressure" / "cpu")
+        own = self._proc.cpu_times()
+        self._last_cpu = (time.monotonic(), own.user + own.system)
         self.failure: str | None = None  # "thread: error" once a thread died
         self._failures_path = Path(cfg.spool_dir) / FAILURES_FILE
         self.thread_failures, last = _read_failures(self._failures_path)
@@ -276,7 +282,8 @@ class Agent:
                 log.error("flush at shutdown stopped: %s", e)
                 break
         self.responder.stop()
-        self._threads[0].join()
+        if self._threads:  # started
+            self._threads[0].join()
         if self.metrics is not None:
             self.metrics.stop()
         self.client.close()
@@ -312,6 +319,7 @@ class Agent:
         self._last_bursts, self._last_cut = bursts, now
         self.seq += 1
         cpu = self._proc.cpu_times()
+        share, pressure = self._throttle(cpu.user + cpu.system, now)
         report = pb.WindowReport(
             host=self.cfg.host,
             epoch=self.epoch,
@@ -336,6 +344,9 @@ class Agent:
                 sessions=self.responder.active_sessions(),
                 sessions_refused=self.responder.refused,
                 sessions_refused_by_reason=dict(self.responder.refusals),
+                self_throttle=self.scheduler.slowdown,
+                cpu_share=share,
+                cpu_pressure=-1.0 if pressure is None else pressure,
             ),
             assignment_generation=self.generation,
         )
@@ -405,8 +416,55 @@ class Agent:
             for t in a.targets
             if t.dst != self.cfg.host
         ]
-        self.scheduler.set_targets(specs, budget=float(a.probe_budget) or None)
+        ref = self.reference_spec()
+        self.scheduler.set_targets(
+            [*specs, *([ref] if ref is not None and specs else [])],
+            budget=float(a.probe_budget) or None,
+        )
         self.generation = a.generation
+
+    def reference_spec(self) -> ProbeSpec | None:
+        """The host reference: the TCP latency probe against this agent's own responder.
+        The kernel turns a connection to a local address around in the loopback device,
+        so its RTT holds no NIC and no wire, only this host's stack and the scheduling of
+        its prober and responder threads: what the host adds to every probe it sends or
+        answers (the collector subtracts it; collector/join.py). It goes out with the
+        windows as the path from this host to itself. None when turned off."""
+        if not self.cfg.host_reference or "tcp_lat" not in self.runners:
+            return None
+        address = self.source or "127.0.0.1"
+        return ProbeSpec(
+            dst=self.cfg.host,
+            address=address,
+            port=self.responder.port,
+            kind="tcp_lat",
+            size=64,
+            count=REFERENCE_EXCHANGES,
+            interval_s=max(1.0, self.window_s / 2),
+        )
+
+    def _throttle(self, cpu_s: float, now: float) -> tuple[float, float | None]:
+        """Update the self-throttle from the CPU the agent used since the last window and
+        the host's CPU pressure: stretch the probe intervals by 1.5x (up to 4x) while over
+        budget, ease back by the same step once under it. Returns (cpu share, pressure)."""
+        elapsed = max(now - self._last_cpu[0], 1e-3)
+        share = max(0.0, (cpu_s - self._last_cpu[1]) / elapsed)
+        self._last_cpu = (now, cpu_s)
+        pressure = self.pressure.sample(now)
+        over = share > self.cfg.cpu_budget or (
+            pressure is not None and pressure > self.cfg.pressure_limit
+        )
+        s = self.scheduler.slowdown
+        s = min(MAX_SLOWDOWN, s * 1.5) if over else max(1.0, s / 1.5)
+        if s != self.scheduler.slowdown:
+            log.info(
+                "self-throttle %.2fx (agent %.2f%% of a core, CPU pressure %s)",
+                s,
+                share * 100,
+                "unknown" if pressure is None else f"{pressure:.0%}",
+            )
+        self.scheduler.slowdown = s
+        return share, pressure
 
     def _checks_loop(self) -> None:
         assert self.checks is not None

@@ -119,6 +119,19 @@ class AgentConfig:
     probe_max_keepalive_s: float = setting(
         600.0, "Longest a peer's kept link is held here, seconds.", lo=0, hi=600
     )
+    # the host reference (agent.reference_spec): a TCP probe of this host's own responder
+    host_reference: bool = setting(True, "Probe this host's own responder, the host reference.")
+    # the self-throttle: probe intervals stretch (up to 4x, never a stop) while the agent
+    # uses more than cpu_budget of a core or the host's CPU pressure is over pressure_limit
+    cpu_budget: float = setting(
+        0.01, "Share of a core the agent may use before it throttles.", lo=0.0001, hi=4
+    )
+    pressure_limit: float = setting(
+        0.5, "Host CPU pressure (PSI share of time) the agent throttles above.", lo=0.001, hi=1
+    )
+    proc_root: str = setting(
+        "/proc", "Root of the proc tree to read.", flag="--proc", metavar="DIR"
+    )
     ca_file: str = setting("", "CA of the collector (TLS).", check=FILE)
     cert_file: str = setting("", "Client certificate (PEM).", check=FILE)
     key_file: str = setting("", "Client key (PEM).", check=FILE)

@@ -200,6 +200,13 @@ def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Famili
             float(a.spool_dropped),
         ),
         ("agent_probe_links", "gauge", "Kept probe links to targets.", float(a.links)),
+        (
+            "agent_self_throttle",
+            "gauge",
+            "Factor the probe intervals are stretched by to spare the host (1 to 4).",
+            a.self_throttle or 1.0,
+        ),
+        ("agent_cpu_share", "gauge", "Share of a core used over the window.", a.cpu_share),
         ("agent_probe_sessions", "gauge", "Probe sessions the responder runs.", float(a.sessions)),
         (
             "agent_probe_sessions_refused",

@@ -282,6 +282,7 @@ class Scheduler:
         self.ctx, self.sink, self.jitter = ctx, sink, jitter
         self.runners = dict(runners)
         self.budget = RateBudget(budget)
+        self.slowdown = 1.0  # the agent's self-throttle: intervals stretch by this much
         self.bursts = 0
         self._heap: list[_Due] = []
         self._n = 0
@@ -350,7 +351,10 @@ class Scheduler:
                 heapq.heappush(
                     self._heap,
                     _Due(
-                        max(due.at + due.spec.interval_s * spread, time.monotonic()),
+                        max(
+                            due.at + due.spec.interval_s * spread * self.slowdown,
+                            time.monotonic(),
+                        ),
                         self._n,
                         due.spec,
                     ),

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from fabricprobe.collector.history import COUNTER_CATEGORIES
+from fabricprobe.collector.join import HOST_FLOOR_S
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,11 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     reference. It is fabric_bound when it is
     slow by `kv_ratio` and its probe RTT (the `rtt_evidence` statistics) exceeds the
     other paths' by `rtt_ratio`, or its ends show congestion counters moving where the
-    others' do not."""
+    others' do not. The RTT evidence uses the figures with the hosts' own delay taken
+    out (rtt_p50_net_s, rtt_p99_net_s: collector/join.py) where the ends measured it, so
+    a busy prober does not pass for a slow path. A path most of whose transfers ran in
+    host-bound windows, and that the fabric does not explain, is host_bound: its time
+    is the hosts', not the network's."""
     cols = [
         "src",
         "dst",
@@ -108,6 +113,8 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         "congestion_per_s",
         "explained_s",
         "fabric_bound",
+        "host_bound",
+        "host_delay_s",
         "rank",
     ]
     if kv.empty:
@@ -119,6 +126,11 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         s_per_byte=kv["duration_s"] / kv["bytes"].where(kv["bytes"] > 0),
         congestion=kv[rate_cols].sum(axis=1, min_count=1) if rate_cols else np.nan,
     )
+    for raw, net in (("rtt_p50_s", "rtt_p50_net_s"), ("rtt_p99_s", "rtt_p99_net_s")):
+        df[net] = df[net].fillna(df[raw]) if net in df else df[raw]
+    for col in ("host_bound", "host_delay_s"):
+        if col not in df:
+            df[col] = np.nan
     per = df.groupby(["src", "dst", "transport"]).agg(
         transfers=("duration_s", "size"),
         kv_median_s=("duration_s", "median"),
@@ -126,19 +138,37 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         rtt_min_s=("rtt_min_s", "median"),
         rtt_p50_s=("rtt_p50_s", "median"),
         rtt_p99_s=("rtt_p99_s", "median"),
+        rtt_p50_net_s=("rtt_p50_net_s", "median"),
+        rtt_p99_net_s=("rtt_p99_net_s", "median"),
         congestion_per_s=("congestion", "median"),
+        host_share=("host_bound", "mean"),
+        host_delay_s=("host_delay_s", "median"),
     )
+    net_of = {"rtt_p50_s": "rtt_p50_net_s", "rtt_p99_s": "rtt_p99_net_s"}
     parts = []
     for _tr, g in per.groupby(level="transport"):
         g = g.copy()
         judged = g["transfers"] >= cfg.min_transfers
-        ref_bpb = _leave_one_out_median(g["s_per_byte"].where(judged))
-        ratios = [
-            g[stat] / _leave_one_out_median(g[stat].where(judged)) for stat in cfg.rtt_evidence
-        ]
-        ref_cong = _leave_one_out_median(g["congestion_per_s"].where(judged))
+        # the reference is what quiet hosts' paths do: a busy host slows its transfers
+        # too, and counting its paths in would hide a slow path beside them
+        quiet = judged & (g["host_share"].fillna(0) < 0.5)
+        base = quiet if quiet.sum() >= 2 else judged
+        ref_bpb = _leave_one_out_median(g["s_per_byte"].where(base))
+        ratios, rises = [], []
+        host = g["host_delay_s"].fillna(0.0).clip(lower=HOST_FLOOR_S)
+        for stat in cfg.rtt_evidence:
+            col = g[net_of.get(stat, stat)]
+            ref_stat = _leave_one_out_median(col.where(base))
+            ratios.append(col / ref_stat)
+            # a rise the hosts' own delay could account for is no evidence of the network;
+            # the minimum of a window keeps its quietest exchange, which host noise (it
+            # only ever adds delay) leaves alone, so it needs only to clear the floor
+            room = HOST_FLOOR_S if stat == "rtt_min_s" else host
+            rises.append((col / ref_stat >= cfg.rtt_ratio) & (col - ref_stat > room))
+        ref_cong = _leave_one_out_median(g["congestion_per_s"].where(base))
         g["kv_ratio"] = g["s_per_byte"] / ref_bpb
         g["rtt_ratio"] = pd.concat(ratios, axis=1).max(axis=1) if ratios else np.nan
+        g["rtt_evidence"] = pd.concat(rises, axis=1).any(axis=1) if rises else False
         g["ref_s_per_byte"] = ref_bpb
         g["congested"] = (g["congestion_per_s"].fillna(0) > 0) & (ref_cong.fillna(0) == 0)
         parts.append(g)
@@ -153,8 +183,9 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     )
     per["explained_s"] = (typical.clip(lower=0) * per["transfers"]).fillna(0.0)
     slow = (per["kv_ratio"] >= cfg.kv_ratio) & (per["transfers"] >= cfg.min_transfers)
-    evidence = (per["rtt_ratio"] >= cfg.rtt_ratio) | per["congested"]
+    evidence = per["rtt_evidence"].astype(bool) | per["congested"]
     per["fabric_bound"] = (slow & evidence).astype(bool)
+    per["host_bound"] = (per["host_share"].fillna(0) >= 0.5) & ~per["fabric_bound"]
     per = per.sort_values("explained_s", ascending=False).reset_index()
     per["rank"] = np.arange(1, len(per) + 1)
     return per[cols]

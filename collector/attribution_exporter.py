@@ -68,6 +68,17 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             "1 when the path's KV transfers are slow and its fabric figures account for it.",
             labels=PATH,
         ),
+        "host_bound": GaugeMetricFamily(
+            P + "path_host_bound",
+            "1 when the path's KV transfers ran mostly in windows where its hosts' own "
+            "delay made most of its RTT rise, and the fabric does not account for them.",
+            labels=PATH,
+        ),
+        "host_delay": GaugeMetricFamily(
+            P + "path_host_delay_seconds",
+            "What the path's hosts add to its probe RTT (their reference probes), median.",
+            labels=PATH,
+        ),
         "rho": GaugeMetricFamily(
             P + "path_kv_rtt_rank_correlation",
             "Spearman rho of KV-transfer time per byte with probe p99 RTT, newest window.",
@@ -242,6 +253,8 @@ class AttributionCollector(Collector):
             labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
             add("explained", labels, row.explained_s)
             add("bound", labels, 1.0 if row.fabric_bound else 0.0)
+            add("host_bound", labels, 1.0 if row.host_bound else 0.0)
+            add("host_delay", labels, row.host_delay_s)
         corr = res.correlation.dropna(subset=["rho_rtt_p99"])
         if len(corr):
             newest = corr[corr["window"] == corr["window"].max()]

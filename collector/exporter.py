@@ -283,6 +283,23 @@ class FabricCollector(Collector):
                 "Probe bursts per second over the agent's newest window.",
                 labels=["src"],
             ),
+            "throttle": GaugeMetricFamily(
+                p + "agent_self_throttle",
+                "Factor the agent stretches its probe intervals by to spare its host "
+                "(1 = the plan's pace, at most 4).",
+                labels=["src"],
+            ),
+            "cpu_share": GaugeMetricFamily(
+                p + "agent_cpu_share",
+                "Share of a core the agent used over its newest window.",
+                labels=["src"],
+            ),
+            "pressure": GaugeMetricFamily(
+                p + "host_cpu_pressure_ratio",
+                "Share of the newest window in which some task on the host waited for a CPU "
+                "(PSI); absent where the kernel has none.",
+                labels=["src"],
+            ),
             "spool": GaugeMetricFamily(
                 p + "agent_spool_windows",
                 "Windows waiting in the agent's spool.",
@@ -395,6 +412,10 @@ class FabricCollector(Collector):
                 f["rss"].add_metric([name], float(a.rss_bytes))
                 f["probes"].add_metric([name], float(a.probes))
                 f["probe_rate"].add_metric([name], a.probe_rate)
+                f["throttle"].add_metric([name], a.self_throttle or 1.0)
+                f["cpu_share"].add_metric([name], a.cpu_share)
+                if a.cpu_pressure >= 0:
+                    f["pressure"].add_metric([name], a.cpu_pressure)
                 f["spool"].add_metric([name], float(a.spool_depth))
                 f["spool_bytes"].add_metric([name], float(a.spool_bytes))
                 f["spool_dropped"].add_metric([name], float(a.spool_dropped))

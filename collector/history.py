@@ -132,11 +132,13 @@ class FabricHistory:
         new = {host_pair(a, b) for a, b in pairs} - self.pairs
         if not new:
             return
+        fresh = {h for p in new for h in p} - self.hosts
         with self.lock:
             self.pairs = self.pairs | new
-            self.hosts = self.hosts | {h for p in new for h in p}
+            self.hosts = self.hosts | fresh
         if store is not None:
-            for a, b in new:
+            # each watched host's path to itself is its reference (agent.reference_spec)
+            for a, b in [*new, *((h, h) for h in sorted(fresh))]:
                 for key, end, sketch in store.newest_windows(a, b):
                     self.report_taken(end, [(key, sketch)], [])
 
@@ -153,7 +155,12 @@ class FabricHistory:
         nixl = [r for r in rates if r[0][1] == "nixl"]
         if not pairs and not nixl:
             return
-        windows = [(k, sk) for k, sk in windows if host_pair(k[0], k[1]) in pairs]
+        hosts = self.hosts
+        windows = [
+            (k, sk)
+            for k, sk in windows
+            if host_pair(k[0], k[1]) in pairs or (k[0] == k[1] and k[0] in hosts)
+        ]
         if rates and rates[0][0][0] not in self.hosts:
             rates = nixl  # one report, one host
         cats = self._category

@@ -185,6 +185,36 @@ def split_kv(kv: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+# A probe's RTT holds the prober's and the responder's host delay beside the network's.
+# Each agent measures its own: the same TCP probe against its own responder, turned
+# around in the loopback device (no NIC, no wire). What that reference takes beyond its
+# quietest window is this host's stack and scheduling delay for a prober and a
+# responder both, so a path's share is half of each end's. A window is host-bound when
+# that estimate is at least HOST_SHARE of what the path's RTT rose above its own floor.
+HOST_SHARE = 0.5
+HOST_FLOOR_S = 20e-6  # host delay below this is noise of the reference itself
+HOST_FIELDS = ["host_delay_s", "rtt_p50_net_s", "rtt_p99_net_s", "host_bound"]
+
+
+def _host_excess(
+    paths: _PathIndex, host: str, start_ns: int, end_ns: int, slack: int, horizon: int
+) -> tuple[float, float]:
+    """(p50, p99) of HOST's reference over [START, END] beyond its floor; NaN if none."""
+    ref = paths.exact.get((host, host, "tcp"))
+    if ref is None or ref.empty:
+        return np.nan, np.nan
+    w = ref[(ref["start_ns"] <= end_ns + slack) & (ref["end_ns"] >= start_ns - slack)]
+    if w.empty:
+        w = ref[(ref["end_ns"] >= end_ns) & (ref["end_ns"] <= end_ns + horizon)].head(1)
+    if w.empty:
+        return np.nan, np.nan
+    floor = float(ref["rtt_min_s"].min())
+    return (
+        max(0.0, float(w["rtt_p50_s"].mean()) - floor),
+        max(0.0, float(w["rtt_p99_s"].max()) - floor),
+    )
+
+
 def join_fabric(
     stages: pd.DataFrame,
     windows: pd.DataFrame,
@@ -217,6 +247,7 @@ def join_fabric(
     rate_cols: dict[str, list[float]] = {c: [] for c in RATE_FIELDS}
     nixl_cols: dict[str, list[float]] = {c: [] for c in NIXL_FIELDS}
     bw_col: list[float] = []
+    host_cols: dict[str, list[float]] = {c: [] for c in HOST_FIELDS}
     paths = _PathIndex(windows)
     is_nixl = rates["category"] == NIXL_CATEGORY
     by_host = {h: g for h, g in rates[~is_nixl].groupby("host", sort=False)}
@@ -245,6 +276,27 @@ def join_fabric(
         p50.append(float(w["rtt_p50_s"].mean()) if len(w) else np.nan)
         p99.append(float(w["rtt_p99_s"].max()) if len(w) else np.nan)
         loss.append(float(w["loss_ratio"].mean()) if len(w) else np.nan)
+        ends = [
+            _host_excess(paths, h, row.start_ns, row.end_ns, slack, horizon)
+            for h in (row.src, row.dst)
+        ]
+        known = [e for e in ends if not np.isnan(e[0])]
+        delay = sum(e[0] for e in known) / 2 if known else np.nan
+        delay99 = sum(e[1] for e in known) / 2 if known else np.nan
+        floor = float(pw["rtt_min_s"].min()) if len(pw) else np.nan
+        rise = p50[-1] - floor
+        host_cols["host_delay_s"].append(delay)
+        host_cols["rtt_p50_net_s"].append(
+            max(rmin[-1], p50[-1] - delay) if known and len(w) else p50[-1]
+        )
+        host_cols["rtt_p99_net_s"].append(
+            max(rmin[-1], p99[-1] - delay99) if known and len(w) else p99[-1]
+        )
+        host_cols["host_bound"].append(
+            float(delay >= HOST_FLOOR_S and delay >= HOST_SHARE * rise)
+            if known and len(w) and not np.isnan(rise)
+            else np.nan
+        )
         for end, host, device in (
             ("src", row.src, row.src_device),
             ("dst", row.dst, row.dst_device),
@@ -267,6 +319,8 @@ def join_fabric(
     for col, values in rate_cols.items():
         fab[col] = values
     fab["bandwidth_bytes_per_s"] = bw_col
+    for col, values in host_cols.items():
+        fab[col] = values
     for col, values in nixl_cols.items():
         fab[col] = values
     return split_kv(fab.reset_index(drop=True))

@@ -25,11 +25,11 @@ MAX_WINDOW_S = 86_400.0
 _REQUEST_FLOATS = (
     "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s",
     "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s",
-    "rtt_p99_s", "loss_ratio",
+    "rtt_p99_s", "loss_ratio", "host_delay_s",
 )  # fmt: skip
 _PATH_FLOATS = (
     "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio",
-    "congestion_per_s", "explained_s",
+    "congestion_per_s", "explained_s", "host_delay_s",
 )  # fmt: skip
 
 
@@ -61,6 +61,7 @@ def _slow_request(row: dict[str, Any]) -> pb.SlowRequest:
         path_reason=_text(row.get("path_reason")),
         engine=_text(row.get("engine")),
         kv_source=_text(row.get("kv_source")),
+        host_bound=_finite(row.get("host_bound")) == 1.0,
     )
     for name in (*_REQUEST_FLOATS, "kv_fabric_s", "kv_other_s"):
         if (f := _finite(row.get(name))) is not None:
@@ -82,11 +83,38 @@ def _path_rank(row: dict[str, Any]) -> pb.PathRank:
         transport=_text(row.get("transport")),
         transfers=_count(row.get("transfers")) or 0,
         fabric_bound=bool(row.get("fabric_bound")),
+        host_bound=bool(row.get("host_bound")),
     )
     for name in _PATH_FLOATS:
         if (f := _finite(row.get(name))) is not None:
             setattr(msg, name, f)
     return msg
+
+
+def empty_reason(res: Analysis) -> str:
+    """Why the analysis has no request on a path with fabric figures ("" when it has)."""
+    if res.stages.empty:
+        return (
+            "no spans in the window: point the engines' OTLP exporter at the collector "
+            "(README: Point your engine at fabricprobe)"
+        )
+    kv = res.kv
+    if kv.empty:
+        reasons = res.requests.get("path_reason")
+        counts = reasons.value_counts().head(3) if reasons is not None else None
+        why = (
+            ", ".join(f"{r or 'none'} x{n}" for r, n in counts.items())
+            if counts is not None and len(counts)
+            else "no KV-transfer stage in the spans"
+        )
+        return f"{len(res.requests)} request(s), none joined to a fabric path ({why})"
+    if not (pd.to_numeric(kv["fabric_windows"], errors="coerce").fillna(0) > 0).any():
+        paths = sorted({f"{s}->{d}" for s, d in zip(kv["src"], kv["dst"], strict=True)})[:5]
+        return (
+            f"no fabric windows for the paths the spans crossed ({', '.join(paths)}): are "
+            "agents running on those hosts, under the names the engines report?"
+        )
+    return ""
 
 
 def why_reply(res: Analysis, slowest: int = 10, by: str = "e2e_s") -> pb.WhyReply:
@@ -111,6 +139,7 @@ def why_reply(res: Analysis, slowest: int = 10, by: str = "e2e_s") -> pb.WhyRepl
     )
     reply.slowest.extend(_slow_request(r) for r in top.to_dict("records"))
     reply.paths.extend(_path_rank(r) for r in res.paths.to_dict("records"))
+    reply.empty_reason = empty_reason(res)
     if len(res.goodput):
         g = res.goodput.iloc[0]
         reply.goodput.CopyFrom(

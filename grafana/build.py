@@ -250,6 +250,17 @@ FABRIC = Dashboard(
                     "responder answers (224 at most), and probers it turned away as busy.",
                 ),
                 Panel(
+                    "Host CPU pressure and agent self-throttle",
+                    (
+                        (f"fabricprobe_host_cpu_pressure_ratio{{{HOST_SEL}}}", "{{src}} pressure"),
+                        (f"fabricprobe_agent_self_throttle{{{HOST_SEL}}} - 1", "{{src}} throttle"),
+                    ),
+                    "percentunit",
+                    description="Share of the window some task on the host waited for a CPU "
+                    "(PSI), and how far the agent stretched its probe intervals to spare the "
+                    "host (0 % = the plan's pace, 300 % = 4x slower; it never stops).",
+                ),
+                Panel(
                     "Agent spool depth",
                     ((f"fabricprobe_agent_spool_windows{{{HOST_SEL}}}", "{{src}}"),),
                     "none",
@@ -462,6 +473,23 @@ REQUESTS = Dashboard(
                     "counters say why.",
                 ),
                 Panel(
+                    "Host-bound paths, and the hosts' delay in their RTT",
+                    (
+                        (
+                            f"fabricprobe_path_host_bound{{{KV_SEL}}}",
+                            "{{src}} → {{dst}} host-bound",
+                        ),
+                        (
+                            f"fabricprobe_path_host_delay_seconds{{{KV_SEL}}}",
+                            "{{src}} → {{dst}} host delay (s)",
+                        ),
+                    ),
+                    "none",
+                    description="Host-bound: its transfers ran mostly in windows where its hosts' "
+                    "own delay (their reference probes) made most of its RTT rise: the hosts "
+                    "are busy, the network is not to blame.",
+                ),
+                Panel(
                     "KV time vs probe tail RTT (rank correlation)",
                     (
                         (
@@ -623,6 +651,16 @@ ALERTS: list[dict[str, Any]] = [
         "annotations": {
             "summary": "{{ $labels.host }} fails the {{ $labels.check }} check: "
             "probe validate on it gives the fix"
+        },
+    },
+    {
+        "alert": "FabricprobeAgentThrottled",
+        "expr": "fabricprobe_agent_self_throttle > 2",
+        "for": "30m",
+        "labels": {"severity": "ticket"},
+        "annotations": {
+            "summary": "agent on {{ $labels.src }} probes {{ $value }}x slower than planned "
+            "to spare its busy host: its paths' figures are thinner"
         },
     },
     {

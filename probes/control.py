@@ -131,6 +131,12 @@ class Refused(ProbeError):
 REFUSAL_REASONS = ("busy", "source", "memory", "hello", "unauthenticated", "address")
 
 
+class PeerUnreachable(PeerError):
+    """Nothing answered the session's setup: the connection was refused or not accepted
+    in time, or the peer took it and stayed silent. No other session kind would fare
+    better there now, so a caller with several to run may skip the rest."""
+
+
 class PeerClosed(PeerError):
     """The peer closed the control connection between messages."""
 
@@ -144,7 +150,12 @@ class LinkStale(PeerError):
 
 
 class Deadline:
-    """A point in time (monotonic) that a multi-step operation must finish by."""
+    """A point in time (monotonic) that a multi-step operation must finish by.
+
+    One Deadline is passed down through every step of a stage (connect, hello, the
+    fleet-token challenge, ready, the data connections), so the steps share the time
+    the caller gave instead of each taking a full timeout of its own. `seconds` is that
+    time, for messages ("... within 2 s")."""
 
     __slots__ = ("_end", "seconds")
 
@@ -161,6 +172,22 @@ class Deadline:
     @property
     def expired(self) -> bool:
         return time.monotonic() >= self._end
+
+
+Timeout = float | Deadline  # seconds from now, or a deadline shared with earlier steps
+
+
+def as_deadline(t: Timeout) -> Deadline:
+    """T itself when it is a Deadline (time already spent counts), else one T s from now."""
+    return t if isinstance(t, Deadline) else Deadline(t)
+
+
+def _left(deadline: Deadline, what: str) -> float:
+    """Seconds left for WHAT; PeerError when none are (settimeout(0) would not block)."""
+    left = deadline.remaining()
+    if left <= 0:
+        raise PeerError(f"no time left for {what}: the {deadline.seconds:g} s deadline passed")
+    return left
 
 
 # --------------------------------------------------------------------------- framing
@@ -236,21 +263,26 @@ class Channel:
         self.timeout = timeout
 
     def send(
-        self, kind: str, body: dict[str, Any] | None = None, *, timeout: float | None = None
+        self, kind: str, body: dict[str, Any] | None = None, *, timeout: Timeout | None = None
     ) -> None:
+        """Send one message; TIMEOUT (a Deadline shares the time with other steps) bounds
+        the whole sendall."""
         data = encode_message(kind, body or {})
-        t = timeout if timeout is not None else self.timeout
-        self.sock.settimeout(t)
+        deadline = as_deadline(timeout if timeout is not None else self.timeout)
+        self.sock.settimeout(_left(deadline, f"the {kind} message"))
         try:
             self.sock.sendall(data)
         except TimeoutError:
-            raise PeerError(f"peer did not take the {kind} message within {t:g} s") from None
+            raise PeerError(
+                f"peer did not take the {kind} message within {deadline.seconds:g} s"
+            ) from None
         except OSError as e:
             raise PeerError(f"connection to peer failed while sending {kind}: {e}") from e
 
-    def recv(self, *, timeout: float | None = None, expect: str | None = None) -> Message:
-        """Read one message within TIMEOUT; with EXPECT, anything else (or `error`) raises."""
-        deadline = Deadline(timeout if timeout is not None else self.timeout)
+    def recv(self, *, timeout: Timeout | None = None, expect: str | None = None) -> Message:
+        """Read one message within TIMEOUT (a Deadline shares the time with other steps);
+        with EXPECT, anything else (or `error`) raises."""
+        deadline = as_deadline(timeout if timeout is not None else self.timeout)
         (length,) = _HEADER.unpack(_recv_exact(self.sock, _HEADER.size, deadline, "message header"))
         if length == 0 or length > MAX_MESSAGE_BYTES:
             raise ProtocolError(
@@ -464,34 +496,39 @@ def wait_listening(host: str, port: int, timeout: float) -> None:
 
 
 def connect(
-    host: str, port: int, *, bind: str | None = None, timeout: float = DEFAULT_TIMEOUT_S
+    host: str, port: int, *, bind: str | None = None, timeout: Timeout = DEFAULT_TIMEOUT_S
 ) -> socket.socket:
-    """A TCP connection to HOST:PORT from source address BIND, within TIMEOUT.
+    """A TCP connection to HOST:PORT from source address BIND, within TIMEOUT (all the
+    addresses HOST resolves to share it).
 
     The source address picks the path when several hosts are addresses on one machine.
-    Refused or unreachable peers raise PeerError; the socket is never leaked.
+    Refused or unreachable peers raise PeerError at once; a peer that drops the SYN (no
+    route, a full listen backlog) raises it at the deadline; the socket is never leaked.
     """
+    deadline = as_deadline(timeout)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
-        raise PeerError(f"cannot resolve {host}: {e.strerror}") from None
+        raise PeerUnreachable(f"cannot resolve {host}: {e.strerror}") from None
     last: Exception | None = None
     for family, stype, proto, _, sockaddr in infos:
         sock = socket.socket(family, stype, proto)
         try:
             if bind:
                 sock.bind((bind, 0))
-            sock.settimeout(timeout)
+            sock.settimeout(_left(deadline, f"connecting to {host}:{port}"))
             sock.connect(sockaddr)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock
-        except OSError as e:
+        except (OSError, PeerError) as e:
             sock.close()
             last = e
-    if isinstance(last, TimeoutError):
-        raise PeerError(f"{host}:{port} did not answer within {timeout:g} s")
+    if isinstance(last, TimeoutError | PeerError):
+        raise PeerUnreachable(
+            f"{host}:{port} did not accept the connection within {deadline.seconds:g} s"
+        )
     where = f" from {bind}" if bind else ""
-    raise PeerError(f"cannot connect to {host}:{port}{where}: {_os_reason(last)}")
+    raise PeerUnreachable(f"cannot connect to {host}:{port}{where}: {_os_reason(last)}")
 
 
 def _os_reason(e: Exception | None) -> str:
@@ -527,17 +564,24 @@ class ControlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def open(self, session: str, params: dict[str, Any]) -> dict[str, Any]:
+    def open(
+        self, session: str, params: dict[str, Any], *, deadline: Deadline | None = None
+    ) -> dict[str, Any]:
         """Connect, send hello (answer the responder's challenge with the fleet token)
-        and return the responder's `ready` info."""
-        self._sock = connect(self.host, self.port, bind=self.bind, timeout=self.timeout)
+        and return the responder's `ready` info, all within DEADLINE (default: the
+        client's timeout from now). Pass the same DEADLINE on to the rest of the
+        session's setup (its data connections) so that the whole setup fits in it."""
+        deadline = deadline or Deadline(self.timeout)
+        self._sock = connect(self.host, self.port, bind=self.bind, timeout=deadline)
         self.channel = Channel(self._sock, self.timeout)
         self.channel.send(
-            "hello", {"version": PROTOCOL_VERSION, "session": session, "params": params}
+            "hello",
+            {"version": PROTOCOL_VERSION, "session": session, "params": params},
+            timeout=deadline,
         )
-        msg = self.channel.recv()
+        msg = self._reply(deadline, "the hello")
         if msg.kind == "challenge":
-            msg = self._answer(msg, session, params)
+            msg = self._answer(msg, session, params, deadline)
         if msg.kind == "error":
             raise PeerError(f"peer refused: {_reason(msg)}")
         if msg.kind != "ready":
@@ -548,7 +592,23 @@ class ControlClient:
         self.keepalive_s = float(granted) if isinstance(granted, int | float) else 0.0
         return require_dict(msg.body, "info", where="ready.")
 
-    def _answer(self, challenge: Message, session: str, params: dict[str, Any]) -> Message:
+    def _reply(self, deadline: Deadline, to: str) -> Message:
+        """The responder's answer TO a setup message; a silent peer raises PeerError
+        naming what it did not answer."""
+        assert self.channel is not None
+        try:
+            return self.channel.recv(timeout=deadline)
+        except PeerError as e:
+            if not deadline.expired or isinstance(e, PeerClosed | ProtocolError):
+                raise
+            raise PeerUnreachable(
+                f"{format_hostport(self.host, self.port)} took the connection but did not "
+                f"answer {to} within {deadline.seconds:g} s (is `probe serve` running there?)"
+            ) from None
+
+    def _answer(
+        self, challenge: Message, session: str, params: dict[str, Any], deadline: Deadline
+    ) -> Message:
         """Prove we hold the fleet token: HMAC of the nonce for this connection."""
         assert self.channel is not None and self._sock is not None
         if self.token is None:
@@ -561,8 +621,8 @@ class ControlClient:
             raise ProtocolError("challenge.nonce: not hex") from None
         mine, theirs = self._sock.getsockname()[0], self._sock.getpeername()[0]
         mac = self.token.answer(nonce, str(mine), str(theirs), session, params)
-        self.channel.send("auth", {"mac": mac})
-        return self.channel.recv()
+        self.channel.send("auth", {"mac": mac}, timeout=deadline)
+        return self._reply(deadline, "the fleet-token answer (auth)")
 
     @property
     def local_address(self) -> str:
@@ -571,13 +631,15 @@ class ControlClient:
         return str(self._sock.getsockname()[0])
 
     def done(
-        self, result: dict[str, Any] | None = None, *, timeout: float | None = None
+        self, result: dict[str, Any] | None = None, *, timeout: Timeout | None = None
     ) -> dict[str, Any]:
-        """Tell the responder we are finished; return the figures it sends back."""
+        """Tell the responder we are finished; return the figures it sends back. The
+        exchange (both messages) fits in TIMEOUT (default: the client's timeout)."""
         if self.channel is None:
             raise ProbeError("control session is not open")
-        self.channel.send("done", {"result": result or {}})
-        msg = self.channel.recv(expect="done", timeout=timeout)
+        deadline = as_deadline(timeout if timeout is not None else self.timeout)
+        self.channel.send("done", {"result": result or {}}, timeout=deadline)
+        msg = self.channel.recv(expect="done", timeout=deadline)
         res = msg.body.get("result", {})
         return res if isinstance(res, dict) else {}
 
@@ -586,9 +648,10 @@ class ControlClient:
         that is gone (or refuses) raises LinkStale: the round did not start."""
         if self.channel is None:
             raise ProbeError("control session is not open")
+        deadline = Deadline(self.timeout)  # a round's setup: one timeout for both
         try:
-            self.channel.send("again", {"params": params})
-            msg = self.channel.recv(expect="go")
+            self.channel.send("again", {"params": params}, timeout=deadline)
+            msg = self.channel.recv(expect="go", timeout=deadline)
         except PeerError as e:
             raise LinkStale(f"kept session to {self.host} is gone: {e}") from e
         info = msg.body.get("info", {})

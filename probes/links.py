@@ -31,7 +31,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Self
 
-from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, LinkStale
+from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, Deadline, LinkStale
 from fabricprobe.probes.errors import NotSupported, PeerError
 from fabricprobe.probes.measure import ENGINES, LatencyResult, LatencyRound, LinkParams
 from fabricprobe.probes.stats import LatencySketch
@@ -159,7 +159,7 @@ class RdmaLink(Link):
         if error is not None:
             self.close()
         elif not self.keepalive_s and self._open is not None:
-            self._open[0].done(result)
+            self._open[0].done(result, timeout=self.step_s)
             self.close()
 
     def _result(self, r: LatencyRound, sketch: LatencySketch, **figures: Any) -> LatencyResult:
@@ -215,12 +215,14 @@ class TcpPingLink(Link):
         ctrl = self._stack.enter_context(
             ControlClient(p.peer, p.port, bind=p.bind, timeout=self.timeout, token=p.token)
         )
+        setup = Deadline(self.timeout)  # connect, hello -> ready and the data connection
         try:
             info = ctrl.open(
                 "tcp_lat",
                 {"size": self.size, "timeout": self.step_s, "keepalive_s": self.keepalive_s},
+                deadline=setup,
             )
-            data = self._stack.enter_context(open_data_connection(ctrl, info, self.timeout))
+            data = self._stack.enter_context(open_data_connection(ctrl, info, setup))
             set_kernel_timeouts(data, self.step_s)
         except BaseException:
             self.close()

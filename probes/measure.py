@@ -27,11 +27,13 @@ ENGINES = ("auto", "pyverbs", "native")
 class LinkParams:
     """How a prober reaches one peer's responder.
 
-    `timeout` bounds the session's setup (connect, hello -> ready; building QPs takes
-    seconds on a loaded host) and `step_s` each exchange once it runs; None leaves each
-    to the probe's own default. `device` pins the local RDMA device (default: the one
-    whose RoCE v2 GID maps the source address); `engine` picks the RDMA hot loop;
-    `token` answers a responder that asks for the fleet token (fabricprobe.probes.fleet).
+    `timeout` bounds the session's setup as one deadline that all its steps share
+    (connect, hello, the fleet-token challenge, ready, the data connections or the local
+    QP; building QPs takes seconds on a loaded host), `step_s` each exchange once it runs
+    and the closing `done`; None leaves each to the probe's own default. `device` pins
+    the local RDMA device (default: the one whose RoCE v2 GID maps the source address);
+    `engine` picks the RDMA hot loop; `token` answers a responder that asks for the
+    fleet token (fabricprobe.probes.fleet).
     TCP probes ignore `device`, `engine` and `sysfs_root`.
     """
 

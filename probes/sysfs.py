@@ -153,17 +153,30 @@ def read_device(sysfs_root: Path | str, name: str) -> RdmaDevice:
     numbers = sorted(int(p.name) for p in ports_dir.iterdir() if p.name.isdecimal())
     driver_link = ddir / "device" / "driver"
     driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else None
-    if driver is None and name.startswith("rxe"):
-        driver = "rdma_rxe"
+    node_type = read_optional(ddir / "node_type")
+    if driver is None:
+        driver = _soft_driver(ddir, name, node_type)
     return RdmaDevice(
         name=name,
-        node_type=read_optional(ddir / "node_type"),
+        node_type=node_type,
         fw_ver=read_optional(ddir / "fw_ver"),
         node_guid=read_optional(ddir / "node_guid"),
         driver=driver,
         parent_netdev=read_optional(ddir / "parent"),
         ports=tuple(read_port(ddir, n) for n in numbers),
     )
+
+
+def _soft_driver(ddir: Path, name: str, node_type: str | None) -> str | None:
+    """The driver of a device with no device/ link (software RDMA has no bus device).
+
+    Soft-RoCE and soft-iWARP name their netdev in `parent`, whatever the device is
+    called (`rdma link add roce0 type rxe ...` is as valid as rxe0); they differ in
+    node_type: rxe is a CA ("1: CA"), siw an RNIC ("4: RNIC").
+    """
+    if (ddir / "parent").is_file():
+        return "siw" if (node_type or "").startswith("4") else "rdma_rxe"
+    return "rdma_rxe" if name.startswith("rxe") else None
 
 
 def list_device_names(sysfs_root: Path | str) -> list[str]:

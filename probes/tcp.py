@@ -39,6 +39,8 @@ from fabricprobe.probes.control import (
     ProtocolError,
     Session,
     SessionHandler,
+    Timeout,
+    as_deadline,
     optional_float,
     optional_int,
     require_int,
@@ -178,6 +180,28 @@ def set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
+def send_within(sock: socket.socket, view: memoryview, timeout: float) -> None:
+    """All of VIEW within TIMEOUT on a socket with kernel timeouts (set_kernel_timeouts).
+
+    A blocking send() returns short only when its SO_SNDTIMEO ran out (or a signal came)
+    part-way; sendall would then start a new full wait, so a peer that stops reading
+    could hold a sender for twice the timeout. Here the rest gets only what is left.
+    """
+    t0 = time.monotonic()
+    sent = sock.send(view)
+    if sent == len(view):
+        return
+    try:
+        while sent < len(view):
+            left = timeout - (time.monotonic() - t0)
+            if left <= 0:
+                raise TimeoutError(f"peer took {sent} of {len(view)} bytes in {timeout:g} s")
+            set_kernel_timeouts(sock, left)
+            sent += sock.send(view[sent:])
+    finally:
+        set_kernel_timeouts(sock, timeout)
+
+
 def _is_timeout(e: OSError) -> bool:
     return isinstance(e, TimeoutError) or e.errno in (errno.EAGAIN, errno.EWOULDBLOCK)
 
@@ -187,9 +211,12 @@ def _failure(e: OSError, timeout: float) -> str:
 
 
 def open_data_connection(
-    ctrl: ControlClient, info: dict[str, Any], timeout: float
+    ctrl: ControlClient, info: dict[str, Any], timeout: Timeout
 ) -> socket.socket:
-    """Connect one data stream to the port in the responder's ready info and send the token."""
+    """Connect one data stream to the port in the responder's ready info and send the
+    token, within TIMEOUT: pass the Deadline the control session's setup started, so the
+    whole setup fits in it."""
+    deadline = as_deadline(timeout)
     port = require_int(info, "data_port", 1, 65535, where="ready.info.")
     token_hex = require_str(info, "token", 2 * TOKEN_BYTES, where="ready.info.")
     try:
@@ -201,14 +228,20 @@ def open_data_connection(
     sock = socket.socket(ctrl.channel.sock.family, socket.SOCK_STREAM)
     try:
         sock.bind((ctrl.local_address, 0))
-        sock.settimeout(timeout)
-        sock.connect((peer_ip, port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(token)
+        for step in ("connect", "token"):
+            left = deadline.remaining()
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
+            if step == "connect":
+                sock.connect((peer_ip, port))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            else:
+                sock.sendall(token)
     except OSError as e:
         sock.close()
         raise PeerError(
-            f"cannot open the data connection to port {port}: {_failure(e, timeout)}"
+            f"cannot open the data connection to port {port}: {_failure(e, deadline.seconds)}"
         ) from None
     return sock
 
@@ -227,10 +260,11 @@ def run_pingpong(
 ) -> LatencyResult:
     """Measure TCP ping-pong RTT of SIZE-byte messages against LINK's responder.
 
-    Raises PeerError if the session cannot start (within LINK's timeout, default 5 s).
-    Once it has started, a peer that vanishes ends the run within LINK's step_s (default
-    2 s): finished samples are kept, the remaining iterations are counted as lost and
-    `error` says why.
+    Raises PeerError if the session cannot start within LINK's timeout (default 5 s):
+    connect, hello, the fleet-token challenge and the data connection share it. Once it
+    has started, a peer that vanishes ends the run within LINK's step_s (default 2 s):
+    finished samples are kept, the remaining iterations are counted as lost and `error`
+    says why. The closing `done` exchange gets step_s too.
     """
     host, port, bind = link.peer, link.port, link.bind
     timeout, connect_timeout = link.step(2.0), link.setup_timeout(DEFAULT_TIMEOUT_S)
@@ -240,7 +274,6 @@ def run_pingpong(
         raise ValueError("iters must be >= 1 and warmup >= 0")
     if not timeout > 0:
         raise ValueError("timeout must be positive")
-    overhead = measure_timer_overhead()
     sketch = LatencySketch("rtt")
     sbuf = bytearray(secrets.token_bytes(size))
     rbuf = bytearray(size)
@@ -248,10 +281,11 @@ def run_pingpong(
     completed = 0
     error: str | None = None
     started = time.perf_counter()
+    setup = Deadline(connect_timeout)
     with ControlClient(host, port, bind=bind, timeout=connect_timeout, token=link.token) as ctrl:
-        info = ctrl.open("tcp_lat", {"size": size, "timeout": timeout})
+        info = ctrl.open("tcp_lat", {"size": size, "timeout": timeout}, deadline=setup)
         source = ctrl.local_address
-        data = open_data_connection(ctrl, info, connect_timeout)
+        data = open_data_connection(ctrl, info, setup)
         with data:
             set_kernel_timeouts(data, timeout)
             send, recv_into = data.sendall, data.recv_into
@@ -278,6 +312,8 @@ def run_pingpong(
         if error is None:
             with contextlib.suppress(PeerError):
                 ctrl.done({"completed": completed}, timeout=timeout)
+    # after the run, not before: a peer that is not there costs no calibration
+    overhead = measure_timer_overhead()
     for i in range(completed):
         sketch.record(samples[i])
     sketch.record_lost(iters - completed)
@@ -328,11 +364,11 @@ def _send_stream(
         if quota is not None:
             while st.sent < quota:
                 k = min(n, quota - st.sent)
-                st.sock.sendall(chunk if k == n else chunk[:k])
+                send_within(st.sock, chunk if k == n else chunk[:k], timeout)
                 st.sent += k
         else:
             while clock() < stop_at:
-                st.sock.sendall(chunk)
+                send_within(st.sock, chunk, timeout)
                 st.sent += n
         # The responder answers EOF with the byte count it received: only then are
         # the bytes known to have crossed the network, not just our socket buffer.
@@ -381,15 +417,16 @@ def run_throughput(
         raise ValueError(f"chunk size must be {MIN_SIZE}..{MAX_CHUNK} bytes, got {chunk_size}")
     chunk = memoryview(bytearray(secrets.token_bytes(chunk_size)))
     params = {"streams": streams, "chunk_size": chunk_size, "timeout": timeout}
+    setup = Deadline(connect_timeout)  # the control session and every stream's connection
     with contextlib.ExitStack() as stack:
         ctrl = stack.enter_context(
             ControlClient(host, port, bind=bind, timeout=connect_timeout, token=link.token)
         )
-        info = ctrl.open("tcp_bw", params)
+        info = ctrl.open("tcp_bw", params, deadline=setup)
         source = ctrl.local_address
         lanes: list[_Stream] = []
         for _ in range(streams):
-            sock = open_data_connection(ctrl, info, connect_timeout)
+            sock = open_data_connection(ctrl, info, setup)
             stack.callback(sock.close)
             set_kernel_timeouts(sock, timeout)
             lanes.append(_Stream(sock))

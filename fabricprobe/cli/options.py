@@ -309,10 +309,15 @@ def load_token(path: str | None) -> FleetToken | None:
         fail(f"--token-file: {e}")
 
 
-timeout_option = click.option(
-    "--timeout",
-    type=click.FloatRange(0.001, 600, min_open=False),
-    default=2.0,
-    show_default=True,
-    help="Deadline in seconds for each step; a silent peer ends the run as loss.",
-)
+def timeout_option(default: float | None, default_text: str | None = None) -> Callable[[F], F]:
+    """--timeout of the probe commands: what a silent peer may cost at each stage (a
+    None DEFAULT leaves each probe its own, which DEFAULT_TEXT describes)."""
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(0.001, 600, min_open=False),
+        default=default,
+        show_default=default_text or True,
+        help="Seconds to wait on the peer at each stage: the session's setup as a whole "
+        "(connect, fleet-token handshake, data connections), each exchange, the closing "
+        "handshake. A peer that falls silent ends the run within it (as loss mid-run).",
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from fabricprobe.probes.control import Deadline
 from fabricprobe.report import figures, frames
 from fabricprobe.report.page import Picture, Section, esc, number, page, para, table
 from fabricprobe.report.sources import HttpAuth, SourceError, fetch_metrics, prometheus_range
@@ -65,13 +66,17 @@ WhyQuery = Callable[[int, float, float], dict[str, Any]]  # (slowest, window_s, 
 def gather(opts: ReportOptions, why_query: WhyQuery) -> Gathered:
     """Read every source; SourceError when /metrics cannot be read. WHY_QUERY asks the
     collector for its Why report (the slowest requests with their paths' figures, as
-    `probe why --json` prints it) and raises SourceError when it cannot."""
+    `probe why --json` prints it) and raises SourceError when it cannot. All the sources
+    share one deadline, opts.timeout: a silent one leaves the others what is left."""
     now = time.time()
-    text = fetch_metrics(opts.metrics_url, opts.auth, timeout=opts.timeout)
+    deadline = Deadline(opts.timeout)
+    text = fetch_metrics(opts.metrics_url, opts.auth, timeout=deadline)
     why: dict[str, Any] | None = None
     why_error = ""
     try:
-        why = why_query(min(opts.slowest, 200), opts.window_s, opts.timeout)
+        if deadline.expired:
+            raise SourceError(f"no time left for the Why query ({opts.timeout:g} s spent)")
+        why = why_query(min(opts.slowest, 200), opts.window_s, deadline.remaining())
     except SourceError as e:
         why_error = str(e)
     prom: dict[str, pd.DataFrame] = {}
@@ -88,7 +93,7 @@ def gather(opts: ReportOptions, why_query: WhyQuery) -> Gathered:
                     end=now,
                     step=step,
                     auth=opts.auth,
-                    timeout=opts.timeout,
+                    timeout=deadline,
                 )
                 prom[what] = frames.range_frame(result)
         except SourceError as e:
@@ -149,7 +154,9 @@ def fabric_sections(expo: frames.Exposition) -> tuple[list[Section], list[Pictur
     classes = frames.path_classes(paths)
     for i, (transport, op, size) in enumerate(classes[:MAX_CLASSES]):
         sub = paths[(paths["transport"] == transport) & (paths["op"] == op)]
-        sub = sub[sub["size"] == size]
+        # a host's path to itself is its reference (no NIC, no wire): not a cell of the
+        # fabric's matrix, which keeps its diagonal empty
+        sub = sub[(sub["size"] == size) & (sub["src"] != sub["dst"])]
         p50, left = frames.matrix(sub, "p50_s", limit=MAX_HOSTS)
         p99, _ = frames.matrix(sub, "p99_s", limit=MAX_HOSTS)
         lossm, _ = frames.matrix(sub, "loss", limit=MAX_HOSTS)
@@ -174,10 +181,10 @@ def fabric_sections(expo: frames.Exposition) -> tuple[list[Section], list[Pictur
     topo = frames.host_topology(expo)
     if classes and not buckets.empty:
         transport, op, size = classes[0]
-        tb = frames.with_tor(buckets, topo)
+        tb = frames.with_tor(buckets[buckets["src"] != buckets["dst"]], topo)
         tb = tb[(tb["transport"] == transport) & (tb["op"] == op) & (tb["size"] == size)]
         tq = frames.path_quantiles(tb, keys=("src_tor", "dst_tor"))
-        tl = frames.with_tor(loss, topo)
+        tl = frames.with_tor(loss[loss["src"] != loss["dst"]], topo)
         tl = tl[(tl["transport"] == transport) & (tl["op"] == op) & (tl["size"] == size)]
         tl = tl.groupby(["src_tor", "dst_tor"], as_index=False)[["exchanges_total", "lost_total"]]
         tl = tl.sum()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import ssl
 import urllib.error
 import urllib.parse
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fabricprobe.core.errors import ConfigError
+from fabricprobe.probes.control import Deadline, Timeout, as_deadline
 
 MAX_BODY = 64 << 20  # bytes read from one HTTP answer
 
@@ -60,10 +62,12 @@ class HttpAuth:
 
 
 def http_get(
-    url: str, auth: HttpAuth, *, timeout: float, basic: bool = False, accept: str = "*/*"
+    url: str, auth: HttpAuth, *, timeout: Timeout, basic: bool = False, accept: str = "*/*"
 ) -> bytes:
     """GET URL (http or https) with a deadline, at most MAX_BODY bytes; with BASIC, the
-    basic-auth header (https only: a password never goes out in clear)."""
+    basic-auth header (https only: a password never goes out in clear). TIMEOUT bounds
+    the whole request, body included (a Deadline shares it with the other sources)."""
+    deadline = as_deadline(timeout)
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in ("http", "https"):
         raise SourceError(f"{url}: only http and https URLs are read")
@@ -74,12 +78,22 @@ def http_get(
             raise ConfigError(f"{url}: basic auth only over https")
         req.add_header("Authorization", header)
     ctx = auth.ssl_context() if scheme == "https" else None
+    late = SourceError(f"{url}: no complete answer within {deadline.seconds:g} s")
     try:
-        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
-            body: bytes = resp.read(MAX_BODY + 1)
+        left = deadline.remaining()
+        if left <= 0:
+            raise late
+        with urllib.request.urlopen(req, timeout=left, context=ctx) as resp:
+            body = _read_body(resp, deadline, late)
+    except TimeoutError:
+        raise late from None
     except urllib.error.HTTPError as e:
         raise SourceError(f"{url}: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError) as e:
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, TimeoutError):  # connect (or TLS handshake) at the deadline
+            raise late from None
+        raise SourceError(f"{url}: {e.reason}") from None
+    except OSError as e:
         reason = getattr(e, "reason", e)
         raise SourceError(f"{url}: {reason}") from None
     if len(body) > MAX_BODY:
@@ -87,7 +101,29 @@ def http_get(
     return body
 
 
-def fetch_metrics(url: str, auth: HttpAuth, *, timeout: float) -> str:
+def _read_body(resp: Any, deadline: Deadline, late: SourceError) -> bytes:
+    """Up to MAX_BODY + 1 bytes of RESP, all by DEADLINE: urlopen's timeout bounds each
+    socket read, so a server that trickles its answer would otherwise hold us forever."""
+    # the socket under http.client's buffered reader; without it each read keeps the
+    # timeout urlopen set (at most what was left when the request went out)
+    sock = getattr(getattr(resp.fp, "raw", None), "_sock", None)
+    chunks: list[bytes] = []
+    got = 0
+    while got <= MAX_BODY:
+        left = deadline.remaining()
+        if left <= 0:
+            raise late
+        if isinstance(sock, socket.socket):
+            sock.settimeout(left)
+        chunk = resp.read1(min(1 << 16, MAX_BODY + 1 - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def fetch_metrics(url: str, auth: HttpAuth, *, timeout: Timeout) -> str:
     body = http_get(url, auth, timeout=timeout, basic=True, accept="text/plain;version=0.0.4")
     return body.decode("utf-8", errors="replace")
 
@@ -100,7 +136,7 @@ def prometheus_range(
     end: float,
     step: float,
     auth: HttpAuth,
-    timeout: float,
+    timeout: Timeout,
 ) -> list[Any]:
     """One /api/v1/query_range answer's result (a matrix). The collector's password is
     not sent: Prometheus is another service."""

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from fabricprobe.probes.control import (
     DEFAULT_PORT,
     ControlClient,
+    Deadline,
     RdmaEndpoint,
     Session,
     SessionHandler,
@@ -44,6 +45,7 @@ from fabricprobe.probes.tcp import TOKEN_BYTES, accept_streams, data_listener, o
 SESSION = "kv_sink"
 MAX_CHUNK = 1 << 20
 MAX_HOLD_S = 3600.0
+SETUP_S = 30.0  # a session's setup (hello -> ready, its data connection or QP) in all
 _FRAME = struct.Struct(">Q")
 _MAX_TRANSFER = 1 << 40
 
@@ -69,10 +71,11 @@ class TcpKvChannel:
     def __init__(
         self, peer: str, port: int = DEFAULT_PORT, *, bind: str | None = None, hold_s: float = 600
     ) -> None:
-        self.ctl = ControlClient(peer, port, bind=bind, timeout=30.0)
+        self.ctl = ControlClient(peer, port, bind=bind, timeout=SETUP_S)
+        setup = Deadline(SETUP_S)  # the session and its data connection, together
         try:
-            info = self.ctl.open(SESSION, {"transport": "tcp", "hold_s": hold_s})
-            self.sock = open_data_connection(self.ctl, info, 30.0)
+            info = self.ctl.open(SESSION, {"transport": "tcp", "hold_s": hold_s}, deadline=setup)
+            self.sock = open_data_connection(self.ctl, info, setup)
         except BaseException:
             self.ctl.close()
             raise
@@ -133,7 +136,7 @@ class RdmaKvChannel:
             raise ValueError(f"buffer {buffer} outside 1..{MAX_CHUNK}")
         self.buffer, self.outstanding, self.step_s = buffer, min(outstanding, DEPTH), step_s
         self.device, gid_index = local_device(sysfs_root, source_address(peer, port, bind), None)
-        self.ctl = ControlClient(peer, port, bind=bind, timeout=30.0)
+        self.ctl = ControlClient(peer, port, bind=bind, timeout=SETUP_S)
         self.ep = RcEndpoint(self.device, buffer, DEPTH, gid_index)
         try:
             info = self.ctl.open(

@@ -27,6 +27,7 @@ from typing import Any
 
 from fabricprobe.probes.control import (
     ControlClient,
+    Deadline,
     ProtocolError,
     RdmaEndpoint,
     Session,
@@ -107,10 +108,10 @@ def _send_pingpong(
             if first:
                 post(wr)
                 if not poll(recv_cq, 1, deadline):
-                    return LoopOutcome(i, f"no reply within {step_s} s")
+                    return LoopOutcome(i, f"no reply within {step_s:g} s")
             else:
                 if not poll(recv_cq, 1, deadline):
-                    return LoopOutcome(i, f"no request within {step_s} s")
+                    return LoopOutcome(i, f"no request within {step_s:g} s")
                 post(wr)
             t1 = clock()
             if samples is not None:
@@ -150,14 +151,14 @@ def _write_pingpong(
                 spin = Spin(deadline)
                 while rbuf[last] != mark:  # the peer's WRITE lands in our memory
                     if spin.expired():
-                        return LoopOutcome(i, f"no request within {step_s} s")
+                        return LoopOutcome(i, f"no request within {step_s:g} s")
             sbuf[last] = mark
             post(wr)
             if first:
                 spin = Spin(deadline)
                 while rbuf[last] != mark:
                     if spin.expired():
-                        return LoopOutcome(i, f"no reply within {step_s} s")
+                        return LoopOutcome(i, f"no reply within {step_s:g} s")
             t1 = clock()
             if samples is not None:
                 samples[i] = t1 - t0
@@ -245,7 +246,7 @@ def _pingpong(
     except PeerError as err:
         return LoopOutcome(int(getattr(err, "completed", 0)), str(err))
     if done < total:
-        return LoopOutcome(done, f"no {'reply' if first else 'request'} within {step_s} s")
+        return LoopOutcome(done, f"no {'reply' if first else 'request'} within {step_s:g} s")
     return LoopOutcome(done)
 
 
@@ -253,7 +254,10 @@ def _pingpong(
 def _prober_session(
     kind: str, link: LinkParams, timeout: float, engine: str, op: str, params: dict[str, Any]
 ) -> Iterator[tuple[ControlClient, Any, RdmaEndpoint]]:
-    """Open a KIND session on LINK's responder with a connected endpoint on our side."""
+    """Open a KIND session on LINK's responder with a connected endpoint on our side; the
+    whole setup (our endpoint, connect, hello, the fleet-token challenge, ready) fits in
+    TIMEOUT."""
+    setup = Deadline(timeout)
     source = source_address(link.peer, link.port, link.bind)
     dev, gid_index = local_device(link.sysfs_root, source, link.device)
     with ControlClient(
@@ -268,7 +272,9 @@ def _prober_session(
             receives=kind == "rdma_rc_lat" and op == "send",
         ) as ep:
             info = ctl.open(
-                kind, {**params, "op": op, "engine": engine, "endpoint": ep.endpoint().as_dict()}
+                kind,
+                {**params, "op": op, "engine": engine, "endpoint": ep.endpoint().as_dict()},
+                deadline=setup,
             )
             remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
             ep.connect(remote)
@@ -389,7 +395,7 @@ def rc_bandwidth(
             completed, error = _stream(ep, remote, op, size, iters, outstanding, step_s, progress)
             duration = time.perf_counter() - t0
         if error is None:
-            ctl.done({"completed": completed})
+            ctl.done({"completed": completed}, timeout=step_s)
         dev = ep.device
     return BandwidthResult(
         transport="rdma",

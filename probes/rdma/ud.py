@@ -32,6 +32,7 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 
 from fabricprobe.probes.control import (
     ControlClient,
+    Deadline,
     RdmaEndpoint,
     Session,
     SessionHandler,
@@ -171,6 +172,7 @@ class UdLink(RdmaLink):
 
     def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
         p = self.params
+        setup = Deadline(self.timeout)  # the endpoint, connect, hello -> ready: one deadline
         source = source_address(p.peer, p.port, p.bind)
         dev, gid_index = local_device(p.sysfs_root, source, p.device)
         ctl = self._stack.enter_context(
@@ -185,6 +187,7 @@ class UdLink(RdmaLink):
                 "engine": self.engine,
                 "endpoint": ep.endpoint().as_dict(),
             },
+            deadline=setup,
         )
         remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
         self._seq = random.randrange(1 << 30)

@@ -28,6 +28,7 @@ from fabricprobe.probes import ethtool
 from fabricprobe.probes.control import ProtocolError, decode_payload, parse_hostport
 from fabricprobe.probes.counters import parse_counter
 from fabricprobe.probes.errors import ParseError
+from fabricprobe.probes.hostload import parse_pressure
 from fabricprobe.probes.roce import hwtools, tools
 from fabricprobe.probes.roce import policy as roce_policy
 from fabricprobe.probes.sysfs import Gid
@@ -203,6 +204,7 @@ TEXT_PARSERS: list[tuple[str, Callable[[str], object], tuple[type[BaseException]
     ("roce.tools.parse_ip_addr", tools.parse_ip_addr, (ParseError,)),
     ("roce.policy.parse_policy", roce_policy.parse_policy, (roce_policy.PolicyError,)),
     ("control.parse_hostport", parse_hostport, (ValueError,)),
+    ("hostload.parse_pressure", parse_pressure, (ParseError,)),
     ("sysfs.Gid.ipv4", lambda s: Gid(0, s, "RoCE v2", None).ipv4, ()),
     *(
         (f"roce.hwtools.{f.__name__}", f, (ParseError,))

@@ -72,7 +72,16 @@ def test_fleet_end_to_end_into_metrics(collector: CollectorServer, tmp_path: Pat
             )
 
         wait_for(all_pairs_seen, what="every pair's RTT histogram in /metrics")
-        peers = float(len(names) - 1)
+        # and each host's reference: its TCP probe of its own responder
+        wait_for(
+            lambda: all(
+                f'fabricprobe_rtt_seconds_count{{dst="{n}",op="pingpong",size="64",src="{n}",'
+                f'transport="tcp"}}' in scrape(collector)
+                for n in names
+            ),
+            what="every host's reference in /metrics",
+        )
+        peers = float(len(names))  # the other hosts, and the host itself (its reference)
 
         def links_kept() -> bool:  # one kept TCP link to each peer, and one from each
             text = scrape(collector)

@@ -124,3 +124,21 @@ def test_cli_up_without_the_module_exits_2_with_one_line() -> None:
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "rdma_rxe" in lines[0] and "install" in lines[0]
+
+
+@pytest.mark.parametrize(("gids", "warned"), [([], True), ([(1, V2, "RoCE v2", "eth0")], False)])
+def test_cli_up_warns_when_no_v2_gid_came(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gids: list[tuple[int, str, str, str]],
+    warned: bool,
+) -> None:  # fmt: skip
+    from fabricprobe.cli.commands import rxe as rxe_cmd
+    from fabricprobe.probes.sysfs import read_device
+
+    def up(h: rxe.Host, netdev: str, name: str | None) -> object:
+        add_rdma_device(tmp_path, "rxe0", gids, parent=netdev)  # as the kernel would
+        return read_device(tmp_path, "rxe0")
+
+    monkeypatch.setattr(rxe_cmd.rxe_lib, "up", up)
+    res = CliRunner().invoke(main, ["rxe", "up", "--netdev", "eth0", "--sysfs", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert ("no RoCE v2 GID" in res.stderr and "dev eth0" in res.stderr) is warned

@@ -28,6 +28,17 @@ def test_reads_ports_and_gids_with_types(tmp_path: Path) -> None:
     assert gid is not None and gid.index == 1 and gid.ipv4 == "192.0.2.1"
 
 
+def test_soft_rdma_is_known_by_its_parent_whatever_its_name(tmp_path: Path) -> None:
+    # `probe rxe up --name roce0` (or `rdma link add roce0 type rxe`) is soft-RoCE too:
+    # validate must not hold it to a NIC's PFC and ECN checks
+    add_rdma_device(tmp_path, "roce0", [(1, V2, "RoCE v2", "eth0")], parent="eth0")
+    siw = add_rdma_device(tmp_path, "iw0", [], parent="eth1")
+    (siw / "node_type").write_text("4: RNIC\n")
+    add_rdma_device(tmp_path, "odd0", [])  # no parent, no device/: not known as soft
+    drivers = {d.name: d.driver for d in read_devices(tmp_path)}
+    assert drivers == {"roce0": "rdma_rxe", "iw0": "siw", "odd0": None}
+
+
 def test_zero_gids_are_skipped_and_v1_only_has_no_v2(tmp_path: Path) -> None:
     zero = "0000:0000:0000:0000:0000:0000:0000:0000"
     add_rdma_device(

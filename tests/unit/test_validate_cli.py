@@ -162,7 +162,7 @@ def test_peer_without_a_measurer_is_a_skip(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(
         validate_cmd,
         "probe_measure",
-        lambda sysfs, dev, bind, soft: (None, "fabricprobe.probes.tcp is not installed"),
+        lambda sysfs, dev, bind, soft, timeout: (None, "fabricprobe.probes.tcp is not installed"),
     )
     code, out, _ = run(*fixture_args("mlx5", "mlx5"), "--window", "0", "--peer", "10.0.0.2")
     assert code == 0
@@ -172,7 +172,9 @@ def test_peer_without_a_measurer_is_a_skip(monkeypatch: pytest.MonkeyPatch) -> N
 def test_peer_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str | None, str | None]] = []
 
-    def fake(sysfs: str, dev: str | None, bind: str | None, soft: bool) -> tuple[object, str]:
+    def fake(
+        sysfs: str, dev: str | None, bind: str | None, soft: bool, timeout: float | None
+    ) -> tuple[object, str]:
         assert not soft
         seen.append((dev, bind))
 

@@ -142,5 +142,9 @@ def test_help_runs_as_a_process() -> None:
 def test_why_on_a_collector_that_has_seen_no_request(collector: CollectorServer) -> None:
     res = CliRunner().invoke(main, ["why", "--insecure", "--collector",
                                     f"127.0.0.1:{collector.port}", "--json"])  # fmt: skip
-    assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["slowest"] == []
+    assert res.exit_code == 3, res.output  # answered, nothing to show, and why
+    out = json.loads(res.output)
+    assert out["slowest"] == [] and out["empty_reason"].startswith("no spans in the window")
+    res = CliRunner().invoke(main, ["why", "--insecure", "--collector",
+                                    f"127.0.0.1:{collector.port}"])  # fmt: skip
+    assert res.exit_code == 3 and "nothing to show: no spans" in res.output, res.output

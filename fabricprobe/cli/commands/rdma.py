@@ -57,7 +57,7 @@ def peer_options(f: Callable[..., None]) -> Callable[..., None]:
         device_option,
         engine_option,
         tcp_option,
-        timeout_option,
+        timeout_option(None, "30 for the RDMA setup; 2 per exchange, lat; 5, bw"),
         token_file_option,
         json_option,
     )
@@ -92,10 +92,11 @@ def _link(
     device: str | None,
     sysfs_root: str,
     engine: str,
-    step_s: float,
+    timeout: float | None,
     token: FleetToken | None,
 ) -> LinkParams:
-    """The peer and how to reach it, from the options; a bad value exits 2."""
+    """The peer and how to reach it, from the options; a bad value exits 2. TIMEOUT (None:
+    each probe's defaults) bounds the setup and each step alike."""
     try:
         return LinkParams(
             host,
@@ -104,7 +105,8 @@ def _link(
             device=device,
             sysfs_root=sysfs_root,
             engine=engine,
-            step_s=step_s,
+            timeout=timeout,
+            step_s=timeout,
             token=token,
         )
     except ValueError as e:
@@ -152,7 +154,7 @@ def lat(
     bind: str | None,
     device: str | None,
     with_tcp: bool,
-    timeout: float,
+    timeout: float | None,
     as_json: bool,
     sysfs_root: str,
     engine: str,
@@ -179,7 +181,7 @@ def lat(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_pingpong(
-                LinkParams(host, port, bind=bind, step_s=timeout, token=token),
+                LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout, token=token),
                 size=size,
                 iters=iters,
                 warmup=warmup,
@@ -252,7 +254,7 @@ def bw(
     bind: str | None,
     device: str | None,
     with_tcp: bool,
-    timeout: float,
+    timeout: float | None,
     as_json: bool,
     sysfs_root: str,
     engine: str,
@@ -265,7 +267,7 @@ def bw(
     with progress_bar(not as_json and iters >= 2000, f"RDMA {op} bandwidth", "operations") as bar:
         res = _measure(
             lambda: rc.rc_bandwidth(
-                _link(host, port, bind, device, sysfs_root, engine, max(timeout, 5.0), token),
+                _link(host, port, bind, device, sysfs_root, engine, timeout, token),
                 op=op,
                 size=size,
                 iters=iters,
@@ -278,7 +280,7 @@ def bw(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_throughput(
-                LinkParams(host, port, bind=bind, step_s=timeout, token=token),
+                LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout, token=token),
                 duration=None,
                 total_bytes=size * iters,
                 chunk_size=size,

@@ -40,7 +40,7 @@ Examples:
 @click.option("--window", "window_s", type=click.FloatRange(1, 7 * 86400), default=600.0,
               show_default=True, help="Seconds back: requests, RTT over time.")  # fmt: skip
 @click.option("--timeout", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
-              help="Seconds each source may take.")  # fmt: skip
+              help="Seconds the sources may take in all (/metrics, Why, Prometheus).")  # fmt: skip
 @click.option("--metrics-auth-file", type=click.Path(dir_okay=False),
               help="USER:PASSWORD for /metrics behind a web config (https only).")  # fmt: skip
 @collector_credential_options("File holding a token the collector knows (Why query).")

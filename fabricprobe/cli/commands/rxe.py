@@ -11,7 +11,7 @@ from fabricprobe.cli.options import fail, json_option, print_json, sysfs_option
 from fabricprobe.cli.render import devices_table
 from fabricprobe.probes import rxe as rxe_lib
 from fabricprobe.probes.errors import ProbeError
-from fabricprobe.probes.sysfs import RdmaDevice, read_devices
+from fabricprobe.probes.sysfs import RdmaDevice, find_gid, read_devices
 
 
 @click.group()
@@ -41,6 +41,12 @@ def up(netdev: str, name: str | None, sysfs_root: str) -> None:
     except ProbeError as e:
         fail(str(e))
     _print_devices([dev])
+    if find_gid(dev) is None:  # the probes need one; rxe adds it when the netdev has an address
+        click.echo(
+            f"probe: warning: {dev.name} has no RoCE v2 GID of an IPv4 address yet: give "
+            f"{netdev} one (ip addr add ADDR/LEN dev {netdev}), then check `probe rxe status`",
+            err=True,
+        )
 
 
 @rxe.command(epilog="Example: sudo probe rxe down --device rxe0")

@@ -84,7 +84,7 @@ Examples:
     help="--bw: parallel connections (default 1).",
 )
 @bind_option
-@timeout_option
+@timeout_option(2.0)
 @token_file_option
 @json_option
 def tcp(
@@ -118,7 +118,7 @@ def tcp(
         with progress_bar(not as_json, "TCP throughput", unit) as progress:
             try:
                 bres = tcp_lib.run_throughput(
-                    LinkParams(host, port, bind=bind, step_s=timeout, token=token),
+                    LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout, token=token),
                     duration=duration,
                     total_bytes=total_bytes,
                     streams=streams or 1,
@@ -138,7 +138,7 @@ def tcp(
         with progress_bar(show, "TCP ping-pong", "iterations") as progress:
             try:
                 lres = tcp_lib.run_pingpong(
-                    LinkParams(host, port, bind=bind, step_s=timeout, token=token),
+                    LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout, token=token),
                     size=size or 64,
                     iters=n,
                     warmup=DEFAULT_WARMUP if warmup is None else warmup,

@@ -20,6 +20,7 @@ from fabricprobe.cli.options import (
     json_option,
     print_json,
     sysfs_option,
+    timeout_option,
 )
 from fabricprobe.probes.errors import ProbeError
 from fabricprobe.probes.measure import LinkParams
@@ -48,31 +49,42 @@ LIVE_RDMA_STEP_S = 30.0
 
 
 def probe_measure(
-    sysfs_root: str, device: str | None, bind: str | None = None, soft: bool = False
+    sysfs_root: str,
+    device: str | None,
+    bind: str | None = None,
+    soft: bool = False,
+    timeout: float | None = None,
 ) -> tuple[Measure | None, str]:
     """A live measurement built on the probe libraries, or (None, why not).
 
     BIND is the source address: the validated netdev's, so both transports take the path
     through the device under test. SOFT (soft-RoCE) streams smaller writes with fewer in
     flight: rxe retransmits on a timer and gives up on deep queues under emulation.
+    TIMEOUT (None: the probes' defaults) bounds each session's setup and each step; a
+    peer that does not answer the TCP session's setup is not tried over RDMA too.
     """
     bw_size, bw_outstanding = (4096, 4) if soft else (LIVE_RDMA_BW_SIZE, 16)
     try:
         from fabricprobe.probes import tcp as tcp_lib
-        from fabricprobe.probes.control import DEFAULT_PORT, parse_hostport
+        from fabricprobe.probes.control import DEFAULT_PORT, PeerUnreachable, parse_hostport
     except ImportError as e:  # pragma: no cover - the library ships with the package
         return None, f"the TCP probe library is missing ({e})"
 
     def measure(peer: str) -> LiveMeasurement:
         host, port = parse_hostport(peer, DEFAULT_PORT)
+        there = LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout)
         try:
-            lat = tcp_lib.run_pingpong(LinkParams(host, port, bind=bind), iters=LIVE_ITERS)
-            bw = tcp_lib.run_throughput(LinkParams(host, port, bind=bind), duration=LIVE_BW_SECONDS)
+            lat = tcp_lib.run_pingpong(there, iters=LIVE_ITERS)
+            bw = tcp_lib.run_throughput(there, duration=LIVE_BW_SECONDS)
             tcp: PathFigures | None = PathFigures(
                 lat.summary.p50_us,
                 lat.summary.p99_us,
                 bw.bytes_per_second * 8 / 1e9,
                 lat.error or bw.error,
+            )
+        except PeerUnreachable as e:  # RDMA sessions start on the same control port
+            return LiveMeasurement(
+                peer, PathFigures(error=f"not tried: {e}"), PathFigures(error=str(e))
             )
         except (ProbeError, OSError) as e:
             tcp = PathFigures(error=str(e))
@@ -82,7 +94,15 @@ def probe_measure(
             return LiveMeasurement(peer, None, tcp, f"RDMA probes need pyverbs ({e})")
         try:
             rl = rc.rc_latency(
-                LinkParams(host, port, bind=bind, device=device, sysfs_root=sysfs_root),
+                LinkParams(
+                    host,
+                    port,
+                    bind=bind,
+                    device=device,
+                    sysfs_root=sysfs_root,
+                    timeout=timeout,
+                    step_s=timeout,
+                ),
                 iters=LIVE_ITERS,
             )
         except (ProbeError, OSError, ValueError) as e:
@@ -98,7 +118,8 @@ def probe_measure(
                     bind=bind,
                     device=device,
                     sysfs_root=sysfs_root,
-                    step_s=LIVE_RDMA_STEP_S,
+                    timeout=timeout,
+                    step_s=timeout or LIVE_RDMA_STEP_S,
                 ),
                 size=bw_size,
                 iters=LIVE_RDMA_BW_ITERS,
@@ -197,6 +218,7 @@ Checks that need root say so and are skipped when run unprivileged.""",
 )
 @click.option("--peer", metavar="HOST[:PORT]", help="Also measure RDMA and TCP to this host.")
 @bind_option
+@timeout_option(None, "30 for RDMA setup, 5 TCP; 2 per exchange, 30 RDMA bandwidth")
 @json_option
 @sysfs_option
 @click.option(
@@ -222,13 +244,6 @@ Checks that need root say so and are skipped when run unprivileged.""",
 @click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT")
 @click.option("--fleet-host", default="", metavar="HOST", help="With --fleet: only this host.")
 @click.option("--include-waived", is_flag=True, help="With --fleet: list waived differences.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(1, 600),
-    default=30.0,
-    show_default=True,
-    help="With --fleet: seconds to wait for the collector.",
-)
 @collector_credential_options("With --fleet: a file holding a reader token.")
 def validate(
     devices: tuple[str, ...],
@@ -239,6 +254,7 @@ def validate(
     window: float,
     peer: str | None,
     bind: str | None,
+    timeout: float | None,
     as_json: bool,
     sysfs_root: str,
     configfs_root: str | None,
@@ -248,7 +264,6 @@ def validate(
     collector: str,
     fleet_host: str,
     include_waived: bool,
-    timeout: float,
     **cred: Any,
 ) -> None:
     """Check this host's RoCEv2 configuration and say how to fix what is wrong.
@@ -258,7 +273,8 @@ def validate(
     With --fleet it asks the collector for every agent's scheduled checks instead.
     """
     if fleet:
-        _fleet(collector, fleet_host, include_waived, timeout, as_json, cred)
+        # --timeout, with --fleet: how long the collector may take to answer (30 s)
+        _fleet(collector, fleet_host, include_waived, timeout or 30.0, as_json, cred)
     try:
         policy = load_policy(policy_file) if policy_file else Policy()
         policy = policy.with_overrides(priority=priority, dscp=dscp)
@@ -280,7 +296,7 @@ def validate(
     if peer is not None:
         device = devices[0] if len(devices) == 1 else None
         source = bind or _source_for(view, device, netdev)
-        measure, why = probe_measure(sysfs_root, device, source, _soft(view, device))
+        measure, why = probe_measure(sysfs_root, device, source, _soft(view, device), timeout)
     start = time.monotonic()
     report = run_validation(
         view,

@@ -17,6 +17,8 @@ from fabricprobe.cli.options import (
 )
 from fabricprobe.probes.control import parse_hostport
 
+EXIT_EMPTY = 3  # the collector answered, but has no request on a path to show
+
 
 def reply_dict(reply: Any) -> dict[str, Any]:
     """A WhyReply as plain JSON-ready data: one flat dict per request (figures that were
@@ -38,6 +40,7 @@ def reply_dict(reply: Any) -> dict[str, Any]:
         "communication_bound": reply.communication_bound,
         "goodput": [fields(reply.goodput)] if reply.HasField("goodput") else [],
         "stages": reply.stages,
+        "empty_reason": reply.empty_reason,
     }
 
 
@@ -77,7 +80,7 @@ def _share(v: Any) -> str:
 def requests_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Slowest requests (ms; fabric figures of their path at the time, RTT in µs)")
     cols = ["request", "path", "queue", "prefill", "kv", "decode", "detok", "deliver", "TTFT",
-            "ITL", "fabric/TTFT", "RTT p99", "loss", "pauses/s", "retrans/s"]  # fmt: skip
+            "ITL", "fabric/TTFT", "RTT p99", "host", "loss", "pauses/s", "retrans/s"]  # fmt: skip
     for c in cols:
         t.add_column(c, justify="left" if c in ("request", "path") else "right")
     for r in rows:
@@ -96,6 +99,7 @@ def requests_table(rows: list[dict[str, Any]]) -> Table:
             _ms(r.get("itl_s")),
             _share(r.get("fabric_share_ttft")),
             _us(r.get("rtt_p99_s")),
+            _us(r.get("host_delay_s")) + (" HOST" if r.get("host_bound") else ""),
             "-" if loss is None else f"{float(loss):.2%}",
             "/".join("-" if v is None else f"{float(v):.0f}" for v in pauses),
             "/".join("-" if v is None else f"{float(v):.0f}" for v in retrans),
@@ -106,7 +110,7 @@ def requests_table(rows: list[dict[str, Any]]) -> Table:
 def paths_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Paths ranked by the KV-transfer time they explain")
     for c in ("rank", "path", "transfers", "KV p50 ms", "x fleet", "RTT p99 µs", "x fleet",
-              "explained s", "fabric-bound"):  # fmt: skip
+              "explained s", "host µs", "bound"):  # fmt: skip
         t.add_column(c, justify="left" if c == "path" else "right")
     for r in rows:
         ratio = [r.get("kv_ratio"), r.get("rtt_ratio")]
@@ -119,7 +123,8 @@ def paths_table(rows: list[dict[str, Any]]) -> Table:
             _us(r.get("rtt_p99_s")),
             "-" if ratio[1] is None else f"{float(ratio[1]):.2f}",
             "-" if r.get("explained_s") is None else f"{float(r['explained_s']):.3f}",
-            "YES" if r.get("fabric_bound") else "no",
+            _us(r.get("host_delay_s")),
+            "FABRIC" if r.get("fabric_bound") else ("HOST" if r.get("host_bound") else "no"),
         )
     return t
 
@@ -131,7 +136,12 @@ Examples:
   probe why --insecure                       # collector on 127.0.0.1:4794, last 60 s
   probe why --collector 10.0.0.9:4794 --ca-file ca.pem --token-file reader.token \\
       --slowest 20 --by ttft_s
-  probe why --ca-file ca.pem --cert-file me.pem --key-file me.key --window 300 --json""",
+  probe why --ca-file ca.pem --cert-file me.pem --key-file me.key --window 300 --json
+
+\b
+Exit status: 0 with requests to show, 3 when the collector has none (the reason is
+printed: no spans, nothing joined to a path, no fabric windows), 1 when the collector
+cannot be asked, 2 on bad usage.""",
 )
 @click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT")
 @click.option("--slowest", type=click.IntRange(1, 200), default=10, show_default=True)
@@ -163,7 +173,11 @@ def why(
 ) -> None:
     """The slowest requests of the last window, stage by stage, beside the probe RTT,
     loss and congestion counters of the path their KV cache crossed at the time, and
-    the paths ranked by the stage time they explain.
+    the paths ranked by the stage time they explain. RTTs hold the hosts' own delay (host:
+    what the ends' reference probes say they add); a path whose slowness that delay
+    explains, not the fabric, is marked HOST rather than ranked as the network's.
+    With nothing to show it says why (no spans, nothing joined, no fabric windows) and
+    exits 3.
 
     The collector wants a reader identity: a reader token (--token-file) or a client
     certificate it lists in reader_names; plain text only with --insecure."""
@@ -177,10 +191,18 @@ def why(
         fail(str(e))
     except grpc.RpcError as e:
         fail(f"collector {collector}: {e.code().name}: {e.details()}", 1)
+    empty = report.get("empty_reason") or ""
     if as_json:
         print_json(report)
+        if empty and not report.get("slowest"):
+            raise SystemExit(EXIT_EMPTY)
         return
     console = Console(width=max(170, Console().width))
+    if empty and not report.get("slowest"):
+        console.print(f"nothing to show: {empty}", style="yellow")
+        raise SystemExit(EXIT_EMPTY)
+    if empty:
+        console.print(f"note: {empty}", style="yellow")
     console.print(requests_table(report.get("slowest", [])))
     console.print(paths_table(report.get("paths", [])))
     good = report.get("goodput") or []

@@ -179,7 +179,7 @@ class CounterReading(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., device: _Optional[str] = ..., port: _Optional[int] = ..., netdev: _Optional[str] = ..., priority: _Optional[int] = ..., name: _Optional[str] = ..., value: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
 
 class AgentStats(_message.Message):
-    __slots__ = ("cpu_seconds", "rss_bytes", "probes", "probe_rate", "spool_depth", "spool_bytes", "spool_dropped", "links", "sessions", "sessions_refused", "spool_write_failures", "spool_quarantined", "spool_memory_windows", "thread_failures", "sessions_refused_by_reason")
+    __slots__ = ("cpu_seconds", "rss_bytes", "probes", "probe_rate", "spool_depth", "spool_bytes", "spool_dropped", "links", "sessions", "sessions_refused", "spool_write_failures", "spool_quarantined", "spool_memory_windows", "thread_failures", "sessions_refused_by_reason", "self_throttle", "cpu_share", "cpu_pressure")
     class SessionsRefusedByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +202,9 @@ class AgentStats(_message.Message):
     SPOOL_MEMORY_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     THREAD_FAILURES_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_REFUSED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    SELF_THROTTLE_FIELD_NUMBER: _ClassVar[int]
+    CPU_SHARE_FIELD_NUMBER: _ClassVar[int]
+    CPU_PRESSURE_FIELD_NUMBER: _ClassVar[int]
     cpu_seconds: float
     rss_bytes: int
     probes: int
@@ -217,7 +220,10 @@ class AgentStats(_message.Message):
     spool_memory_windows: int
     thread_failures: int
     sessions_refused_by_reason: _containers.ScalarMap[str, int]
-    def __init__(self, cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., probes: _Optional[int] = ..., probe_rate: _Optional[float] = ..., spool_depth: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., links: _Optional[int] = ..., sessions: _Optional[int] = ..., sessions_refused: _Optional[int] = ..., spool_write_failures: _Optional[int] = ..., spool_quarantined: _Optional[int] = ..., spool_memory_windows: _Optional[int] = ..., thread_failures: _Optional[int] = ..., sessions_refused_by_reason: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    self_throttle: float
+    cpu_share: float
+    cpu_pressure: float
+    def __init__(self, cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., probes: _Optional[int] = ..., probe_rate: _Optional[float] = ..., spool_depth: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., links: _Optional[int] = ..., sessions: _Optional[int] = ..., sessions_refused: _Optional[int] = ..., spool_write_failures: _Optional[int] = ..., spool_quarantined: _Optional[int] = ..., spool_memory_windows: _Optional[int] = ..., thread_failures: _Optional[int] = ..., sessions_refused_by_reason: _Optional[_Mapping[str, int]] = ..., self_throttle: _Optional[float] = ..., cpu_share: _Optional[float] = ..., cpu_pressure: _Optional[float] = ...) -> None: ...
 
 class WindowReport(_message.Message):
     __slots__ = ("host", "epoch", "seq", "window_start_unix_ns", "window_end_unix_ns", "probes", "counters", "agent", "assignment_generation")
@@ -264,7 +270,7 @@ class WhyRequest(_message.Message):
     def __init__(self, slowest: _Optional[int] = ..., window_s: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
 
 class SlowRequest(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "transport", "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s", "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "loss_ratio", "output_tokens", "kv_bytes", "fabric_windows", "counter_rates", "path_reason", "engine", "kv_source", "kv_fabric_s", "kv_other_s")
+    __slots__ = ("request_id", "src", "dst", "transport", "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s", "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "loss_ratio", "output_tokens", "kv_bytes", "fabric_windows", "counter_rates", "path_reason", "engine", "kv_source", "kv_fabric_s", "kv_other_s", "host_delay_s", "host_bound")
     class CounterRatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +306,8 @@ class SlowRequest(_message.Message):
     KV_SOURCE_FIELD_NUMBER: _ClassVar[int]
     KV_FABRIC_S_FIELD_NUMBER: _ClassVar[int]
     KV_OTHER_S_FIELD_NUMBER: _ClassVar[int]
+    HOST_DELAY_S_FIELD_NUMBER: _ClassVar[int]
+    HOST_BOUND_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     src: str
     dst: str
@@ -328,10 +336,12 @@ class SlowRequest(_message.Message):
     kv_source: str
     kv_fabric_s: float
     kv_other_s: float
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., kv_transfer_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., deliver_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., fabric_share_ttft: _Optional[float] = ..., fabric_share_e2e: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., output_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., fabric_windows: _Optional[int] = ..., counter_rates: _Optional[_Mapping[str, float]] = ..., path_reason: _Optional[str] = ..., engine: _Optional[str] = ..., kv_source: _Optional[str] = ..., kv_fabric_s: _Optional[float] = ..., kv_other_s: _Optional[float] = ...) -> None: ...
+    host_delay_s: float
+    host_bound: bool
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., kv_transfer_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., deliver_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., fabric_share_ttft: _Optional[float] = ..., fabric_share_e2e: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., output_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., fabric_windows: _Optional[int] = ..., counter_rates: _Optional[_Mapping[str, float]] = ..., path_reason: _Optional[str] = ..., engine: _Optional[str] = ..., kv_source: _Optional[str] = ..., kv_fabric_s: _Optional[float] = ..., kv_other_s: _Optional[float] = ..., host_delay_s: _Optional[float] = ..., host_bound: _Optional[bool] = ...) -> None: ...
 
 class PathRank(_message.Message):
-    __slots__ = ("rank", "src", "dst", "transport", "transfers", "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio", "congestion_per_s", "explained_s", "fabric_bound")
+    __slots__ = ("rank", "src", "dst", "transport", "transfers", "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio", "congestion_per_s", "explained_s", "fabric_bound", "host_bound", "host_delay_s")
     RANK_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +356,8 @@ class PathRank(_message.Message):
     CONGESTION_PER_S_FIELD_NUMBER: _ClassVar[int]
     EXPLAINED_S_FIELD_NUMBER: _ClassVar[int]
     FABRIC_BOUND_FIELD_NUMBER: _ClassVar[int]
+    HOST_BOUND_FIELD_NUMBER: _ClassVar[int]
+    HOST_DELAY_S_FIELD_NUMBER: _ClassVar[int]
     rank: int
     src: str
     dst: str
@@ -360,7 +372,9 @@ class PathRank(_message.Message):
     congestion_per_s: float
     explained_s: float
     fabric_bound: bool
-    def __init__(self, rank: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., transfers: _Optional[int] = ..., kv_median_s: _Optional[float] = ..., kv_ratio: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., rtt_ratio: _Optional[float] = ..., congestion_per_s: _Optional[float] = ..., explained_s: _Optional[float] = ..., fabric_bound: _Optional[bool] = ...) -> None: ...
+    host_bound: bool
+    host_delay_s: float
+    def __init__(self, rank: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., transfers: _Optional[int] = ..., kv_median_s: _Optional[float] = ..., kv_ratio: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., rtt_ratio: _Optional[float] = ..., congestion_per_s: _Optional[float] = ..., explained_s: _Optional[float] = ..., fabric_bound: _Optional[bool] = ..., host_bound: _Optional[bool] = ..., host_delay_s: _Optional[float] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("requests", "met", "tokens", "goodput_tps", "throughput_tps")
@@ -377,20 +391,22 @@ class Goodput(_message.Message):
     def __init__(self, requests: _Optional[int] = ..., met: _Optional[int] = ..., tokens: _Optional[float] = ..., goodput_tps: _Optional[float] = ..., throughput_tps: _Optional[float] = ...) -> None: ...
 
 class WhyReply(_message.Message):
-    __slots__ = ("now_ns", "slowest", "paths", "communication_bound", "goodput", "stages")
+    __slots__ = ("now_ns", "slowest", "paths", "communication_bound", "goodput", "stages", "empty_reason")
     NOW_NS_FIELD_NUMBER: _ClassVar[int]
     SLOWEST_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     COMMUNICATION_BOUND_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_REASON_FIELD_NUMBER: _ClassVar[int]
     now_ns: int
     slowest: _containers.RepeatedCompositeFieldContainer[SlowRequest]
     paths: _containers.RepeatedCompositeFieldContainer[PathRank]
     communication_bound: bool
     goodput: Goodput
     stages: int
-    def __init__(self, now_ns: _Optional[int] = ..., slowest: _Optional[_Iterable[_Union[SlowRequest, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathRank, _Mapping]]] = ..., communication_bound: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., stages: _Optional[int] = ...) -> None: ...
+    empty_reason: str
+    def __init__(self, now_ns: _Optional[int] = ..., slowest: _Optional[_Iterable[_Union[SlowRequest, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathRank, _Mapping]]] = ..., communication_bound: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., stages: _Optional[int] = ..., empty_reason: _Optional[str] = ...) -> None: ...
 
 class CheckVerdict(_message.Message):
     __slots__ = ("check", "device", "port", "netdev", "status", "value", "message")
