@@ -1,4 +1,8 @@
-"""Agent settings: defaults, overridden by a TOML file's [agent] table, then by flags.
+"""Agent settings, each declared once (fabricprobe.core.settings): the defaults, then the
+[agent] table of a TOML file (`--config`, or FABRICPROBE_AGENT_CONFIG), then environment
+variables FABRICPROBE_AGENT_<NAME> (e.g. FABRICPROBE_AGENT_SPOOL_DIR), then the flags of
+`probe agent` (`probe agent --help` lists each flag with its variable). Unknown sections
+and keys are errors that name the file and line.
 
 Example file::
 
@@ -21,76 +25,142 @@ Example file::
 
 from __future__ import annotations
 
-import dataclasses
 import socket
-import tomllib
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from fabricprobe.agent.nixl import check_url
 from fabricprobe.agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_WINDOWS
+from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
+from fabricprobe.core.settings import FILE, IP, LISTEN, LISTEN_OR_OFF, NAME, PEER, Check, setting
+
+URL = Check(check_url, "URL")
+
+
+def _label(text: str) -> None:
+    if len(text) > 128 or any(c.isspace() for c in text):
+        raise ValueError(f"{text[:40]!r} is not a label (no spaces, 128 at most)")
+
+
+def _every(seconds: float) -> None:
+    if seconds != 0 and seconds < 60:
+        raise ValueError(f"{seconds:g} is neither 0 (off) nor within 60..86400")
+
+
+ROLE = Check(_label, "LABEL", empty_ok=True)
+EVERY = Check(_every, "SECONDS")
 
 
 @dataclass
 class AgentConfig:
-    host: str = field(default_factory=socket.gethostname)
-    collector: str = "127.0.0.1:4794"
-    topology: str = ""
-    role: str = ""  # what the host does ("prefill", "decode"): drift compares by role too
-    addresses: list[str] = field(default_factory=list)  # empty: discover
-    devices: list[str] = field(
-        default_factory=list
-    )  # RDMA devices that are this host's; empty: all
-    probe_listen: str = "0.0.0.0:4793"
-    metrics_listen: str = ""  # this host's own /metrics (agent/exporter.py); "" serves none
-    window_s: float = 10.0  # until the collector says otherwise
-    spool_dir: str = "/var/lib/fabricprobe/spool"
-    spool_max_windows: int = DEFAULT_MAX_WINDOWS
-    spool_max_bytes: int = DEFAULT_MAX_BYTES
-    sysfs_root: str = "/sys"
-    ethtool: bool = True
-    counters_keyframe_every: int = 6  # windows between reports that carry every counter
-    jitter: float = 0.2
-    probe_timeout: float = 1.0
-    probe_workers: int = 4
-    insecure: bool = False  # plain text to the collector, open responder: only when asked for
-    token_file: str = ""
+    """Every setting of `probe agent`; `settings.load(AgentConfig, "agent", ...)` fills one."""
+
+    host: str = setting(
+        help="This host's name, its identity.",
+        factory=socket.gethostname,
+        shown="the system host name",
+        check=NAME,
+    )
+    collector: str = setting("127.0.0.1:4794", "Collector's agent API.", check=PEER)
+    topology: str = setting("", "Topology label, e.g. the ToR switch.", metavar="LABEL")
+    role: str = setting(
+        "", "What the host does (prefill, decode): drift compares by role too.", check=ROLE
+    )
+    addresses: list[str] = setting(
+        [],
+        "Address peers probe (the first is the probes' source).",
+        flag="--address",
+        shown="discovered",
+        check=IP,
+    )
+    devices: list[str] = setting(
+        [], "RDMA device of this host.", flag="--device", shown="all", check=NAME
+    )
+    probe_listen: str = setting("0.0.0.0:4793", "Responder address.", flag="--listen", check=LISTEN)
+    metrics_listen: str = setting(
+        "", "This host's own /metrics (agent/exporter.py); '' serves none.", check=LISTEN_OR_OFF
+    )
+    window_s: float = setting(10.0, "Window seconds, until the collector says.", lo=0.1, hi=3600)
+    spool_dir: str = setting(
+        "/var/lib/fabricprobe/spool", "Spool of unacknowledged windows.", metavar="DIR"
+    )
+    spool_max_windows: int = setting(
+        DEFAULT_MAX_WINDOWS, "Spool bound in windows.", lo=1, hi=10_000_000
+    )
+    spool_max_bytes: int = setting(
+        DEFAULT_MAX_BYTES, "Spool bound in bytes.", lo=4096, hi=1 << 40, shown="64 MiB"
+    )
+    sysfs_root: str = setting(
+        "/sys",
+        "Root of the sysfs tree to read (tests point it at a fixture).",
+        flag="--sysfs",
+        metavar="DIR",
+    )
+    ethtool: bool = setting(True, "Read `ethtool -S` counters.")
+    counters_keyframe_every: int = setting(
+        6, "Windows between reports that carry every counter.", lo=1, hi=10_000
+    )
+    jitter: float = setting(0.2, "Share of a probe interval spread at random.", lo=0, hi=0.9)
+    probe_timeout: float = setting(
+        1.0, "Seconds a probe waits for its peer.", lo=0.01, hi=600, metavar="SECONDS"
+    )
+    probe_workers: int = setting(4, "Probes run at once.", lo=1, hi=256)
+    insecure: bool = setting(
+        False, "Plain text to the collector and an open responder: only when asked for."
+    )
+    token_file: str = setting("", "File holding this host's token.", check=FILE)
     # the fleet's shared probe token: this responder serves, and this prober proves
     # itself to, only hosts holding it (fabricprobe.probes.fleet)
-    probe_token_file: str = ""
-    probe_max_keepalive_s: float = 600.0  # longest a peer's kept link is held here
+    probe_token_file: str = setting(
+        "",
+        "The fleet's probe token: the responder serves, and probes, only its holders.",
+        check=FILE,
+    )
+    probe_max_keepalive_s: float = setting(
+        600.0, "Longest a peer's kept link is held here, seconds.", lo=0, hi=600
+    )
     # the host reference (agent.reference_spec): a TCP probe of this host's own responder
-    host_reference: bool = True
+    host_reference: bool = setting(True, "Probe this host's own responder, the host reference.")
     # the self-throttle: probe intervals stretch (up to 4x, never a stop) while the agent
     # uses more than cpu_budget of a core or the host's CPU pressure is over pressure_limit
-    cpu_budget: float = 0.01
-    pressure_limit: float = 0.5
-    proc_root: str = "/proc"
-    ca_file: str = ""
-    cert_file: str = ""
-    key_file: str = ""
-    server_name: str = ""  # TLS name to expect from the collector, if not its address
+    cpu_budget: float = setting(
+        0.01, "Share of a core the agent may use before it throttles.", lo=0.0001, hi=4
+    )
+    pressure_limit: float = setting(
+        0.5, "Host CPU pressure (PSI share of time) the agent throttles above.", lo=0.001, hi=1
+    )
+    proc_root: str = setting(
+        "/proc", "Root of the proc tree to read.", flag="--proc", metavar="DIR"
+    )
+    ca_file: str = setting("", "CA of the collector (TLS).", check=FILE)
+    cert_file: str = setting("", "Client certificate (PEM).", check=FILE)
+    key_file: str = setting("", "Client key (PEM).", check=FILE)
+    server_name: str = setting(
+        "", "TLS name the collector's certificate carries, if not its address.", metavar="NAME"
+    )
     # `probe validate` on a schedule (agent/validation.py): every this many seconds,
     # jittered, the first run within validate_first_s of the start; 0 runs none
-    validate_interval_s: float = 3600.0
-    validate_first_s: float = 60.0
-    validate_policy: str = ""  # a policy file as `probe validate --policy` takes
+    validate_interval_s: float = setting(
+        3600.0,
+        "Seconds between runs of the RoCE checks; 0 runs none.",
+        lo=0,
+        hi=86400,
+        check=EVERY,
+    )
+    validate_first_s: float = setting(
+        60.0, "The first run within this many seconds of the start.", lo=0, hi=86400
+    )
+    validate_policy: str = setting(
+        "", "A policy file, as `probe validate --policy` takes.", check=FILE, shown="defaults"
+    )
     # /metrics URLs of this host's engines (vLLM's vllm:nixl_* series) or NIXL exporters
-    nixl_metrics: list[str] = field(default_factory=list)
+    nixl_metrics: list[str] = setting(
+        [], "/metrics of an engine on this host with NIXL telemetry.", check=URL, max_items=64
+    )
 
     def validate(self) -> None:
-        if not self.host or any(c.isspace() for c in self.host):
-            raise ConfigError(f"host: {self.host!r} is not a host name")
-        if not 0.1 <= self.window_s <= 3600:
-            raise ConfigError("window_s: must be within 0.1..3600")
-        if self.counters_keyframe_every < 1:
-            raise ConfigError("counters_keyframe_every: must be >= 1")
-        if not 0 <= self.jitter < 1:
-            raise ConfigError("jitter: must be within 0..1")
-        if self.spool_max_windows < 1 or self.spool_max_bytes < 4096:
-            raise ConfigError("spool bounds: at least 1 window and 4096 bytes")
+        """Every setting against its declaration, then the ones that go together."""
+        settings.check(self)
         if not (self.insecure or self.token_file or self.ca_file):
             raise ConfigError(
                 "no credentials: give --token-file or --ca-file (TLS), or --insecure for plain text"
@@ -100,55 +170,5 @@ class AgentConfig:
                 "no probe credentials: give --probe-token-file (the fleet's probe token), "
                 "or --insecure for an open responder"
             )
-        if self.validate_interval_s != 0 and not 60 <= self.validate_interval_s <= 86400:
-            raise ConfigError("validate_interval_s: 0 (off) or within 60..86400")
-        if not 0 <= self.validate_first_s <= 86400:
-            raise ConfigError("validate_first_s: must be within 0..86400")
-        if self.validate_policy and not Path(self.validate_policy).is_file():
-            raise ConfigError(f"validate_policy: {self.validate_policy}: no such file")
-        if len(self.role) > 128 or any(c.isspace() for c in self.role):
-            raise ConfigError(f"role: {self.role[:40]!r} is not a label (no spaces, 128 at most)")
-        if not 0.0001 <= self.cpu_budget <= 4:
-            raise ConfigError("cpu_budget: a share of a core within 0.0001..4")
-        if not 0 < self.pressure_limit <= 1:
-            raise ConfigError("pressure_limit: a share of the time within 0..1")
-        if not 0 <= self.probe_max_keepalive_s <= 600:
-            raise ConfigError("probe_max_keepalive_s: must be within 0..600")
         if bool(self.cert_file) != bool(self.key_file):
             raise ConfigError("cert_file and key_file go together")
-        for url in self.nixl_metrics:
-            try:
-                check_url(url)
-            except ValueError as e:
-                raise ConfigError(f"nixl_metrics: {e}") from None
-
-
-def load_toml(path: str | Path, section: str) -> dict[str, Any]:
-    """The [SECTION] table of a TOML file; ConfigError for a file that cannot be used."""
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    table = data.get(section, {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: [{section}] is not a table")
-    return table
-
-
-def apply(obj: Any, values: dict[str, Any], where: str) -> None:
-    """Set dataclass fields of OBJ from VALUES (dashes or underscores), checking types."""
-    known = {f.name: f for f in dataclasses.fields(obj)}
-    for raw_key, value in values.items():
-        key = raw_key.replace("-", "_")
-        if key not in known:
-            raise ConfigError(f"{where}: unknown setting {raw_key!r}")
-        current = getattr(obj, key)
-        if isinstance(current, bool) and not isinstance(value, bool):
-            raise ConfigError(f"{where}: {raw_key} must be true or false")
-        if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, type(current)):
-            raise ConfigError(f"{where}: {raw_key} must be a {type(current).__name__}")
-        setattr(obj, key, value)

@@ -1,4 +1,8 @@
-"""Collector settings: defaults, then a TOML file's [collector] table, then flags.
+"""Collector settings, each declared once (fabricprobe.core.settings): the defaults, then
+the [collector] table of a TOML file (`--config`, or FABRICPROBE_COLLECTOR_CONFIG), then
+environment variables FABRICPROBE_COLLECTOR_<NAME> (e.g. FABRICPROBE_COLLECTOR_BUDGET), then
+the flags of `probe collector` (`probe collector --help` lists each flag with its variable).
+Unknown sections and keys are errors that name the file and line.
 
 Example file::
 
@@ -15,7 +19,7 @@ Example file::
     otlp_http_listen = "0.0.0.0:4318"   # OTLP over HTTP beside the gRPC receiver
     host_attributes = ["host.name", "service.instance.id", "k8s.pod.ip", "server.address"]
     host_aliases = { "vllm-decode-0" = "gpu-node-17" }   # engine host value -> agent host
-    host_rewrite = [["^(.*)-vllm-[0-9]+$", "\\1"]]       # regex, replacement
+    host_rewrite = [["^(.*)-vllm-[0-9]+$", '\\1']]       # regex, replacement
     tls_cert = "/etc/fabricprobe/collector.pem"
     tls_key = "/etc/fabricprobe/collector.key"
     client_ca = "/etc/fabricprobe/ca.pem"
@@ -32,11 +36,11 @@ from __future__ import annotations
 import ipaddress
 import re
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
-from fabricprobe.collector.assign import DEFAULT_KINDS, PlanConfig
+from fabricprobe.collector.assign import DEFAULT_KINDS, PROBE_KINDS, PlanConfig
 from fabricprobe.collector.auth import (
     Authenticator,
     GateConfig,
@@ -45,57 +49,155 @@ from fabricprobe.collector.auth import (
     TokenAuth,
     read_token_file,
 )
-from fabricprobe.collector.drift import parse_waivers
+from fabricprobe.collector.drift import MAX_WAIVERS, parse_waivers
 from fabricprobe.collector.engines import HOST_ATTRIBUTES
 from fabricprobe.collector.exposition import load_web_config
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.rawstore import RawStoreConfig
 from fabricprobe.collector.service import ApiConfig, ServerConfig
+from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
+from fabricprobe.core.settings import FILE, LISTEN, LISTEN_OR_OFF, NAME, NETWORK, Check, setting
+
+GATES = ("open", "any", "off")  # who may call health and reflection: anyone, the authenticated
+
+
+def _rewrite_rule(rule: list[str]) -> None:
+    if len(rule) != 2:
+        raise ValueError(f"{rule!r}: each rule is [regex, replacement]")
+    try:
+        re.compile(rule[0])
+    except re.error as e:
+        raise ValueError(f"{rule[0]!r}: {e}") from None
+
+
+REWRITE = Check(_rewrite_rule, "RULE")
+
+
+def _waiver(item: object) -> None:
+    try:
+        parse_waivers([item], where="")
+    except ConfigError as e:
+        raise ValueError(str(e).removeprefix("[0]: ")) from None
+
+
+WAIVER = Check(_waiver, "TABLE")
 
 
 @dataclass
 class CollectorSettings:
-    listen: str = "0.0.0.0:4794"
-    metrics_listen: str = "0.0.0.0:9794"
-    otlp_http_listen: str = ""
-    host_attributes: list[str] = field(default_factory=lambda: list(HOST_ATTRIBUTES))
-    host_aliases: dict[str, str] = field(default_factory=dict)
-    host_rewrite: list[list[str]] = field(default_factory=list)
-    report_interval_s: float = 10.0
-    budget: int = 16
-    intra_share: float = 0.5
-    probe_interval_s: float = 10.0
-    probe_count: int = 10
-    sizes: list[int] = field(default_factory=lambda: [64])
-    kinds: list[str] = field(default_factory=lambda: list(DEFAULT_KINDS))  # + "tcp_bw"
-    bursts_per_second: int = 20
-    stale_after_s: float = 30.0
-    forget_after_s: float = 600.0
-    reports_per_second: float = 50.0  # calls and stream messages per identity
-    report_burst: float = 500.0
-    streams_per_identity: int = 4
-    stream_idle_s: float = 60.0
-    health: str = "open"  # open, any (authenticated) or off
-    reflection: str = "any"
-    reader_names: list[str] = field(default_factory=list)  # mutual TLS: Query callers
-    ingest_names: list[str] = field(default_factory=list)  # mutual TLS: OTLP senders
-    workers: int = 64
-    fleet_networks: list[str] = field(default_factory=list)  # e.g. ["10.0.0.0/16"]
-    web_config: str = ""  # /metrics TLS and basic auth, exporter-toolkit's web-config format
-    grace_s: float = 5.0
-    insecure: bool = False
-    token_file: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    client_ca: str = ""
-    windows_dir: str = ""  # keep every window in Parquet files here ("" keeps none)
-    windows_max_bytes: int = 1 << 30
-    windows_max_age_s: float = 7 * 86400.0
-    drift_min_group: int = 3
-    drift_waivers: list[dict[str, object]] = field(default_factory=list)
+    """Every setting of `probe collector`; `settings.load(CollectorSettings, "collector",
+    ...)` fills one, `server_config()` and `authenticator()` turn it into the server's."""
+
+    listen: str = setting("0.0.0.0:4794", "Agent API address.", check=LISTEN)
+    metrics_listen: str = setting(
+        "0.0.0.0:9794", "Where /metrics is served; '' serves none.", check=LISTEN_OR_OFF
+    )
+    otlp_http_listen: str = setting(
+        "",
+        "OTLP over HTTP (POST /v1/traces) for engines' spans; 0.0.0.0:4318 is usual.",
+        check=LISTEN_OR_OFF,
+        shown="off",
+    )
+    host_attributes: list[str] = setting(
+        list(HOST_ATTRIBUTES),
+        "Span attribute naming an engine's host, in order.",
+        flag="--host-attribute",
+        check=NAME,
+    )
+    host_aliases: dict[str, str] = setting(
+        {},
+        "Engine host value = agent host.",
+        flag="--host-alias",
+        metavar="ENGINE=AGENT",
+        check=NAME,
+    )
+    host_rewrite: list[list[str]] = setting(
+        [],
+        "[regex, replacement] rules from engine host values to agent hosts.",
+        flag=None,
+        check=REWRITE,
+    )
+    report_interval_s: float = setting(10.0, "Window seconds.", lo=0.1, hi=3600)
+    budget: int = setting(16, "Peers each host probes.", lo=1, hi=1024)
+    intra_share: float = setting(0.5, "Share of the budget under the host's own ToR.", lo=0, hi=1)
+    probe_interval_s: float = setting(10.0, "Seconds between bursts to a peer.", lo=0.1, hi=3600)
+    probe_count: int = setting(10, "Exchanges per burst.", lo=1, hi=10_000)
+    # 1 MiB: the largest message the TCP and RDMA RC probes take (probes/tcp.py, rdma/rc.py)
+    sizes: list[int] = setting(
+        [64],
+        "Probe message size in bytes.",
+        flag="--size",
+        lo=1,
+        hi=1 << 20,
+        min_items=1,
+        max_items=16,
+    )
+    kinds: list[str] = setting(
+        list(DEFAULT_KINDS),
+        "Probe kind to plan (tcp_bw is off by default).",
+        flag="--kind",
+        choices=PROBE_KINDS,
+        min_items=1,
+    )
+    bursts_per_second: int = setting(20, "Rate budget handed to each agent.", lo=1, hi=10_000)
+    stale_after_s: float = setting(30.0, "Host stale after this many seconds.", lo=1, hi=86400)
+    forget_after_s: float = setting(
+        600.0, "Host forgotten after this many seconds.", lo=1, hi=366 * 86400
+    )
+    reports_per_second: float = setting(
+        50.0, "Calls and stream messages per identity per second.", lo=0.001, hi=1e6
+    )
+    report_burst: float = setting(500.0, "Burst above that rate.", lo=1, hi=1e7)
+    streams_per_identity: int = setting(4, "Open streams per identity.", lo=1, hi=512)
+    stream_idle_s: float = setting(60.0, "Idle stream closed after seconds.", lo=1, hi=86400)
+    health: str = setting("open", "gRPC health: open, any (authenticated) or off.", choices=GATES)
+    reflection: str = setting("any", "gRPC reflection: open, any or off.", choices=GATES)
+    reader_names: list[str] = setting(
+        [], "Mutual TLS: a client name allowed to Query.", flag="--reader-name", check=NAME
+    )
+    ingest_names: list[str] = setting(
+        [], "Mutual TLS: a client name allowed to send OTLP.", flag="--ingest-name", check=NAME
+    )
+    workers: int = setting(64, "gRPC worker threads.", lo=4, hi=1024)
+    fleet_networks: list[str] = setting(
+        [],
+        "A network the fleet's addresses lie in; probes go nowhere else.",
+        flag="--fleet-network",
+        check=NETWORK,
+    )
+    web_config: str = setting(
+        "", "TLS and basic auth for /metrics (exporter-toolkit's web-config YAML).", check=FILE
+    )
+    grace_s: float = setting(5.0, "Seconds calls may finish in at shutdown.", lo=0, hi=600)
+    insecure: bool = setting(False, "Accept plain text, no identity.")
+    token_file: str = setting("", "`HOST TOKEN` lines.", check=FILE)
+    tls_cert: str = setting("", "Server certificate (PEM).", check=FILE)
+    tls_key: str = setting("", "Server key (PEM).", check=FILE)
+    client_ca: str = setting("", "CA of agent certificates.", check=FILE)
+    windows_dir: str = setting(
+        "", "Keep every raw window here as Parquet (`probe windows` reads it).", metavar="DIR"
+    )
+    windows_max_bytes: int = setting(
+        1 << 30, "Disk budget of the windows.", lo=1 << 20, hi=1 << 50, shown="1 GiB"
+    )
+    windows_max_age_s: float = setting(
+        7 * 86400.0, "Oldest window kept, seconds.", lo=3600, hi=366 * 86400
+    )
+    drift_min_group: int = setting(
+        3, "Hosts of one ToR or role before any is called different.", lo=2, hi=100_000
+    )
+    # { host = "gpu-node-4*", check = "firmware", reason = "canary", until = 2027-01-31 }
+    drift_waivers: list[dict[str, object]] = setting(
+        [],
+        "Known differences, shown but not alerted on.",
+        flag=None,
+        check=WAIVER,
+        max_items=MAX_WAIVERS,
+    )
 
     def server_config(self) -> ServerConfig:
+        settings.check(self)
         try:
             plan = PlanConfig(
                 budget=self.budget,
@@ -108,36 +210,21 @@ class CollectorSettings:
             )
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        if not 0.1 <= self.report_interval_s <= 3600:
-            raise ConfigError("report_interval_s: must be within 0.1..3600")
         raw = None
         if self.windows_dir:
-            if self.windows_max_bytes < 1 << 20:
-                raise ConfigError("windows_max_bytes: at least 1 MiB")
-            if not 3600 <= self.windows_max_age_s <= 366 * 86400:
-                raise ConfigError("windows_max_age_s: must be within 3600..31622400")
             raw = RawStoreConfig(
                 self.windows_dir,
                 max_bytes=self.windows_max_bytes,
                 max_age_s=self.windows_max_age_s,
                 flush_s=min(30.0, max(1.0, self.report_interval_s)),
             )
-        for name in ("health", "reflection"):
-            if getattr(self, name) not in ("open", "any", "off"):
-                raise ConfigError(f"{name}: one of open, any, off")
         if self.web_config:
             try:
                 load_web_config(self.web_config)
             except (OSError, ValueError, ssl.SSLError) as e:
                 raise ConfigError(f"web_config: {e}") from None
-        if not 4 <= self.workers <= 1024:
-            raise ConfigError("workers: must be within 4..1024")
-        if not 1 <= self.streams_per_identity <= self.workers // 2:
-            raise ConfigError("streams_per_identity: must be within 1..workers/2")
-        if not (0 < self.reports_per_second <= 1e6 and 1 <= self.report_burst <= 1e7):
-            raise ConfigError("reports_per_second/report_burst out of range")
-        if not 2 <= self.drift_min_group <= 100_000:
-            raise ConfigError("drift_min_group: must be within 2..100000")
+        if self.streams_per_identity > self.workers // 2:
+            raise ConfigError("streams_per_identity must be at most workers / 2")
         return ServerConfig(
             raw=raw,
             drift_min_group=self.drift_min_group,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import click
 
+from fabricprobe.core.settings import Spec, config_var, env_var, specs
 from fabricprobe.probes.control import DEFAULT_PORT, parse_hostport
 from fabricprobe.probes.fleet import FleetToken
 
@@ -40,9 +42,86 @@ log_level_option = click.option(
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
-# --- how a client reaches the collector (probe agent, probe why) -----------------------
-
 F = TypeVar("F", bound=Callable[..., Any])
+
+# --- the daemons' settings as flags (probe agent, probe collector) ---------------------
+
+
+def _metavar(spec: Spec) -> str | None:
+    decl = spec.setting
+    if decl.choices:
+        return "[" + "|".join(decl.choices) + "]"
+    if decl.metavar or (decl.check and decl.check.metavar):
+        return decl.metavar or (decl.check.metavar if decl.check else "")
+    item = typing.get_args(spec.kind)[0] if spec.is_many else spec.kind
+    if item is float:
+        return "SECONDS" if spec.name.endswith("_s") else "FLOAT"
+    return {int: "INTEGER", str: "TEXT"}.get(item)
+
+
+def _shown(spec: Spec) -> str:
+    if spec.setting.shown:
+        return spec.setting.shown
+    d = spec.default
+    if isinstance(d, bool):
+        return "on" if d else "off"
+    if isinstance(d, list):
+        return ", ".join(str(x) for x in d) if d else "none"
+    if isinstance(d, dict):
+        return ", ".join(f"{k}={v}" for k, v in d.items()) if d else "none"
+    if isinstance(d, float) and d.is_integer():
+        return str(int(d))
+    return "none" if d == "" else str(d)
+
+
+def settings_options(cls: type, section: str) -> Callable[[F], F]:
+    """A click option for each declared setting of CLS (fabricprobe.core.settings), named
+    after the setting, None (or ()) when not given; and `--config FILE`. Help, metavar
+    and default come from the declaration; the loader checks the values, so a bad one is
+    reported the same way whether it came from a flag, the environment or the file."""
+
+    def add(f: F) -> F:
+        for spec in reversed(specs(cls)):
+            flag = spec.flag
+            if flag is None:
+                continue
+            extra = f"[default: {_shown(spec)}; env: {env_var(section, spec.name)}]"
+            text = f"{spec.setting.help} {'(repeat) ' if spec.is_many else ''}{extra}"
+            if spec.kind is bool:
+                base = flag.removeprefix("--").removeprefix("no-")
+                opt = click.option(f"--{base}/--no-{base}", spec.name, default=None, help=text)
+            else:
+                opt = click.option(
+                    flag,
+                    spec.name,
+                    metavar=_metavar(spec),
+                    multiple=spec.is_many,
+                    help=text,
+                )
+            f = opt(f)
+        return click.option(
+            "--config",
+            "config_file",
+            envvar=config_var(section),
+            metavar="FILE",
+            help=f"TOML file; its [{section}] table. [env: {config_var(section)}]",
+        )(f)
+
+    return add
+
+
+def settings_epilog(section: str, key: str) -> str:
+    """What --help says about where settings come from; KEY is an example setting."""
+    return (
+        f"\n\nSettings come from the defaults, then the [{section}] table of --config, then "
+        f"the environment, then flags, each winning over the one before. The variable beside "
+        f"each flag, in lower case without its prefix, is its key in the file: "
+        f"{env_var(section, key)} is {key}. Unknown sections, keys and variables are errors, "
+        f"as are values out of bounds."
+    )
+
+
+# --- how a client reaches the collector (probe why, probe report) ---------------------
 _PEM = click.Path(dir_okay=False)
 
 

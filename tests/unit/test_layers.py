@@ -3,7 +3,7 @@ agent and the collector never import each other, and no two modules import each 
 
     0  fabricprobe              (the version)
     1  fabricprobe.probes       (measurement)
-    2  fabricprobe.core         (the contract: API, sketch codec, config errors, logging)
+    2  fabricprobe.core         (the contract: API, sketch codec, settings, config errors, logging)
     3  fabricprobe.agent | fabricprobe.collector | fabricprobe.workload   (apart)
     4  fabricprobe.grafana
     5  fabricprobe.cli          (the `probe` command)

@@ -10,10 +10,17 @@ from typing import Any
 
 import click
 
-from fabricprobe.agent.config import apply, load_toml
-from fabricprobe.cli.options import fail, log_format_option, log_level_option
+from fabricprobe.cli.options import (
+    OneLineCommand,
+    fail,
+    log_format_option,
+    log_level_option,
+    settings_epilog,
+    settings_options,
+)
 from fabricprobe.collector.config import CollectorSettings
 from fabricprobe.collector.service import CollectorServer
+from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.logs import setup_logging
 
@@ -21,55 +28,17 @@ log = logging.getLogger("fabricprobe.collector")
 
 
 @click.command(
+    cls=OneLineCommand,
     epilog="""\b
 Examples:
   probe collector --listen 0.0.0.0:4794 --metrics-listen 0.0.0.0:9794 \\
       --tls-cert c.pem --tls-key c.key --client-ca ca.pem
   probe collector --config /etc/fabricprobe/collector.toml
-  probe collector --listen 127.0.0.1:4794 --insecure --report-interval 2  # a laptop""",
+  FABRICPROBE_COLLECTOR_BUDGET=8 probe collector --config /etc/fabricprobe/collector.toml
+  probe collector --listen 127.0.0.1:4794 --insecure --report-interval 2  # a laptop"""
+    + settings_epilog("collector", "report_interval_s"),
 )
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file.")
-@click.option("--listen", metavar="ADDR:PORT", help="Agent API address [0.0.0.0:4794].")
-@click.option(
-    "--metrics-listen", metavar="ADDR:PORT", help="Where /metrics is served [0.0.0.0:9794]."
-)
-@click.option(
-    "--otlp-http-listen",
-    metavar="ADDR:PORT",
-    help="OTLP over HTTP (POST /v1/traces) for engines' spans [off; 0.0.0.0:4318 is usual].",
-)
-@click.option(
-    "--fleet-network",
-    "fleet_networks",
-    multiple=True,
-    metavar="CIDR",
-    help="A network the fleet's addresses lie in (repeat); probes go nowhere else.",
-)
-@click.option(
-    "--web-config",
-    type=click.Path(dir_okay=False),
-    help="TLS and basic auth for /metrics (exporter-toolkit's web-config YAML).",
-)
-@click.option("--report-interval", type=click.FloatRange(0.1, 3600), help="Window seconds [10].")
-@click.option("--budget", type=click.IntRange(1, 1024), help="Peers each host probes [16].")
-@click.option("--probe-interval", type=click.FloatRange(0.1, 3600), help="Seconds per burst [10].")
-@click.option("--probe-count", type=click.IntRange(1, 10_000), help="Exchanges per burst [10].")
-@click.option("--stale-after", type=click.FloatRange(1, 86400), help="Host stale after s [30].")
-@click.option("--insecure", is_flag=True, default=None, help="Accept plain text, no identity.")
-@click.option("--token-file", type=click.Path(dir_okay=False), help="`HOST TOKEN` lines.")
-@click.option("--tls-cert", type=click.Path(dir_okay=False), help="Server certificate (PEM).")
-@click.option("--tls-key", type=click.Path(dir_okay=False), help="Server key (PEM).")
-@click.option("--client-ca", type=click.Path(dir_okay=False), help="CA of agent certificates.")
-@click.option(
-    "--windows-dir",
-    type=click.Path(file_okay=False),
-    help="Keep every raw window here as Parquet (`probe windows` reads it).",
-)
-@click.option(
-    "--windows-max-bytes",
-    type=click.IntRange(1 << 20),
-    help="Disk budget of --windows-dir [1 GiB].",
-)
+@settings_options(CollectorSettings, "collector")
 @log_format_option
 @log_level_option
 def collector(config_file: str | None, log_format: str, log_level: str, **flags: Any) -> None:
@@ -77,23 +46,12 @@ def collector(config_file: str | None, log_format: str, log_level: str, **flags:
 
     Runs until SIGTERM or SIGINT, then reports NOT_SERVING and drains.
     """
-    settings = CollectorSettings()
-    renames = {
-        "report_interval": "report_interval_s",
-        "probe_interval": "probe_interval_s",
-        "stale_after": "stale_after_s",
-    }
     try:
-        if config_file:
-            apply(settings, load_toml(config_file, "collector"), config_file)
-        given = {renames.get(k, k): v for k, v in flags.items() if v is not None}
-        if given.get("fleet_networks") == ():
-            del given["fleet_networks"]
-        elif "fleet_networks" in given:
-            given["fleet_networks"] = list(given["fleet_networks"])
-        apply(settings, given, "flags")
-        auth = settings.authenticator()
-        cfg = settings.server_config()
+        s = settings.load(
+            CollectorSettings, "collector", file=config_file, env=settings.environ(), flags=flags
+        )
+        auth = s.authenticator()
+        cfg = s.server_config()
     except ConfigError as e:
         fail(str(e))
     setup_logging(log_level, log_format)
