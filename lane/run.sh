@@ -79,7 +79,7 @@ if [ "${LANE_ACCEL:-tcg}" != kvm ]; then
   # does not sort, pandas' unstack/pivot_table puts values in the wrong cells, and the
   # demo's request view showed one request's KV transfer in another's deliver column.
   # Without AVX in CPUID the guest kernel leaves the YMM state off and every library
-  # takes its SSE path. (tests/rdma/test_lane_cpu.py holds the guest to it.)
+  # takes its SSE path. (tests/rdma/test_workload_stages.py holds the guest to it.)
   args+=("--qemu-opts=-cpu ${LANE_CPU:-max,avx=off,avx2=off,fma=off,f16c=off}")
 fi
 # tsc=reliable: with 2 TCG vCPUs the guest would distrust the TSC and read the emulated
