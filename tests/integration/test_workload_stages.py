@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pandas as pd
 import pytest
 
-from fabricprobe.cli.commands.why import reply_dict
+from fabricprobe.cli.commands.why import reply_dict, requests_table
 from fabricprobe.collector.query import why_reply
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -29,6 +29,8 @@ from tests.support.stages import (
 
 PRE, FAST, SLOW = Host("pre-a", "127.0.0.1"), Host("dec-b", "127.0.0.1"), Host("dec-c", "127.0.0.1")
 MODEL = PRESETS["Llama-3.1-8B"]
+HEADINGS = {"queue": "queue", "prefill": "prefill", "kv": "kv_transfer", "decode": "decode",
+            "detok": "detokenize", "deliver": "deliver"}  # fmt: skip
 
 
 @pytest.fixture
@@ -81,6 +83,13 @@ def test_a_live_run_shows_every_stage_the_workload_sent(collector: CollectorServ
     # `probe why` reads the same figures, from the Query service's message
     reply = reply_dict(why_reply(collector.attribution.analyse(max_age_s=0), slowest=8))
     assert view_mismatches(results, pd.DataFrame(reply["slowest"])) == []
+    # and `probe why`'s table prints each stage under its own heading
+    table = requests_table(reply["slowest"])
+    cells = {str(c.header): list(c.cells) for c in table.columns}
+    sent = {r.request_id[-24:]: r for r in results}
+    for i, rid in enumerate(cells["request"]):
+        for heading, stage in HEADINGS.items():
+            assert cells[heading][i] == f"{sent[rid].seconds(stage) * 1e3:,.1f}", (rid, heading)
 
 
 def test_spans_split_across_batches_and_out_of_order(
