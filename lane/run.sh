@@ -13,7 +13,8 @@
 #
 # Environment: LANE_CPUS (2), LANE_MEM (1G), LANE_TIMEOUT, LANE_KVER, LANE_VERBOSE=1,
 #   LANE_ENV (more variable names to pass in; PATH, VIRTUAL_ENV, PYTHONPATH, CI, HOME,
-#   TERM and every LANE_* are passed), LANE_ACCEL=kvm (only where /dev/kvm runs stock kernels).
+#   TERM and every LANE_* are passed), LANE_ACCEL=kvm (only where /dev/kvm runs stock kernels),
+#   LANE_CPU (the emulated CPU model under TCG; see below).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LANE_VENV=${LANE_VENV:-/opt/fabricprobe-lane/venv}
@@ -71,7 +72,16 @@ args=(--run "$kernel" --force-9p --cpus "${LANE_CPUS:-2}" --memory "${LANE_MEM:-
       --cwd / "${rwdirs[@]}" --exec "bash $work/cmd.sh")
 # vng uses KVM whenever /dev/kvm is usable; the /dev/kvm here runs only PVM guests and a
 # stock kernel hangs in it, so software emulation is the default.
-[ "${LANE_ACCEL:-tcg}" = kvm ] || args+=(--disable-kvm)
+if [ "${LANE_ACCEL:-tcg}" != kvm ]; then
+  args+=(--disable-kvm)
+  # vng asks for `-cpu max`, which under TCG advertises AVX and AVX2. QEMU 7.2's TCG
+  # (Debian 12's) gets numpy's AVX2 argsort wrong: np.argsort returns a permutation that
+  # does not sort, pandas' unstack/pivot_table puts values in the wrong cells, and the
+  # demo's request view showed one request's KV transfer in another's deliver column.
+  # Without AVX in CPUID the guest kernel leaves the YMM state off and every library
+  # takes its SSE path. (tests/rdma/test_workload_stages.py holds the guest to it.)
+  args+=("--qemu-opts=-cpu ${LANE_CPU:-max,avx=off,avx2=off,fma=off,f16c=off}")
+fi
 # tsc=reliable: with 2 TCG vCPUs the guest would distrust the TSC and read the emulated
 # HPET on every clock_gettime (no vDSO), which distorts every latency figure.
 for a in ${LANE_APPEND-tsc=reliable mitigations=off}; do args+=(--append "$a"); done

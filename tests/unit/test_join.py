@@ -9,6 +9,7 @@ import pytest
 from fabricprobe.collector.history import CounterRate, FabricWindow, rates_frame, windows_frame
 from fabricprobe.collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
 from fabricprobe.collector.stages import RequestRecord, StageRecord
+from tests.support.stages import scrambled_requests
 
 S = 1_000_000_000
 
@@ -77,3 +78,16 @@ def test_breakdown_keeps_ttft_and_itl_apart_and_prefers_measured_stages() -> Non
 def test_no_fabric_figures_yet_leaves_gaps_not_errors() -> None:
     out = join_fabric(stages_frame([kv("a", S, 0.1)]), windows_frame([]), rates_frame([]))
     assert out.loc[0, "fabric_windows"] == 0 and math.isnan(out.loc[0, "rtt_p99_s"])
+
+
+def test_breakdown_puts_each_requests_stages_in_their_own_columns() -> None:
+    """Many requests with their records scrambled (as spans of several export batches
+    arrive): every cell is its own request's own stage, and the fabric share is that
+    request's KV transfer over its own TTFT."""
+    stages, requests, want = scrambled_requests(40)
+    out = request_breakdown(stages_frame(stages), requests_frame(requests))
+    assert len(out) == 40
+    got = out.set_index("request_id")
+    for rid, row in want.items():
+        for col, seconds in row.items():
+            assert got.loc[rid, col] == pytest.approx(seconds, rel=1e-12, abs=1e-12), (rid, col)
