@@ -19,6 +19,7 @@ with whether the device could have given hardware ones.
 from __future__ import annotations
 
 import random
+import select
 import struct
 import time
 from array import array
@@ -61,6 +62,10 @@ MAGIC = 0xFB0DD0D0
 PROBE, ACK1, ACK2 = 1, 2, 3
 DEPTH = 8  # receive slots: a session serves one prober, which has one probe out at a time
 MAX_PROBES = 1_000_000
+# A responder with no probe for this long looks whether the prober has ended the round (a
+# lost probe leaves it short of the count). Each look starts a new 5 ms busy poll, so
+# shorter costs CPU; longer keeps the prober's next round waiting.
+CONTROL_POLL_S = 0.1
 
 
 class UdEndpoint(VerbsEndpoint):
@@ -357,7 +362,7 @@ def serve_ud(session: Session) -> dict[str, Any]:
     answered = 0
     while True:  # one round, or one per `again` of a kept link
         if engine == "native":
-            answered += ep.answer(probes, step_s, max(step_s * 4, 2.0))
+            answered += _answer_native(session, ep, probes, step_s)
         else:
             answered += _answer(session, ep, wr, probes, step_s)
         nxt = session.next_round()
@@ -368,14 +373,45 @@ def serve_ud(session: Session) -> dict[str, Any]:
     return {"answered": answered, "engine": engine}
 
 
+def _prober_spoke(session: Session) -> bool:
+    """The prober wrote on the control connection (its next round, `done`, or it hung
+    up): it has sent every probe of this round and waited out each one's ACKs. A round
+    with lost probes never reaches its count here, and without this the responder would
+    wait out its idle time while the prober waits for it."""
+    try:
+        readable, _, _ = select.select([session.channel.sock], [], [], 0)
+    except (OSError, ValueError):  # closed under us
+        return True
+    return bool(readable)
+
+
+def _answer_native(session: Session, ep: Any, probes: int, step_s: float) -> int:
+    """Answer up to PROBES probes in the compiled loop, in calls that return after
+    CONTROL_POLL_S without a probe, so that the end of the round is seen between them."""
+    answered = 0
+    idle_s = max(step_s * 4, 2.0)
+    last = time.monotonic()
+    while answered < probes and not session.stopping:
+        got = ep.answer(probes - answered, step_s, CONTROL_POLL_S)
+        answered += got
+        now = time.monotonic()
+        last = now if got else last
+        if _prober_spoke(session) or now - last > idle_s:
+            break
+    return answered
+
+
 def _answer(session: Session, ep: UdEndpoint, wr: Any, probes: int, step_s: float) -> int:
-    """Answer up to PROBES probes with two ACKs each; stop when the prober goes quiet."""
+    """Answer up to PROBES probes with two ACKs each; stop when the prober says the round
+    is over or goes quiet."""
     answered = 0
     idle_deadline = time.monotonic() + max(step_s * 4, 2.0)
     while answered < probes and not session.stopping:
-        msg = ep.receive(idle_deadline)
+        msg = ep.receive(min(idle_deadline, time.monotonic() + CONTROL_POLL_S))
         if msg is None:
-            break
+            if _prober_spoke(session) or time.monotonic() >= idle_deadline:
+                break
+            continue
         kind, seq, _, t2 = msg
         if kind != PROBE:
             continue
