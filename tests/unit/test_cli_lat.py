@@ -125,6 +125,7 @@ class _Link:
     """UdLink's shape: a context manager whose run() gives a result; records its calls."""
 
     STEP_S = 0.5
+    LATE_S = 1.0
     calls: ClassVar[list[tuple[Any, ...]]] = []
     result: ClassVar[LatencyResult]
 
@@ -158,7 +159,8 @@ def test_ud_table_and_loss(fake_ud: type[_Link]) -> None:
     assert params.step_s == 0.5  # UD's own default, not --timeout's 2 s
     out = " ".join(out.split())  # rich wraps at the terminal's width
     assert "UD probes rxe0 -> 192.0.2.2:4793 (native loop): 2,000 probes" in out
-    assert "at most one per 1.000 ms; each waits 0.5 s for its ACKs" in out
+    assert "at most one per 1.000 ms; each waits 0.5 s for its ACKs before the next" in out
+    assert "late answers count until 1 s after the last" in out
     assert "rdma ud RTT (µs)" in out and "p99" in out
     assert "responder delay (p50 10.000 µs) is taken out" in out
     assert "exchanges: 2,000 sent, 1,950 answered, 50 lost" in out

@@ -248,8 +248,10 @@ def lat(
     """RC ping-pong latency to PEER, with the port's retransmit counters; or with --qp ud,
     UD latency and loss. Figures are RTTs; one-way columns are RTT/2.
 
-    With --qp ud each probe waits --timeout (0.5 s unless given) for its two ACKs and then
-    counts as lost; the loss comes with its 95 % Wilson interval."""
+    With --qp ud one probe is out at a time and waits --timeout (0.5 s unless given) for
+    its two ACKs before the next goes; an answer that comes later still counts, with its
+    RTT, until 1 s after the last probe, and a probe with none by then is lost. The loss
+    comes with its 95 % Wilson interval."""
     host, port = resolve_peer(peer, port)
     token = load_token(token_file)
     if qp == "ud":
@@ -358,7 +360,8 @@ def _lat_ud(
         console.print(
             f"UD probes {res.device} -> {host}:{port} ({res.engine} loop): {probes:,} probes "
             f"(+{warmup:,} warm-up), {pace}; each waits {link.step(ud.UdLink.STEP_S):g} s "
-            "for its ACKs",
+            f"for its ACKs before the next goes, late answers count until "
+            f"{max(ud.UdLink.LATE_S, link.step(ud.UdLink.STEP_S)):g} s after the last",
             highlight=False,
         )
         console.print(f"engine: {res.engine_reason}", highlight=False)
