@@ -246,9 +246,11 @@ class UdLink(RdmaLink):
             hw_ts=ep.hw_ts,
         )
 
-    def run(self, probes: int, interval_s: float = 0.0, warmup: int = 1) -> LatencyResult:
+    def run(
+        self, probes: int, interval_s: float = 0.0, warmup: int = 1, late_s: float | None = None
+    ) -> LatencyResult:
         """One round, summarised: network RTT, RTT with the responder's delay, that delay."""
-        r = self.round(probes, interval_s, warmup)
+        r = self.round(probes, interval_s, warmup, late_s)
         net, raw = LatencySketch("rtt"), LatencySketch("rtt")
         net.record_many(r.rtt_ns)
         net.record_lost(r.lost)

@@ -188,7 +188,7 @@ def test_ud_loss_reads_the_injected_loss(lane_hosts: list[LaneHost], tmp_path: P
             since = t_on + int(SLACK_S * 1e9)
             deadline = time.monotonic() + PHASE_S
             doc = probe_lat(h0, h1, token, "--qp", "ud", "--iters", str(n), "--interval",
-                            "0.001", "--timeout", str(STEP_S))  # fmt: skip
+                            "0.001", "--wait", str(STEP_S))  # fmt: skip
             if p == LOSSES[-1]:  # RC over the same lossy path: nothing lost, all retransmitted
                 rc = probe_lat(h0, h1, token, "--iters", "300", "--warmup", "10")
             while time.monotonic() < deadline:

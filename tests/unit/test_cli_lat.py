@@ -37,6 +37,7 @@ def run(*args: str) -> tuple[int, str, str]:
         (["--qp", "ud", "--tcp"], "--tcp goes with RC ping-pong"),
         (["--qp", "ud", "--warmup", "500"], "--warmup: at most 100"),
         (["--interval", "0.001"], "--interval paces UD probes"),
+        (["--wait", "0.05"], "--wait paces UD probes"),
         (["--qp", "uc"], "--qp"),
         (["--qp", "ud", "--interval", "-1"], "--interval"),
     ],
@@ -138,8 +139,8 @@ class _Link:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def run(self, probes: int, interval_s: float, warmup: int) -> LatencyResult:
-        _Link.calls.append((self.params, probes, interval_s, warmup))
+    def run(self, probes: int, interval_s: float, warmup: int, late_s: float) -> LatencyResult:
+        _Link.calls.append((self.params, probes, interval_s, warmup, late_s))
         return _Link.result
 
 
@@ -154,9 +155,9 @@ def test_ud_table_and_loss(fake_ud: type[_Link]) -> None:
     fake_ud.result = _ud_result([200_000 + i for i in range(1950)], 50, None)
     code, out, err = run("192.0.2.2", "--qp", "ud", "--iters", "2000", "--interval", "0.001")
     assert code == 0, err
-    params, probes, interval, warmup = fake_ud.calls[0]
-    assert (probes, interval, warmup) == (2000, 0.001, 100)
-    assert params.step_s == 0.5  # UD's own default, not --timeout's 2 s
+    params, probes, interval, warmup, late = fake_ud.calls[0]
+    assert (probes, interval, warmup, late) == (2000, 0.001, 100, 1.0)
+    assert params.step_s is None and params.timeout is None  # the probe's own defaults
     out = " ".join(out.split())  # rich wraps at the terminal's width
     assert "UD probes rxe0 -> 192.0.2.2:4793 (native loop): 2,000 probes" in out
     assert "at most one per 1.000 ms; each waits 0.5 s for its ACKs before the next" in out
@@ -169,10 +170,13 @@ def test_ud_table_and_loss(fake_ud: type[_Link]) -> None:
 
 def test_ud_json_and_a_run_that_ended_early(fake_ud: type[_Link]) -> None:
     fake_ud.result = _ud_result([300_000] * 90, 10, "UD send did not complete in time")
-    code, out, err = run("192.0.2.2", "--qp", "ud", "--iters", "100", "--timeout", "0.2", "--json")
+    code, out, err = run(
+        "192.0.2.2", "--qp", "ud", "--iters", "100", "--wait", "0.2", "--timeout", "3", "--json"
+    )
     assert code == 1 and "run ended early" in err and "did not complete" in err
     doc = json.loads(out)
-    assert fake_ud.calls[0][0].step_s == 0.2
+    params, _, _, _, late = fake_ud.calls[0]
+    assert (params.step_s, params.timeout, late) == (0.2, 3.0, 3.0)
     assert doc["rdma"]["qp_type"] == "ud" and doc["rdma"]["probes"] == 100
     assert doc["loss"]["sent"] == 100 and doc["loss"]["lost"] == 10
     assert doc["loss"]["ratio"] == 0.1 and doc["loss"]["interval"]["method"] == "wilson"

@@ -217,6 +217,13 @@ Examples:
     help="UD: at most one probe per INTERVAL seconds (default: back to back, one out at a time).",
 )
 @click.option(
+    "--wait",
+    type=click.FloatRange(0.001, 60),
+    default=None,
+    help="UD: seconds a probe waits for its ACKs before the next goes (default 0.5); a "
+    "later answer still counts until --timeout after the last probe.",
+)
+@click.option(
     "--op",
     type=click.Choice(["send", "write"]),
     default="send",
@@ -232,6 +239,7 @@ def lat(
     port: int | None,
     qp: str,
     interval: float,
+    wait: float | None,
     op: str,
     size: int,
     iters: int,
@@ -248,10 +256,10 @@ def lat(
     """RC ping-pong latency to PEER, with the port's retransmit counters; or with --qp ud,
     UD latency and loss. Figures are RTTs; one-way columns are RTT/2.
 
-    With --qp ud one probe is out at a time and waits --timeout (0.5 s unless given) for
-    its two ACKs before the next goes; an answer that comes later still counts, with its
-    RTT, until 1 s after the last probe, and a probe with none by then is lost. The loss
-    comes with its 95 % Wilson interval."""
+    With --qp ud one probe is out at a time and waits --wait (0.5 s unless given) for its
+    two ACKs before the next goes; an answer that comes later still counts, with its RTT,
+    until --timeout (1 s unless given) after the last probe, and a probe with none by
+    then is lost. The loss comes with its 95 % Wilson interval."""
     host, port = resolve_peer(peer, port)
     token = load_token(token_file)
     if qp == "ud":
@@ -261,12 +269,26 @@ def lat(
         if warmup > UD_MAX_WARMUP and _given("warmup"):
             fail(f"--warmup: at most {UD_MAX_WARMUP} with --qp ud")
         ud = _ud()
-        step_s = timeout if _given("timeout") else ud.UdLink.STEP_S
-        link = _link(host, port, bind, device, sysfs_root, engine, step_s, token)
-        _lat_ud(ud, host, port, iters, min(warmup, UD_MAX_WARMUP), interval, link, as_json)
+        try:  # --timeout bounds the setup and how late an answer may come; --wait the step
+            link = LinkParams(
+                host,
+                port,
+                bind=bind,
+                device=device,
+                sysfs_root=sysfs_root,
+                engine=engine,
+                timeout=timeout,
+                step_s=wait,
+                token=token,
+            )
+        except ValueError as e:
+            fail(str(e))
+        late = ud.UdLink.LATE_S if timeout is None else timeout
+        _lat_ud(ud, host, port, iters, min(warmup, UD_MAX_WARMUP), interval, late, link, as_json)
         return
-    if _given("interval"):
-        fail("--interval paces UD probes: give it with --qp ud")
+    for name, flag in (("interval", "--interval"), ("wait", "--wait")):
+        if _given(name):
+            fail(f"{flag} paces UD probes: give it with --qp ud")
     rc = _rc()
     from fabricprobe.probes.rdma.verbs import ACK_TIMEOUT_S, PORT  # pyverbs is there now
 
@@ -341,6 +363,7 @@ def _lat_ud(
     probes: int,
     warmup: int,
     interval: float,
+    late_s: float,
     link: LinkParams,
     as_json: bool,
 ) -> None:
@@ -348,7 +371,7 @@ def _lat_ud(
 
     def run() -> Any:
         with ud.UdLink(link) as kept:
-            return kept.run(probes, interval, warmup)
+            return kept.run(probes, interval, warmup, late_s)
 
     res = _measure(run)
     loss = LossEstimate.of(res.summary.lost, res.summary.count + res.summary.lost)
@@ -361,7 +384,7 @@ def _lat_ud(
             f"UD probes {res.device} -> {host}:{port} ({res.engine} loop): {probes:,} probes "
             f"(+{warmup:,} warm-up), {pace}; each waits {link.step(ud.UdLink.STEP_S):g} s "
             f"for its ACKs before the next goes, late answers count until "
-            f"{max(ud.UdLink.LATE_S, link.step(ud.UdLink.STEP_S)):g} s after the last",
+            f"{max(late_s, link.step(ud.UdLink.STEP_S)):g} s after the last",
             highlight=False,
         )
         console.print(f"engine: {res.engine_reason}", highlight=False)
