@@ -205,6 +205,11 @@ class UdLink(RdmaLink):
         self._seq = random.randrange(1 << 30)
         return ctl, ep, ep.sender(remote)
 
+    def done_timeout(self) -> float:
+        """The responder looks for the end of a round every CONTROL_POLL_S (and may be
+        sending an ACK, a step at most): the closing handshake gets both."""
+        return self.step_s + 2 * CONTROL_POLL_S
+
     def round(
         self, probes: int, interval_s: float = 0.0, warmup: int = 1, late_s: float | None = None
     ) -> LatencyRound:
