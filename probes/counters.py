@@ -14,7 +14,7 @@ Kernel ABI: Documentation/ABI/stable/sysfs-class-infiniband.
 from __future__ import annotations
 
 import errno
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -346,4 +346,51 @@ def counter_deltas(
     return {
         name: counter_delta(prev[name], cur[name], widths.get(name, 64))
         for name in cur.keys() & prev.keys()
+    }
+
+
+# hw_counters that count an RC retransmission, or the event that makes one, as each driver
+# spells them. The requester's side: a retry after the ACK timer ran out (mlx5
+# local_ack_timeout_err, bnxt_re to_retransmits, rxe completer_retry_err, which also counts
+# go-back-N after a NAK), a sequence-error NAK received (mlx5 packet_seq_err, bnxt_re
+# seq_err_naks_rcvd, rxe rcvd_seq_err), an implied NAK (mlx5 implied_nak_seq_err), mlx5's
+# adaptive retransmissions (roce_adp_retrans, roce_adp_retrans_to) and retries given up
+# (req_transport_retries_exceeded, retry_exceeded_err, max_retry_exceeded). The responder's
+# side: a gap in the PSNs (mlx5 out_of_sequence, rxe out_of_seq_request) and a request
+# seen twice because its ACK was lost (duplicate_request, mlx5 and rxe).
+RETRANSMIT_COUNTERS = (
+    "local_ack_timeout_err",
+    "packet_seq_err",
+    "implied_nak_seq_err",
+    "out_of_sequence",
+    "duplicate_request",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "req_transport_retries_exceeded",
+    "to_retransmits",
+    "seq_err_naks_rcvd",
+    "max_retry_exceeded",
+    "completer_retry_err",
+    "rcvd_seq_err",
+    "out_of_seq_request",
+    "retry_exceeded_err",
+)
+
+
+def hw_counter_changes(
+    before: PortCounters, after: PortCounters, names: Iterable[str], driver: str | None
+) -> dict[str, CounterDelta]:
+    """How each of NAMES in hw_counters/ moved between two readings of one port, in
+    NAMES' order (DRIVER picks the wrap width); a counter missing from either is left out."""
+    if (before.device, before.port) != (after.device, after.port):
+        raise ValueError(
+            f"readings of two ports: {before.device}/{before.port}, {after.device}/{after.port}"
+        )
+    if before.hw is None or after.hw is None:
+        return {}
+    prev, cur = before.hw.values, after.hw.values
+    return {
+        name: counter_delta(prev[name], cur[name], counter_width(name, driver))
+        for name in names
+        if name in prev and name in cur
     }

@@ -159,8 +159,13 @@ class RdmaLink(Link):
         if error is not None:
             self.close()
         elif not self.keepalive_s and self._open is not None:
-            self._open[0].done(result, timeout=self.step_s)
+            self._open[0].done(result, timeout=self.done_timeout())
             self.close()
+
+    def done_timeout(self) -> float:
+        """How long the closing handshake may take: a step, unless the responder needs
+        longer to see that the round is over."""
+        return self.step_s
 
     def _result(self, r: LatencyRound, sketch: LatencySketch, **figures: Any) -> LatencyResult:
         """Round R summarised in SKETCH, with what the link knows and FIGURES beside."""

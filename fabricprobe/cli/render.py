@@ -1,14 +1,17 @@
-"""Terminal output shared by the probe commands: latency tables and progress bars."""
+"""Terminal output shared by the probe commands: latency tables, loss and retransmit
+lines, progress bars."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from fabricprobe.probes.counters import CounterDelta
+from fabricprobe.probes.loss import LossEstimate
 from fabricprobe.probes.stats import LatencySummary, one_way_from_rtt
 from fabricprobe.probes.sysfs import RdmaDevice
 
@@ -65,6 +68,53 @@ def latency_table(rtts: dict[str, LatencySummary]) -> Table:
 
 def loss_line(name: str, s: LatencySummary) -> str:
     return f"{name}: count {s.count:,}  lost {s.lost:,} ({s.loss_ratio:.3%})"
+
+
+def loss_estimate_lines(e: LossEstimate, margin: float = 0.01) -> list[str]:
+    """Exchanges sent, answered and lost; the loss ratio with its interval; and how many
+    exchanges a run at this ratio needs for ±MARGIN."""
+    need = e.exchanges_for(margin)
+    points = f"±{margin * 100:g} point{'s' if margin != 0.01 else ''}"
+    enough = (
+        f"this run's {e.sent:,} are enough"
+        if e.sent >= need
+        else f"this run had {e.sent:,}: give --iters {need}"
+    )
+    return [
+        f"exchanges: {e.sent:,} sent, {e.answered:,} answered, {e.lost:,} lost",
+        f"loss: {e.ratio:.2%} (Wilson {e.confidence:.0%} interval {e.low:.2%} .. {e.high:.2%}, "
+        f"±{e.margin * 100:.2f} points)",
+        f"{points} at this loss needs {need:,} exchanges; {enough}",
+    ]
+
+
+def retransmit_lines(
+    device: str, port: int, changes: Mapping[str, CounterDelta] | None, ack_timeout_s: float
+) -> list[str]:
+    """The retransmit counters' changes over an RC run (None: the port has no
+    hw_counters/), and what RC does with loss."""
+    where = f"{device} port {port}"
+    if changes is None:
+        lines = [f"retransmit counters: {where} has no hw_counters/, they cannot be read here"]
+    elif not changes:
+        lines = [f"retransmit counters: none among the hw_counters of {where}"]
+    else:
+        moved = "  ".join(
+            f"{name} +{d.delta:,}" + (" (wrapped)" if d.wrapped else "")
+            + (" (reset: from 0)" if d.reset else "")
+            for name, d in changes.items()
+        )  # fmt: skip
+        lines = [
+            f"retransmit counters of {where} over the run (hw_counters; the whole port, "
+            f"so other traffic on it counts too): {moved}",
+        ]
+    lines.append(
+        "RC hides loss as delay: the NIC sends a dropped packet again (after a sequence "
+        f"NAK, or when its ACK timer of {ack_timeout_s * 1e3:.0f} ms runs out), so every "
+        "exchange completes and loss reads 0, while each resend lands in one RTT sample and "
+        "lifts p99. `probe lat --qp ud` counts loss as loss."
+    )
+    return lines
 
 
 def devices_table(devices: list[RdmaDevice]) -> Table:

@@ -8,9 +8,13 @@ responder's own processing time is subtracted from the network RTT.
 
     network RTT = (t4 - t1) - (t3 - t2)
 
-UD is unreliable by design, so a probe or an ACK that does not arrive within the step
-deadline is counted as lost instead of being retransmitted: loss is part of what is
-measured. Timestamps: completion timestamps are the right source where the device
+UD is unreliable by design, so a probe whose ACKs do not come is counted as lost instead
+of being retransmitted: loss is part of what is measured. One probe is out at a time:
+it waits a step for its ACKs, then the next goes. An answer that comes after its step
+is still taken (with its true RTT) while later probes wait, and the round listens
+`late_s` past its last probe for answers on their way: on a busy host an answer is often
+late, and late is delay, not loss. A probe is lost when its round ends without its
+answer. Timestamps: completion timestamps are the right source where the device
 has them (`completion_timestamp_mask` > 0); this implementation takes software
 timestamps (CLOCK_MONOTONIC when the poll returns) and every result says so, together
 with whether the device could have given hardware ones.
@@ -19,6 +23,7 @@ with whether the device could have given hardware ones.
 from __future__ import annotations
 
 import random
+import select
 import struct
 import time
 from array import array
@@ -59,8 +64,14 @@ GRH_BYTES = 40  # every UD receive buffer starts with room for the global routin
 MSG = struct.Struct("!IIIQ")  # magic, kind, seq, value (responder delay in ns for ACK2)
 MAGIC = 0xFB0DD0D0
 PROBE, ACK1, ACK2 = 1, 2, 3
-DEPTH = 8  # receive slots: a session serves one prober, which has one probe out at a time
+# receive slots: one probe is out at a time, but while a host stalls the ACKs of several
+# late ones queue up, and a UD message with no receive posted for it is dropped
+DEPTH = 32
 MAX_PROBES = 1_000_000
+# A responder with no probe for this long looks whether the prober has ended the round (a
+# lost probe leaves it short of the count). Each look starts a new 5 ms busy poll, so
+# shorter costs CPU; longer keeps the prober's next round waiting.
+CONTROL_POLL_S = 0.1
 
 
 class UdEndpoint(VerbsEndpoint):
@@ -168,6 +179,7 @@ class UdLink(RdmaLink):
     rounds, so a late ACK of an earlier round is never taken for a new one."""
 
     STEP_S = 0.5
+    LATE_S = 1.0  # how long a round listens past its last probe for late answers
     _seq = 0  # the next probe's sequence number; each session starts at a random one
 
     def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
@@ -193,27 +205,39 @@ class UdLink(RdmaLink):
         self._seq = random.randrange(1 << 30)
         return ctl, ep, ep.sender(remote)
 
-    def round(self, probes: int, interval_s: float = 0.0, warmup: int = 1) -> LatencyRound:
+    def done_timeout(self) -> float:
+        """The responder looks for the end of a round every CONTROL_POLL_S (and may be
+        sending an ACK, a step at most): the closing handshake gets both."""
+        return self.step_s + 2 * CONTROL_POLL_S
+
+    def round(
+        self, probes: int, interval_s: float = 0.0, warmup: int = 1, late_s: float | None = None
+    ) -> LatencyRound:
         """One round of PROBES probes, at most one per INTERVAL_S, after WARMUP unrecorded
         ones (the first probe of a round may find the responder pausing between polls,
-        and the time it waits there is not part of the delay it reports): the bare
-        figures."""
+        and the time it waits there is not part of the delay it reports), answers taken
+        until LATE_S (default LATE_S, at least a step) after the last: the bare figures."""
         if not 1 <= probes <= MAX_PROBES:
             raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
         if not 0 <= interval_s <= 60 or not 0 <= warmup <= 100:
             raise ValueError(f"interval {interval_s} s or warm-up {warmup} out of range")
+        late = self.LATE_S if late_s is None else late_s
+        if not 0 <= late <= 60:
+            raise ValueError(f"late_s {late} outside 0..60 s")
         total = probes + warmup
         _, ep, wr = self._begin({"probes": total})
         step_s = self.step_s
+        late = max(late, step_s)
         net: list[int] = []
         raw: list[int] = []
         delays: list[int] = []
         base, self._seq = self._seq, (self._seq + total) & 0xFFFFFFFF
         t_start = time.perf_counter()
         run = _native_round if self.engine == "native" else _pyverbs_round
-        error = run(ep, wr, warmup, 0.0, step_s, base, [], [], []) if warmup else None
+        # warm-up answers are not waited for: a late one is ignored by the measured round
+        error = run(ep, wr, warmup, 0.0, step_s, 0.0, base, [], [], []) if warmup else None
         if error is None:
-            error = run(ep, wr, probes, interval_s, step_s, base + warmup, net, raw, delays)
+            error = run(ep, wr, probes, interval_s, step_s, late, base + warmup, net, raw, delays)
         duration = time.perf_counter() - t_start
         self._end(error, {"probes": probes})
         return LatencyRound(
@@ -227,9 +251,11 @@ class UdLink(RdmaLink):
             hw_ts=ep.hw_ts,
         )
 
-    def run(self, probes: int, interval_s: float = 0.0, warmup: int = 1) -> LatencyResult:
+    def run(
+        self, probes: int, interval_s: float = 0.0, warmup: int = 1, late_s: float | None = None
+    ) -> LatencyResult:
         """One round, summarised: network RTT, RTT with the responder's delay, that delay."""
-        r = self.round(probes, interval_s, warmup)
+        r = self.round(probes, interval_s, warmup, late_s)
         net, raw = LatencySketch("rtt"), LatencySketch("rtt")
         net.record_many(r.rtt_ns)
         net.record_lost(r.lost)
@@ -263,39 +289,69 @@ def _pyverbs_round(
     probes: int,
     interval_s: float,
     step_s: float,
+    late_s: float,
     base: int,
     net: list[int],
     raw: list[int],
     delays: list[int],
 ) -> str | None:
-    """A round probe by probe in Python; fills NET, RAW and DELAYS; returns why it
-    stopped short, or None."""
+    """A round probe by probe in Python, as the compiled loop runs it (fp_ud_probe): each
+    probe waits STEP_S for its ACKs, the next goes no sooner than INTERVAL_S after it,
+    late ACKs are taken on the way and for LATE_S after the last probe. Fills NET, RAW
+    and DELAYS; returns why it stopped short, or None."""
+    t1s: list[int] = []
+    t4s: list[int | None] = []
+    got: list[int | None] = []
+    answered = 0
+
+    def take(msg: tuple[int, int, int, int]) -> None:
+        nonlocal answered
+        kind, mseq, value, t = msg
+        i = (mseq - base) & 0xFFFFFFFF
+        if i >= len(t1s):
+            return  # a late ACK of an earlier round
+        was = t4s[i] is not None and got[i] is not None
+        if kind == ACK1 and t4s[i] is None:
+            t4s[i] = t
+        elif kind == ACK2 and got[i] is None:
+            got[i] = value
+        answered += not was and t4s[i] is not None and got[i] is not None
+
+    error = None
+    last = 0.0
     for i in range(probes):
-        seq = (base + i) & 0xFFFFFFFF
-        deadline = time.monotonic() + step_s
+        last = time.monotonic()
+        deadline = last + step_s
         try:
-            t1 = ep.send(wr, PROBE, seq, 0, deadline)
+            t1 = ep.send(wr, PROBE, (base + i) & 0xFFFFFFFF, 0, deadline)
         except PeerError as err:
-            return str(err)
-        t4 = delay = None
-        while t4 is None or delay is None:
-            msg = ep.receive(deadline)
+            error = str(err)
+            break
+        t1s.append(t1)
+        t4s.append(None)
+        got.append(None)
+        nxt = last + interval_s if i + 1 < probes else 0.0
+        while True:
+            done = t4s[i] is not None and got[i] is not None
+            until = nxt if done else max(deadline, nxt)
+            if time.monotonic() >= until:
+                break
+            msg = ep.receive(until)
+            if msg is not None:
+                take(msg)
+    if error is None and t1s:
+        until = last + late_s
+        while answered < len(t1s):
+            msg = ep.receive(until)
             if msg is None:
                 break
-            kind, mseq, value, t = msg
-            if mseq != seq:
-                continue  # a late ACK of an earlier, already lost probe
-            if kind == ACK1:
-                t4 = t
-            elif kind == ACK2:
-                delay = value
+            take(msg)
+    for t1, t4, delay in zip(t1s, t4s, got, strict=True):
         if t4 is not None and delay is not None and delay <= t4 - t1:
             raw.append(t4 - t1)
             net.append(t4 - t1 - delay)
             delays.append(delay)
-        if interval_s:
-            time.sleep(max(0.0, interval_s - (time.monotonic() - (deadline - step_s))))
-    return None
+    return error
 
 
 def _native_round(
@@ -304,25 +360,21 @@ def _native_round(
     probes: int,
     interval_s: float,
     step_s: float,
+    late_s: float,
     base: int,
     net: list[int],
     raw: list[int],
     delays: list[int],
 ) -> str | None:
-    """A round in the compiled loop (one call, or one per probe when they are paced);
-    fills NET, RAW and DELAYS; returns why it stopped short, or None."""
-    bursts = [(base, probes)] if not interval_s else [(base + i, 1) for i in range(probes)]
-    for n, (seq, count) in enumerate(bursts):
-        start = time.monotonic()
-        try:
-            got = ep.probe(count, step_s, seq)
-        except ProbeError as err:
-            return str(err)
-        net += got[0]
-        raw += got[1]
-        delays += got[2]
-        if interval_s and n + 1 < len(bursts):
-            time.sleep(max(0.0, interval_s - (time.monotonic() - start)))
+    """A round in the compiled loop, in one call (see _pyverbs_round); fills NET, RAW and
+    DELAYS; returns why it stopped short, or None."""
+    try:
+        got = ep.probe(probes, step_s, base, interval_s, late_s)
+    except ProbeError as err:
+        return str(err)
+    net += got[0]
+    raw += got[1]
+    delays += got[2]
     return None
 
 
@@ -357,7 +409,7 @@ def serve_ud(session: Session) -> dict[str, Any]:
     answered = 0
     while True:  # one round, or one per `again` of a kept link
         if engine == "native":
-            answered += ep.answer(probes, step_s, max(step_s * 4, 2.0))
+            answered += _answer_native(session, ep, probes, step_s)
         else:
             answered += _answer(session, ep, wr, probes, step_s)
         nxt = session.next_round()
@@ -368,14 +420,45 @@ def serve_ud(session: Session) -> dict[str, Any]:
     return {"answered": answered, "engine": engine}
 
 
+def _prober_spoke(session: Session) -> bool:
+    """The prober wrote on the control connection (its next round, `done`, or it hung
+    up): it has sent every probe of this round and waited out each one's ACKs. A round
+    with lost probes never reaches its count here, and without this the responder would
+    wait out its idle time while the prober waits for it."""
+    try:
+        readable, _, _ = select.select([session.channel.sock], [], [], 0)
+    except (OSError, ValueError):  # closed under us
+        return True
+    return bool(readable)
+
+
+def _answer_native(session: Session, ep: Any, probes: int, step_s: float) -> int:
+    """Answer up to PROBES probes in the compiled loop, in calls that return after
+    CONTROL_POLL_S without a probe, so that the end of the round is seen between them."""
+    answered = 0
+    idle_s = max(step_s * 4, 2.0)
+    last = time.monotonic()
+    while answered < probes and not session.stopping:
+        got = ep.answer(probes - answered, step_s, CONTROL_POLL_S)
+        answered += got
+        now = time.monotonic()
+        last = now if got else last
+        if _prober_spoke(session) or now - last > idle_s:
+            break
+    return answered
+
+
 def _answer(session: Session, ep: UdEndpoint, wr: Any, probes: int, step_s: float) -> int:
-    """Answer up to PROBES probes with two ACKs each; stop when the prober goes quiet."""
+    """Answer up to PROBES probes with two ACKs each; stop when the prober says the round
+    is over or goes quiet."""
     answered = 0
     idle_deadline = time.monotonic() + max(step_s * 4, 2.0)
     while answered < probes and not session.stopping:
-        msg = ep.receive(idle_deadline)
+        msg = ep.receive(min(idle_deadline, time.monotonic() + CONTROL_POLL_S))
         if msg is None:
-            break
+            if _prober_spoke(session) or time.monotonic() >= idle_deadline:
+                break
+            continue
         kind, seq, _, t2 = msg
         if kind != PROBE:
             continue

@@ -41,6 +41,10 @@ from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
 PORT = 1
+# RC transport timer: 4.096 us * 2^14 = 67 ms before a request with no ACK is sent again,
+# up to 7 times (fastpath.c sets the same)
+ACK_TIMEOUT = 14
+ACK_TIMEOUT_S = 4.096e-6 * 2**ACK_TIMEOUT
 _UNSUPPORTED = {95, 93}  # EOPNOTSUPP, EPROTONOSUPPORT
 # A wait busy-polls for SPIN_S (answers of a working fabric, queueing included, come well
 # inside it), then pauses PAUSE_S between polls: a lost message, or a peer that is slow or
@@ -304,7 +308,7 @@ class RcEndpoint(VerbsEndpoint):
         attr.max_dest_rd_atomic = 1
         attr.max_rd_atomic = 1
         attr.min_rnr_timer = 1  # 0.01 ms: a responder that is late to re-post is retried soon
-        attr.timeout = 14  # 4.096 us * 2^14 = 67 ms per transport retry
+        attr.timeout = ACK_TIMEOUT
         attr.retry_cnt = 7
         attr.rnr_retry = 7  # 7 = retry forever on RNR; the probe's own deadline bounds it
         route = GlobalRoute(

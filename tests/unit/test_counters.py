@@ -10,11 +10,13 @@ import pytest
 
 import fabricprobe.probes.counters as counters_mod
 from fabricprobe.probes.counters import (
+    RETRANSMIT_COUNTERS,
     CounterDelta,
     counter_delta,
     counter_deltas,
     counter_rate,
     counter_width,
+    hw_counter_changes,
     parse_counter,
     read_port_counters,
 )
@@ -207,3 +209,48 @@ def test_counter_deltas_leave_out_counters_missing_from_one_side() -> None:
 )
 def test_counter_width(name: str, driver: str | None, width: int) -> None:
     assert counter_width(name, driver) == width
+
+
+def _bump(root: Path, dev: str, name: str, value: int) -> None:
+    (root / f"class/infiniband/{dev}/ports/1/hw_counters/{name}").write_text(f"{value}\n")
+
+
+@pytest.mark.parametrize(
+    ("kind", "dev", "driver", "moved"),
+    [
+        ("rxe", "rxe0", "rdma_rxe", {"completer_retry_err": 7, "duplicate_request": 2}),
+        ("mlx5", "mlx5_0", "mlx5_core", {"local_ack_timeout_err": 4, "roce_adp_retrans": 9}),
+    ],
+)
+def test_retransmit_counter_changes_per_driver(
+    tmp_path: Path, kind: str, dev: str, driver: str, moved: dict[str, int]
+) -> None:
+    root = _copy(tmp_path, kind)
+    before = read_port_counters(root, dev, 1)
+    assert before.hw is not None
+    for name, by in moved.items():
+        _bump(root, dev, name, before.hw.values[name] + by)
+    after = read_port_counters(root, dev, 1)
+    got = hw_counter_changes(before, after, RETRANSMIT_COUNTERS, driver)
+    # every retransmit counter this driver has, in the catalogue's order; others left out
+    assert list(got) == [n for n in RETRANSMIT_COUNTERS if n in before.hw.values]
+    assert {n: d.delta for n, d in got.items() if d.delta} == moved
+    assert "sent_pkts" not in got and "np_cnp_sent" not in got  # not retransmit counters
+
+
+def test_retransmit_counter_changes_wrap_as_the_driver_does(tmp_path: Path) -> None:
+    root = _copy(tmp_path, "mlx5")
+    _bump(root, "mlx5_0", "packet_seq_err", 2**32 - 2)
+    before = read_port_counters(root, "mlx5_0", 1)
+    _bump(root, "mlx5_0", "packet_seq_err", 3)  # a 32-bit Q counter on mlx5
+    after = read_port_counters(root, "mlx5_0", 1)
+    d = hw_counter_changes(before, after, ["packet_seq_err"], "mlx5_core")["packet_seq_err"]
+    assert (d.delta, d.wrapped, d.reset) == (5, True, False)
+
+
+def test_retransmit_counter_changes_without_hw_counters_or_across_ports() -> None:
+    none = read_port_counters(SYS / "no_hw_counters", "mlx4_0", 1)
+    assert hw_counter_changes(none, none, RETRANSMIT_COUNTERS, None) == {}
+    rxe = read_port_counters(SYS / "rxe", "rxe0", 1)
+    with pytest.raises(ValueError, match="two ports"):
+        hw_counter_changes(none, rxe, RETRANSMIT_COUNTERS, None)

@@ -1,4 +1,5 @@
-"""`probe lat` and `probe bw`: RC latency and bandwidth against a peer running `probe serve`."""
+"""`probe lat` and `probe bw`: RC latency (with the port's retransmit counters beside it),
+UD latency and loss, and RC bandwidth against a peer running `probe serve`."""
 
 from __future__ import annotations
 
@@ -22,14 +23,30 @@ from fabricprobe.cli.options import (
     timeout_option,
     token_file_option,
 )
-from fabricprobe.cli.render import latency_table, loss_line, progress_bar
+from fabricprobe.cli.render import (
+    latency_table,
+    loss_estimate_lines,
+    loss_line,
+    progress_bar,
+    retransmit_lines,
+)
 from fabricprobe.probes import tcp as tcp_lib
+from fabricprobe.probes.counters import (
+    RETRANSMIT_COUNTERS,
+    CounterDelta,
+    PortCounters,
+    hw_counter_changes,
+    read_port_counters,
+)
 from fabricprobe.probes.errors import ProbeError
 from fabricprobe.probes.fleet import FleetToken
+from fabricprobe.probes.loss import LossEstimate
 from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.sysfs import SysfsError, read_device
 
 T = TypeVar("T")
 SIZE = SizeParam(1, 1 << 20)
+UD_MAX_WARMUP = 100  # UdLink.round's bound
 device_option = click.option(
     "--device",
     default=None,
@@ -122,6 +139,56 @@ def _rc() -> Any:
     return rc
 
 
+def _ud() -> Any:
+    """fabricprobe.probes.rdma.ud, loaded as _rc() loads rc."""
+    try:
+        from fabricprobe.probes.rdma import ud
+    except ImportError as e:
+        fail(f"RDMA probes need pyverbs ({e}); see the README's install section")
+    return ud
+
+
+class PortWatch:
+    """The retransmit counters of the port an RC run goes out of, read before and after."""
+
+    def __init__(self, sysfs_root: str, device: str, port: int) -> None:
+        self.sysfs_root, self.device, self.port = sysfs_root, device, port
+        try:
+            self.driver = read_device(sysfs_root, device).driver
+        except SysfsError:
+            self.driver = None
+        self.before = self._read()
+
+    def _read(self) -> PortCounters:
+        return read_port_counters(self.sysfs_root, self.device, self.port)
+
+    def changes(self) -> dict[str, CounterDelta] | None:
+        """The counters' changes since the first reading (None: no hw_counters/)."""
+        after = self._read()
+        if self.before.hw is None or after.hw is None:
+            return None
+        return hw_counter_changes(self.before, after, RETRANSMIT_COUNTERS, self.driver)
+
+
+def retransmit_json(
+    device: str, port: int, changes: dict[str, CounterDelta] | None
+) -> dict[str, Any]:
+    d: dict[str, Any] = {"device": device, "port": port, "source": "hw_counters"}
+    if changes is None:
+        d["unavailable"] = "no hw_counters/ on this port"
+        return d
+    d["deltas"] = {name: c.delta for name, c in changes.items()}
+    d["wrapped"] = sorted(name for name, c in changes.items() if c.wrapped)
+    d["reset"] = sorted(name for name, c in changes.items() if c.reset)
+    return d
+
+
+def _given(name: str) -> bool:
+    """The user gave option NAME (it is not at its default)."""
+    src = click.get_current_context().get_parameter_source(name)
+    return src not in (None, click.core.ParameterSource.DEFAULT)
+
+
 @click.command(
     cls=OneLineCommand,
     epilog="""\b
@@ -129,10 +196,33 @@ Examples:
   probe lat 10.0.0.2                       # SEND/RECV ping-pong, 2 B, 1,000 iterations
   probe lat 10.0.0.2 --op write --size 4K --iters 100000
   probe lat 192.0.2.2 --bind 192.0.2.1 --tcp   # RDMA then TCP, with the bypass ratio
-  probe lat 10.0.0.2 --json | jq .rdma.rtt.p99_us""",
+  probe lat 10.0.0.2 --json | jq .rdma.rtt.p99_us
+  probe lat 10.0.0.2 --qp ud --iters 5000 --interval 0.001   # loss, paced at 1 kHz
+  probe lat 10.0.0.2 --qp ud --json | jq .loss.interval""",
 )
 @click.argument("peer")
 @port_option
+@click.option(
+    "--qp",
+    type=click.Choice(["rc", "ud"]),
+    default="rc",
+    show_default=True,
+    help="RC ping-pong, or UD probes (a probe and two ACKs, the responder's delay taken "
+    "out): UD loses what the fabric drops and counts it, RC retransmits it.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(0, 60),
+    default=0.0,
+    help="UD: at most one probe per INTERVAL seconds (default: back to back, one out at a time).",
+)
+@click.option(
+    "--wait",
+    type=click.FloatRange(0.001, 60),
+    default=None,
+    help="UD: seconds a probe waits for its ACKs before the next goes (default 0.5); a "
+    "later answer still counts until --timeout after the last probe.",
+)
 @click.option(
     "--op",
     type=click.Choice(["send", "write"]),
@@ -147,6 +237,9 @@ Examples:
 def lat(
     peer: str,
     port: int | None,
+    qp: str,
+    interval: float,
+    wait: float | None,
     op: str,
     size: int,
     iters: int,
@@ -160,22 +253,62 @@ def lat(
     engine: str,
     token_file: str | None,
 ) -> None:
-    """RC ping-pong latency to PEER. Figures are RTTs; one-way columns are RTT/2."""
+    """RC ping-pong latency to PEER, with the port's retransmit counters; or with --qp ud,
+    UD latency and loss. Figures are RTTs; one-way columns are RTT/2.
+
+    With --qp ud one probe is out at a time and waits --wait (0.5 s unless given) for its
+    two ACKs before the next goes; an answer that comes later still counts, with its RTT,
+    until --timeout (1 s unless given) after the last probe, and a probe with none by
+    then is lost. The loss comes with its 95 % Wilson interval."""
     host, port = resolve_peer(peer, port)
     token = load_token(token_file)
+    if qp == "ud":
+        for name, flag in (("op", "--op"), ("size", "--size"), ("with_tcp", "--tcp")):
+            if _given(name):
+                fail(f"{flag} goes with RC ping-pong, not with --qp ud")
+        if warmup > UD_MAX_WARMUP and _given("warmup"):
+            fail(f"--warmup: at most {UD_MAX_WARMUP} with --qp ud")
+        ud = _ud()
+        try:  # --timeout bounds the setup and how late an answer may come; --wait the step
+            link = LinkParams(
+                host,
+                port,
+                bind=bind,
+                device=device,
+                sysfs_root=sysfs_root,
+                engine=engine,
+                timeout=timeout,
+                step_s=wait,
+                token=token,
+            )
+        except ValueError as e:
+            fail(str(e))
+        late = ud.UdLink.LATE_S if timeout is None else timeout
+        _lat_ud(ud, host, port, iters, min(warmup, UD_MAX_WARMUP), interval, late, link, as_json)
+        return
+    for name, flag in (("interval", "--interval"), ("wait", "--wait")):
+        if _given(name):
+            fail(f"{flag} paces UD probes: give it with --qp ud")
     rc = _rc()
+    from fabricprobe.probes.rdma.verbs import ACK_TIMEOUT_S, PORT  # pyverbs is there now
+
+    link = _link(host, port, bind, device, sysfs_root, engine, timeout, token)
+    try:  # the device the run will go out of, as the probe itself picks it
+        dev, _ = _measure(
+            lambda: rc.local_device(sysfs_root, rc.source_address(host, port, bind), device)
+        )
+    except OSError as e:
+        fail(f"no route to {host}: {e.strerror or e}", 1)
+    watch = PortWatch(sysfs_root, dev, PORT)
     with progress_bar(not as_json and iters >= 5000, f"RDMA {op} ping-pong", "iterations") as bar:
         res = _measure(
-            lambda: rc.rc_latency(
-                _link(host, port, bind, device, sysfs_root, engine, timeout, token),
-                op=op,
-                size=size,
-                iters=iters,
-                warmup=warmup,
-                progress=bar,
-            )
+            lambda: rc.rc_latency(link, op=op, size=size, iters=iters, warmup=warmup, progress=bar)
         )
-    out: dict[str, Any] = {"rdma": res.as_dict()}
+    changes = watch.changes()
+    out: dict[str, Any] = {
+        "rdma": res.as_dict(),
+        "retransmit_counters": retransmit_json(dev, PORT, changes),
+    }
     rows = {f"rdma {op}": res.summary}
     errors = [res.error] if res.error else []
     if with_tcp:
@@ -205,6 +338,8 @@ def lat(
         console.print(latency_table(rows))
         for name, summary in rows.items():
             console.print(loss_line(name, summary), highlight=False)
+        for line in retransmit_lines(dev, PORT, changes, ACK_TIMEOUT_S):
+            console.print(line, highlight=False)
         console.print(
             f"timing loop cost: {res.loop_overhead_ns:,} ns per iteration "
             "(clock reads + bookkeeping, measured in this process)",
@@ -219,6 +354,53 @@ def lat(
             )
     if errors:
         fail("run ended early: " + "; ".join(errors), 1)
+
+
+def _lat_ud(
+    ud: Any,
+    host: str,
+    port: int,
+    probes: int,
+    warmup: int,
+    interval: float,
+    late_s: float,
+    link: LinkParams,
+    as_json: bool,
+) -> None:
+    """One UD round of PROBES probes: network RTT, responder delay, loss with its interval."""
+
+    def run() -> Any:
+        with ud.UdLink(link) as kept:
+            return kept.run(probes, interval, warmup, late_s)
+
+    res = _measure(run)
+    loss = LossEstimate.of(res.summary.lost, res.summary.count + res.summary.lost)
+    if as_json:
+        print_json({"rdma": res.as_dict(), "loss": loss.as_dict()})
+    else:
+        console = Console()
+        pace = f"at most one per {interval * 1e3:,.3f} ms" if interval else "back to back"
+        console.print(
+            f"UD probes {res.device} -> {host}:{port} ({res.engine} loop): {probes:,} probes "
+            f"(+{warmup:,} warm-up), {pace}; each waits {link.step(ud.UdLink.STEP_S):g} s "
+            f"for its ACKs before the next goes, late answers count until "
+            f"{max(late_s, link.step(ud.UdLink.STEP_S)):g} s after the last",
+            highlight=False,
+        )
+        console.print(f"engine: {res.engine_reason}", highlight=False)
+        console.print(latency_table({"rdma ud": res.summary}))
+        delay = res.responder_delay_p50_us
+        console.print(
+            "network RTTs: each probe's responder delay (p50 "
+            f"{'-' if delay is None else f'{delay:,.3f}'} µs) is taken out; {res.timestamps} "
+            f"timestamps (the device {'has' if res.hw_timestamps_supported else 'has no'} "
+            "completion timestamps)",
+            highlight=False,
+        )
+        for line in loss_estimate_lines(loss):
+            console.print(line, highlight=False)
+    if res.error:
+        fail(f"run ended early (probes not sent count as lost): {res.error}", 1)
 
 
 @click.command(

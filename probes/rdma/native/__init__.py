@@ -399,12 +399,18 @@ class NativeUdEndpoint(_NativeEndpoint):
                 raise self._error()
 
     def probe(
-        self, count: int, step_s: float, seq0: int
+        self, count: int, step_s: float, seq0: int, interval_s: float = 0.0, late_s: float = 0.0
     ) -> tuple[list[int], list[int], list[int], int]:
-        """COUNT probes from sequence number SEQ0: (network RTTs, RTTs with the responder's
-        delay, those delays, probes sent), in ns; a lost probe has none of the three."""
-        if count < 1 or not step_s > 0:
-            raise ValueError(f"count {count} and step_s {step_s} must be positive")
+        """COUNT probes from sequence number SEQ0, one out at a time: each waits STEP_S for
+        its ACKs, the next goes no sooner than INTERVAL_S after it, and answers are taken
+        until LATE_S after the last went (late ones while later probes wait). (network
+        RTTs, RTTs with the responder's delay, those delays, probes sent), in ns; a lost
+        probe has none of the three."""
+        if count < 1 or not step_s > 0 or interval_s < 0 or late_s < 0:
+            raise ValueError(
+                f"count {count} and step_s {step_s} must be positive, interval {interval_s} "
+                f"and late {late_s} not negative"
+            )
         net, raw, delay = (array("q", bytes(8 * count)) for _ in range(3))
         buf = self._ffi.from_buffer
         with self._busy:
@@ -413,6 +419,8 @@ class NativeUdEndpoint(_NativeEndpoint):
                     self._open_ep(),
                     count,
                     int(step_s * 1e9),
+                    int(interval_s * 1e9),
+                    int(late_s * 1e9),
                     seq0 & 0xFFFFFFFF,
                     buf("int64_t[]", net),
                     buf("int64_t[]", raw),

@@ -782,44 +782,86 @@ static int ud_receive(fp_ep *ep, int64_t deadline, uint32_t *kind, uint32_t *seq
     }
 }
 
-/* The prober: COUNT probes with sequence numbers SEQ0, SEQ0 + 1, ...; for probe i, NET[i]
- * gets the network RTT (t4 - t1 minus the responder's delay), RAW[i] t4 - t1, DELAY[i]
- * the responder's delay, all -1 when the probe or an ACK did not arrive within STEP_NS.
- * Returns the probes sent (fewer only on stop or an error, kept in the endpoint). */
-int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, uint32_t seq0, int64_t *net,
-                    int64_t *raw, int64_t *delay)
+/* An ACK for probe SEQ of the round that began at SEQ0, of which SENT are out: while a probe
+ * waits, RAW holds its ACK1's arrival and DELAY its ACK2's value (-1 until they come).
+ * Returns 1 when this ACK completes the probe's answer. Anything outside the round (a
+ * late ACK of an earlier round, a repeat) is ignored. */
+static int ud_take(uint32_t seq0, int64_t sent, uint32_t kind, uint32_t seq, uint64_t value,
+                   int64_t t, int64_t *raw, int64_t *delay)
+{
+    uint32_t i = seq - seq0;
+    if ((int64_t)i >= sent)
+        return 0;
+    int was = raw[i] >= 0 && delay[i] >= 0;
+    if (kind == UD_ACK1 && raw[i] < 0)
+        raw[i] = t;
+    else if (kind == UD_ACK2 && delay[i] < 0)
+        delay[i] = (int64_t)(value & INT64_MAX);
+    return !was && raw[i] >= 0 && delay[i] >= 0;
+}
+
+/* The prober: COUNT probes with sequence numbers SEQ0, SEQ0 + 1, ..., one out at a time.
+ * Each waits up to STEP_NS for its two ACKs, then the next goes, no sooner than
+ * INTERVAL_NS after the one before. ACKs that come after their probe's step are still
+ * taken while later probes wait, and for LATE_NS after the last probe went out: a late
+ * answer is delay, not loss. For probe i, NET[i] gets the network RTT (t4 - t1 minus the
+ * responder's delay), RAW[i] t4 - t1, DELAY[i] the responder's delay, all -1 when no
+ * answer came in time. Until then NET[i] holds the probe's send time t1. Returns the
+ * probes sent (fewer only on stop or an error, kept in the endpoint). */
+int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, int64_t interval_ns,
+                    int64_t late_ns, uint32_t seq0, int64_t *net, int64_t *raw, int64_t *delay)
 {
     if (loop_ready(ep, UD_MSG))
         return 0;
-    for (int64_t i = 0; i < count; i++) {
-        uint32_t seq = seq0 + (uint32_t)i, kind, mseq;
-        uint64_t value, responder = 0;
-        int64_t t1, t4 = -1, t, deadline = now_ns() + step_ns;
-        int have_delay = 0;
+    int64_t sent = 0, answered = 0, t;
+    uint32_t kind, mseq;
+    uint64_t value;
+    int failed = 0;
+    for (int64_t i = 0; i < count; i++)
         net[i] = raw[i] = delay[i] = -1;
-        if (stopped(ep) || ud_send(ep, UD_PROBE, seq, 0, deadline, &t1))
-            return i;
-        while (t4 < 0 || !have_delay) {
-            int r = ud_receive(ep, deadline, &kind, &mseq, &value, &t);
-            if (r < 0)
-                return i;
-            if (r == 0)
+    for (int64_t i = 0; i < count && !failed; i++) {
+        int64_t t1, deadline = now_ns() + step_ns;
+        if (stopped(ep) || ud_send(ep, UD_PROBE, seq0 + (uint32_t)i, 0, deadline, &t1))
+            break;
+        net[i] = t1, sent = i + 1;
+        /* this probe's answer until its step ends, then the pause to the next (none after
+         * the last: the wait for late answers below takes over); late ACKs of earlier
+         * probes are taken on the way */
+        int64_t next = i + 1 < count ? t1 + interval_ns : t1;
+        while (!stopped(ep)) {
+            int64_t until = raw[i] >= 0 && delay[i] >= 0 ? next : deadline > next ? deadline : next;
+            if (now_ns() >= until)
                 break;
-            if (mseq != seq)
-                continue; /* a late ACK of an earlier, already lost probe */
-            if (kind == UD_ACK1)
-                t4 = t;
-            else if (kind == UD_ACK2)
-                responder = value, have_delay = 1;
+            int r = ud_receive(ep, until, &kind, &mseq, &value, &t);
+            if (r < 0) {
+                failed = 1;
+                break;
+            }
+            if (r > 0)
+                answered += ud_take(seq0, sent, kind, mseq, value, t, raw, delay);
         }
-        if (t4 >= 0 && have_delay && (int64_t)responder <= t4 - t1) {
-            raw[i] = t4 - t1;
-            delay[i] = (int64_t)responder;
-            net[i] = raw[i] - delay[i];
+    }
+    /* answers still on their way: wait for them up to LATE_NS after the last probe */
+    if (sent && !failed) {
+        int64_t until = net[sent - 1] + (late_ns > step_ns ? late_ns : step_ns);
+        while (answered < sent) {
+            int r = ud_receive(ep, until, &kind, &mseq, &value, &t);
+            if (r <= 0)
+                break;
+            answered += ud_take(seq0, sent, kind, mseq, value, t, raw, delay);
         }
     }
     wait_send(ep, 0, now_ns() + step_ns); /* the last probe completes (an error is kept) */
-    return count;
+    for (int64_t i = 0; i < sent; i++) {
+        int64_t t1 = net[i];
+        if (raw[i] >= 0 && delay[i] >= 0 && delay[i] <= raw[i] - t1) {
+            raw[i] -= t1;
+            net[i] = raw[i] - delay[i];
+        } else {
+            net[i] = raw[i] = delay[i] = -1;
+        }
+    }
+    return sent;
 }
 
 /* The responder: answer up to COUNT probes, each with ACK1 and then ACK2 carrying its own
