@@ -208,6 +208,8 @@ class Agent:
 
     def start(self) -> None:
         self.responder.start()
+        # before the window loop: its first cut checks that the scheduler runs
+        self.scheduler.start()
         self._threads = [
             threading.Thread(
                 target=self._supervised,
@@ -226,7 +228,6 @@ class Agent:
             t.start()
         if self.metrics is not None:
             self.metrics.start()
-        self.scheduler.start()
         log.info(
             "agent started host=%s collector=%s probe_port=%d addresses=%s devices=%s spool=%s",
             self.cfg.host,

@@ -10,6 +10,7 @@ to the window store, turning what reports brought into rows on a short period.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import threading
 import time
@@ -53,6 +54,7 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
 )  # fmt: skip
 MAX_PATHS = 1024  # distinct (src, dst, transport) label sets; the rest are counted as "other"
 MAX_FINAL = 200_000  # request ids remembered as counted (a late fragment counts nothing twice)
+log = logging.getLogger("fabricprobe.collector")
 MAX_PAIRS = 4096  # host pairs whose fabric history is kept for the join
 MAX_RECORDS = 50_000  # stage records kept (and as many request records), newest first
 MAX_BYTES = 2**53  # a KV transfer larger than this (8 PiB) is not a measurement
@@ -413,9 +415,19 @@ class Attribution:
         analysis_failures): a scrape never fails for what one batch of spans held."""
         try:
             res = self.analyse()
-        except Exception:  # pandas raises many kinds; the scrape must go on
+        except Exception as e:  # pandas raises many kinds; the scrape must go on
             with self.lock:
                 self.analysis_failures += 1
+                first = self.analysis_failures == 1
+            # said once in full, then counted (fabricprobe_attribution_analysis_failures)
+            log.log(
+                logging.ERROR if first else logging.DEBUG,
+                "analysis failed (%d so far): %s: %s",
+                self.analysis_failures,
+                type(e).__name__,
+                e,
+                exc_info=first,
+            )
             return self.last_good
         self.last_good = res
         return res
