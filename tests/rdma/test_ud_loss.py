@@ -24,6 +24,8 @@ Pace. One probe is out at a time; each waits STEP_S for its ACKs before the next
 and late answers are still taken until a second after a round's last probe (a busy
 lane host answers late, not never: the P = 0 control holds that). The CLI sends at most
 one probe a millisecond, the agents bursts of 200 every 0.5 s, on one path pair only.
+The CLI runs in this process through click's runner (a fresh interpreter costs tens of
+seconds on a busy emulated host) while the agents go on probing in their threads.
 """
 
 from __future__ import annotations
