@@ -66,6 +66,14 @@ def test_wheel_installs_and_runs_outside_the_checkout(wheel: Path, tmp_path: Pat
     assert made.returncode == 0, made.stderr
     inst = run(VENV / "bin" / "pip", "install", "-q", wheel, cwd=tmp_path)
     assert inst.returncode == 0, inst.stderr[-4000:]
+    # pyverbs as the README's install section has a user give it to a venv: Debian's
+    # package alone, through a .pth file (the RDMA commands import it; the lane runs them)
+    distro = Path("/usr/lib/python3/dist-packages/pyverbs")
+    if distro.is_dir():
+        (VENV / "pyverbs-dist").mkdir()
+        (VENV / "pyverbs-dist" / "pyverbs").symlink_to(distro)
+        site = next((VENV / "lib").glob("python3*/site-packages"))
+        (site / "distro-pyverbs.pth").write_text(f"{VENV / 'pyverbs-dist'}\n")
     probe = VENV / "bin" / "probe"
     version = run(probe, "--version", cwd=tmp_path)
     assert version.returncode == 0 and "fabricprobe, version" in version.stdout
