@@ -275,6 +275,9 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
                 insecure=True,
                 window_s=1.0,
                 probe_timeout=3.0,
+                # in-process agents: the process's CPU time is the test's, not theirs
+                cpu_budget=4.0,
+                pressure_limit=1.0,
                 nixl_metrics=[f"http://{h}:{ports[h]}/metrics"],
             )
             a = Agent(cfg)

@@ -57,7 +57,13 @@ def test_the_agent_throttles_itself_and_eases_back(tmp_path: Path) -> None:
     psi.write_text(PSI.format(some=0))
     agent = Agent(
         loopback_agent_config(
-            tmp_path, "127.0.0.2", 1, proc_root=str(tmp_path / "proc"), validate_interval_s=0
+            tmp_path,
+            "127.0.0.2",
+            1,
+            proc_root=str(tmp_path / "proc"),
+            validate_interval_s=0,
+            cpu_budget=0.01,  # the defaults, which the loopback fleet's agents lift
+            pressure_limit=0.5,
         )
     )
     try:
