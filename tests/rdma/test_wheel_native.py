@@ -36,6 +36,8 @@ def test_wheel_probe_lat_runs_the_native_loop(lane_hosts) -> None:
                 "native",
                 "--device",
                 a.device,
+                "--bind",  # every lane host is in one VM: say which one probes
+                a.ip,
                 "--iters",
                 "200",
             ],
