@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fabricprobe.cli.options import CollectorCredentials
-from fabricprobe.probes.control import parse_hostport
+from fabricprobe.probes.control import format_hostport, parse_hostport
 
 
 def fleet_query(
@@ -26,7 +26,7 @@ def fleet_query(
     from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
     h, port = parse_hostport(collector, 4794)
-    target = f"[{h}]:{port}" if ":" in h else f"{h}:{port}"
+    target = format_hostport(h, port)
     with creds.channel(target) as channel:
         reply = pb_grpc.QueryStub(channel).Drift(
             pb.DriftRequest(host=host, include_waived=include_waived),

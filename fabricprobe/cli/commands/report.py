@@ -15,7 +15,7 @@ from fabricprobe.cli.options import (
     fail,
 )
 from fabricprobe.core.errors import ConfigError
-from fabricprobe.probes.control import parse_hostport
+from fabricprobe.probes.control import format_hostport, parse_hostport
 
 
 @click.command(
@@ -69,7 +69,7 @@ def report(
         host, port = parse_hostport(collector, 4794)
     except ValueError as e:
         fail(str(e))
-    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    target = format_hostport(host, port)
     url = metrics_url or f"http://{target.rsplit(':', 1)[0]}:9794/metrics"
     http = HttpAuth(
         ca_file=cc.ca_file or "",

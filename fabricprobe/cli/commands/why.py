@@ -15,7 +15,7 @@ from fabricprobe.cli.options import (
     fail,
     print_json,
 )
-from fabricprobe.probes.control import parse_hostport
+from fabricprobe.probes.control import format_hostport, parse_hostport
 
 EXIT_EMPTY = 3  # the collector answered, but has no request on a path to show
 
@@ -58,7 +58,7 @@ def query(
 
     creds = creds or CollectorCredentials(insecure=True)
     host, port = parse_hostport(collector, 4794)
-    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    target = format_hostport(host, port)
     with creds.channel(target) as channel:
         request = pb.WhyRequest(slowest=slowest, window_s=window_s or 0.0, by=by)
         reply = pb_grpc.QueryStub(channel).Why(request, timeout=timeout, metadata=creds.metadata())
