@@ -332,8 +332,10 @@ class DriftBook:
                 h: Member(v, infos[h][0], infos[h][1]) for h, v in self.hosts.items() if h in infos
             }
 
-    def drift(self) -> list[Drift]:
-        members = self.members()
+    def drift(self, members: Mapping[str, Member] | None = None) -> list[Drift]:
+        """The drift rows over MEMBERS (the book's members() when not given), cached until a
+        report changes them or the day (waivers' expiry) turns."""
+        members = self.members() if members is None else members
         today = datetime.now(UTC).date()
         with self.lock:
             cached = self._cached
@@ -349,7 +351,7 @@ class DriftBook:
         members = self.members()
         rows = [
             d
-            for d in self.drift()
+            for d in self.drift(members)
             if (not host or d.host == host) and (include_waived or not d.waived)
         ]
         with self.store.lock:
@@ -438,7 +440,7 @@ class DriftCollector:
                 for check, s in sorted(m.verdicts.worst().items()):
                     status.add_metric([h, check], float(STATUS_RANK[s]))
                 age.add_metric([h], max(0.0, (now - m.verdicts.taken_unix_ns) / 1e9))
-            rows = b.drift()
+            rows = b.drift(members)
             for d in rows:
                 drift.add_metric(
                     [d.host, d.check, d.group_by, d.group, "true" if d.waived else "false"], 1.0
