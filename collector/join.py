@@ -132,6 +132,13 @@ class _PathIndex:
         self.empty = windows.iloc[0:0]
         self.exact = {k: g for k, g in windows.groupby(["src", "dst", "transport"], sort=False)}
         self.any = {k: g for k, g in windows.groupby(["src", "dst"], sort=False)}
+        self._floors: dict[tuple[str, str, str], float] = {}
+
+    def floor(self, key: tuple[str, str, str]) -> float:
+        """The lowest RTT minimum of path KEY's windows, computed once per join."""
+        if key not in self._floors:
+            self._floors[key] = float(self.exact[key]["rtt_min_s"].min())
+        return self._floors[key]
 
     def get(self, src: str, dst: str, transport: str) -> pd.DataFrame:
         if transport:
@@ -196,19 +203,30 @@ HOST_FLOOR_S = 20e-6  # host delay below this is noise of the reference itself
 HOST_FIELDS = ["host_delay_s", "rtt_p50_net_s", "rtt_p99_net_s", "host_bound"]
 
 
+def _windows_over(
+    frame: pd.DataFrame, start_ns: int, end_ns: int, slack: int, horizon: int
+) -> pd.DataFrame:
+    """FRAME's windows overlapping [START, END] (SLACK either side); with none, the first
+    that ended after END, within HORIZON (a gap, or a first window's estimated start)."""
+    w = frame[(frame["start_ns"] <= end_ns + slack) & (frame["end_ns"] >= start_ns - slack)]
+    if w.empty and not frame.empty:
+        later = frame[(frame["end_ns"] >= end_ns) & (frame["end_ns"] <= end_ns + horizon)]
+        w = later.sort_values("end_ns").head(1)
+    return w
+
+
 def _host_excess(
     paths: _PathIndex, host: str, start_ns: int, end_ns: int, slack: int, horizon: int
 ) -> tuple[float, float]:
     """(p50, p99) of HOST's reference over [START, END] beyond its floor; NaN if none."""
-    ref = paths.exact.get((host, host, "tcp"))
+    key = (host, host, "tcp")
+    ref = paths.exact.get(key)
     if ref is None or ref.empty:
         return np.nan, np.nan
-    w = ref[(ref["start_ns"] <= end_ns + slack) & (ref["end_ns"] >= start_ns - slack)]
-    if w.empty:
-        w = ref[(ref["end_ns"] >= end_ns) & (ref["end_ns"] <= end_ns + horizon)].head(1)
+    w = _windows_over(ref, start_ns, end_ns, slack, horizon)
     if w.empty:
         return np.nan, np.nan
-    floor = float(ref["rtt_min_s"].min())
+    floor = paths.floor(key)
     return (
         max(0.0, float(w["rtt_p50_s"].mean()) - floor),
         max(0.0, float(w["rtt_p99_s"].max()) - floor),
@@ -267,10 +285,7 @@ def join_fabric(
         for c in NIXL_FIELDS:
             nixl_cols[c].append(nx[c])
         pw = paths.get(row.src, row.dst, row.transport)
-        w = pw[(pw["start_ns"] <= row.end_ns + slack) & (pw["end_ns"] >= row.start_ns - slack)]
-        if w.empty and not pw.empty:  # a gap, or a first window's estimated start: take the next
-            later = pw[(pw["end_ns"] >= row.end_ns) & (pw["end_ns"] <= row.end_ns + horizon)]
-            w = later.sort_values("end_ns").head(1)
+        w = _windows_over(pw, row.start_ns, row.end_ns, slack, horizon)
         matched.append(len(w))
         rmin.append(float(w["rtt_min_s"].min()) if len(w) else np.nan)
         p50.append(float(w["rtt_p50_s"].mean()) if len(w) else np.nan)
