@@ -111,9 +111,10 @@ def _link(
     engine: str,
     timeout: float | None,
     token: FleetToken | None,
+    step_s: float | None,
 ) -> LinkParams:
-    """The peer and how to reach it, from the options; a bad value exits 2. TIMEOUT (None:
-    each probe's defaults) bounds the setup and each step alike."""
+    """The peer and how to reach it, from the options; a bad value exits 2. TIMEOUT bounds
+    the setup and STEP_S each step (None: each probe's defaults)."""
     try:
         return LinkParams(
             host,
@@ -123,7 +124,7 @@ def _link(
             sysfs_root=sysfs_root,
             engine=engine,
             timeout=timeout,
-            step_s=timeout,
+            step_s=step_s,
             token=token,
         )
     except ValueError as e:
@@ -269,20 +270,8 @@ def lat(
         if warmup > UD_MAX_WARMUP and _given("warmup"):
             fail(f"--warmup: at most {UD_MAX_WARMUP} with --qp ud")
         ud = _ud()
-        try:  # --timeout bounds the setup and how late an answer may come; --wait the step
-            link = LinkParams(
-                host,
-                port,
-                bind=bind,
-                device=device,
-                sysfs_root=sysfs_root,
-                engine=engine,
-                timeout=timeout,
-                step_s=wait,
-                token=token,
-            )
-        except ValueError as e:
-            fail(str(e))
+        # --timeout bounds the setup and how late an answer may come; --wait the step
+        link = _link(host, port, bind, device, sysfs_root, engine, timeout, token, wait)
         late = ud.UdLink.LATE_S if timeout is None else timeout
         _lat_ud(ud, host, port, iters, min(warmup, UD_MAX_WARMUP), interval, late, link, as_json)
         return
@@ -292,7 +281,7 @@ def lat(
     rc = _rc()
     from fabricprobe.probes.rdma.verbs import ACK_TIMEOUT_S, PORT  # pyverbs is there now
 
-    link = _link(host, port, bind, device, sysfs_root, engine, timeout, token)
+    link = _link(host, port, bind, device, sysfs_root, engine, timeout, token, timeout)
     try:  # the device the run will go out of, as the probe itself picks it
         dev, _ = _measure(
             lambda: rc.local_device(sysfs_root, rc.source_address(host, port, bind), device)
@@ -449,7 +438,7 @@ def bw(
     with progress_bar(not as_json and iters >= 2000, f"RDMA {op} bandwidth", "operations") as bar:
         res = _measure(
             lambda: rc.rc_bandwidth(
-                _link(host, port, bind, device, sysfs_root, engine, timeout, token),
+                _link(host, port, bind, device, sysfs_root, engine, timeout, token, timeout),
                 op=op,
                 size=size,
                 iters=iters,
