@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -93,18 +94,16 @@ def probe_measure(
         except ImportError as e:
             return LiveMeasurement(peer, None, tcp, f"RDMA probes need pyverbs ({e})")
         try:
-            rl = rc.rc_latency(
-                LinkParams(
-                    host,
-                    port,
-                    bind=bind,
-                    device=device,
-                    sysfs_root=sysfs_root,
-                    timeout=timeout,
-                    step_s=timeout,
-                ),
-                iters=LIVE_ITERS,
+            rdma_link = LinkParams(
+                host,
+                port,
+                bind=bind,
+                device=device,
+                sysfs_root=sysfs_root,
+                timeout=timeout,
+                step_s=timeout,
             )
+            rl = rc.rc_latency(rdma_link, iters=LIVE_ITERS)
         except (ProbeError, OSError, ValueError) as e:
             return LiveMeasurement(peer, PathFigures(error=str(e)), tcp)
         p50, p99 = rl.summary.p50_us, rl.summary.p99_us
@@ -112,15 +111,7 @@ def probe_measure(
             return LiveMeasurement(peer, PathFigures(p50, p99, None, rl.error), tcp)
         try:
             rb = rc.rc_bandwidth(
-                LinkParams(
-                    host,
-                    port,
-                    bind=bind,
-                    device=device,
-                    sysfs_root=sysfs_root,
-                    timeout=timeout,
-                    step_s=timeout or LIVE_RDMA_STEP_S,
-                ),
+                replace(rdma_link, step_s=timeout or LIVE_RDMA_STEP_S),
                 size=bw_size,
                 iters=LIVE_RDMA_BW_ITERS,
                 outstanding=bw_outstanding,
