@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -131,9 +132,9 @@ def fixture_checks(server: CollectorServer) -> None:
         server.drift.take(report)
 
 
-def send_spans(endpoint: str, src: str, dst: str, n: int) -> None:
+def send_spans(endpoint: str, src: str, dst: str, n: int, batch: int = 0) -> None:
     """Requests as our workload sends them: a vLLM-style request span and stage children,
-    the KV transfer naming its path."""
+    the KV transfer naming its path; request ids carry BATCH."""
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
@@ -157,7 +158,7 @@ def send_spans(endpoint: str, src: str, dst: str, n: int) -> None:
             "deliver": 200_000,
         }
         ttft = sum(list(stages.values())[:3])
-        rid = f"req-{i}"
+        rid = f"req-{batch}-{i}"
         root = tracer.start_span(
             "llm_request",
             start_time=t,
@@ -239,6 +240,7 @@ def test_every_dashboard_query_and_rule_returns_data(
         collector.api.register(pb.HostInfo(host=host, addresses=["127.0.0.9"], topology="tor-b"))
     for a in agents:
         a.start()
+    stop = threading.Event()
     try:
         fixture_rdma_windows(collector, 1)
         fixture_checks(collector)
@@ -249,11 +251,20 @@ def test_every_dashboard_query_and_rule_returns_data(
             "every loopback pair's RTT histogram in Prometheus",
         )
         time.sleep(8.0)  # probe windows under the whole span of the requests below
-        send_spans(f"127.0.0.1:{collector.port}", names[0], names[1], 40)
-        for seq in range(2, 6):  # counters and bandwidth need two windows for a rate
-            time.sleep(1.0)
-            fixture_rdma_windows(collector, seq)
-        time.sleep(3.0)  # a few scrapes and rule evaluations after the last window
+
+        # A live fleet from here on: requests keep coming and the RDMA pair keeps reporting
+        # (request figures cover the analysis window only: a single batch ages out of it).
+        def feed() -> None:
+            seq = 2
+            while not stop.is_set():
+                send_spans(f"127.0.0.1:{collector.port}", names[0], names[1], 20, batch=seq)
+                fixture_rdma_windows(collector, seq)
+                seq += 1
+                stop.wait(2.0)
+
+        feeder = threading.Thread(target=feed, name="feed", daemon=True)
+        feeder.start()
+        time.sleep(8.0)  # counters and bandwidth need two windows; a few scrapes and rules
 
         def missing() -> list[str]:
             out = []
@@ -273,8 +284,9 @@ def test_every_dashboard_query_and_rule_returns_data(
                     out.append(f"recording rule {r['record']}")
             return out
 
+        first = missing()
         try:
-            wait_for(lambda: not missing(), 120, "every query to return data")
+            wait_for(lambda: not missing(), 150, "every query to return data")
         except AssertionError:
             targets = [
                 (t["scrapeUrl"], t["health"], t["lastError"])
@@ -286,7 +298,9 @@ def test_every_dashboard_query_and_rule_returns_data(
                 if "attribution" in line or "otlp" in line or "dropped" in line
             ]
             raise AssertionError(
-                "queries without data:\n"
+                "queries without data at the first look:\n"
+                + "\n".join(first)
+                + "\nand at the last:\n"
                 + "\n".join(missing())
                 + f"\ntargets: {targets}\n"
                 + "\n".join(own)
@@ -305,5 +319,6 @@ def test_every_dashboard_query_and_rule_returns_data(
         firing = {x["labels"]["alertname"] for x in prometheus.get("/api/v1/alerts")["alerts"]}
         assert "FabricprobeCollectorDown" not in firing and "FabricprobeHostDown" not in firing
     finally:
+        stop.set()
         for a in agents:
             a.stop()
