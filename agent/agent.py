@@ -353,6 +353,8 @@ class Agent:
         )
         self._window_start = end
         self.last_report, self.latest_counters = report, sample
+        if self.metrics is not None:
+            self.metrics.take(report)  # the RTT histograms see every window
         key = SpoolKey(self.epoch, self.seq)
         if not self.spool.put(key, report.SerializeToString()):
             log.warning(

@@ -13,6 +13,10 @@ targets only (at the default plan, about 250): the collector tier keeps the flee
   from `ethtool -S`, parsed.
 - `fabricprobe_agent_path_rtt_seconds{dst,transport,op,size,quantile}` (p50, p99) and
   `fabricprobe_agent_path_loss_ratio` from the newest window's sketches.
+- `fabricprobe_agent_rtt_seconds{dst,transport,op,size}`: every window's RTT sketch since
+  the agent started, merged, as a native histogram (one series per path, ~1 %
+  resolution) for a server that scrapes in protobuf; the text form carries no classic
+  buckets for it (they would take the per-host series budget), only the percentiles above.
 - Health: CPU, memory, spool, links, sessions, refusals, reports acknowledged, the time of
   the newest acknowledged report, and per-part scrape health
   (`fabricprobe_agent_scrape_part_success{part}`), so one failing part never hides the
@@ -36,7 +40,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
-from fabricprobe.core.sketchwire import from_wire
+from fabricprobe.core.promproto import (
+    CONTENT_TYPE_PROTOBUF,
+    SketchHistogramFamily,
+    encode,
+    wants_protobuf,
+)
+from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
+from fabricprobe.probes.errors import ParseError
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -243,6 +254,82 @@ def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Famili
         fam.add_metric([], value)
 
 
+PathKey = tuple[str, str, str, int]  # dst, transport, op, size
+
+
+class RttTotals:
+    """Every window's RTT sketch per target path since the agent started, merged: what
+    the native histogram `fabricprobe_agent_rtt_seconds` serves (cumulative, as rate()
+    wants it). Windows are taken in order, once each, by (epoch, seq).
+
+    Bound: MAX_PATHS paths; a new path beyond it evicts the one updated longest ago (its
+    series starts again from zero if it comes back), counted in `evicted`. A sketch that
+    does not parse is skipped and counted in `rejected`."""
+
+    MAX_PATHS = 512
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.paths: dict[PathKey, MergedSketch] = {}  # oldest update first
+        self.last: tuple[int, int] | None = None
+        self.evicted = 0
+        self.rejected = 0
+
+    def take(self, report: pb.WindowReport) -> None:
+        at = (report.epoch, report.seq)
+        with self.lock:
+            if self.last is not None and at <= self.last:
+                return
+            self.last = at
+            for w in report.probes:
+                if not w.HasField("rtt"):
+                    continue
+                try:
+                    sk = from_wire(w.rtt)
+                except ParseError:
+                    self.rejected += 1
+                    continue
+                if not sk.count:
+                    continue
+                key = (w.dst, w.transport, w.op, w.size)
+                have = self.paths.pop(key, None)
+                if have is None:
+                    if len(self.paths) >= self.MAX_PATHS:
+                        del self.paths[next(iter(self.paths))]
+                        self.evicted += 1
+                    have = merged(sk)
+                else:
+                    have.merge(sk)
+                self.paths[key] = have  # moved to the newest end
+
+    def snapshot(self) -> list[tuple[PathKey, MergedSketch]]:
+        with self.lock:
+            return [(k, merged(v)) for k, v in sorted(self.paths.items())]
+
+
+def rtt_families(totals: RttTotals, f: _Families) -> None:
+    fam = SketchHistogramFamily(
+        P + "agent_rtt_seconds",
+        "RTT of this host's probes to a target since the agent started (native histogram "
+        "over protobuf only).",
+        ["dst", "transport", "op", "size"],
+        classic=None,
+    )
+    for (dst, transport, op, size), sk in totals.snapshot():
+        fam.add_sketch([dst, transport, op, str(size)], sk)
+    f.out["agent_rtt_seconds"] = fam
+    evicted = f.counter(
+        "agent_rtt_paths_evicted",
+        "Paths the agent's RTT histograms forgot to stay within their bound.",
+        [],
+    )
+    evicted.add_metric([], float(totals.evicted))
+    rejected = f.counter(
+        "agent_rtt_sketches_rejected", "Window RTT sketches the histograms could not read.", []
+    )
+    rejected.add_metric([], float(totals.rejected))
+
+
 class AgentCollector(Collector):
     """Custom collector over a running agent; describe() touches nothing."""
 
@@ -250,6 +337,7 @@ class AgentCollector(Collector):
 
     def __init__(self, agent: AgentView) -> None:
         self.agent = agent
+        self.rtt = RttTotals()
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -273,8 +361,11 @@ class AgentCollector(Collector):
             try:
                 if part == "counters":
                     counter_families(list(self.agent.latest_counters), f)
-                elif part == "probes" and report is not None:
-                    probe_families(report, f)
+                elif part == "probes":
+                    if report is not None:
+                        self.rtt.take(report)  # a no-op when the agent already gave it
+                        probe_families(report, f)
+                    rtt_families(self.rtt, f)
                 elif part == "health":
                     health_families(self.agent, report, f)
             except Exception:  # one bad part never fails the scrape
@@ -319,18 +410,47 @@ class _Server(ThreadingMixIn, WSGIServer):
             self._slots.release()
 
 
+def negotiating_app(registry: CollectorRegistry) -> Any:
+    """A WSGI app serving REGISTRY in protobuf (native histograms) to a client whose
+    Accept header prefers it, and as prometheus_client serves it to everyone else."""
+    text_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if not wants_protobuf(environ.get("HTTP_ACCEPT", "")):
+            return text_app(environ, start_response)
+        if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+            return text_app(environ, start_response)
+        body = encode(registry.collect())
+        start_response(
+            "200 OK",
+            [
+                ("Content-Type", CONTENT_TYPE_PROTOBUF),
+                ("Content-Length", str(len(body))),
+                ("Vary", "Accept"),
+            ],
+        )
+        return [body]
+
+    return app
+
+
 class MetricsServer:
     """/metrics of one agent on HOST:PORT (port 0 picks one), in a daemon thread."""
 
     def __init__(self, agent: AgentView, host: str, port: int) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(AgentCollector(agent))
-        app = make_wsgi_app(self.registry)
+        self.collector = AgentCollector(agent)
+        self.registry.register(self.collector)
+        app = negotiating_app(self.registry)
         self.httpd = make_server(host, port, app, server_class=_Server, handler_class=_QuietHandler)
         self.port = int(self.httpd.server_address[1])
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, name="agent-metrics", daemon=True
         )
+
+    def take(self, report: pb.WindowReport) -> None:
+        """Fold a finished window into the RTT histograms (every window, scraped or not)."""
+        self.collector.rtt.take(report)
 
     def start(self) -> None:
         self._thread.start()

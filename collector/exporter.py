@@ -24,6 +24,7 @@ from fabricprobe.collector.auth import REFUSALS, Gate
 from fabricprobe.collector.exposition import ScrapeStats
 from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
 from fabricprobe.collector.store import DROPS, PathStats, StoreSnapshot, WindowStore
+from fabricprobe.core.promproto import SketchHistogramFamily
 from fabricprobe.core.sketchwire import MergedSketch
 from fabricprobe.probes.control import REFUSAL_REASONS
 
@@ -198,8 +199,12 @@ class FabricCollector(Collector):
     def _families(self) -> dict[str, Any]:
         p = "fabricprobe_"
         f: dict[str, Any] = {
-            "rtt": HistogramMetricFamily(
-                p + "rtt_seconds", "Probe round-trip time per path.", labels=PATH_LABELS
+            # Native (exponential) buckets over protobuf, the classic ones in text.
+            "rtt": SketchHistogramFamily(
+                p + "rtt_seconds",
+                "Probe round-trip time per path.",
+                PATH_LABELS,
+                classic=sketch_histogram,
             ),
             "sent": CounterMetricFamily(
                 p + "probe_exchanges", "Probe exchanges attempted per path.", labels=PATH_LABELS
@@ -441,8 +446,7 @@ class FabricCollector(Collector):
     def _fill_path(labels: list[str], st: PathStats, f: dict[str, Any]) -> None:
         rtt = st.rtt
         if rtt.count or rtt.lost:
-            buckets, total = sketch_histogram(rtt)
-            f["rtt"].add_metric(labels, buckets, total)
+            f["rtt"].add_sketch(labels, rtt)
             f["sent"].add_metric(labels, float(rtt.count + rtt.lost))
             f["lost"].add_metric(labels, float(rtt.lost))
         if st.last_rtt is not None:

@@ -1,5 +1,6 @@
 """/metrics: the Prometheus text format (0.0.4) of a registry, rendered fast, and the
-HTTP server that serves it.
+HTTP server that serves it — in text, or in protobuf with native histograms to a server
+whose Accept header asks for that (fabricprobe.core.promproto).
 
 A collector of N agents exports about 34 series per probed path (the RTT histogram's
 buckets most of all): 544,000 samples for 1,000 agents with 16 peers each.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
-import math
 import os
 import re
 import socket
@@ -30,6 +30,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.utils import floatToGoString
+
+from fabricprobe.core.promproto import CONTENT_TYPE_PROTOBUF, encode, wants_protobuf
 
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -157,10 +159,20 @@ class ScrapeStats:
                 self.served += 1
 
 
+@dataclass
+class _Form:
+    """One rendered form of /metrics: when, its bytes, and their gzip once asked for."""
+
+    at: float
+    plain: bytes
+    gzip: bytes | None = None
+
+
 class RenderCache:
     """One render serves every GET within MAX_AGE_S: concurrent scrapes wait for the
     render in progress instead of starting their own, so what strangers' GETs cost does
-    not grow with how many of them there are."""
+    not grow with how many of them there are. The text and the protobuf forms are
+    rendered and kept apart (a server asks for one of them)."""
 
     def __init__(
         self, registry: CollectorRegistry, max_age_s: float = 1.0, stats: ScrapeStats | None = None
@@ -168,22 +180,21 @@ class RenderCache:
         self.registry, self.max_age_s = registry, max_age_s
         self.stats = stats or ScrapeStats()
         self._lock = threading.Lock()
-        self._at = -math.inf
-        self._plain = b""
-        self._gzip: bytes | None = None
+        self._forms: dict[bool, _Form] = {}  # False: text, True: protobuf
 
-    def get(self, want_gzip: bool) -> bytes:
+    def get(self, want_gzip: bool, protobuf: bool = False) -> bytes:
         with self._lock:  # one render at a time; the others wait here and take its output
             now = time.monotonic()
-            if now - self._at >= self.max_age_s:
-                self._plain, self._gzip = render(self.registry), None
-                self._at = time.monotonic()
+            form = self._forms.get(protobuf)
+            if form is None or now - form.at >= self.max_age_s:
+                body = encode(self.registry.collect()) if protobuf else render(self.registry)
+                form = self._forms[protobuf] = _Form(time.monotonic(), body)
                 self.stats.count("render")
             if not want_gzip:
-                return self._plain
-            if self._gzip is None:
-                self._gzip = gzip.compress(self._plain, compresslevel=1)
-            return self._gzip
+                return form.plain
+            if form.gzip is None:
+                form.gzip = gzip.compress(form.plain, compresslevel=1)
+            return form.gzip
 
 
 @dataclass(frozen=True)
@@ -358,9 +369,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(404, "only /metrics is served here")
             return
         want_gzip = "gzip" in self.headers.get("Accept-Encoding", "")
-        body = self.cache.get(want_gzip)
+        protobuf = wants_protobuf(self.headers.get("Accept", ""))
+        body = self.cache.get(want_gzip, protobuf)
         self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)
+        self.send_header(
+            "Content-Type", CONTENT_TYPE_PROTOBUF if protobuf else CONTENT_TYPE_PLAIN_0_0_4
+        )
         if want_gzip:
             self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))

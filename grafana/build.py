@@ -51,14 +51,40 @@ def _quantile(q: float) -> str:
     return f"fabricprobe:rtt_seconds:p{int(q * 100) if q < 0.999 else 999}"
 
 
+# fabricprobe_rtt_seconds reaches Prometheus in one of two forms, by what the server asked
+# for: a native histogram (one series per path, ~1 % resolution; a server started with
+# --enable-feature=native-histograms scrapes protobuf) or classic `le` buckets (text, any
+# server). A server holds one form or the other, so every RTT query is `native or classic`:
+# the half the server lacks is empty, and where both exist (a mixed fleet) the native
+# series win for the label sets they cover.
+def rtt_quantile(q: float, by: str, sel: str = "", window: str = "5m") -> str:
+    s = f"{{{sel}}}" if sel else ""
+    native = f"histogram_quantile({q}, sum by ({by}) (rate(fabricprobe_rtt_seconds{s}[{window}])))"
+    classic = (
+        f"histogram_quantile({q}, sum by ({by}, le) "
+        f"(rate(fabricprobe_rtt_seconds_bucket{s}[{window}])))"
+    )
+    return f"{native} or {classic}"
+
+
+def rtt_distribution(sel: str, window: str = "5m") -> str:
+    """Probes per RTT bucket: classic buckets by `le`, or the native histogram itself
+    (Grafana draws a native histogram result as heatmap cells)."""
+    return (
+        f"sum by (le) (rate(fabricprobe_rtt_seconds_bucket{{{sel}}}[{window}])) "
+        f"or sum(rate(fabricprobe_rtt_seconds{{{sel}}}[{window}]))"
+    )
+
+
 FABRIC = Dashboard(
     uid="fabricprobe-fabric",
     title="fabricprobe / fabric",
     description="Per-path RTT, loss, bandwidth and the RoCE counters that explain them.",
     variables=(
-        ("src", "label_values(fabricprobe_rtt_seconds_bucket, src)"),
-        ("dst", "label_values(fabricprobe_rtt_seconds_bucket, dst)"),
-        ("transport", "label_values(fabricprobe_rtt_seconds_bucket, transport)"),
+        # a counter of every probed path: there in either form of the RTT histogram
+        ("src", "label_values(fabricprobe_probe_exchanges_total, src)"),
+        ("dst", "label_values(fabricprobe_probe_exchanges_total, dst)"),
+        ("transport", "label_values(fabricprobe_probe_exchanges_total, transport)"),
     ),
     rows=(
         Row(
@@ -103,7 +129,7 @@ FABRIC = Dashboard(
                     "RTT distribution",
                     (
                         (
-                            f"sum by (le) (rate(fabricprobe_rtt_seconds_bucket{{{SEL}}}[5m]))",
+                            rtt_distribution(SEL),
                             "{{le}}",
                         ),
                     ),
@@ -524,8 +550,7 @@ REQUESTS = Dashboard(
 RECORDING: list[dict[str, str]] = [
     {
         "record": _quantile(q),
-        "expr": f"histogram_quantile({q}, sum by ({PATH}, le) "
-        "(rate(fabricprobe_rtt_seconds_bucket[5m])))",
+        "expr": rtt_quantile(q, PATH),
     }
     for q in (0.5, 0.99, 0.999)
 ]

@@ -27,13 +27,15 @@ def catalogue() -> dict[str, set[str]]:
     tables = ("metric", "attribution_metric", "rawstore_metric", "agent_metric", "drift_metric")
     for m in (row for table in tables for row in data.get(table, [])):
         labels = set(m["labels"])
-        if m["type"] == "histogram":
+        if m.get("native"):  # the native form: one series under the bare name
+            out[m["name"]] = out.get(m["name"], set()) | labels
+        if m["type"] == "histogram" and not m.get("native_only"):
             for suffix in HIST_SUFFIXES:
                 name = m["name"] + suffix
                 out[name] = (
                     out.get(name, set()) | labels | ({"le"} if suffix == "_bucket" else set())
                 )
-        else:  # a name both the collector and the agents export carries either's labels
+        elif m["type"] != "histogram":  # a name both the collector and the agents export
             out[m["name"]] = out.get(m["name"], set()) | labels
     for r in build.RECORDING:  # recording rules keep the path labels
         out[r["record"]] = {"src", "dst", "transport", "op", "size"}

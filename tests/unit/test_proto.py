@@ -6,7 +6,13 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ("fabricprobe_pb2.py", "fabricprobe_pb2.pyi", "fabricprobe_pb2_grpc.py")
+GENERATED = (
+    "fabricprobe_pb2.py",
+    "fabricprobe_pb2.pyi",
+    "fabricprobe_pb2_grpc.py",
+    "prom_metrics_pb2.py",
+    "prom_metrics_pb2.pyi",
+)
 
 
 def test_generated_code_is_current(tmp_path: Path) -> None:
