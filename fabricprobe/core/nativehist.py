@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from fabricprobe.core.sketchwire import MergedSketch, slot_value_ns
+from fabricprobe.core.sketchwire import MAX_SLOTS, MergedSketch, slot_value_ns
 
 SCHEMA = 6
 MIN_SCHEMA, MAX_SCHEMA = -4, 8
@@ -100,24 +100,47 @@ class NativeHistogram:
         return spans, deltas
 
 
+@lru_cache(maxsize=MAX_SCHEMA - MIN_SCHEMA + 1)
+def slot_buckets(schema: int) -> tuple[int | None, ...]:
+    """HDR slot index -> the native bucket of its highest value (None: the zero bucket),
+    for every slot of the sketch: a scrape converts by lookup, not by logarithm."""
+    out: list[int | None] = []
+    for slot in range(MAX_SLOTS):
+        v_ns = slot_value_ns(slot)
+        out.append(bucket_index(v_ns / 1e9, schema) if v_ns > 0 else None)
+    return tuple(out)
+
+
 def to_native(sketch: MergedSketch, schema: int = SCHEMA) -> NativeHistogram:
     """SKETCH as a native histogram of SCHEMA (see the module's note for the error)."""
-    per: dict[int, int] = {}
-    zero = 0
-    for slot, n in sketch.slots.items():
+    table = slot_buckets(schema)
+    # Slot values ascend with the slot index, so bucket indices do too: equal neighbours
+    # are merged in one pass over the sorted slots.
+    out: list[tuple[int, int]] = []
+    last, acc, zero = 0, 0, 0
+    for slot, n in sorted(sketch.slots.items()):
         if n <= 0:
             continue
-        v_ns = slot_value_ns(slot)
-        if v_ns <= 0:
+        if 0 <= slot < MAX_SLOTS:
+            idx = table[slot]
+        else:  # not from a validated sketch: converted the long way
+            v_ns = slot_value_ns(slot)
+            idx = bucket_index(v_ns / 1e9, schema) if v_ns > 0 else None
+        if idx is None:
             zero += n
-            continue
-        idx = bucket_index(v_ns / 1e9, schema)
-        per[idx] = per.get(idx, 0) + n
+        elif acc and idx == last:
+            acc += n
+        else:
+            if acc:
+                out.append((last, acc))
+            last, acc = idx, n
+    if acc:
+        out.append((last, acc))
     return NativeHistogram(
         schema=schema,
         count=sketch.count,
         sum_s=sketch.sum_ns / 1e9,
         zero_threshold=ZERO_THRESHOLD_S,
         zero_count=zero,
-        buckets=tuple(sorted(per.items())),
+        buckets=tuple(out),
     )

@@ -68,8 +68,10 @@ def wants_protobuf(accept: str) -> bool:
 class SketchHistogramFamily(HistogramMetricFamily):
     """A histogram family whose series keep their latency sketches.
 
-    CLASSIC=False leaves the classic buckets out of the text form too (its HELP and TYPE
-    stay): for an endpoint whose series budget has no room for them."""
+    Its classic samples (CLASSIC(sketch) -> cumulative buckets and sum) are built only
+    when a text writer reads `samples`: a protobuf scrape never pays for them.
+    CLASSIC=None leaves them out of the text form too (its HELP and TYPE stay), for an
+    endpoint whose series budget has no room for them."""
 
     def __init__(
         self,
@@ -79,15 +81,28 @@ class SketchHistogramFamily(HistogramMetricFamily):
         classic: Callable[[MergedSketch], tuple[list[tuple[str, float]], float]] | None,
         schema: int = SCHEMA,
     ) -> None:
+        self._built: list[Any] = []
+        self._pending = 0  # sketches whose classic samples are not built yet
         super().__init__(name, documentation, labels=labels)
         self.classic, self.schema = classic, schema
         self.sketches: list[tuple[list[str], MergedSketch]] = []
 
+    @property  # type: ignore[override]
+    def samples(self) -> list[Any]:
+        if self.classic is not None and self._pending:
+            todo, self._pending = self.sketches[len(self.sketches) - self._pending :], 0
+            for values, sketch in todo:
+                buckets, total = self.classic(sketch)
+                self.add_metric(values, buckets, total)
+        return self._built
+
+    @samples.setter
+    def samples(self, value: list[Any]) -> None:
+        self._built = value
+
     def add_sketch(self, label_values: list[str], sketch: MergedSketch) -> None:
         self.sketches.append((label_values, sketch))
-        if self.classic is not None:
-            buckets, total = self.classic(sketch)
-            self.add_metric(label_values, buckets, total)
+        self._pending += 1
 
 
 def _varint(n: int) -> bytes:
