@@ -87,7 +87,7 @@ class SketchHistogramFamily(HistogramMetricFamily):
         self.classic, self.schema = classic, schema
         self.sketches: list[tuple[list[str], MergedSketch]] = []
 
-    @property  # type: ignore[override]
+    @property
     def samples(self) -> list[Any]:
         if self.classic is not None and self._pending:
             todo, self._pending = self.sketches[len(self.sketches) - self._pending :], 0
