@@ -3,7 +3,9 @@ collector fed by loopback agents (one reading a captured mlx5 sysfs tree and `et
 text whose pause counters rise), RDMA probe windows from a fixture host pair, scheduled
 check verdicts of a fixture ToR whose one host differs, and stage spans from the
 OpenTelemetry SDK. Every panel query, every template variable and every recording rule
-must return data, and every rule must evaluate without error.
+must return data, and every rule must evaluate without error: on a server that scrapes
+the text form (classic RTT buckets) and on one that scrapes protobuf (native RTT
+histograms, --enable-feature=native-histograms).
 """
 
 from __future__ import annotations
@@ -194,8 +196,12 @@ def collector() -> Iterator[CollectorServer]:
         yield server
 
 
-@pytest.fixture
-def prometheus(collector: CollectorServer, tmp_path: Path) -> Iterator[Prom]:
+# "classic": a server that scrapes text (RTT as `le` buckets); "native": one started with
+# --enable-feature=native-histograms, which scrapes protobuf (RTT as native histograms).
+@pytest.fixture(params=["classic", "native"])
+def prometheus(
+    collector: CollectorServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Prom]:
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -215,6 +221,7 @@ def prometheus(collector: CollectorServer, tmp_path: Path) -> Iterator[Prom]:
             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--storage.tsdb.retention.time=1h",
+            *(["--enable-feature=native-histograms"] if request.param == "native" else []),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -246,7 +253,11 @@ def test_every_dashboard_query_and_rule_returns_data(
         fixture_checks(collector)
         names = [c.host for c in configs]
         wait_for(
-            lambda: len(prometheus.query("fabricprobe_rtt_seconds_count")) >= 6,
+            # classic: the _count series; native: the histogram series itself
+            lambda: (
+                len(prometheus.query("fabricprobe_rtt_seconds_count or fabricprobe_rtt_seconds"))
+                >= 6
+            ),
             60,
             "every loopback pair's RTT histogram in Prometheus",
         )
@@ -321,4 +332,4 @@ def test_every_dashboard_query_and_rule_returns_data(
     finally:
         stop.set()
         for a in agents:
-            a.stop()
+            a.close()  # its /metrics port too: the next server kind's run takes the same ports
