@@ -54,7 +54,11 @@ class Gathered:
 
 
 def rtt_query(q: float, rate_s: float) -> str:
+    """The RTT quantile from whichever form the server keeps: the native histogram
+    (a server scraping protobuf) or the classic `le` buckets (see grafana/README.md)."""
     return (
+        f"histogram_quantile({q}, sum by (src, dst, transport) "
+        f"(rate(fabricprobe_rtt_seconds[{rate_s:g}s]))) or "
         f"histogram_quantile({q}, sum by (le, src, dst, transport) "
         f"(rate(fabricprobe_rtt_seconds_bucket[{rate_s:g}s])))"
     )
