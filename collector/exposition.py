@@ -375,6 +375,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header(
             "Content-Type", CONTENT_TYPE_PROTOBUF if protobuf else CONTENT_TYPE_PLAIN_0_0_4
         )
+        self.send_header("Vary", "Accept, Accept-Encoding")  # the body depends on both
         if want_gzip:
             self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))
