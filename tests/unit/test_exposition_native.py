@@ -343,3 +343,36 @@ def test_the_agent_bounds_its_paths() -> None:
     bad.probes.add(dst="x", transport="tcp", op="pingpong", size=64, rtt=pb.Sketch(kind="?"))
     t.take(bad)
     assert t.rejected == 1 and len(t.paths) == 4
+
+
+def test_the_catalogue_marks_exactly_the_native_families() -> None:
+    import tomllib
+    from pathlib import Path
+
+    from fabricprobe.agent.exporter import AgentCollector
+
+    rows = tomllib.loads(
+        (Path(__file__).resolve().parents[2] / "collector" / "metrics.toml").read_text()
+    )
+    store = WindowStore()
+    store.register(pb.HostInfo(host="a"))
+    store.take(report("a", "b", 1, [5_000]))
+    view = SimpleNamespace(
+        last_report=report("a", "b", 1, [5_000]),
+        latest_counters=[],
+        acked=0,
+        last_ack_unix_s=0.0,
+        registered=True,
+        tools_missing=set(),
+    )
+    for table, collector in (
+        ("metric", FabricCollector(store)),
+        ("agent_metric", AgentCollector(view)),  # type: ignore[arg-type]
+    ):
+        native = {m.name for m in collector.collect() if isinstance(m, SketchHistogramFamily)}
+        marked = {r["name"] for r in rows[table] if r.get("native")}
+        assert native == marked, table
+        for fam in collector.collect():
+            if isinstance(fam, SketchHistogramFamily):
+                only = any(r["name"] == fam.name and r.get("native_only") for r in rows[table])
+                assert (fam.classic is None) == only, fam.name
