@@ -120,7 +120,11 @@ def _varint(n: int) -> bytes:
 def _labels(m: Any, labels: dict[str, str]) -> None:
     for k, v in labels.items():
         lp = m.label.add()
-        lp.name, lp.value = k, v
+        lp.name = k
+        try:
+            lp.value = v
+        except (ValueError, UnicodeError):  # a lone surrogate (a file name's bytes, say)
+            lp.value = v.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _native(fam: SketchHistogramFamily) -> mpb.MetricFamily:

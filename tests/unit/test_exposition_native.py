@@ -376,3 +376,11 @@ def test_the_catalogue_marks_exactly_the_native_families() -> None:
             if isinstance(fam, SketchHistogramFamily):
                 only = any(r["name"] == fam.name and r.get("native_only") for r in rows[table])
                 assert (fam.classic is None) == only, fam.name
+
+
+def test_a_label_value_protobuf_cannot_carry_does_not_fail_the_scrape() -> None:
+    g = GaugeMetricFamily("fabricprobe_y", "a gauge", labels=["netdev"])
+    g.add_metric(["eth\udcff0"], 1.0)  # undecodable bytes of an interface name
+    g.add_metric(["eth1"], 2.0)
+    (fam,) = decode(encode([g]))
+    assert [m.label[0].value for m in fam.metric] == ["eth\\udcff0", "eth1"]
