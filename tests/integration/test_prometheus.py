@@ -317,6 +317,13 @@ def test_every_dashboard_query_and_rule_returns_data(
                 + "\n".join(own)
             ) from None
 
+        # every target scraped cleanly in this server's form (text or protobuf)
+        down = [
+            (t["scrapeUrl"], t["lastError"])
+            for t in prometheus.get("/api/v1/targets")["activeTargets"]
+            if t["health"] != "up"
+        ]
+        assert not down, down
         groups = prometheus.get("/api/v1/rules")["groups"]
         rules = [r for g in groups for r in g["rules"]]
         assert len(rules) == len(build.RECORDING) + len(build.ALERTS)
