@@ -7,7 +7,10 @@ filled with --samples values drawn around a RoCE-like 3 µs with a log-normal sp
 fixed seed), renders its registry --repeat times in each form in this process; the CPU
 figure is the median render (the families built from the store included, as a scrape
 does). Series: text lines that are samples; in protobuf a native histogram is one
-series, a classic one its buckets plus _sum and _count, anything else one.
+series, a classic one its buckets plus _sum and _count, anything else one. Last, what
+each form resolves: one path's p50 and p99 read from the native buckets and from the
+classic ones (histogram_quantile's linear interpolation inside a bucket, as Prometheus
+does), against the recorded values.
 
     python bench/native_scrape.py
     python bench/native_scrape.py --paths 10000 --samples 2000
@@ -17,16 +20,23 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import math
 import random
 import statistics
 import time
 
+from fabricprobe.collector.exporter import RTT_BUCKETS_S
 from fabricprobe.collector.exposition import render
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.nativehist import bucket_bounds, to_native
 from fabricprobe.core.promproto import decode, encode
-from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.core.sketchwire import from_wire, to_wire
 from fabricprobe.probes.stats import LatencySketch
+
+
+def draw(rng: random.Random, samples: int) -> list[int]:
+    return [int(3_000 * rng.lognormvariate(0.0, 0.35)) for _ in range(samples)]
 
 
 def fill(server: CollectorServer, paths: int, peers: int, samples: int) -> None:
@@ -42,7 +52,7 @@ def fill(server: CollectorServer, paths: int, peers: int, samples: int) -> None:
             if made == paths:
                 break
             sk = LatencySketch()
-            sk.record_many([int(3_000 * rng.lognormvariate(0.0, 0.35)) for _ in range(samples)])
+            sk.record_many(draw(rng, samples))
             dst = f"h{(a + p + 1) % agents}"
             r.probes.add(dst=dst, transport="rdma", op="send", size=64, rtt=to_wire(sk))
             made += 1
@@ -77,6 +87,41 @@ def cpu_of(fn: object, repeat: int) -> tuple[bytes, float]:
     return body, statistics.median(times)
 
 
+def interpolate(buckets: list[tuple[float, float, int]], q: float) -> float:
+    """histogram_quantile over (lower, upper, count) buckets, ascending."""
+    rank = q * sum(n for _, _, n in buckets)
+    running = 0
+    for lo, hi, n in buckets:
+        if n and running + n >= rank:
+            return lo + (hi - lo) * (rank - running) / n
+        running += n
+    return math.nan
+
+
+def resolution(samples: int) -> None:
+    values = draw(random.Random(14), samples)
+    sk = LatencySketch()
+    sk.record_many(values)
+    merged = from_wire(to_wire(sk))
+    nh = to_native(merged)
+    native = [(*bucket_bounds(i, nh.schema), n) for i, n in nh.buckets]
+    cum = merged.cumulative([round(b * 1e9) for b in RTT_BUCKETS_S])
+    bounds = [0.0, *RTT_BUCKETS_S]
+    classic = [
+        (bounds[k], bounds[k + 1], cum[k] - (cum[k - 1] if k else 0))
+        for k in range(len(RTT_BUCKETS_S))
+    ]
+    ordered = sorted(values)
+    for q in (0.5, 0.99):
+        exact = ordered[max(0, math.ceil(q * len(ordered)) - 1)] / 1e9
+        n, c = interpolate(native, q), interpolate(classic, q)
+        print(
+            f"p{q * 100:g}: recorded {exact * 1e6:.3f} µs, "
+            f"native {n * 1e6:.3f} µs ({(n / exact - 1) * 100:+.2f} %), "
+            f"classic {c * 1e6:.3f} µs ({(c / exact - 1) * 100:+.2f} %)"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--paths", type=int, default=1000)
@@ -104,6 +149,7 @@ def main() -> None:
         gz = len(gzip.compress(body, compresslevel=1))
         print(f"{name:<9} {len(body):>11,} {gz:>10,} {series:>7,} {rtt:>11,} {cpu:>7.3f}")
     print(f"native RTT buckets per series (schema 6, spans included): {per:.1f}")
+    resolution(args.samples)
 
 
 if __name__ == "__main__":
