@@ -354,7 +354,10 @@ class Agent:
         self._window_start = end
         self.last_report, self.latest_counters = report, sample
         if self.metrics is not None:
-            self.metrics.take(report)  # the RTT histograms see every window
+            try:
+                self.metrics.take(report)  # the RTT histograms see every window
+            except Exception:  # /metrics is a view: it never stops the window loop
+                log.exception("window %d not folded into /metrics", self.seq)
         key = SpoolKey(self.epoch, self.seq)
         if not self.spool.put(key, report.SerializeToString()):
             log.warning(

@@ -286,6 +286,8 @@ class RttTotals:
                     continue
                 try:
                     sk = from_wire(w.rtt)
+                    if sk.kind != "rtt":
+                        raise ParseError(f"a {sk.kind} sketch where an RTT one belongs")
                 except ParseError:
                     self.rejected += 1
                     continue
@@ -299,7 +301,7 @@ class RttTotals:
                         self.evicted += 1
                     have = merged(sk)
                 else:
-                    have.merge(sk)
+                    have.merge(sk)  # both of kind rtt: cannot fail
                 self.paths[key] = have  # moved to the newest end
 
     def snapshot(self) -> list[tuple[PathKey, MergedSketch]]:

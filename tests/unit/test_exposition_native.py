@@ -341,8 +341,11 @@ def test_the_agent_bounds_its_paths() -> None:
     assert {k[0] for k in t.paths} == {f"peer-{i}" for i in range(7, 11)}
     bad = pb.WindowReport(host="gpu-1", epoch=1, seq=11)
     bad.probes.add(dst="x", transport="tcp", op="pingpong", size=64, rtt=pb.Sketch(kind="?"))
+    bad.probes.add(
+        dst="peer-10", transport="rdma", op="send", size=64, rtt=pb.Sketch(kind="one_way")
+    )
     t.take(bad)
-    assert t.rejected == 1 and len(t.paths) == 4
+    assert t.rejected == 2 and len(t.paths) == 4
 
 
 def test_the_catalogue_marks_exactly_the_native_families() -> None:
