@@ -30,6 +30,7 @@ from fabricprobe.collector.service import AgentApi, ApiConfig, CollectorServer, 
 from fabricprobe.collector.stages import SpanError
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.promproto import decode, encode
 from tests.unit.spanmaker import attr, batch
 
 S = 1_000_000_000
@@ -130,6 +131,17 @@ def clean_scrape(store: WindowStore) -> None:
         if not line.startswith("#"):
             value = float(line.rsplit(" ", 1)[1])
             assert math.isfinite(value) and value >= 0, line
+    # the protobuf form: every native histogram's buckets add up to its count
+    for fam in decode(encode(reg.collect())):
+        for m in fam.metric:
+            h = m.histogram
+            if h.positive_span:
+                running, total = 0, h.zero_count
+                for d in h.positive_delta:
+                    running += d
+                    assert running >= 0, fam.name
+                    total += running
+                assert total == h.sample_count, fam.name
 
 
 API = fresh_api()
