@@ -66,38 +66,34 @@ def bucket_bounds(index: int, schema: int = SCHEMA) -> tuple[float, float]:
 @dataclass(frozen=True)
 class NativeHistogram:
     """What a native histogram sample carries: exact count and sum, the zero bucket, and
-    the non-empty positive buckets as sorted (index, count) pairs."""
+    the positive buckets in their protobuf form: SPANS of consecutive buckets (offset,
+    length; the first offset is the first index, each later one the gap after the span
+    before it) and DELTAS, each bucket's count minus the one before it. Gaps of one or
+    two empty buckets are carried as zero counts inside a span: two deltas cost less
+    than a new span."""
 
     schema: int
     count: int
     sum_s: float
     zero_threshold: float
     zero_count: int
-    buckets: tuple[tuple[int, int], ...]
+    spans: tuple[tuple[int, int], ...]
+    deltas: tuple[int, ...]
 
-    def spans(self) -> tuple[list[tuple[int, int]], list[int]]:
-        """The protobuf form of the buckets: spans (offset, length) and count deltas.
-
-        A span's offset is the gap after the previous span (the first span's: its first
-        index); within a span the buckets are consecutive. Gaps of one or two empty
-        buckets are carried as zero counts inside a span: two deltas cost less than a
-        new span."""
-        spans: list[tuple[int, int]] = []
-        deltas: list[int] = []
-        prev_count, end = 0, 0  # end: the index after the current span
-        for idx, n in self.buckets:
-            gap = idx - end
-            if spans and 0 <= gap <= 2:
-                for _ in range(gap):
-                    deltas.append(-prev_count)
-                    prev_count = 0
-                off, length = spans[-1]
-                spans[-1] = (off, length + gap + 1)
-            else:
-                spans.append((idx if not spans else gap, 1))
-            deltas.append(n - prev_count)
-            prev_count, end = n, idx + 1
-        return spans, deltas
+    @property
+    def buckets(self) -> tuple[tuple[int, int], ...]:
+        """The non-empty positive buckets as ascending (index, count) pairs."""
+        out: list[tuple[int, int]] = []
+        idx, count, k = 0, 0, 0
+        for i, (off, length) in enumerate(self.spans):
+            idx = off if i == 0 else idx + off
+            for _ in range(length):
+                count += self.deltas[k]
+                k += 1
+                if count:
+                    out.append((idx, count))
+                idx += 1
+        return tuple(out)
 
 
 @lru_cache(maxsize=MAX_SCHEMA - MIN_SCHEMA + 1)
@@ -114,10 +110,27 @@ def slot_buckets(schema: int) -> tuple[int | None, ...]:
 def to_native(sketch: MergedSketch, schema: int = SCHEMA) -> NativeHistogram:
     """SKETCH as a native histogram of SCHEMA (see the module's note for the error)."""
     table = slot_buckets(schema)
-    # Slot values ascend with the slot index, so bucket indices do too: equal neighbours
-    # are merged in one pass over the sorted slots.
-    out: list[tuple[int, int]] = []
-    last, acc, zero = 0, 0, 0
+    offsets: list[int] = []
+    lengths: list[int] = []
+    deltas: list[int] = []
+    zero = 0
+    cur, acc = 0, 0  # the bucket being summed (slots ascend, so bucket indices do too)
+    prev, end = 0, 0  # the count of the bucket last written; the index after its span
+
+    def emit(idx: int, n: int) -> None:
+        nonlocal prev, end
+        gap = idx - end
+        if offsets and gap <= 2:  # the span goes on, over up to two empty buckets
+            for _ in range(gap):
+                deltas.append(-prev)
+                prev = 0
+            lengths[-1] += gap + 1
+        else:
+            offsets.append(gap if offsets else idx)
+            lengths.append(1)
+        deltas.append(n - prev)
+        prev, end = n, idx + 1
+
     for slot, n in sorted(sketch.slots.items()):
         if n <= 0:
             continue
@@ -128,19 +141,20 @@ def to_native(sketch: MergedSketch, schema: int = SCHEMA) -> NativeHistogram:
             idx = bucket_index(v_ns / 1e9, schema) if v_ns > 0 else None
         if idx is None:
             zero += n
-        elif acc and idx == last:
+        elif acc and idx == cur:
             acc += n
         else:
             if acc:
-                out.append((last, acc))
-            last, acc = idx, n
+                emit(cur, acc)
+            cur, acc = idx, n
     if acc:
-        out.append((last, acc))
+        emit(cur, acc)
     return NativeHistogram(
         schema=schema,
         count=sketch.count,
         sum_s=sketch.sum_ns / 1e9,
         zero_threshold=ZERO_THRESHOLD_S,
         zero_count=zero,
-        buckets=tuple(out),
+        spans=tuple(zip(offsets, lengths, strict=True)),
+        deltas=tuple(deltas),
     )

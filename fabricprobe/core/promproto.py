@@ -141,10 +141,9 @@ def _native(fam: SketchHistogramFamily) -> mpb.MetricFamily:
         h = m.histogram
         h.sample_count, h.sample_sum, h.schema = nh.count, nh.sum_s, nh.schema
         h.zero_threshold, h.zero_count = nh.zero_threshold, nh.zero_count
-        spans, deltas = nh.spans()
-        for off, length in spans:
+        for off, length in nh.spans:
             h.positive_span.add(offset=off, length=length)
-        h.positive_delta.extend(deltas)
+        h.positive_delta.extend(nh.deltas)
     return out
 
 

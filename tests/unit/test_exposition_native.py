@@ -387,3 +387,21 @@ def test_a_label_value_protobuf_cannot_carry_does_not_fail_the_scrape() -> None:
     g.add_metric(["eth1"], 2.0)
     (fam,) = decode(encode([g]))
     assert [m.label[0].value for m in fam.metric] == ["eth\\udcff0", "eth1"]
+
+
+def test_spans_carry_short_gaps_as_zeros_and_open_a_span_after_long_ones() -> None:
+    from fabricprobe.core.nativehist import slot_buckets
+
+    table = slot_buckets(SCHEMA)
+    first = {}  # bucket index -> a slot counted in it
+    for slot, idx in enumerate(table):
+        if idx is not None:
+            first.setdefault(idx, slot)
+    i0 = bucket_index(4e-6)  # 4 µs: one HDR slot per native bucket or finer
+    want = {i0: 3, i0 + 1: 5, i0 + 4: 1, i0 + 11: 2}  # gaps: 0, 2 (kept), 6 (new span)
+    sk = MergedSketch(count=11, min_ns=1, max_ns=1, sum_ns=0)
+    sk.slots = {first[i]: n for i, n in want.items()}
+    nh = to_native(sk)
+    assert nh.spans == ((i0, 5), (6, 1))
+    assert nh.deltas == (3, 2, -5, 0, 1, 1)
+    assert dict(nh.buckets) == want
