@@ -14,9 +14,9 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
@@ -57,7 +57,10 @@ DROPS = (
     "stale_reading",  # a counter reading older (by epoch and seq) than the one held
     "clock_step",  # a counter reading dated at or before the previous one: no rate
     "host",  # a registration over MAX_HOSTS
+    "class",  # a fleet class (transport, op, size) over MAX_FLEET_CLASSES
 )
+MAX_FLEET_CLASSES = 64  # (transport, op, size) classes of the fleet-wide RTT sketches
+MAX_NAMED_PAIRS = 4096  # host pairs recently named by requests (collector/detail.py)
 
 
 def host_pair(a: str, b: str) -> tuple[str, str]:
@@ -200,6 +203,11 @@ class WindowStore:
         # told of every report taken, under the lock (collector/history.py)
         self.listeners: list[ReportListener] = []
         self._pair_paths: dict[tuple[str, str], list[PathKey]] = {}  # host_pair() -> paths
+        # every window's RTT sketch merged per (transport, op, size): the fleet's
+        # histograms, which grow with nothing but the plan's kinds and sizes
+        self.fleet: dict[tuple[str, str, int], MergedSketch] = {}
+        # host_pair() -> collector clock when a request's KV transfer last named it
+        self.named: OrderedDict[tuple[str, str], int] = OrderedDict()
 
     # -- hosts --------------------------------------------------------------------------
 
@@ -408,6 +416,14 @@ class WindowStore:
             if sketch.kind == "rtt":
                 stats.rtt.merge(sketch)
                 self.merges_total += 1
+                cls = (w.transport, w.op, int(w.size))
+                fleet = self.fleet.get(cls)
+                if fleet is None and len(self.fleet) < MAX_FLEET_CLASSES:
+                    fleet = self.fleet[cls] = MergedSketch()
+                if fleet is None:
+                    self.dropped["class"] += 1
+                else:
+                    fleet.merge(sketch)
             if newest:
                 stats.last_rtt = sketch  # parsed for this report alone: never merged into
         if w.bytes_moved:
@@ -474,26 +490,36 @@ class WindowStore:
 
     # -- reading ------------------------------------------------------------------------
 
-    def snapshot(self, chunk: int = 5_000) -> StoreSnapshot:
+    def snapshot(
+        self,
+        chunk: int = 5_000,
+        *,
+        paths: Iterable[PathKey] | None = None,
+        counter_hosts: Container[str] | None = None,
+    ) -> StoreSnapshot:
         """A copy of what the exporter needs, safe to read while reports go on being
         taken: what reports change (merged sketches, counter tracks) is copied; a
         newest-window sketch is never changed once taken, so it is shared. Each path and
         counter is copied whole under the lock, CHUNK at a time, so a scrape of a large
-        fleet never holds ingest up for long."""
+        fleet never holds ingest up for long. PATHS and COUNTER_HOSTS limit the copy to
+        those paths and to the counters of those hosts (None: all)."""
         with self.lock:
             now = self.clock()
             hosts = {name: (h, self.is_stale(h, now)) for name, h in self.hosts.items()}
-            path_keys, counter_keys = list(self.paths), list(self.counters)
+            path_keys = list(self.paths) if paths is None else list(paths)
+            counter_keys = list(self.counters)
             totals = (self.reports_total, self.duplicates_total, self.rejected_total)
             merges = self.merges_total
             dropped = dict(self.dropped)
-        paths: dict[PathKey, PathStats] = {}
+        if counter_hosts is not None:
+            counter_keys = [k for k in counter_keys if k[0] in counter_hosts]
+        copied: dict[PathKey, PathStats] = {}
         for i in range(0, len(path_keys), chunk):
             with self.lock:
                 for k in path_keys[i : i + chunk]:
                     st = self.paths.get(k)  # None: its host was forgotten meanwhile
                     if st is not None:
-                        paths[k] = st.copy()
+                        copied[k] = st.copy()
         counters: dict[CounterKey, CounterTrack] = {}
         for i in range(0, len(counter_keys), chunk):
             with self.lock:
@@ -501,7 +527,53 @@ class WindowStore:
                     t = self.counters.get(ck)
                     if t is not None:
                         counters[ck] = copy.copy(t)
-        return StoreSnapshot(now, hosts, paths, counters, *totals, merges, dropped)
+        return StoreSnapshot(now, hosts, copied, counters, *totals, merges, dropped)
+
+    def counter_rates(self, names: Container[str]) -> list[tuple[CounterKey, float]]:
+        """(key, rate) of every counter named in NAMES that has a rate (the alert rules'
+        counters: which hosts are in trouble)."""
+        with self.lock:
+            held = self.counters.items()
+            return [(k, t.rate) for k, t in held if k[6] in names and t.rate is not None]
+
+    def path_views(self, chunk: int = 20_000) -> list[tuple[PathKey, PathView]]:
+        """What the bounded export ranks every path by, without copying any sketch: the
+        newest window's sketch is never changed once taken, so it is shared."""
+        with self.lock:
+            keys = list(self.paths)
+        out: list[tuple[PathKey, PathView]] = []
+        for i in range(0, len(keys), chunk):
+            with self.lock:
+                for k in keys[i : i + chunk]:
+                    st = self.paths.get(k)
+                    if st is not None:
+                        out.append((k, PathView(st.last_rtt, st.touched_ns, st.last_order)))
+        return out
+
+    def copy_paths(self, keys: Iterable[PathKey]) -> dict[PathKey, PathStats]:
+        """Copies of the paths of KEYS still held (the ones the export shows in full)."""
+        with self.lock:
+            return {k: st.copy() for k in keys if (st := self.paths.get(k)) is not None}
+
+    def fleet_sketches(self) -> dict[tuple[str, str, int], MergedSketch]:
+        with self.lock:
+            return {cls: merged(sk) for cls, sk in self.fleet.items()}
+
+    def name_pairs(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Note host pairs a request's KV transfer ran over (the export shows their paths
+        in full for a while); the oldest of more than MAX_NAMED_PAIRS are forgotten."""
+        with self.lock:
+            now = self.clock()
+            for a, b in pairs:
+                key = host_pair(a, b)
+                self.named[key] = now
+                self.named.move_to_end(key)
+            while len(self.named) > MAX_NAMED_PAIRS:
+                self.named.popitem(last=False)
+
+    def named_since(self, since_ns: int) -> set[tuple[str, str]]:
+        with self.lock:
+            return {p for p, t in self.named.items() if t >= since_ns}
 
     def newest_windows(self, a: str, b: str) -> list[tuple[PathKey, int, MergedSketch]]:
         """(path, end, RTT sketch) of the newest window of each path between A and B, both
@@ -531,6 +603,14 @@ def _bandwidth_ok(moved: int, busy: float) -> bool:
 
 def _agent_ok(a: pb.AgentStats) -> bool:
     return all(math.isfinite(v) and 0.0 <= v <= MAX_STAT for v in (a.cpu_seconds, a.probe_rate))
+
+
+class PathView(NamedTuple):
+    """A path as the bounded export ranks it (WindowStore.path_views)."""
+
+    last_rtt: MergedSketch | None
+    touched_ns: int  # collector clock of its newest window
+    order: tuple[int, int]  # (lifetime, seq) of its newest window: tells a new one
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,294 @@
+"""Which paths, hosts and ToR pairs the collector's /metrics shows one by one.
+
+A fleet of N hosts probing k peers each holds N·k paths; exported one series set per path,
+/metrics grows with host pairs (1,637 series per host at the default plan). Instead every
+path feeds the fleet and ToR-pair aggregates, and a path gets its own series only while it
+is one of these (in this order of priority):
+
+- `alert`: its newest window crosses a threshold the alert rules use: loss over
+  `loss_alert` (FabricprobePathLoss), or a p99 over `tail_factor` times the path's own
+  running p99 (an EWMA over its windows, standing in for FabricprobePathTailRegressed's
+  daily median);
+- `request`: a request's KV transfer ran between its two hosts in the last `hold_s`
+  (collector/attribution.py names them);
+- `worst`: one of the `worst_k` highest newest-window p99 RTTs of its (transport, op,
+  size) class, or one of the `worst_k` highest loss ratios;
+- `held`: it was one of the above within the last `hold_s`, so that a path near the
+  edge of the worst set does not come and go every scrape (and `rate()` over 5 minutes
+  has samples to work with);
+- `fill`: room left under the bound goes to the other paths with a fresh window, in key
+  order (stable from scrape to scrape): a fleet smaller than the bound shows every path.
+
+At most `max_paths` paths are shown; what the bound keeps out is counted per reason.
+Hosts get their counter and agent series while they are in trouble themselves (`alert`:
+a counter over an alert threshold, a spooling or throttled agent) or an end of a shown
+path (`path`), held the same way, at most `max_hosts`. ToR pairs: every pair under one
+ToR, and the inter-ToR pairs with the worst p99 or loss (held), at most `max_tor_pairs`.
+The agent's own /metrics always has its host's figures in full.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from fabricprobe.collector.store import PathKey, PathView, host_pair
+from fabricprobe.core.sketchwire import MergedSketch
+
+PATH_REASONS = ("alert", "request", "worst", "held", "fill")
+HOST_REASONS = ("alert", "path", "held", "fill")
+TOR_REASONS = ("intra", "worst", "held", "fill")
+TorKey = tuple[str, str, str]  # src_tor, dst_tor, transport
+UNKNOWN_TOR = "unknown"  # a host that registered no topology, or one this collector never saw
+EWMA_ALPHA = 0.1  # weight of a new window in a path's running p99
+MIN_BASELINE_WINDOWS = 5  # windows before a path's running p99 can call a tail regressed
+
+
+@dataclass(frozen=True)
+class DetailConfig:
+    worst_k: int = 10  # per (transport, op, size) class, and by loss
+    hold_s: float = 300.0
+    max_paths: int = 500
+    max_hosts: int = 32
+    max_tor_pairs: int = 3000
+    loss_alert: float = 0.01  # as FabricprobePathLoss (grafana/build.py)
+    tail_factor: float = 3.0  # as FabricprobePathTailRegressed
+    fresh_s: float = 30.0  # a path whose newest window arrived longer ago is not ranked
+
+    def __post_init__(self) -> None:
+        if min(self.worst_k, self.max_paths, self.max_hosts, self.max_tor_pairs) < 0:
+            raise ValueError("detail bounds must be >= 0")
+        if self.hold_s < 0 or self.fresh_s <= 0:
+            raise ValueError("hold_s >= 0 and fresh_s > 0")
+
+
+def window_p99_ns(sk: MergedSketch) -> int | None:
+    """p99 of one window's sketch. Up to 50 exchanges (10 at the default plan) the p99
+    rank is the last one, so it is the window's exact max: no walk over the slots."""
+    if not sk.count:
+        return None
+    if sk.count <= 50:
+        return sk.max_ns
+    return sk.percentile_ns(99.0)
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass
+class Chosen(Generic[K]):
+    """What one choose() kept, in priority order, and what the bound left out."""
+
+    kept: dict[K, str] = field(default_factory=dict)  # key -> reason
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> keys left out
+
+
+def choose(
+    candidates: Iterable[tuple[K, str]],
+    held: dict[K, int],
+    now_ns: int,
+    hold_ns: int,
+    limit: int,
+    fill: Iterable[K] = (),
+) -> Chosen[K]:
+    """Keep CANDIDATES (key, reason), best first, then the keys of HELD that qualified
+    within HOLD_NS (newest first), then FILL's smallest keys in the room left, up to LIMIT.
+    Every candidate is (re)held at NOW_NS, held keys past their hold are forgotten, and
+    HELD never grows past 4 x LIMIT. Filling in key order is stable from scrape to scrape,
+    so a small fleet shows everything and a large one fills its budget without flapping."""
+    out: Chosen[K] = Chosen()
+    for key, reason in candidates:
+        held[key] = now_ns
+        if key in out.kept:
+            continue
+        if len(out.kept) < limit:
+            out.kept[key] = reason
+        else:
+            out.dropped[reason] = out.dropped.get(reason, 0) + 1
+    expired = [k for k, t in held.items() if now_ns - t > hold_ns]
+    for k in expired:
+        del held[k]
+    rest = sorted((k for k in held if k not in out.kept), key=held.__getitem__, reverse=True)
+    for key in rest:
+        if len(out.kept) < limit:
+            out.kept[key] = "held"
+        else:
+            out.dropped["held"] = out.dropped.get("held", 0) + 1
+    room = limit - len(out.kept)
+    if room > 0:
+        others: Iterable[Any] = (k for k in fill if k not in out.kept)  # keys of one kind
+        for key in heapq.nsmallest(room, others):
+            out.kept[key] = "fill"
+    if len(held) > 4 * max(1, limit):  # the longest-quiet ones go first
+        for key in sorted(held, key=held.__getitem__)[: len(held) - 4 * max(1, limit)]:
+            del held[key]
+    return out
+
+
+@dataclass(frozen=True)
+class PathFigures:
+    p99_ns: int
+    loss: float
+
+
+@dataclass
+class Selection:
+    """One scrape's choice: what is shown in full, the ToR-pair figures, what was left out."""
+
+    paths: dict[PathKey, str]
+    hosts: dict[str, str]
+    tor_pairs: dict[TorKey, tuple[float | None, float]]  # (p99 seconds, loss ratio)
+    tor_reasons: dict[TorKey, str]
+    ranked_paths: int  # paths with a fresh window, every one in the aggregates
+    omitted_paths: int  # paths held by the store and not shown in full
+    omitted_tor_pairs: int
+
+
+class DetailSelector:
+    """Keeps the hold times and running p99s between scrapes (one per collector)."""
+
+    def __init__(self, cfg: DetailConfig | None = None) -> None:
+        self.cfg = cfg or DetailConfig()
+        self.lock = threading.Lock()
+        self._held_paths: dict[PathKey, int] = {}
+        self._held_hosts: dict[str, int] = {}
+        self._held_tors: dict[TorKey, int] = {}
+        # path -> (newest window seen, running p99, windows, that window's tail verdict)
+        self._baseline: dict[PathKey, tuple[tuple[int, int], float, int, bool]] = {}
+        # cumulative: candidates the bounds kept out, per kind and reason
+        self.dropped: dict[str, dict[str, int]] = {
+            "path": dict.fromkeys(PATH_REASONS, 0),
+            "host": dict.fromkeys(HOST_REASONS, 0),
+            "tor_pair": dict.fromkeys(TOR_REASONS, 0),
+        }
+
+    def select(
+        self,
+        views: Iterable[tuple[PathKey, PathView]],
+        now_ns: int,
+        topology: Callable[[str], str],
+        named: set[tuple[str, str]],
+        alert_hosts: Iterable[str] = (),
+        all_hosts: Iterable[str] = (),
+    ) -> Selection:
+        cfg = self.cfg
+        fresh_after = now_ns - int(cfg.fresh_s * 1e9)
+        hold_ns = int(cfg.hold_s * 1e9)
+        figures: dict[PathKey, PathFigures] = {}
+        fresh: list[PathKey] = []  # every path with a fresh window: what fill may take
+        alerts: list[PathKey] = []
+        requested: list[PathKey] = []
+        tor_sketch: dict[TorKey, MergedSketch] = {}
+        total = 0
+        with self.lock:
+            baseline = self._baseline
+            new_baseline: dict[PathKey, tuple[tuple[int, int], float, int, bool]] = {}
+            for key, v in views:
+                total += 1
+                sk = v.last_rtt
+                src, dst = key[0], key[1]
+                if named and host_pair(src, dst) in named:
+                    requested.append(key)
+                if v.touched_ns < fresh_after:
+                    if key in baseline:
+                        new_baseline[key] = baseline[key]
+                    continue
+                fresh.append(key)
+                if sk is None:  # a bandwidth path: no RTT to rank it by
+                    continue
+                tk = (topology(src), topology(dst), key[2])
+                acc = tor_sketch.get(tk)
+                if acc is None:
+                    acc = tor_sketch[tk] = MergedSketch(kind=sk.kind)
+                if acc.kind == sk.kind:
+                    acc.merge(sk)
+                p99 = window_p99_ns(sk)
+                loss = sk.loss_ratio
+                if p99 is None:
+                    if loss > cfg.loss_alert:
+                        alerts.append(key)
+                    figures[key] = PathFigures(0, loss)
+                    continue
+                figures[key] = PathFigures(p99, loss)
+                prev = baseline.get(key)
+                if prev is None:
+                    now_b = (v.order, float(p99), 1, False)
+                elif prev[0] != v.order:  # a new window: judged against the past, then folded in
+                    _, ewma, n, _ = prev
+                    tail = n >= MIN_BASELINE_WINDOWS and p99 > cfg.tail_factor * ewma
+                    now_b = (v.order, ewma + EWMA_ALPHA * (p99 - ewma), n + 1, tail)
+                else:
+                    now_b = prev
+                new_baseline[key] = now_b
+                tail = now_b[3]
+                if loss > cfg.loss_alert or tail:
+                    alerts.append(key)
+            self._baseline = new_baseline
+            worst = worst_paths(figures, cfg.worst_k)
+            cands = [(k, "alert") for k in alerts]
+            cands += [(k, "request") for k in requested]
+            cands += [(k, "worst") for k in worst]
+            paths = choose(cands, self._held_paths, now_ns, hold_ns, cfg.max_paths, fill=fresh)
+            path_keys = paths.kept
+            host_cands = [(h, "alert") for h in alert_hosts]
+            for key in path_keys:
+                host_cands += [(key[0], "path"), (key[1], "path")]
+            hosts = choose(
+                host_cands, self._held_hosts, now_ns, hold_ns, cfg.max_hosts, fill=all_hosts
+            )
+            tors = self._tor_pairs(tor_sketch, now_ns, hold_ns)
+            for kind, got in (("path", paths), ("host", hosts)):
+                for reason, n in got.dropped.items():
+                    self.dropped[kind][reason] += n
+        return Selection(
+            paths=path_keys,
+            hosts=hosts.kept,
+            tor_pairs=tors[0],
+            tor_reasons=tors[1],
+            ranked_paths=len(figures),
+            omitted_paths=max(0, total - len(path_keys)),
+            omitted_tor_pairs=tors[2],
+        )
+
+    def _tor_pairs(
+        self, sketches: Mapping[TorKey, MergedSketch], now_ns: int, hold_ns: int
+    ) -> tuple[dict[TorKey, tuple[float | None, float]], dict[TorKey, str], int]:
+        figs: dict[TorKey, tuple[float | None, float]] = {}
+        for tk, sk in sketches.items():
+            p99 = sk.percentile_ns(99.0)
+            figs[tk] = (None if p99 is None else p99 / 1e9, sk.loss_ratio)
+        intra = [tk for tk in figs if tk[0] == tk[1]]
+        inter = [tk for tk in figs if tk[0] != tk[1]]
+        room = max(0, self.cfg.max_tor_pairs - len(intra)) // 2
+        by_p99 = heapq.nlargest(room, inter, key=lambda tk: figs[tk][0] or 0.0)
+        lossy = [tk for tk in inter if figs[tk][1] > 0]
+        by_loss = heapq.nlargest(room, lossy, key=lambda tk: figs[tk][1])
+        cands = [(tk, "intra") for tk in sorted(intra)]
+        cands += [(tk, "worst") for tk in by_loss + by_p99]
+        got = choose(cands, self._held_tors, now_ns, hold_ns, self.cfg.max_tor_pairs, fill=figs)
+        for reason, n in got.dropped.items():
+            self.dropped["tor_pair"][reason] += n
+        # a held pair with no fresh window this scrape has no figure to show
+        reasons = {tk: why for tk, why in got.kept.items() if tk in figs}
+        return {tk: figs[tk] for tk in reasons}, reasons, len(figs) - len(reasons)
+
+
+def worst_paths(figures: Mapping[PathKey, PathFigures], k: int) -> list[PathKey]:
+    """The K highest p99s of each (transport, op, size) class, then the K highest loss
+    ratios above zero, worst first within each; a path may appear twice."""
+    classes: dict[tuple[str, str, int], list[PathKey]] = {}
+    for key in figures:
+        classes.setdefault((key[2], key[3], key[4]), []).append(key)
+    out: list[PathKey] = []
+    for cls in sorted(classes):
+        out += heapq.nlargest(k, classes[cls], key=lambda p: (figures[p].p99_ns, p))
+    lossy = [p for p, f in figures.items() if f.loss > 0]
+    out += heapq.nlargest(k, lossy, key=lambda p: (figures[p].loss, p))
+    return out
+
+
+def tor_label(topology: str) -> str:
+    return topology or UNKNOWN_TOR
