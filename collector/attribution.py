@@ -209,6 +209,7 @@ class Attribution:
         pairs = self._bounded(pairs)
         if pairs:  # the fabric of these paths is now wanted for the join
             self.history.watch(pairs, self.store)
+            self.store.name_pairs(pairs)  # and shown path by path (collector/detail.py)
 
     def _bounded(self, pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
         """The host pairs of PAIRS the fabric history may watch: one end at least is a host the
@@ -342,6 +343,7 @@ class Attribution:
         pairs = self._bounded(pairs)
         if pairs:
             self.history.watch(pairs, self.store)
+            self.store.name_pairs(pairs)
         return done
 
     def sync(self) -> int:
