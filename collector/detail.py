@@ -7,8 +7,8 @@ is one of these (in this order of priority):
 
 - `alert`: its newest window crosses a threshold the alert rules use: loss over
   `loss_alert` (FabricprobePathLoss), or a p99 over `tail_factor` times the path's own
-  running p99 (an EWMA over its windows, standing in for FabricprobePathTailRegressed's
-  daily median);
+  running p99 (an EWMA over its earlier windows, kept by the store, standing in for
+  FabricprobePathTailRegressed's daily median);
 - `request`: a request's KV transfer ran between its two hosts in the last `hold_s`
   (collector/attribution.py names them);
 - `worst`: one of the `worst_k` highest newest-window p99 RTTs of its (transport, op,
@@ -16,8 +16,8 @@ is one of these (in this order of priority):
 - `held`: it was one of the above within the last `hold_s`, so that a path near the
   edge of the worst set does not come and go every scrape (and `rate()` over 5 minutes
   has samples to work with);
-- `fill`: room left under the bound goes to the other paths with a fresh window, in key
-  order (stable from scrape to scrape): a fleet smaller than the bound shows every path.
+- `fill`: room left under the bound goes to the other paths with a fresh window, oldest
+  first (stable from scrape to scrape): a fleet smaller than the bound shows every path.
 
 At most `max_paths` paths are shown; what the bound keeps out is counted per reason.
 Hosts get their counter and agent series while they are in trouble themselves (`alert`:
@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from fabricprobe.collector.store import PathKey, PathView, host_pair
+from fabricprobe.collector.store import PathKey, PathStats, host_pair
 from fabricprobe.core.sketchwire import MergedSketch
 
 PATH_REASONS = ("alert", "request", "worst", "held", "fill")
@@ -43,7 +43,6 @@ HOST_REASONS = ("alert", "path", "held", "fill")
 TOR_REASONS = ("intra", "worst", "held", "fill")
 TorKey = tuple[str, str, str]  # src_tor, dst_tor, transport
 UNKNOWN_TOR = "unknown"  # a host that registered no topology, or one this collector never saw
-EWMA_ALPHA = 0.1  # weight of a new window in a path's running p99
 MIN_BASELINE_WINDOWS = 5  # windows before a path's running p99 can call a tail regressed
 
 
@@ -67,7 +66,8 @@ class DetailConfig:
 
 def window_p99_ns(sk: MergedSketch) -> int | None:
     """p99 of one window's sketch. Up to 50 exchanges (10 at the default plan) the p99
-    rank is the last one, so it is the window's exact max: no walk over the slots."""
+    rank is the last one, so it is the window's exact max: no walk over the slots
+    (DetailSelector.select inlines this)."""
     if not sk.count:
         return None
     if sk.count <= 50:
@@ -95,10 +95,11 @@ def choose(
     fill: Iterable[K] = (),
 ) -> Chosen[K]:
     """Keep CANDIDATES (key, reason), best first, then the keys of HELD that qualified
-    within HOLD_NS (newest first), then FILL's smallest keys in the room left, up to LIMIT.
+    within HOLD_NS (newest first), then FILL's first keys in the room left, up to LIMIT.
     Every candidate is (re)held at NOW_NS, held keys past their hold are forgotten, and
-    HELD never grows past 4 x LIMIT. Filling in key order is stable from scrape to scrape,
-    so a small fleet shows everything and a large one fills its budget without flapping."""
+    HELD never grows past 4 x LIMIT. FILL comes in a stable order (the store's, oldest
+    first), so a small fleet shows everything and a large one fills its budget without
+    flapping."""
     out: Chosen[K] = Chosen()
     for key, reason in candidates:
         held[key] = now_ns
@@ -119,19 +120,16 @@ def choose(
             out.dropped["held"] = out.dropped.get("held", 0) + 1
     room = limit - len(out.kept)
     if room > 0:
-        others: Iterable[Any] = (k for k in fill if k not in out.kept)  # keys of one kind
-        for key in heapq.nsmallest(room, others):
-            out.kept[key] = "fill"
+        for key in fill:
+            if key not in out.kept:
+                out.kept[key] = "fill"
+                room -= 1
+                if not room:
+                    break
     if len(held) > 4 * max(1, limit):  # the longest-quiet ones go first
         for key in sorted(held, key=held.__getitem__)[: len(held) - 4 * max(1, limit)]:
             del held[key]
     return out
-
-
-@dataclass(frozen=True)
-class PathFigures:
-    p99_ns: int
-    loss: float
 
 
 @dataclass
@@ -156,8 +154,6 @@ class DetailSelector:
         self._held_paths: dict[PathKey, int] = {}
         self._held_hosts: dict[str, int] = {}
         self._held_tors: dict[TorKey, int] = {}
-        # path -> (newest window seen, running p99, windows, that window's tail verdict)
-        self._baseline: dict[PathKey, tuple[tuple[int, int], float, int, bool]] = {}
         # cumulative: candidates the bounds kept out, per kind and reason
         self.dropped: dict[str, dict[str, int]] = {
             "path": dict.fromkeys(PATH_REASONS, 0),
@@ -167,66 +163,65 @@ class DetailSelector:
 
     def select(
         self,
-        views: Iterable[tuple[PathKey, PathView]],
+        views: Sequence[tuple[PathKey, PathStats]],
         now_ns: int,
         topology: Callable[[str], str],
         named: set[tuple[str, str]],
         alert_hosts: Iterable[str] = (),
         all_hosts: Iterable[str] = (),
     ) -> Selection:
+        """Choose this scrape's detail from VIEWS (every path the store holds). One pass
+        over them, a few dictionary operations each: this runs on every scrape of a
+        collector holding 100,000 paths and more."""
         cfg = self.cfg
         fresh_after = now_ns - int(cfg.fresh_s * 1e9)
         hold_ns = int(cfg.hold_s * 1e9)
-        figures: dict[PathKey, PathFigures] = {}
+        loss_alert, tail_factor = cfg.loss_alert, cfg.tail_factor
+        figures: dict[PathKey, tuple[int, float]] = {}  # (window p99 ns, loss ratio)
         fresh: list[PathKey] = []  # every path with a fresh window: what fill may take
         alerts: list[PathKey] = []
         requested: list[PathKey] = []
-        tor_sketch: dict[TorKey, MergedSketch] = {}
+        tor_acc: dict[TorKey, list[int]] = {}  # [worst path p99 ns, exchanges, lost]
+        tor_of: dict[str, str] = {}
         total = 0
+        min_windows = MIN_BASELINE_WINDOWS
         with self.lock:
-            baseline = self._baseline
-            new_baseline: dict[PathKey, tuple[tuple[int, int], float, int, bool]] = {}
             for key, v in views:
                 total += 1
-                sk = v.last_rtt
-                src, dst = key[0], key[1]
-                if named and host_pair(src, dst) in named:
+                if named and host_pair(key[0], key[1]) in named:
                     requested.append(key)
                 if v.touched_ns < fresh_after:
-                    if key in baseline:
-                        new_baseline[key] = baseline[key]
                     continue
                 fresh.append(key)
-                if sk is None:  # a bandwidth path: no RTT to rank it by
+                if v.last_rtt is None:  # a bandwidth path: no RTT to rank it by
                     continue
-                tk = (topology(src), topology(dst), key[2])
-                acc = tor_sketch.get(tk)
+                p99, loss = v.last_p99_ns, v.last_loss  # each read once (path_views)
+                src, dst = key[0], key[1]
+                st = tor_of.get(src)
+                if st is None:
+                    st = tor_of[src] = topology(src)
+                dt = tor_of.get(dst)
+                if dt is None:
+                    dt = tor_of[dst] = topology(dst)
+                tk = (st, dt, key[2])
+                acc = tor_acc.get(tk)
                 if acc is None:
-                    acc = tor_sketch[tk] = MergedSketch(kind=sk.kind)
-                if acc.kind == sk.kind:
-                    acc.merge(sk)
-                p99 = window_p99_ns(sk)
-                loss = sk.loss_ratio
+                    acc = tor_acc[tk] = [0, 0, 0]
+                sk = v.last_rtt
+                acc[1] += sk.count + sk.lost
+                acc[2] += sk.lost
                 if p99 is None:
-                    if loss > cfg.loss_alert:
+                    figures[key] = (0, loss)
+                    if loss > loss_alert:
                         alerts.append(key)
-                    figures[key] = PathFigures(0, loss)
                     continue
-                figures[key] = PathFigures(p99, loss)
-                prev = baseline.get(key)
-                if prev is None:
-                    now_b = (v.order, float(p99), 1, False)
-                elif prev[0] != v.order:  # a new window: judged against the past, then folded in
-                    _, ewma, n, _ = prev
-                    tail = n >= MIN_BASELINE_WINDOWS and p99 > cfg.tail_factor * ewma
-                    now_b = (v.order, ewma + EWMA_ALPHA * (p99 - ewma), n + 1, tail)
-                else:
-                    now_b = prev
-                new_baseline[key] = now_b
-                tail = now_b[3]
-                if loss > cfg.loss_alert or tail:
+                if p99 > acc[0]:
+                    acc[0] = p99
+                figures[key] = (p99, loss)
+                if loss > loss_alert or (
+                    v.p99_windows >= min_windows and p99 > tail_factor * v.p99_ewma
+                ):
                     alerts.append(key)
-            self._baseline = new_baseline
             worst = worst_paths(figures, cfg.worst_k)
             cands = [(k, "alert") for k in alerts]
             cands += [(k, "request") for k in requested]
@@ -239,7 +234,7 @@ class DetailSelector:
             hosts = choose(
                 host_cands, self._held_hosts, now_ns, hold_ns, cfg.max_hosts, fill=all_hosts
             )
-            tors = self._tor_pairs(tor_sketch, now_ns, hold_ns)
+            tors = self._tor_pairs(tor_acc, now_ns, hold_ns)
             for kind, got in (("path", paths), ("host", hosts)):
                 for reason, n in got.dropped.items():
                     self.dropped[kind][reason] += n
@@ -254,12 +249,12 @@ class DetailSelector:
         )
 
     def _tor_pairs(
-        self, sketches: Mapping[TorKey, MergedSketch], now_ns: int, hold_ns: int
+        self, acc: Mapping[TorKey, list[int]], now_ns: int, hold_ns: int
     ) -> tuple[dict[TorKey, tuple[float | None, float]], dict[TorKey, str], int]:
-        figs: dict[TorKey, tuple[float | None, float]] = {}
-        for tk, sk in sketches.items():
-            p99 = sk.percentile_ns(99.0)
-            figs[tk] = (None if p99 is None else p99 / 1e9, sk.loss_ratio)
+        figs: dict[TorKey, tuple[float | None, float]] = {
+            tk: (p99 / 1e9 if p99 else None, lost / sent if sent else 0.0)
+            for tk, (p99, sent, lost) in acc.items()
+        }
         intra = [tk for tk in figs if tk[0] == tk[1]]
         inter = [tk for tk in figs if tk[0] != tk[1]]
         room = max(0, self.cfg.max_tor_pairs - len(intra)) // 2
@@ -276,17 +271,23 @@ class DetailSelector:
         return {tk: figs[tk] for tk in reasons}, reasons, len(figs) - len(reasons)
 
 
-def worst_paths(figures: Mapping[PathKey, PathFigures], k: int) -> list[PathKey]:
-    """The K highest p99s of each (transport, op, size) class, then the K highest loss
-    ratios above zero, worst first within each; a path may appear twice."""
-    classes: dict[tuple[str, str, int], list[PathKey]] = {}
-    for key in figures:
-        classes.setdefault((key[2], key[3], key[4]), []).append(key)
+def worst_paths(figures: Mapping[PathKey, tuple[int, float]], k: int) -> list[PathKey]:
+    """From FIGURES (path -> (window p99 ns, loss ratio)): the K highest p99s of each
+    (transport, op, size) class, then the K highest loss ratios above zero, worst first
+    within each (ties broken by the path, so the choice is stable); a path may appear twice."""
+    classes: dict[tuple[str, str, int], list[tuple[int, PathKey]]] = {}
+    lossy: list[tuple[float, PathKey]] = []
+    for key, (p99, loss) in figures.items():
+        cls = classes.get((key[2], key[3], key[4]))
+        if cls is None:
+            cls = classes[(key[2], key[3], key[4])] = []
+        cls.append((p99, key))
+        if loss > 0:
+            lossy.append((loss, key))
     out: list[PathKey] = []
-    for cls in sorted(classes):
-        out += heapq.nlargest(k, classes[cls], key=lambda p: (figures[p].p99_ns, p))
-    lossy = [p for p, f in figures.items() if f.loss > 0]
-    out += heapq.nlargest(k, lossy, key=lambda p: (figures[p].loss, p))
+    for c in sorted(classes):
+        out += [key for _, key in heapq.nlargest(k, classes[c])]
+    out += [key for _, key in heapq.nlargest(k, lossy)]
     return out
 
 

@@ -165,7 +165,7 @@ class FabricCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         sel = self.select()
-        # reports go on being taken while this scrape is built
+        # reports go on being taken while this scrape is built; only what is shown is copied
         snap = self.store.snapshot(paths=sel.paths, counter_hosts=sel.hosts)
         fams = self._families()
         self._fill(snap, fams, sel)
@@ -445,8 +445,8 @@ class FabricCollector(Collector):
                 labels=FLEET_LABELS,
             ),
             "tor_p99": GaugeMetricFamily(
-                p + "tor_pair_rtt_p99_seconds",
-                "p99 RTT of the newest windows of every path from one ToR to another.",
+                p + "tor_pair_worst_rtt_p99_seconds",
+                "Highest newest-window p99 RTT among the paths from one ToR to another.",
                 labels=TOR_LABELS,
             ),
             "tor_loss": GaugeMetricFamily(

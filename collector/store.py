@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
@@ -86,6 +86,12 @@ class PathStats:
     last_bytes_per_second: float | None = None
     failures: int = 0
     windows: int = 0
+    # what the bounded export ranks the path by (collector/detail.py), set as each newest
+    # window is taken so that a scrape reads them instead of walking every sketch
+    last_p99_ns: int | None = None
+    last_loss: float = 0.0
+    p99_ewma: float = 0.0  # running p99 over the windows before the newest
+    p99_windows: int = 0  # windows folded into p99_ewma
 
     def copy(self) -> PathStats:
         """A copy that later merges into this one leave alone."""
@@ -426,6 +432,8 @@ class WindowStore:
                     fleet.merge(sketch)
             if newest:
                 stats.last_rtt = sketch  # parsed for this report alone: never merged into
+                if sketch.kind == "rtt":
+                    _rank(stats, sketch)
         if w.bytes_moved:
             stats.bytes_moved += w.bytes_moved
             stats.busy_seconds += w.busy_seconds
@@ -536,19 +544,14 @@ class WindowStore:
             held = self.counters.items()
             return [(k, t.rate) for k, t in held if k[6] in names and t.rate is not None]
 
-    def path_views(self, chunk: int = 20_000) -> list[tuple[PathKey, PathView]]:
-        """What the bounded export ranks every path by, without copying any sketch: the
-        newest window's sketch is never changed once taken, so it is shared."""
+    def path_views(self) -> list[tuple[PathKey, PathStats]]:
+        """Every path with its live stats, for the bounded export to rank without copying
+        (one C-level copy of the table under the lock). Reports go on changing the stats
+        meanwhile: a reader takes each field once (each is replaced whole, never changed
+        in place: the newest sketch, its clock and order), so the worst it sees is a
+        window newer than the one it read the other field of."""
         with self.lock:
-            keys = list(self.paths)
-        out: list[tuple[PathKey, PathView]] = []
-        for i in range(0, len(keys), chunk):
-            with self.lock:
-                for k in keys[i : i + chunk]:
-                    st = self.paths.get(k)
-                    if st is not None:
-                        out.append((k, PathView(st.last_rtt, st.touched_ns, st.last_order)))
-        return out
+            return list(self.paths.items())
 
     def copy_paths(self, keys: Iterable[PathKey]) -> dict[PathKey, PathStats]:
         """Copies of the paths of KEYS still held (the ones the export shows in full)."""
@@ -597,20 +600,36 @@ class WindowStore:
             }
 
 
+P99_EWMA_ALPHA = 0.1  # weight of a new window in a path's running p99
+
+
+def _rank(stats: PathStats, sketch: MergedSketch) -> None:
+    """Fold the newest window into STATS' ranking figures. Up to 50 exchanges (10 at the
+    default plan) the p99 rank is the last exchange, so the p99 is the window's exact
+    max and no walk over the slots is needed."""
+    sent = sketch.count + sketch.lost
+    stats.last_loss = sketch.lost / sent if sent else 0.0
+    prev = stats.last_p99_ns
+    if prev is not None:  # the running p99 holds the windows before the newest
+        n = stats.p99_windows
+        stats.p99_ewma = (
+            float(prev) if n == 0 else stats.p99_ewma + P99_EWMA_ALPHA * (prev - stats.p99_ewma)
+        )
+        stats.p99_windows = n + 1
+    if not sketch.count:
+        stats.last_p99_ns = None
+    elif sketch.count <= 50:
+        stats.last_p99_ns = sketch.max_ns
+    else:
+        stats.last_p99_ns = sketch.percentile_ns(99.0)
+
+
 def _bandwidth_ok(moved: int, busy: float) -> bool:
     return math.isfinite(busy) and 1e-9 <= busy <= MAX_BUSY_S and moved / busy <= MAX_BYTES_PER_S
 
 
 def _agent_ok(a: pb.AgentStats) -> bool:
     return all(math.isfinite(v) and 0.0 <= v <= MAX_STAT for v in (a.cpu_seconds, a.probe_rate))
-
-
-class PathView(NamedTuple):
-    """A path as the bounded export ranks it (WindowStore.path_views)."""
-
-    last_rtt: MergedSketch | None
-    touched_ns: int  # collector clock of its newest window
-    order: tuple[int, int]  # (lifetime, seq) of its newest window: tells a new one
 
 
 @dataclass(frozen=True)
