@@ -127,7 +127,9 @@ def choose(
                 if not room:
                     break
     if len(held) > 4 * max(1, limit):  # the longest-quiet ones go first
-        for key in sorted(held, key=held.__getitem__)[: len(held) - 4 * max(1, limit)]:
+        kept = out.kept
+        order = sorted(held, key=lambda k: (k in kept, held[k]))  # shown ones go last
+        for key in order[: len(held) - 4 * max(1, limit)]:
             del held[key]
     return out
 
