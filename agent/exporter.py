@@ -14,7 +14,8 @@ targets only (at the default plan, about 250): the collector tier keeps the flee
 - `fabricprobe_agent_path_rtt_seconds{dst,transport,op,size,quantile}` (p50, p99) and
   `fabricprobe_agent_path_loss_ratio` from the newest window's sketches.
 - Health: CPU, memory, spool, links, sessions, refusals, reports acknowledged, the time of
-  the newest acknowledged report, and per-part scrape health
+  the newest acknowledged report, probe bursts and their rate, host CPU pressure (PSI),
+  refusals by reason, and per-part scrape health
   (`fabricprobe_agent_scrape_part_success{part}`), so one failing part never hides the
   others.
 """
@@ -37,6 +38,7 @@ from prometheus_client.registry import Collector
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import from_wire
+from fabricprobe.probes.control import REFUSAL_REASONS
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -238,9 +240,32 @@ def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Famili
             "Agent processes on this spool ended by a dead thread (then restarted).",
             float(a.thread_failures),
         ),
+        ("agent_probes", "counter", "Probe bursts the agent ran.", float(a.probes)),
+        (
+            "agent_probe_rate",
+            "gauge",
+            "Probe bursts per second over the newest window.",
+            a.probe_rate,
+        ),
+        ("agent_spool_bytes", "gauge", "Bytes held in the spool.", float(a.spool_bytes)),
     ):
         fam = f.counter(name, help_, []) if kind == "counter" else f.gauge(name, help_, [])
         fam.add_metric([], value)
+    if a.cpu_pressure >= 0:  # absent where the kernel has no PSI
+        psi = f.gauge(
+            "host_cpu_pressure_ratio",
+            "Share of the newest window in which some task on the host waited for a CPU (PSI).",
+            [],
+        )
+        psi.add_metric([], a.cpu_pressure)
+    by = f.counter(
+        "agent_probe_sessions_refused_by_reason",
+        "Probers the responder turned away, by reason: busy, source, memory, hello, "
+        "unauthenticated, address.",
+        ["reason"],
+    )
+    for reason in REFUSAL_REASONS:  # a fixed set: a bad report adds no label values
+        by.add_metric([reason], float(a.sessions_refused_by_reason.get(reason, 0)))
 
 
 class AgentCollector(Collector):
