@@ -12,9 +12,11 @@ The agents are simulated by direct API calls inside each shard process: every re
 built as an agent builds it (one RTT sketch per target, 10 exchanges, counter readings,
 agent stats), serialized, parsed again and handed to the AgentApi, as the gRPC servicer
 does after reading the bytes (bench/collector_ingest.py measures the gRPC edge itself).
-The first window of every host is taken before the clock starts. Then the parent GETs
-each shard's /metrics over loopback HTTP twice (the second is the steady state: hold
-times and running p99s in place) and reads the shard's CPU time around each GET.
+The first window of every host is taken before the clock starts. Then, one shard after
+the other (so that its windows are fresh when it is scraped and the shards do not
+share the two cores while measured), the shard takes its next window of every host and
+the parent GETs its /metrics over loopback HTTP twice (the second is the steady state:
+hold times in place), reading the shard's CPU time around each GET.
 
     python bench/fleet_scale.py                          # 10,000 hosts, 4 shards
     python bench/fleet_scale.py --hosts 2000 --shards 2
@@ -147,7 +149,7 @@ def _shard(
             steady += blobs
     build_s = time.perf_counter() - t_build
     ready.put(index)
-    go.wait()
+    go[index].wait()
     c1 = me.cpu_times()
     t0 = time.perf_counter()
     for b in steady:
@@ -233,7 +235,7 @@ def agent_endpoint_series(peers: int) -> int:
         tools_missing=set(),
     )
     reg = CollectorRegistry()
-    reg.register(AgentCollector(view))  # type: ignore[arg-type]
+    reg.register(AgentCollector(view))
     body = generate_latest(reg)
     return sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
 
@@ -250,7 +252,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")  # never fork a process that runs a gRPC server
     ready: mp.Queue = ctx.Queue()
     results: mp.Queue = ctx.Queue()
-    go, done = ctx.Event(), ctx.Event()
+    go, done = [ctx.Event() for _ in range(args.shards)], ctx.Event()
     procs = [
         ctx.Process(target=_shard, args=(i, args, ready, go, results, done))
         for i in range(args.shards)
@@ -266,8 +268,6 @@ def main() -> None:
     try:
         for _ in procs:
             ready.get(timeout=1800)
-        go.set()
-        got = sorted((results.get(timeout=1800) for _ in procs), key=lambda r: r["shard"])
         total_series = total_bytes = 0
         worst_cpu = worst_wall = 0.0
         print(
@@ -278,7 +278,11 @@ def main() -> None:
             "  (scrape CPU: the shard process's CPU during the GET, less its idle rate "
             "over the GET's wall time; the raw figure in brackets)"
         )
-        for r in got:
+        got = []
+        for i in range(args.shards):
+            go[i].set()
+            r = results.get(timeout=1800)
+            got.append(r)
             scrape(r["metrics_port"], r["pid"])  # the first: hold times start
             idle = idle_rate(r["pid"])
             wall, raw, size, series = scrape(r["metrics_port"], r["pid"])
