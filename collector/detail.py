@@ -43,6 +43,7 @@ HOST_REASONS = ("alert", "path", "held", "fill")
 TOR_REASONS = ("intra", "worst", "held", "fill")
 TorKey = tuple[str, str, str]  # src_tor, dst_tor, transport
 UNKNOWN_TOR = "unknown"  # a host that registered no topology, or one this collector never saw
+TOR_CACHE_NS = 60 * 10**9  # how long a path's ToR pair is taken as known
 MIN_BASELINE_WINDOWS = 5  # windows before a path's running p99 can call a tail regressed
 
 
@@ -156,6 +157,8 @@ class DetailSelector:
         self._held_paths: dict[PathKey, int] = {}
         self._held_hosts: dict[str, int] = {}
         self._held_tors: dict[TorKey, int] = {}
+        self._tor_cache: dict[PathKey, TorKey] = {}  # a path's ToR pair, for TOR_CACHE_NS
+        self._tor_cache_ns = 0
         # cumulative: candidates the bounds kept out, per kind and reason
         self.dropped: dict[str, dict[str, int]] = {
             "path": dict.fromkeys(PATH_REASONS, 0),
@@ -179,7 +182,6 @@ class DetailSelector:
         fresh_after = now_ns - int(cfg.fresh_s * 1e9)
         hold_ns = int(cfg.hold_s * 1e9)
         loss_alert, tail_factor = cfg.loss_alert, cfg.tail_factor
-        figures: dict[PathKey, tuple[int, float]] = {}  # (window p99 ns, loss ratio)
         fresh: list[PathKey] = []  # every path with a fresh window: what fill may take
         alerts: list[PathKey] = []
         requested: list[PathKey] = []
@@ -187,44 +189,72 @@ class DetailSelector:
         tor_of: dict[str, str] = {}
         total = 0
         min_windows = MIN_BASELINE_WINDOWS
+        k = cfg.worst_k
+        fresh_cap = 2 * cfg.max_paths  # fill takes at most max_paths keys not already kept
+        # bounded min-heaps: the k worst of each (transport, op, size) class, and by loss
+        heaps: dict[tuple[str, str, int], list[tuple[int, PathKey]]] = {}
+        lossy: list[tuple[float, PathKey]] = []
+        ranked = 0
         with self.lock:
+            if (
+                now_ns - self._tor_cache_ns > TOR_CACHE_NS
+                or len(self._tor_cache) > 2 * len(views) + 1024
+            ):  # registrations change ToRs rarely; paths come and go
+                self._tor_cache, self._tor_cache_ns = {}, now_ns
+            tor_cache = self._tor_cache
             for key, v in views:
                 total += 1
                 if named and host_pair(key[0], key[1]) in named:
                     requested.append(key)
                 if v.touched_ns < fresh_after:
                     continue
-                fresh.append(key)
-                if v.last_rtt is None:  # a bandwidth path: no RTT to rank it by
+                if len(fresh) < fresh_cap:
+                    fresh.append(key)
+                sk = v.last_rtt
+                if sk is None:  # a bandwidth path: no RTT to rank it by
                     continue
+                ranked += 1
                 p99, loss = v.last_p99_ns, v.last_loss  # each read once (path_views)
-                src, dst = key[0], key[1]
-                st = tor_of.get(src)
-                if st is None:
-                    st = tor_of[src] = topology(src)
-                dt = tor_of.get(dst)
-                if dt is None:
-                    dt = tor_of[dst] = topology(dst)
-                tk = (st, dt, key[2])
+                tk = tor_cache.get(key)
+                if tk is None:
+                    src, dst = key[0], key[1]
+                    st = tor_of.get(src)
+                    if st is None:
+                        st = tor_of[src] = topology(src)
+                    dt = tor_of.get(dst)
+                    if dt is None:
+                        dt = tor_of[dst] = topology(dst)
+                    tk = tor_cache[key] = (st, dt, key[2])
                 acc = tor_acc.get(tk)
                 if acc is None:
                     acc = tor_acc[tk] = [0, 0, 0]
-                sk = v.last_rtt
                 acc[1] += sk.count + sk.lost
                 acc[2] += sk.lost
+                if loss > 0.0 and k:
+                    if len(lossy) < k:
+                        heapq.heappush(lossy, (loss, key))
+                    elif (loss, key) > lossy[0]:
+                        heapq.heapreplace(lossy, (loss, key))
                 if p99 is None:
-                    figures[key] = (0, loss)
                     if loss > loss_alert:
                         alerts.append(key)
                     continue
                 if p99 > acc[0]:
                     acc[0] = p99
-                figures[key] = (p99, loss)
+                if k:
+                    heap = heaps.get(key[2:])
+                    if heap is None:
+                        heap = heaps[key[2:]] = []
+                    if len(heap) < k:
+                        heapq.heappush(heap, (p99, key))
+                    elif p99 >= heap[0][0] and (p99, key) > heap[0]:
+                        heapq.heapreplace(heap, (p99, key))
                 if loss > loss_alert or (
                     v.p99_windows >= min_windows and p99 > tail_factor * v.p99_ewma
                 ):
                     alerts.append(key)
-            worst = worst_paths(figures, cfg.worst_k)
+            worst = [key for c in sorted(heaps) for _, key in sorted(heaps[c], reverse=True)]
+            worst += [key for _, key in sorted(lossy, reverse=True)]
             cands = [(k, "alert") for k in alerts]
             cands += [(k, "request") for k in requested]
             cands += [(k, "worst") for k in worst]
@@ -245,7 +275,7 @@ class DetailSelector:
             hosts=hosts.kept,
             tor_pairs=tors[0],
             tor_reasons=tors[1],
-            ranked_paths=len(figures),
+            ranked_paths=ranked,
             omitted_paths=max(0, total - len(path_keys)),
             omitted_tor_pairs=tors[2],
         )
@@ -260,9 +290,9 @@ class DetailSelector:
         intra = [tk for tk in figs if tk[0] == tk[1]]
         inter = [tk for tk in figs if tk[0] != tk[1]]
         room = max(0, self.cfg.max_tor_pairs - len(intra)) // 2
-        by_p99 = heapq.nlargest(room, inter, key=lambda tk: figs[tk][0] or 0.0)
-        lossy = [tk for tk in inter if figs[tk][1] > 0]
-        by_loss = heapq.nlargest(room, lossy, key=lambda tk: figs[tk][1])
+        by_p99 = [tk for _, tk in heapq.nlargest(room, [(figs[tk][0] or 0.0, tk) for tk in inter])]
+        lossy = [(figs[tk][1], tk) for tk in inter if figs[tk][1] > 0]
+        by_loss = [tk for _, tk in heapq.nlargest(room, lossy)]
         cands = [(tk, "intra") for tk in sorted(intra)]
         cands += [(tk, "worst") for tk in by_loss + by_p99]
         got = choose(cands, self._held_tors, now_ns, hold_ns, self.cfg.max_tor_pairs, fill=figs)
@@ -271,26 +301,6 @@ class DetailSelector:
         # a held pair with no fresh window this scrape has no figure to show
         reasons = {tk: why for tk, why in got.kept.items() if tk in figs}
         return {tk: figs[tk] for tk in reasons}, reasons, len(figs) - len(reasons)
-
-
-def worst_paths(figures: Mapping[PathKey, tuple[int, float]], k: int) -> list[PathKey]:
-    """From FIGURES (path -> (window p99 ns, loss ratio)): the K highest p99s of each
-    (transport, op, size) class, then the K highest loss ratios above zero, worst first
-    within each (ties broken by the path, so the choice is stable); a path may appear twice."""
-    classes: dict[tuple[str, str, int], list[tuple[int, PathKey]]] = {}
-    lossy: list[tuple[float, PathKey]] = []
-    for key, (p99, loss) in figures.items():
-        cls = classes.get((key[2], key[3], key[4]))
-        if cls is None:
-            cls = classes[(key[2], key[3], key[4])] = []
-        cls.append((p99, key))
-        if loss > 0:
-            lossy.append((loss, key))
-    out: list[PathKey] = []
-    for c in sorted(classes):
-        out += [key for _, key in heapq.nlargest(k, classes[c])]
-    out += [key for _, key in heapq.nlargest(k, lossy)]
-    return out
 
 
 def tor_label(topology: str) -> str:
