@@ -84,6 +84,8 @@ ALERT_RATES: dict[str, float] = {
     "packet_seq_err": 1.0,
     "to_retransmits": 1.0,
 }
+FOOTPRINT_CPU = 0.01  # FabricprobeAgentFootprint: 1 % of a core...
+FOOTPRINT_RSS = 64 << 20  # ...or 64 MiB resident
 FLEET_LABELS = ["transport", "op", "size"]
 TOR_LABELS = ["src_tor", "dst_tor", "transport"]
 
@@ -135,14 +137,21 @@ class FabricCollector(Collector):
 
     def alert_hosts(self) -> list[str]:
         """Hosts over a threshold an alert rule uses: a watched counter's rate, a spool
-        that is not draining, an agent throttled past 2x."""
+        that is not draining, an agent throttled past 2x or over its footprint. (Alerts
+        on counts that only grow, such as thread failures and refusals, fire from the
+        agents' own /metrics, which carry the same names.)"""
         rates = self.store.counter_rates(ALERT_RATES)
         out = [k[0] for k, rate in rates if rate > ALERT_RATES[k[6]]]
         with self.store.lock:
             hosts = list(self.store.hosts.items())
         for name, h in hosts:
             a = h.agent
-            if a is not None and (a.spool_depth > 0 or a.self_throttle > 2):
+            if a is not None and (
+                a.spool_depth > 0
+                or a.self_throttle > 2
+                or a.cpu_share > FOOTPRINT_CPU
+                or a.rss_bytes > FOOTPRINT_RSS
+            ):
                 out.append(name)
         return out
 

@@ -251,3 +251,47 @@ def test_window_p99_is_the_sketchs_own_p99(values: list[int], lost: int) -> None
     s.record_lost(lost)
     sk = from_wire(to_wire(s))
     assert window_p99_ns(sk) == sk.percentile_ns(99.0)
+
+
+def test_a_requests_kv_transfer_names_its_pair_and_its_paths_are_shown() -> None:
+    from fabricprobe.collector.attribution import Attribution
+    from fabricprobe.collector.stages import StageRecord
+
+    f = Fleet(12, 3, worst_k=0, max_paths=2)
+    f.window()
+    now = f.clock.now
+    Attribution(f.store, clock=f.clock).take(
+        [
+            StageRecord("r1", "kv_transfer", now - S, now, "h005", "h004", transport="rdma"),
+            StageRecord("r2", "kv_transfer", now - S, now, "ghost", "spirit", transport="rdma"),
+        ],
+        [],
+    )
+    assert f.store.named_since(0) == {("h004", "h005")}  # a pair of no known host: not named
+    sel = f.select()
+    assert {k for k, why in sel.paths.items() if why == "request"} == {
+        ("h004", "h005", "tcp", "pingpong", 64),
+        ("h004", "h005", "rdma", "send", 64),
+    }
+
+
+def test_the_collector_settings_reach_the_selector() -> None:
+    from fabricprobe.collector.config import CollectorSettings
+
+    cfg = CollectorSettings(
+        insecure=True, detail_worst_k=3, detail_max_paths=40, detail_hold_s=60.0
+    ).server_config()
+    assert (cfg.detail.worst_k, cfg.detail.max_paths, cfg.detail.hold_s) == (3, 40, 60.0)
+    assert cfg.detail.fresh_s == cfg.stale_after
+
+
+def test_hosts_over_an_alert_threshold_are_shown_first() -> None:
+    f = Fleet(40, 1, worst_k=0, max_paths=0, max_hosts=2)
+    f.window()
+    spooling = pb.WindowReport(host="h030", epoch=1, seq=f.seq + 1, window_end_unix_ns=f.clock.now)
+    spooling.agent.CopyFrom(pb.AgentStats(spool_depth=5))
+    f.store.take(spooling)
+    heavy = pb.WindowReport(host="h031", epoch=1, seq=f.seq + 1, window_end_unix_ns=f.clock.now)
+    heavy.agent.CopyFrom(pb.AgentStats(rss_bytes=100 << 20))
+    f.store.take(heavy)
+    assert f.select().hosts == {"h030": "alert", "h031": "alert"}
