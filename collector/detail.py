@@ -202,6 +202,10 @@ class DetailSelector:
             ):  # registrations change ToRs rarely; paths come and go
                 self._tor_cache, self._tor_cache_ns = {}, now_ns
             tor_cache = self._tor_cache
+            # the loop runs once per path per scrape: methods bound once
+            tor_get, acc_get, heap_get = tor_cache.get, tor_acc.get, heaps.get
+            push, replace = heapq.heappush, heapq.heapreplace
+            add_fresh, add_alert = fresh.append, alerts.append
             for key, v in views:
                 total += 1
                 if named and host_pair(key[0], key[1]) in named:
@@ -209,13 +213,13 @@ class DetailSelector:
                 if v.touched_ns < fresh_after:
                     continue
                 if len(fresh) < fresh_cap:
-                    fresh.append(key)
+                    add_fresh(key)
                 sk = v.last_rtt
                 if sk is None:  # a bandwidth path: no RTT to rank it by
                     continue
                 ranked += 1
                 p99, loss = v.last_p99_ns, v.last_loss  # each read once (path_views)
-                tk = tor_cache.get(key)
+                tk = tor_get(key)
                 if tk is None:
                     src, dst = key[0], key[1]
                     st = tor_of.get(src)
@@ -225,34 +229,36 @@ class DetailSelector:
                     if dt is None:
                         dt = tor_of[dst] = topology(dst)
                     tk = tor_cache[key] = (st, dt, key[2])
-                acc = tor_acc.get(tk)
+                acc = acc_get(tk)
                 if acc is None:
                     acc = tor_acc[tk] = [0, 0, 0]
-                acc[1] += sk.count + sk.lost
-                acc[2] += sk.lost
-                if loss > 0.0 and k:
-                    if len(lossy) < k:
-                        heapq.heappush(lossy, (loss, key))
-                    elif (loss, key) > lossy[0]:
-                        heapq.heapreplace(lossy, (loss, key))
+                lost = sk.lost
+                acc[1] += sk.count + lost
+                if lost:
+                    acc[2] += lost
+                    if k:
+                        if len(lossy) < k:
+                            push(lossy, (loss, key))
+                        elif (loss, key) > lossy[0]:
+                            replace(lossy, (loss, key))
                 if p99 is None:
                     if loss > loss_alert:
-                        alerts.append(key)
+                        add_alert(key)
                     continue
                 if p99 > acc[0]:
                     acc[0] = p99
                 if k:
-                    heap = heaps.get(key[2:])
+                    heap = heap_get(key[2:])
                     if heap is None:
                         heap = heaps[key[2:]] = []
                     if len(heap) < k:
-                        heapq.heappush(heap, (p99, key))
+                        push(heap, (p99, key))
                     elif p99 >= heap[0][0] and (p99, key) > heap[0]:
-                        heapq.heapreplace(heap, (p99, key))
+                        replace(heap, (p99, key))
                 if loss > loss_alert or (
                     v.p99_windows >= min_windows and p99 > tail_factor * v.p99_ewma
                 ):
-                    alerts.append(key)
+                    add_alert(key)
             worst = [key for c in sorted(heaps) for _, key in sorted(heaps[c], reverse=True)]
             worst += [key for _, key in sorted(lossy, reverse=True)]
             cands = [(k, "alert") for k in alerts]
