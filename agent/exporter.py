@@ -18,7 +18,8 @@ targets only (at the default plan, about 250): the collector tier keeps the flee
   resolution) for a server that scrapes in protobuf; the text form carries no classic
   buckets for it (they would take the per-host series budget), only the percentiles above.
 - Health: CPU, memory, spool, links, sessions, refusals, reports acknowledged, the time of
-  the newest acknowledged report, and per-part scrape health
+  the newest acknowledged report, probe bursts and their rate, host CPU pressure (PSI),
+  refusals by reason, and per-part scrape health
   (`fabricprobe_agent_scrape_part_success{part}`), so one failing part never hides the
   others.
 """
@@ -47,6 +48,7 @@ from fabricprobe.core.promproto import (
     wants_protobuf,
 )
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
+from fabricprobe.probes.control import REFUSAL_REASONS
 from fabricprobe.probes.errors import ParseError
 
 log = logging.getLogger("fabricprobe.agent")
@@ -249,9 +251,32 @@ def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Famili
             "Agent processes on this spool ended by a dead thread (then restarted).",
             float(a.thread_failures),
         ),
+        ("agent_probes", "counter", "Probe bursts the agent ran.", float(a.probes)),
+        (
+            "agent_probe_rate",
+            "gauge",
+            "Probe bursts per second over the newest window.",
+            a.probe_rate,
+        ),
+        ("agent_spool_bytes", "gauge", "Bytes held in the spool.", float(a.spool_bytes)),
     ):
         fam = f.counter(name, help_, []) if kind == "counter" else f.gauge(name, help_, [])
         fam.add_metric([], value)
+    if a.cpu_pressure >= 0:  # absent where the kernel has no PSI
+        psi = f.gauge(
+            "host_cpu_pressure_ratio",
+            "Share of the newest window in which some task on the host waited for a CPU (PSI).",
+            [],
+        )
+        psi.add_metric([], a.cpu_pressure)
+    by = f.counter(
+        "agent_probe_sessions_refused_by_reason",
+        "Probers the responder turned away, by reason: busy, source, memory, hello, "
+        "unauthenticated, address.",
+        ["reason"],
+    )
+    for reason in REFUSAL_REASONS:  # a fixed set: a bad report adds no label values
+        by.add_metric([reason], float(a.sessions_refused_by_reason.get(reason, 0)))
 
 
 PathKey = tuple[str, str, str, int]  # dst, transport, op, size

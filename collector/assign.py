@@ -177,6 +177,12 @@ class Planner:
         with self._lock:
             return sorted(self._hosts)
 
+    def topology(self, name: str) -> str | None:
+        """The ToR label the plan holds for NAME (None: not in the plan)."""
+        with self._lock:
+            h = self._hosts.get(name)
+            return None if h is None else h.topology
+
     def assignments(self, host: str) -> tuple[int, tuple[Target, ...]]:
         """(generation, targets) for HOST; replans first if the fleet changed."""
         with self._lock:

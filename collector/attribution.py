@@ -209,6 +209,8 @@ class Attribution:
         pairs = self._bounded(pairs)
         if pairs:  # the fabric of these paths is now wanted for the join
             self.history.watch(pairs, self.store)
+            if self.store is not None:  # and shown path by path (collector/detail.py)
+                self.store.name_pairs(pairs)
 
     def _bounded(self, pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
         """The host pairs of PAIRS the fabric history may watch: one end at least is a host the
@@ -342,6 +344,8 @@ class Attribution:
         pairs = self._bounded(pairs)
         if pairs:
             self.history.watch(pairs, self.store)
+            if self.store is not None:
+                self.store.name_pairs(pairs)
         return done
 
     def sync(self) -> int:

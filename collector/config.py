@@ -25,6 +25,8 @@ Example file::
     client_ca = "/etc/fabricprobe/ca.pem"
     windows_dir = "/var/lib/fabricprobe-collector/windows"   # raw windows as Parquet
     windows_max_bytes = 1073741824
+    detail_worst_k = 10        # /metrics shows the worst 10 paths of each probe kind...
+    detail_max_paths = 500     # ...and at most 500 paths in all (collector/detail.py)
     drift_min_group = 3        # hosts of one ToR or role before any is called different
     drift_waivers = [          # known differences, shown but not alerted on
         { host = "gpu-node-4*", check = "firmware", reason = "canary", until = 2027-01-31 },
@@ -49,6 +51,7 @@ from fabricprobe.collector.auth import (
     TokenAuth,
     read_token_file,
 )
+from fabricprobe.collector.detail import DetailConfig
 from fabricprobe.collector.drift import MAX_WAIVERS, parse_waivers
 from fabricprobe.collector.engines import HOST_ATTRIBUTES
 from fabricprobe.collector.exposition import load_web_config
@@ -184,6 +187,18 @@ class CollectorSettings:
     windows_max_age_s: float = setting(
         7 * 86400.0, "Oldest window kept, seconds.", lo=3600, hi=366 * 86400
     )
+    # collector/detail.py: what /metrics shows path by path (the rest is in the aggregates)
+    detail_worst_k: int = setting(
+        10, "Worst paths by p99 per probe kind, and by loss, shown each scrape.", lo=0, hi=10_000
+    )
+    detail_hold_s: float = setting(
+        300.0, "Seconds a path stays shown after it last qualified.", lo=0, hi=86400
+    )
+    detail_max_paths: int = setting(500, "Paths shown one by one, at most.", lo=0, hi=1_000_000)
+    detail_max_hosts: int = setting(
+        32, "Hosts whose counters and agent figures are shown, at most.", lo=0, hi=100_000
+    )
+    detail_max_tor_pairs: int = setting(3000, "ToR pairs shown, at most.", lo=0, hi=1_000_000)
     drift_min_group: int = setting(
         3, "Hosts of one ToR or role before any is called different.", lo=2, hi=100_000
     )
@@ -227,6 +242,14 @@ class CollectorSettings:
             raise ConfigError("streams_per_identity must be at most workers / 2")
         return ServerConfig(
             raw=raw,
+            detail=DetailConfig(
+                worst_k=self.detail_worst_k,
+                hold_s=self.detail_hold_s,
+                max_paths=self.detail_max_paths,
+                max_hosts=self.detail_max_hosts,
+                max_tor_pairs=self.detail_max_tor_pairs,
+                fresh_s=self.stale_after_s,
+            ),
             drift_min_group=self.drift_min_group,
             drift_waivers=parse_waivers(self.drift_waivers),
             listen=self.listen,

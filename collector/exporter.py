@@ -9,7 +9,7 @@ collector/metrics.toml, which a test holds to what collect() really yields.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import (
@@ -21,6 +21,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from fabricprobe.collector.auth import REFUSALS, Gate
+from fabricprobe.collector.detail import (
+    HOST_REASONS,
+    PATH_REASONS,
+    TOR_REASONS,
+    DetailSelector,
+    Selection,
+    tor_label,
+)
 from fabricprobe.collector.exposition import ScrapeStats
 from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
 from fabricprobe.collector.store import DROPS, PathStats, StoreSnapshot, WindowStore
@@ -67,6 +75,22 @@ PFC_DURATIONS: dict[str, tuple[str, str]] = {
 }
 
 
+# Counters whose rate an alert rule watches (grafana/build.py): a host over one of these
+# thresholds has its counters shown by the collector (collector/detail.py), not only by
+# its own agent. rx_pause_duration_us: 0.1 s paused a second (FabricprobePfcPauseStorm).
+ALERT_RATES: dict[str, float] = {
+    "rx_pause_duration_us": 0.1e6,
+    "roce_adp_retrans": 1.0,
+    "local_ack_timeout_err": 1.0,
+    "packet_seq_err": 1.0,
+    "to_retransmits": 1.0,
+}
+FOOTPRINT_CPU = 0.01  # FabricprobeAgentFootprint: 1 % of a core...
+FOOTPRINT_RSS = 64 << 20  # ...or 64 MiB resident
+FLEET_LABELS = ["transport", "op", "size"]
+TOR_LABELS = ["src_tor", "dst_tor", "transport"]
+
+
 def sketch_histogram(sketch: MergedSketch) -> tuple[list[tuple[str, float]], float]:
     """Cumulative (le, count) buckets in seconds and the sum in seconds of SKETCH."""
     cum = sketch.cumulative(_RTT_BUCKETS_NS)
@@ -95,11 +119,53 @@ class FabricCollector(Collector):
         rpc: RpcStats | None = None,
         gate: Gate | None = None,
         scrapes: ScrapeStats | None = None,
+        detail: DetailSelector | None = None,
+        topology: Callable[[str], str | None] | None = None,
     ) -> None:
         self.store = store
         self.rpc = rpc or RpcStats()
         self.gate = gate
         self.scrapes = scrapes or ScrapeStats()
+        self.detail = detail or DetailSelector()
+        self._topology = topology  # a host this collector does not hold (the fleet's plan)
+
+    def topology(self, host: str) -> str:
+        """HOST's ToR label: its registration here, else the plan's, else 'unknown'."""
+        h = self.store.hosts.get(host)
+        if h is not None:
+            return tor_label(h.info.topology)
+        return tor_label((self._topology(host) if self._topology else None) or "")
+
+    def alert_hosts(self) -> list[str]:
+        """Hosts over a threshold an alert rule uses: a watched counter's rate, a spool
+        that is not draining, an agent throttled past 2x or over its footprint. (Alerts
+        on counts that only grow, such as thread failures and refusals, fire from the
+        agents' own /metrics, which carry the same names.)"""
+        rates = self.store.counter_rates(ALERT_RATES)
+        out = [k[0] for k, rate in rates if rate > ALERT_RATES[k[6]]]
+        with self.store.lock:
+            hosts = list(self.store.hosts.items())
+        for name, h in hosts:
+            a = h.agent
+            if a is not None and (
+                a.spool_depth > 0
+                or a.self_throttle > 2
+                or a.cpu_share > FOOTPRINT_CPU
+                or a.rss_bytes > FOOTPRINT_RSS
+            ):
+                out.append(name)
+        return out
+
+    def select(self) -> Selection:
+        """This scrape's bounded detail (collector/detail.py)."""
+        store = self.store
+        now = store.clock()
+        named = store.named_since(now - int(self.detail.cfg.hold_s * 1e9))
+        with store.lock:
+            hosts = list(store.hosts)
+        return self.detail.select(
+            store.path_views(), now, self.topology, named, self.alert_hosts(), hosts
+        )
 
     def describe(self) -> Iterator[Metric]:
         yield from self._families().values()
@@ -108,9 +174,12 @@ class FabricCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
-        snap = self.store.snapshot()  # reports go on being taken while this scrape is built
+        sel = self.select()
+        # reports go on being taken while this scrape is built; only what is shown is copied
+        snap = self.store.snapshot(paths=sel.paths, counter_hosts=sel.hosts)
         fams = self._families()
-        self._fill(snap, fams)
+        self._fill(snap, fams, sel)
+        self._fill_aggregates(sel, fams)
         dur = GaugeMetricFamily(
             "fabricprobe_collector_scrape_duration_seconds",
             "Time the collector took to build this scrape.",
@@ -374,6 +443,61 @@ class FabricCollector(Collector):
                 p + "collector_sketch_merges", "Latency sketches merged by the collector."
             ),
             "hosts": GaugeMetricFamily(p + "collector_hosts", "Agents known to the collector."),
+            "fleet_rtt": HistogramMetricFamily(
+                p + "fleet_rtt_seconds",
+                "Probe round-trip time of every path of the collector's hosts, per probe kind.",
+                labels=FLEET_LABELS,
+            ),
+            "fleet_sent": CounterMetricFamily(
+                p + "fleet_probe_exchanges",
+                "Probe exchanges attempted by the collector's hosts, per probe kind.",
+                labels=FLEET_LABELS,
+            ),
+            "fleet_lost": CounterMetricFamily(
+                p + "fleet_probe_lost",
+                "Probe exchanges with no answer, per probe kind.",
+                labels=FLEET_LABELS,
+            ),
+            "tor_p99": GaugeMetricFamily(
+                p + "tor_pair_worst_rtt_p99_seconds",
+                "Highest newest-window p99 RTT among the paths from one ToR to another.",
+                labels=TOR_LABELS,
+            ),
+            "tor_loss": GaugeMetricFamily(
+                p + "tor_pair_loss_ratio",
+                "Lost over attempted exchanges in the newest windows from one ToR to another.",
+                labels=TOR_LABELS,
+            ),
+            "paths": GaugeMetricFamily(
+                p + "collector_paths", "Paths the collector holds (every one in the aggregates)."
+            ),
+            "detail_paths": GaugeMetricFamily(
+                p + "collector_detail_paths",
+                "Paths shown one by one, by why: alert, request, worst, held, fill.",
+                labels=["reason"],
+            ),
+            "detail_hosts": GaugeMetricFamily(
+                p + "collector_detail_hosts",
+                "Hosts whose counters and agent figures are shown, by why: alert, path, held, "
+                "fill.",
+                labels=["reason"],
+            ),
+            "detail_tors": GaugeMetricFamily(
+                p + "collector_detail_tor_pairs",
+                "ToR pairs shown, by why: intra, worst, held, fill.",
+                labels=["reason"],
+            ),
+            "omitted": GaugeMetricFamily(
+                p + "collector_detail_omitted",
+                "Paths and ToR pairs only in the aggregates this scrape (the agents' own "
+                "/metrics show their hosts' paths).",
+                labels=["what"],
+            ),
+            "detail_dropped": CounterMetricFamily(
+                p + "collector_detail_dropped",
+                "Candidates the detail bounds kept out, counted per scrape, by what and why.",
+                labels=["what", "reason"],
+            ),
             "dropped": CounterMetricFamily(
                 p + "collector_dropped",
                 "Records the collector's bounds and checks kept out, by what they were.",
@@ -382,7 +506,36 @@ class FabricCollector(Collector):
         }
         return f
 
-    def _fill(self, snap: StoreSnapshot, f: dict[str, Any]) -> None:
+    def _fill_aggregates(self, sel: Selection, f: dict[str, Any]) -> None:
+        for (transport, op, size), sk in sorted(self.store.fleet_sketches().items()):
+            labels = [transport, op, str(size)]
+            buckets, total = sketch_histogram(sk)
+            f["fleet_rtt"].add_metric(labels, buckets, total)
+            f["fleet_sent"].add_metric(labels, float(sk.count + sk.lost))
+            f["fleet_lost"].add_metric(labels, float(sk.lost))
+        for tk, (p99, loss) in sel.tor_pairs.items():
+            if p99 is not None:
+                f["tor_p99"].add_metric(list(tk), p99)
+            f["tor_loss"].add_metric(list(tk), loss)
+        f["paths"].add_metric([], float(sel.omitted_paths + len(sel.paths)))
+        for fam, reasons, got in (
+            ("detail_paths", PATH_REASONS, sel.paths.values()),
+            ("detail_hosts", HOST_REASONS, sel.hosts.values()),
+            ("detail_tors", TOR_REASONS, sel.tor_reasons.values()),
+        ):
+            chosen = list(got)
+            for reason in reasons:
+                f[fam].add_metric([reason], float(chosen.count(reason)))
+        f["omitted"].add_metric(["path"], float(sel.omitted_paths))
+        f["omitted"].add_metric(["tor_pair"], float(sel.omitted_tor_pairs))
+        with self.detail.lock:
+            dropped = {k: dict(v) for k, v in self.detail.dropped.items()}
+        for what, by in dropped.items():
+            for reason, n in by.items():
+                f["detail_dropped"].add_metric([what, reason], float(n))
+
+    def _fill(self, snap: StoreSnapshot, f: dict[str, Any], sel: Selection | None = None) -> None:
+        shown = None if sel is None else sel.hosts
         for key, st in snap.paths.items():
             self._fill_path(_path_labels(key), st, f)
         self._fill_ratios(snap, f)
@@ -412,7 +565,7 @@ class FabricCollector(Collector):
             f["info"].add_metric([name, h.info.topology, h.info.version], 1.0)
             f["last"].add_metric([name], h.last_report_ns / 1e9)
             a = h.agent
-            if a is not None:
+            if a is not None and (shown is None or name in shown):
                 f["cpu"].add_metric([name], a.cpu_seconds)
                 f["rss"].add_metric([name], float(a.rss_bytes))
                 f["probes"].add_metric([name], float(a.probes))

@@ -14,6 +14,7 @@ CPU with generate_latest and 4.7 s with render(), the rest being the families bu
 from __future__ import annotations
 
 import base64
+import gc
 import gzip
 import hashlib
 import os
@@ -124,15 +125,26 @@ class _One:
 
 
 def render(registry: CollectorRegistry) -> bytes:
-    """generate_latest(REGISTRY), byte for byte, faster."""
-    labels = _Labels()
-    out: list[str] = []
-    for metric in registry.collect():
-        try:
-            out.extend(_family(metric, labels))
-        except _Fallback:  # names that need escaping: the library writes this family
-            out.append(generate_latest(_One(metric)).decode())
-    return "".join(out).encode()
+    """generate_latest(REGISTRY), byte for byte, faster.
+
+    The cyclic garbage collector is off while a scrape is built: it allocates a few
+    hundred thousand short-lived objects, none in a cycle, and each collection they set
+    off walks every object the store holds (over 100,000 paths on a large shard): that
+    was two thirds of a scrape's CPU. Whatever is collectable is collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        labels = _Labels()
+        out: list[str] = []
+        for metric in registry.collect():
+            try:
+                out.extend(_family(metric, labels))
+            except _Fallback:  # names that need escaping: the library writes this family
+                out.append(generate_latest(_One(metric)).decode())
+        return "".join(out).encode()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # -- serving /metrics ------------------------------------------------------------------

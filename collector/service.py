@@ -37,6 +37,7 @@ from fabricprobe.collector.auth import (
     identity_of,
     peer_address,
 )
+from fabricprobe.collector.detail import DetailConfig, DetailSelector
 from fabricprobe.collector.drift import DriftBook, DriftCollector, Waiver
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_config, serve_metrics
@@ -378,6 +379,7 @@ class ServerConfig:
     drift_min_group: int = 3  # hosts of one ToR or role before any is called different
     drift_waivers: tuple[Waiver, ...] = ()
     gate: GateConfig = field(default_factory=GateConfig)
+    detail: DetailConfig = field(default_factory=DetailConfig)  # collector/detail.py
 
 
 def split_hostport(text: str) -> tuple[str, int]:
@@ -403,7 +405,17 @@ class CollectorServer:
         self.registry = CollectorRegistry()
         self.scrapes = ScrapeStats()
         self.web = load_web_config(cfg.web_config) if cfg.web_config else WebConfig()
-        self.registry.register(FabricCollector(self.store, self.rpc_stats, self.gate, self.scrapes))
+        self.detail = DetailSelector(cfg.detail)
+        self.registry.register(
+            FabricCollector(
+                self.store,
+                self.rpc_stats,
+                self.gate,
+                self.scrapes,
+                detail=self.detail,
+                topology=self.planner.topology,  # peers this collector does not hold
+            )
+        )
         self.drift = DriftBook(
             self.store, min_group=cfg.drift_min_group, waivers=tuple(cfg.drift_waivers)
         )

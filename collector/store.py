@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -57,7 +57,10 @@ DROPS = (
     "stale_reading",  # a counter reading older (by epoch and seq) than the one held
     "clock_step",  # a counter reading dated at or before the previous one: no rate
     "host",  # a registration over MAX_HOSTS
+    "class",  # a fleet class (transport, op, size) over MAX_FLEET_CLASSES
 )
+MAX_FLEET_CLASSES = 64  # (transport, op, size) classes of the fleet-wide RTT sketches
+MAX_NAMED_PAIRS = 4096  # host pairs recently named by requests (collector/detail.py)
 
 
 def host_pair(a: str, b: str) -> tuple[str, str]:
@@ -83,6 +86,12 @@ class PathStats:
     last_bytes_per_second: float | None = None
     failures: int = 0
     windows: int = 0
+    # what the bounded export ranks the path by (collector/detail.py), set as each newest
+    # window is taken so that a scrape reads them instead of walking every sketch
+    last_p99_ns: int | None = None
+    last_loss: float = 0.0
+    p99_ewma: float = 0.0  # running p99 over the windows before the newest
+    p99_windows: int = 0  # windows folded into p99_ewma
 
     def copy(self) -> PathStats:
         """A copy that later merges into this one leave alone."""
@@ -200,6 +209,11 @@ class WindowStore:
         # told of every report taken, under the lock (collector/history.py)
         self.listeners: list[ReportListener] = []
         self._pair_paths: dict[tuple[str, str], list[PathKey]] = {}  # host_pair() -> paths
+        # every window's RTT sketch merged per (transport, op, size): the fleet's
+        # histograms, which grow with nothing but the plan's kinds and sizes
+        self.fleet: dict[tuple[str, str, int], MergedSketch] = {}
+        # host_pair() -> collector clock when a request's KV transfer last named it
+        self.named: OrderedDict[tuple[str, str], int] = OrderedDict()
 
     # -- hosts --------------------------------------------------------------------------
 
@@ -408,8 +422,18 @@ class WindowStore:
             if sketch.kind == "rtt":
                 stats.rtt.merge(sketch)
                 self.merges_total += 1
+                cls = (w.transport, w.op, int(w.size))
+                fleet = self.fleet.get(cls)
+                if fleet is None and len(self.fleet) < MAX_FLEET_CLASSES:
+                    fleet = self.fleet[cls] = MergedSketch()
+                if fleet is None:
+                    self.dropped["class"] += 1
+                else:
+                    fleet.merge(sketch)
             if newest:
                 stats.last_rtt = sketch  # parsed for this report alone: never merged into
+                if sketch.kind == "rtt":
+                    _rank(stats, sketch)
         if w.bytes_moved:
             stats.bytes_moved += w.bytes_moved
             stats.busy_seconds += w.busy_seconds
@@ -474,26 +498,36 @@ class WindowStore:
 
     # -- reading ------------------------------------------------------------------------
 
-    def snapshot(self, chunk: int = 5_000) -> StoreSnapshot:
+    def snapshot(
+        self,
+        chunk: int = 5_000,
+        *,
+        paths: Iterable[PathKey] | None = None,
+        counter_hosts: Container[str] | None = None,
+    ) -> StoreSnapshot:
         """A copy of what the exporter needs, safe to read while reports go on being
         taken: what reports change (merged sketches, counter tracks) is copied; a
         newest-window sketch is never changed once taken, so it is shared. Each path and
         counter is copied whole under the lock, CHUNK at a time, so a scrape of a large
-        fleet never holds ingest up for long."""
+        fleet never holds ingest up for long. PATHS and COUNTER_HOSTS limit the copy to
+        those paths and to the counters of those hosts (None: all)."""
         with self.lock:
             now = self.clock()
             hosts = {name: (h, self.is_stale(h, now)) for name, h in self.hosts.items()}
-            path_keys, counter_keys = list(self.paths), list(self.counters)
+            path_keys = list(self.paths) if paths is None else list(paths)
+            counter_keys = list(self.counters)
             totals = (self.reports_total, self.duplicates_total, self.rejected_total)
             merges = self.merges_total
             dropped = dict(self.dropped)
-        paths: dict[PathKey, PathStats] = {}
+        if counter_hosts is not None:
+            counter_keys = [k for k in counter_keys if k[0] in counter_hosts]
+        copied: dict[PathKey, PathStats] = {}
         for i in range(0, len(path_keys), chunk):
             with self.lock:
                 for k in path_keys[i : i + chunk]:
                     st = self.paths.get(k)  # None: its host was forgotten meanwhile
                     if st is not None:
-                        paths[k] = st.copy()
+                        copied[k] = st.copy()
         counters: dict[CounterKey, CounterTrack] = {}
         for i in range(0, len(counter_keys), chunk):
             with self.lock:
@@ -501,7 +535,48 @@ class WindowStore:
                     t = self.counters.get(ck)
                     if t is not None:
                         counters[ck] = copy.copy(t)
-        return StoreSnapshot(now, hosts, paths, counters, *totals, merges, dropped)
+        return StoreSnapshot(now, hosts, copied, counters, *totals, merges, dropped)
+
+    def counter_rates(self, names: Container[str]) -> list[tuple[CounterKey, float]]:
+        """(key, rate) of every counter named in NAMES that has a rate (the alert rules'
+        counters: which hosts are in trouble)."""
+        with self.lock:
+            held = self.counters.items()
+            return [(k, t.rate) for k, t in held if k[6] in names and t.rate is not None]
+
+    def path_views(self) -> list[tuple[PathKey, PathStats]]:
+        """Every path with its live stats, for the bounded export to rank without copying
+        (one C-level copy of the table under the lock). Reports go on changing the stats
+        meanwhile: a reader takes each field once (each is replaced whole, never changed
+        in place: the newest sketch, its clock and order), so the worst it sees is a
+        window newer than the one it read the other field of."""
+        with self.lock:
+            return list(self.paths.items())
+
+    def copy_paths(self, keys: Iterable[PathKey]) -> dict[PathKey, PathStats]:
+        """Copies of the paths of KEYS still held (the ones the export shows in full)."""
+        with self.lock:
+            return {k: st.copy() for k in keys if (st := self.paths.get(k)) is not None}
+
+    def fleet_sketches(self) -> dict[tuple[str, str, int], MergedSketch]:
+        with self.lock:
+            return {cls: merged(sk) for cls, sk in self.fleet.items()}
+
+    def name_pairs(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Note host pairs a request's KV transfer ran over (the export shows their paths
+        in full for a while); the oldest of more than MAX_NAMED_PAIRS are forgotten."""
+        with self.lock:
+            now = self.clock()
+            for a, b in pairs:
+                key = host_pair(a, b)
+                self.named[key] = now
+                self.named.move_to_end(key)
+            while len(self.named) > MAX_NAMED_PAIRS:
+                self.named.popitem(last=False)
+
+    def named_since(self, since_ns: int) -> set[tuple[str, str]]:
+        with self.lock:
+            return {p for p, t in self.named.items() if t >= since_ns}
 
     def newest_windows(self, a: str, b: str) -> list[tuple[PathKey, int, MergedSketch]]:
         """(path, end, RTT sketch) of the newest window of each path between A and B, both
@@ -523,6 +598,30 @@ class WindowStore:
             return {
                 e: set(range(1, s.floor + 1)) | set(s.above) for e, (_, s) in state.seen.items()
             }
+
+
+P99_EWMA_ALPHA = 0.1  # weight of a new window in a path's running p99
+
+
+def _rank(stats: PathStats, sketch: MergedSketch) -> None:
+    """Fold the newest window into STATS' ranking figures. Up to 50 exchanges (10 at the
+    default plan) the p99 rank is the last exchange, so the p99 is the window's exact
+    max and no walk over the slots is needed."""
+    sent = sketch.count + sketch.lost
+    stats.last_loss = sketch.lost / sent if sent else 0.0
+    prev = stats.last_p99_ns
+    if prev is not None:  # the running p99 holds the windows before the newest
+        n = stats.p99_windows
+        stats.p99_ewma = (
+            float(prev) if n == 0 else stats.p99_ewma + P99_EWMA_ALPHA * (prev - stats.p99_ewma)
+        )
+        stats.p99_windows = n + 1
+    if not sketch.count:
+        stats.last_p99_ns = None
+    elif sketch.count <= 50:
+        stats.last_p99_ns = sketch.max_ns
+    else:
+        stats.last_p99_ns = sketch.percentile_ns(99.0)
 
 
 def _bandwidth_ok(moved: int, busy: float) -> bool:

@@ -167,6 +167,82 @@ FABRIC = Dashboard(
             ),
         ),
         Row(
+            "Fleet and ToR pairs (every path, whatever the collectors show one by one)",
+            (
+                Panel(
+                    "Fleet RTT p50 / p99 per probe kind",
+                    (
+                        (
+                            "histogram_quantile(0.5, sum by (transport, op, size, le) "
+                            "(rate(fabricprobe_fleet_rtt_seconds_bucket[5m])))",
+                            "p50 {{transport}} {{op}} {{size}}",
+                        ),
+                        (
+                            "histogram_quantile(0.99, sum by (transport, op, size, le) "
+                            "(rate(fabricprobe_fleet_rtt_seconds_bucket[5m])))",
+                            "p99 {{transport}} {{op}} {{size}}",
+                        ),
+                    ),
+                    "s",
+                    description="Every probe of every host, summed over the collector shards.",
+                ),
+                Panel(
+                    "Fleet loss per probe kind",
+                    (
+                        (
+                            "sum by (transport, op) (rate(fabricprobe_fleet_probe_lost_total[5m]))"
+                            " / sum by (transport, op) "
+                            "(rate(fabricprobe_fleet_probe_exchanges_total[5m]))",
+                            "{{transport}} {{op}}",
+                        ),
+                    ),
+                    "percentunit",
+                ),
+                Panel(
+                    "Worst 20 ToR pairs by p99 RTT",
+                    (
+                        (
+                            "topk(20, max by (src_tor, dst_tor, transport) "
+                            "(fabricprobe_tor_pair_worst_rtt_p99_seconds))",
+                            "{{src_tor}} → {{dst_tor}} {{transport}}",
+                        ),
+                    ),
+                    "s",
+                    "bargauge",
+                    instant=True,
+                    description="The highest newest-window p99 among each ToR pair's paths; "
+                    "pairs under one ToR always, other pairs while among the worst.",
+                ),
+                Panel(
+                    "Worst 20 ToR pairs by loss",
+                    (
+                        (
+                            "topk(20, max by (src_tor, dst_tor, transport) "
+                            "(fabricprobe_tor_pair_loss_ratio))",
+                            "{{src_tor}} → {{dst_tor}} {{transport}}",
+                        ),
+                    ),
+                    "percentunit",
+                    "bargauge",
+                    instant=True,
+                ),
+                Panel(
+                    "Paths shown one by one, and why",
+                    (
+                        ("sum by (reason) (fabricprobe_collector_detail_paths)", "{{reason}}"),
+                        (
+                            'sum(fabricprobe_collector_detail_omitted{what="path"})',
+                            "in the aggregates only",
+                        ),
+                    ),
+                    "none",
+                    description="Per-path series are kept to a bound (worst k per kind, "
+                    "alerts, paths of recent requests, held for a while); every agent's "
+                    "own /metrics has all of its paths.",
+                ),
+            ),
+        ),
+        Row(
             "Lossless Ethernet (PFC, ECN, retransmits)",
             (
                 Panel(

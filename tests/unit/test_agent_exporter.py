@@ -207,3 +207,33 @@ def test_spool_faults_and_thread_failures_on_the_agents_metrics() -> None:
     assert reg.get_sample_value("fabricprobe_agent_spool_quarantined_total") == 2
     assert reg.get_sample_value("fabricprobe_agent_spool_memory_windows") == 3
     assert reg.get_sample_value("fabricprobe_agent_thread_failures_total") == 1
+
+
+def test_probe_pace_pressure_and_refusals_by_reason_on_the_agents_metrics() -> None:
+    report = fleet_report(1)
+    report.agent.probes = 12
+    report.agent.probe_rate = 0.3
+    report.agent.spool_bytes = 900
+    report.agent.cpu_pressure = 0.25
+    report.agent.sessions_refused_by_reason["source"] = 2
+    report.agent.sessions_refused_by_reason["x" * 300] = 9  # not a reason: no new label
+    view = SimpleNamespace(
+        last_report=report,
+        latest_counters=[],
+        acked=0,
+        last_ack_unix_s=0.0,
+        registered=True,
+        tools_missing=set(),
+    )
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(view))  # type: ignore[arg-type]
+    assert reg.get_sample_value("fabricprobe_agent_probes_total") == 12
+    assert reg.get_sample_value("fabricprobe_agent_probe_rate") == pytest.approx(0.3)
+    assert reg.get_sample_value("fabricprobe_agent_spool_bytes") == 900
+    assert reg.get_sample_value("fabricprobe_host_cpu_pressure_ratio") == 0.25
+    by = "fabricprobe_agent_probe_sessions_refused_by_reason_total"
+    assert reg.get_sample_value(by, {"reason": "source"}) == 2
+    assert reg.get_sample_value(by, {"reason": "busy"}) == 0
+    assert reg.get_sample_value(by, {"reason": "x" * 300}) is None
+    report.agent.cpu_pressure = -1.0  # the kernel has no PSI: absent, not zero
+    assert reg.get_sample_value("fabricprobe_host_cpu_pressure_ratio") is None

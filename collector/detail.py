@@ -1,0 +1,313 @@
+"""Which paths, hosts and ToR pairs the collector's /metrics shows one by one.
+
+A fleet of N hosts probing k peers each holds N·k paths; exported one series set per path,
+/metrics grows with host pairs (1,637 series per host at the default plan). Instead every
+path feeds the fleet and ToR-pair aggregates, and a path gets its own series only while it
+is one of these (in this order of priority):
+
+- `alert`: its newest window crosses a threshold the alert rules use: loss over
+  `loss_alert` (FabricprobePathLoss), or a p99 over `tail_factor` times the path's own
+  running p99 (an EWMA over its earlier windows, kept by the store, standing in for
+  FabricprobePathTailRegressed's daily median);
+- `request`: a request's KV transfer ran between its two hosts in the last `hold_s`
+  (collector/attribution.py names them);
+- `worst`: one of the `worst_k` highest newest-window p99 RTTs of its (transport, op,
+  size) class, or one of the `worst_k` highest loss ratios;
+- `held`: it was one of the above within the last `hold_s`, so that a path near the
+  edge of the worst set does not come and go every scrape (and `rate()` over 5 minutes
+  has samples to work with);
+- `fill`: room left under the bound goes to the other paths with a fresh window, oldest
+  first (stable from scrape to scrape): a fleet smaller than the bound shows every path.
+
+At most `max_paths` paths are shown; what the bound keeps out is counted per reason.
+Hosts get their counter and agent series while they are in trouble themselves (`alert`:
+a counter over an alert threshold, a spooling or throttled agent) or an end of a shown
+path (`path`), held the same way, at most `max_hosts`. ToR pairs: every pair under one
+ToR, and the inter-ToR pairs with the worst p99 or loss (held), at most `max_tor_pairs`.
+The agent's own /metrics always has its host's figures in full.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from fabricprobe.collector.store import PathKey, PathStats, host_pair
+from fabricprobe.core.sketchwire import MergedSketch
+
+PATH_REASONS = ("alert", "request", "worst", "held", "fill")
+HOST_REASONS = ("alert", "path", "held", "fill")
+TOR_REASONS = ("intra", "worst", "held", "fill")
+TorKey = tuple[str, str, str]  # src_tor, dst_tor, transport
+UNKNOWN_TOR = "unknown"  # a host that registered no topology, or one this collector never saw
+TOR_CACHE_NS = 60 * 10**9  # how long a path's ToR pair is taken as known
+MIN_BASELINE_WINDOWS = 5  # windows before a path's running p99 can call a tail regressed
+
+
+@dataclass(frozen=True)
+class DetailConfig:
+    worst_k: int = 10  # per (transport, op, size) class, and by loss
+    hold_s: float = 300.0
+    max_paths: int = 500
+    max_hosts: int = 32
+    max_tor_pairs: int = 3000
+    loss_alert: float = 0.01  # as FabricprobePathLoss (grafana/build.py)
+    tail_factor: float = 3.0  # as FabricprobePathTailRegressed
+    fresh_s: float = 30.0  # a path whose newest window arrived longer ago is not ranked
+
+    def __post_init__(self) -> None:
+        if min(self.worst_k, self.max_paths, self.max_hosts, self.max_tor_pairs) < 0:
+            raise ValueError("detail bounds must be >= 0")
+        if self.hold_s < 0 or self.fresh_s <= 0:
+            raise ValueError("hold_s >= 0 and fresh_s > 0")
+
+
+def window_p99_ns(sk: MergedSketch) -> int | None:
+    """p99 of one window's sketch. Up to 50 exchanges (10 at the default plan) the p99
+    rank is the last one, so it is the window's exact max: no walk over the slots
+    (DetailSelector.select inlines this)."""
+    if not sk.count:
+        return None
+    if sk.count <= 50:
+        return sk.max_ns
+    return sk.percentile_ns(99.0)
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass
+class Chosen(Generic[K]):
+    """What one choose() kept, in priority order, and what the bound left out."""
+
+    kept: dict[K, str] = field(default_factory=dict)  # key -> reason
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> keys left out
+
+
+def choose(
+    candidates: Iterable[tuple[K, str]],
+    held: dict[K, int],
+    now_ns: int,
+    hold_ns: int,
+    limit: int,
+    fill: Iterable[K] = (),
+) -> Chosen[K]:
+    """Keep CANDIDATES (key, reason), best first, then the keys of HELD that qualified
+    within HOLD_NS (newest first), then FILL's first keys in the room left, up to LIMIT.
+    Every candidate is (re)held at NOW_NS, held keys past their hold are forgotten, and
+    HELD never grows past 4 x LIMIT. FILL comes in a stable order (the store's, oldest
+    first), so a small fleet shows everything and a large one fills its budget without
+    flapping."""
+    out: Chosen[K] = Chosen()
+    for key, reason in candidates:
+        held[key] = now_ns
+        if key in out.kept:
+            continue
+        if len(out.kept) < limit:
+            out.kept[key] = reason
+        else:
+            out.dropped[reason] = out.dropped.get(reason, 0) + 1
+    expired = [k for k, t in held.items() if now_ns - t > hold_ns]
+    for k in expired:
+        del held[k]
+    rest = sorted((k for k in held if k not in out.kept), key=held.__getitem__, reverse=True)
+    for key in rest:
+        if len(out.kept) < limit:
+            out.kept[key] = "held"
+        else:
+            out.dropped["held"] = out.dropped.get("held", 0) + 1
+    room = limit - len(out.kept)
+    if room > 0:
+        for key in fill:
+            if key not in out.kept:
+                out.kept[key] = "fill"
+                room -= 1
+                if not room:
+                    break
+    if len(held) > 4 * max(1, limit):  # the longest-quiet ones go first
+        kept = out.kept
+        order = sorted(held, key=lambda k: (k in kept, held[k]))  # shown ones go last
+        for key in order[: len(held) - 4 * max(1, limit)]:
+            del held[key]
+    return out
+
+
+@dataclass
+class Selection:
+    """One scrape's choice: what is shown in full, the ToR-pair figures, what was left out."""
+
+    paths: dict[PathKey, str]
+    hosts: dict[str, str]
+    tor_pairs: dict[TorKey, tuple[float | None, float]]  # (p99 seconds, loss ratio)
+    tor_reasons: dict[TorKey, str]
+    ranked_paths: int  # paths with a fresh window, every one in the aggregates
+    omitted_paths: int  # paths held by the store and not shown in full
+    omitted_tor_pairs: int
+
+
+class DetailSelector:
+    """Keeps the hold times and running p99s between scrapes (one per collector)."""
+
+    def __init__(self, cfg: DetailConfig | None = None) -> None:
+        self.cfg = cfg or DetailConfig()
+        self.lock = threading.Lock()
+        self._held_paths: dict[PathKey, int] = {}
+        self._held_hosts: dict[str, int] = {}
+        self._held_tors: dict[TorKey, int] = {}
+        self._tor_cache: dict[PathKey, TorKey] = {}  # a path's ToR pair, for TOR_CACHE_NS
+        self._tor_cache_ns = 0
+        # cumulative: candidates the bounds kept out, per kind and reason
+        self.dropped: dict[str, dict[str, int]] = {
+            "path": dict.fromkeys(PATH_REASONS, 0),
+            "host": dict.fromkeys(HOST_REASONS, 0),
+            "tor_pair": dict.fromkeys(TOR_REASONS, 0),
+        }
+
+    def select(
+        self,
+        views: Sequence[tuple[PathKey, PathStats]],
+        now_ns: int,
+        topology: Callable[[str], str],
+        named: set[tuple[str, str]],
+        alert_hosts: Iterable[str] = (),
+        all_hosts: Iterable[str] = (),
+    ) -> Selection:
+        """Choose this scrape's detail from VIEWS (every path the store holds). One pass
+        over them, a few dictionary operations each: this runs on every scrape of a
+        collector holding 100,000 paths and more."""
+        cfg = self.cfg
+        fresh_after = now_ns - int(cfg.fresh_s * 1e9)
+        hold_ns = int(cfg.hold_s * 1e9)
+        loss_alert, tail_factor = cfg.loss_alert, cfg.tail_factor
+        fresh: list[PathKey] = []  # every path with a fresh window: what fill may take
+        alerts: list[PathKey] = []
+        requested: list[PathKey] = []
+        tor_acc: dict[TorKey, list[int]] = {}  # [worst path p99 ns, exchanges, lost]
+        tor_of: dict[str, str] = {}
+        total = 0
+        min_windows = MIN_BASELINE_WINDOWS
+        k = cfg.worst_k
+        fresh_cap = 2 * cfg.max_paths  # fill takes at most max_paths keys not already kept
+        # bounded min-heaps: the k worst of each (transport, op, size) class, and by loss
+        heaps: dict[tuple[str, str, int], list[tuple[int, PathKey]]] = {}
+        lossy: list[tuple[float, PathKey]] = []
+        ranked = 0
+        with self.lock:
+            if (
+                now_ns - self._tor_cache_ns > TOR_CACHE_NS
+                or len(self._tor_cache) > 2 * len(views) + 1024
+            ):  # registrations change ToRs rarely; paths come and go
+                self._tor_cache, self._tor_cache_ns = {}, now_ns
+            tor_cache = self._tor_cache
+            # the loop runs once per path per scrape: methods bound once
+            tor_get, acc_get, heap_get = tor_cache.get, tor_acc.get, heaps.get
+            push, replace = heapq.heappush, heapq.heapreplace
+            add_fresh, add_alert = fresh.append, alerts.append
+            for key, v in views:
+                total += 1
+                if named and host_pair(key[0], key[1]) in named:
+                    requested.append(key)
+                if v.touched_ns < fresh_after:
+                    continue
+                if len(fresh) < fresh_cap:
+                    add_fresh(key)
+                sk = v.last_rtt
+                if sk is None:  # a bandwidth path: no RTT to rank it by
+                    continue
+                ranked += 1
+                p99, loss = v.last_p99_ns, v.last_loss  # each read once (path_views)
+                tk = tor_get(key)
+                if tk is None:
+                    src, dst = key[0], key[1]
+                    st = tor_of.get(src)
+                    if st is None:
+                        st = tor_of[src] = topology(src)
+                    dt = tor_of.get(dst)
+                    if dt is None:
+                        dt = tor_of[dst] = topology(dst)
+                    tk = tor_cache[key] = (st, dt, key[2])
+                acc = acc_get(tk)
+                if acc is None:
+                    acc = tor_acc[tk] = [0, 0, 0]
+                lost = sk.lost
+                acc[1] += sk.count + lost
+                if lost:
+                    acc[2] += lost
+                    if k:
+                        if len(lossy) < k:
+                            push(lossy, (loss, key))
+                        elif (loss, key) > lossy[0]:
+                            replace(lossy, (loss, key))
+                if p99 is None:
+                    if loss > loss_alert:
+                        add_alert(key)
+                    continue
+                if p99 > acc[0]:
+                    acc[0] = p99
+                if k:
+                    heap = heap_get(key[2:])
+                    if heap is None:
+                        heap = heaps[key[2:]] = []
+                    if len(heap) < k:
+                        push(heap, (p99, key))
+                    elif p99 >= heap[0][0] and (p99, key) > heap[0]:
+                        replace(heap, (p99, key))
+                if loss > loss_alert or (
+                    v.p99_windows >= min_windows and p99 > tail_factor * v.p99_ewma
+                ):
+                    add_alert(key)
+            worst = [key for c in sorted(heaps) for _, key in sorted(heaps[c], reverse=True)]
+            worst += [key for _, key in sorted(lossy, reverse=True)]
+            cands = [(k, "alert") for k in alerts]
+            cands += [(k, "request") for k in requested]
+            cands += [(k, "worst") for k in worst]
+            paths = choose(cands, self._held_paths, now_ns, hold_ns, cfg.max_paths, fill=fresh)
+            path_keys = paths.kept
+            host_cands = [(h, "alert") for h in alert_hosts]
+            for key in path_keys:
+                host_cands += [(key[0], "path"), (key[1], "path")]
+            hosts = choose(
+                host_cands, self._held_hosts, now_ns, hold_ns, cfg.max_hosts, fill=all_hosts
+            )
+            tors = self._tor_pairs(tor_acc, now_ns, hold_ns)
+            for kind, got in (("path", paths), ("host", hosts)):
+                for reason, n in got.dropped.items():
+                    self.dropped[kind][reason] += n
+        return Selection(
+            paths=path_keys,
+            hosts=hosts.kept,
+            tor_pairs=tors[0],
+            tor_reasons=tors[1],
+            ranked_paths=ranked,
+            omitted_paths=max(0, total - len(path_keys)),
+            omitted_tor_pairs=tors[2],
+        )
+
+    def _tor_pairs(
+        self, acc: Mapping[TorKey, list[int]], now_ns: int, hold_ns: int
+    ) -> tuple[dict[TorKey, tuple[float | None, float]], dict[TorKey, str], int]:
+        figs: dict[TorKey, tuple[float | None, float]] = {
+            tk: (p99 / 1e9 if p99 else None, lost / sent if sent else 0.0)
+            for tk, (p99, sent, lost) in acc.items()
+        }
+        intra = [tk for tk in figs if tk[0] == tk[1]]
+        inter = [tk for tk in figs if tk[0] != tk[1]]
+        room = max(0, self.cfg.max_tor_pairs - len(intra)) // 2
+        by_p99 = [tk for _, tk in heapq.nlargest(room, [(figs[tk][0] or 0.0, tk) for tk in inter])]
+        lossy = [(figs[tk][1], tk) for tk in inter if figs[tk][1] > 0]
+        by_loss = [tk for _, tk in heapq.nlargest(room, lossy)]
+        cands = [(tk, "intra") for tk in sorted(intra)]
+        cands += [(tk, "worst") for tk in by_loss + by_p99]
+        got = choose(cands, self._held_tors, now_ns, hold_ns, self.cfg.max_tor_pairs, fill=figs)
+        for reason, n in got.dropped.items():
+            self.dropped["tor_pair"][reason] += n
+        # a held pair with no fresh window this scrape has no figure to show
+        reasons = {tk: why for tk, why in got.kept.items() if tk in figs}
+        return {tk: figs[tk] for tk in reasons}, reasons, len(figs) - len(reasons)
+
+
+def tor_label(topology: str) -> str:
+    return topology or UNKNOWN_TOR
