@@ -44,9 +44,11 @@ from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp_http import serve_otlp_http
 from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
+from fabricprobe.collector.shard import Shard, ShardCollector, ShardConfig
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
+from fabricprobe.core.shards import Member
 
 log = logging.getLogger("fabricprobe.collector")
 
@@ -154,6 +156,10 @@ class AgentApi:
         self._lock = threading.Lock()
         self._sent: dict[str, pb.Assignments] = {}  # host -> its current assignments
         self.targets_dropped = 0  # targets outside the fleet's networks never sent
+        # as one shard of many (collector/shard.py): hosts other shards hold, which the
+        # planner keeps, and where a registration is published for the others
+        self.remote: Callable[[], frozenset[str]] = frozenset
+        self.on_register: Callable[[pb.HostInfo], None] | None = None
 
     def register(
         self, info: pb.HostInfo, *, owned: frozenset[str] = frozenset(), source: str | None = None
@@ -165,6 +171,8 @@ class AgentApi:
             check_addresses(info, owned, source, self.networks)
         self.store.register(info)
         self.planner.upsert(host_spec(info))
+        if self.on_register is not None:
+            self.on_register(info)
         return pb.RegisterResponse(
             report_interval_ms=self.cfg.report_interval_ms,
             assignments=self.assignments(info.host),
@@ -226,7 +234,10 @@ class AgentApi:
     def expire(self) -> list[str]:
         """Forget hosts silent too long and replan without them; return their names."""
         gone = self.store.forget_idle()
-        stale = [h for h in self.planner.hosts() if h not in self.store.hosts]
+        elsewhere = self.remote() - set(gone)
+        stale = [
+            h for h in self.planner.hosts() if h not in self.store.hosts and h not in elsewhere
+        ]
         self.planner.remove([*gone, *stale])
         with self._lock:
             for h in [*gone, *stale]:
@@ -378,6 +389,13 @@ class ServerConfig:
     drift_min_group: int = 3  # hosts of one ToR or role before any is called different
     drift_waivers: tuple[Waiver, ...] = ()
     gate: GateConfig = field(default_factory=GateConfig)
+    shard: ShardConfig | None = None  # one shard of many, membership in etcd
+
+
+def admit(info: pb.HostInfo) -> HostSpec:
+    """A registration another shard published: checked as our own are, then planned."""
+    _check_host_info(info)
+    return host_spec(info)
 
 
 def split_hostport(text: str) -> tuple[str, int]:
@@ -408,6 +426,19 @@ class CollectorServer:
             self.store, min_group=cfg.drift_min_group, waivers=tuple(cfg.drift_waivers)
         )
         self.registry.register(DriftCollector(self.drift))
+        self.shard: Shard | None = None
+        if cfg.shard is not None:
+            self.shard = Shard(
+                cfg.shard,
+                self.store,
+                self.planner,
+                admit,
+                match=cfg.match,
+                forget_after=cfg.forget_after,
+            )
+            self.api.remote = self.shard.remote_hosts
+            self.api.on_register = self.shard.publish
+            self.registry.register(ShardCollector(self.shard))
         self.health = health.HealthServicer()
         self.port = 0
         self.metrics_port = 0
@@ -483,6 +514,17 @@ class CollectorServer:
             ohost, oport = split_hostport(self.cfg.otlp_http_listen)
             self._otlp_http = serve_otlp_http(ohost, oport, self.attribution.ingest)
             self.otlp_http_port = int(self._otlp_http.server_address[1])
+        if self.shard is not None:
+            self.attribution.ingest.router = self.shard.route
+            sc = self.shard.cfg
+            api = sc.advertise_api or f"{host}:{self.port}"
+            mhost = self.cfg.metrics_listen.rpartition(":")[0]
+            metrics = sc.advertise_metrics or (f"{mhost}:{self.metrics_port}" if self._http else "")
+            try:
+                self.shard.start(Member(sc.name, api, sc.advertise_otlp, metrics))
+            except Exception:
+                self.stop(0)
+                raise
         self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         self._reaper.start()
         if self.raw is not None:
@@ -503,10 +545,14 @@ class CollectorServer:
             gone = self.api.expire()
             if gone:
                 log.info("forgot silent hosts=%s", gone)
+                if self.shard is not None:
+                    self.shard.forget(gone)
 
     def stop(self, grace: float | None = None) -> None:
         """Drain: report NOT_SERVING, finish running calls within the grace, close."""
         self._stop.set()
+        if self.shard is not None:
+            self.shard.stop()  # out of the member set first: agents move while we drain
         self.health.enter_graceful_shutdown()
         if self._server is not None:
             self._server.stop(self.cfg.grace if grace is None else grace).wait()
@@ -522,6 +568,21 @@ class CollectorServer:
         if self.raw is not None:
             self.raw.stop()  # the last rows, after the last report
         log.info("collector stopped")
+
+    def kill(self) -> None:
+        """End at once, as a killed process would: no drain, no goodbye to etcd (its
+        lease runs out by itself), nothing flushed. Tests use it for a crashed shard."""
+        self._stop.set()
+        if self.shard is not None:
+            self.shard.kill()
+        if self._server is not None:
+            self._server.stop(None)
+            self._server = None
+        for http in (self._http, self._otlp_http):
+            if http is not None:
+                http.shutdown()
+                http.server_close()
+        self._http = self._otlp_http = None
 
     def wait(self, until: Callable[[], bool]) -> None:
         while not until() and not self._stop.is_set():
