@@ -172,6 +172,9 @@ class Agent:
                 prefix=cfg.etcd_prefix,
                 refresh_s=cfg.etcd_refresh_s,
                 keep_s=cfg.handoff_keep_s,
+                ca_file=cfg.etcd_ca_file,
+                cert_file=cfg.etcd_cert_file,
+                key_file=cfg.etcd_key_file,
             )
         self.generation = 0
         self.registered = False

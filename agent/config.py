@@ -71,9 +71,14 @@ class AgentConfig:
         "", "etcd endpoints listing the collector shards; '' talks to `collector`.", check=ENDPOINTS
     )
     etcd_prefix: str = setting("/fabricprobe/", "Key prefix of the shards in etcd.", metavar="KEY")
+    # one small read per host every this many seconds (and at once after a failed send);
+    # a dead shard's hosts move within its lease TTL plus this
     etcd_refresh_s: float = setting(
-        1.0, "Seconds between reads of the shard members.", lo=0.1, hi=600
+        2.0, "Seconds between reads of the shard members.", lo=0.1, hi=600
     )
+    etcd_ca_file: str = setting("", "CA of etcd's certificate (https).", check=FILE)
+    etcd_cert_file: str = setting("", "Client certificate for etcd (PEM).", check=FILE)
+    etcd_key_file: str = setting("", "Client key for etcd (PEM).", check=FILE)
     # acknowledged windows kept to replay to a new shard when the old one died before
     # Prometheus scraped them: at least a scrape interval and a window
     handoff_keep_s: float = setting(
@@ -189,3 +194,5 @@ class AgentConfig:
             )
         if bool(self.cert_file) != bool(self.key_file):
             raise ConfigError("cert_file and key_file go together")
+        if bool(self.etcd_cert_file) != bool(self.etcd_key_file):
+            raise ConfigError("etcd_cert_file and etcd_key_file go together")

@@ -42,9 +42,19 @@ class Handoff:
         keep_s: float,
         clock: Callable[[], float] = time.monotonic,
         etcd: Etcd | None = None,
+        ca_file: str = "",
+        cert_file: str = "",
+        key_file: str = "",
     ) -> None:
         self.host = host
-        self.etcd = etcd or Etcd(parse_endpoints(endpoints), prefix=prefix, timeout=2.0)
+        self.etcd = etcd or Etcd(
+            parse_endpoints(endpoints),
+            prefix=prefix,
+            timeout=2.0,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+        )
         self.refresh_s, self.keep_s, self.clock = refresh_s, keep_s, clock
         self.owner: Member | None = None
         self._next = 0.0
@@ -67,7 +77,7 @@ class Handoff:
             return None
         self._next = now + self.refresh_s
         try:
-            members, _ = self.etcd.members()
+            members, _ = self.etcd.members(serializable=True)
         except EtcdError as e:
             self.errors += 1
             log.warning("shard members unknown, staying with %s: %s", self.owner, e)

@@ -177,12 +177,22 @@ class Etcd:
 
         return int(self.call("revision", fn))
 
-    def read_prefix(self, sub: str, limit: int) -> list[tuple[bytes, bytes, int]]:
-        """(key, value, lease) under PREFIX+SUB, at most LIMIT of them, in key order."""
+    def read_prefix(
+        self, sub: str, limit: int, *, serializable: bool = False
+    ) -> list[tuple[bytes, bytes, int]]:
+        """(key, value, lease) under PREFIX+SUB, at most LIMIT of them, in key order.
+        SERIALIZABLE: answered by the etcd member asked, without a quorum round (it may
+        lag the leader by a heartbeat): what a fleet of readers should use."""
         key = self.prefix + sub
 
         def fn(c: Any) -> list[tuple[bytes, bytes, int]]:
-            body = {"key": b64(key), "range_end": b64(prefix_end(key)), "limit": limit}
+            body: dict[str, Any] = {
+                "key": b64(key),
+                "range_end": b64(prefix_end(key)),
+                "limit": limit,
+            }
+            if serializable:
+                body["serializable"] = True
             doc = c.post(c.get_url("/kv/range"), json=body)
             return [
                 (unb64(kv["key"]), unb64(kv.get("value", "")), int(kv.get("lease", 0)))
@@ -191,9 +201,9 @@ class Etcd:
 
         return list(self.call(f"read {key}", fn))
 
-    def members(self) -> tuple[list[Member], int]:
+    def members(self, *, serializable: bool = False) -> tuple[list[Member], int]:
         """(live members sorted by name, records that could not be read)."""
-        rows = self.read_prefix("shards/", MAX_MEMBERS + 1)
+        rows = self.read_prefix("shards/", MAX_MEMBERS + 1, serializable=serializable)
         bad = max(0, len(rows) - MAX_MEMBERS)
         out = []
         for _, value, _ in rows[:MAX_MEMBERS]:
