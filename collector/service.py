@@ -45,7 +45,7 @@ from fabricprobe.collector.otlp_http import serve_otlp_http
 from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
 from fabricprobe.collector.shard import Shard, ShardCollector, ShardConfig
-from fabricprobe.collector.store import ReportError, WindowStore
+from fabricprobe.collector.store import HostState, ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 from fabricprobe.core.shards import Member
@@ -231,9 +231,10 @@ class AgentApi:
             assignment_generation=self.planner.generation(report.host),
         )
 
-    def expire(self) -> list[str]:
-        """Forget hosts silent too long and replan without them; return their names."""
-        gone = self.store.forget_idle()
+    def expire(self, released: Callable[[str, HostState], bool] | None = None) -> list[str]:
+        """Forget hosts silent too long (and those RELEASED picks) and replan without them;
+        return their names."""
+        gone = self.store.forget_idle(also=released)
         elsewhere = self.remote() - set(gone)
         stale = [
             h for h in self.planner.hosts() if h not in self.store.hosts and h not in elsewhere
@@ -542,9 +543,15 @@ class CollectorServer:
         every = max(0.5, min(self.cfg.stale_after, 10.0))
         while not self._stop.wait(every):
             self.gate.cancel_idle()
-            gone = self.api.expire()
+            released = None
+            if self.shard is not None:
+                # a host that moved to another live shard is let go of here once it has
+                # been silent for three windows (before stale_after would call it down)
+                quiet = min(self.cfg.stale_after / 2, 3 * self.cfg.api.report_interval_ms / 1000)
+                released = self.shard.released(quiet)
+            gone = self.api.expire(released)
             if gone:
-                log.info("forgot silent hosts=%s", gone)
+                log.info("forgot silent or moved hosts=%s", gone)
                 if self.shard is not None:
                     self.shard.forget(gone)
 

@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from fabricprobe.collector.assign import HostSpec, Planner
 from fabricprobe.collector.linking import HostDirectory, MatchConfig
-from fabricprobe.collector.store import MAX_HOSTS, WindowStore
+from fabricprobe.collector.store import MAX_HOSTS, HostState, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.shards import DEFAULT_PREFIX, Etcd, EtcdError, Member, b64, owner_of
 
@@ -284,6 +284,21 @@ class Shard:
             missing = [info for name, info in held.items() if name not in self.fleet]
         for info in missing:
             self.publish(info)
+
+    def released(self, quiet_s: float) -> Callable[[str, HostState], bool]:
+        """Picks the hosts this shard lets go of: owned by another live member, and silent
+        here for QUIET_S seconds (they report there now). Called with the store locked."""
+        with self.lock:
+            members = self.members
+        now = self.store.clock()
+
+        def pick(name: str, state: HostState) -> bool:
+            if (now - state.last_report_ns) / 1e9 <= quiet_s:
+                return False
+            owner = owner_of(name, members)
+            return owner is not None and owner != self.member
+
+        return pick
 
     def forget(self, hosts: list[str]) -> None:
         """Delete the registrations of HOSTS this shard forgot, unless another shard has

@@ -230,3 +230,17 @@ def test_shard_metrics_match_the_catalogue() -> None:
     assert owned.samples[0].value == sum(
         1 for h in ("gpu-1", "gpu-2", "gpu-3", "gpu-4") if owner_of(h, [A, B]) == A
     )
+
+
+def test_a_shard_lets_go_of_hosts_that_moved_to_another_live_shard() -> None:
+    now = [1_000 * S]
+    s = shard_with([A, B], A)
+    s.store = WindowStore(clock=lambda: now[0])
+    hosts = [f"gpu-{i}" for i in range(12)]
+    for h in hosts:
+        s.store.register(pb.HostInfo(host=h, addresses=["10.0.0.1"]))
+    now[0] += 10 * S  # silent here for 10 s
+    mine = {h for h in hosts if owner_of(h, [A, B]) == A}
+    assert s.store.forget_idle(also=s.released(30.0)) == []  # not yet quiet long enough
+    gone = s.store.forget_idle(also=s.released(5.0))
+    assert set(gone) == set(hosts) - mine and set(s.store.hosts) == mine
