@@ -521,6 +521,7 @@ class Agent:
         old.close()
         self.target = owner.api
         self.registered = False
+        self.changed.force(2)  # every counter twice: the new shard has their rates at once
 
     def _replay(self) -> None:
         """Windows the old shard acknowledged, to the new one (before anything newer)."""

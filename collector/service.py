@@ -545,8 +545,8 @@ class CollectorServer:
             self.gate.cancel_idle()
             released = None
             if self.shard is not None:
-                # a host that moved to another live shard is let go of here once it has
-                # been silent for three windows (before stale_after would call it down)
+                # a host that registered with another shard is let go of here once it
+                # has been silent for three windows (before stale_after calls it down)
                 quiet = min(self.cfg.stale_after / 2, 3 * self.cfg.api.report_interval_ms / 1000)
                 released = self.shard.released(quiet)
             gone = self.api.expire(released)

@@ -286,17 +286,18 @@ class Shard:
             self.publish(info)
 
     def released(self, quiet_s: float) -> Callable[[str, HostState], bool]:
-        """Picks the hosts this shard lets go of: owned by another live member, and silent
-        here for QUIET_S seconds (they report there now). Called with the store locked."""
+        """Picks the hosts this shard lets go of: registered since with another shard (their
+        registration in etcd is under another shard's lease) and silent here for QUIET_S
+        seconds. Called with the store locked."""
         with self.lock:
-            members = self.members
+            leases, mine = dict(self.fleet_leases), self._reg_lease
         now = self.store.clock()
 
         def pick(name: str, state: HostState) -> bool:
-            if (now - state.last_report_ns) / 1e9 <= quiet_s:
+            lease = leases.get(name)
+            if lease is None or lease == mine:
                 return False
-            owner = owner_of(name, members)
-            return owner is not None and owner != self.member
+            return (now - state.last_report_ns) / 1e9 > quiet_s
 
         return pick
 

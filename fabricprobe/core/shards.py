@@ -28,6 +28,7 @@ MAX_MEMBERS = 256  # member records read; more are counted as dropped
 MAX_RECORD = 1024  # bytes of one member record
 MAX_NAME = 128
 MAX_ENDPOINTS = 8
+PAGE = 500  # keys per range request
 
 
 class EtcdError(Exception):
@@ -180,26 +181,31 @@ class Etcd:
     def read_prefix(
         self, sub: str, limit: int, *, serializable: bool = False
     ) -> list[tuple[bytes, bytes, int]]:
-        """(key, value, lease) under PREFIX+SUB, at most LIMIT of them, in key order.
-        SERIALIZABLE: answered by the etcd member asked, without a quorum round (it may
-        lag the leader by a heartbeat): what a fleet of readers should use."""
-        key = self.prefix + sub
+        """(key, value, lease) under PREFIX+SUB, at most LIMIT of them, in key order, read
+        PAGE keys at a time (the gateway caps one answer's size). SERIALIZABLE: answered by
+        the etcd member asked, without a quorum round (it may lag the leader by a
+        heartbeat): what a fleet of readers should use."""
+        start, end = (self.prefix + sub).encode(), prefix_end(self.prefix + sub)
+        out: list[tuple[bytes, bytes, int]] = []
+        while len(out) < limit:
+            page = min(PAGE, limit - len(out))
 
-        def fn(c: Any) -> list[tuple[bytes, bytes, int]]:
-            body: dict[str, Any] = {
-                "key": b64(key),
-                "range_end": b64(prefix_end(key)),
-                "limit": limit,
-            }
-            if serializable:
-                body["serializable"] = True
-            doc = c.post(c.get_url("/kv/range"), json=body)
-            return [
+            def fn(c: Any, start: bytes = start, page: int = page) -> dict[str, Any]:
+                body: dict[str, Any] = {"key": b64(start), "range_end": b64(end), "limit": page}
+                if serializable:
+                    body["serializable"] = True
+                return dict(c.post(c.get_url("/kv/range"), json=body))
+
+            doc = self.call(f"read {self.prefix + sub}", fn)
+            kvs = doc.get("kvs", [])
+            out.extend(
                 (unb64(kv["key"]), unb64(kv.get("value", "")), int(kv.get("lease", 0)))
-                for kv in doc.get("kvs", [])
-            ]
-
-        return list(self.call(f"read {key}", fn))
+                for kv in kvs
+            )
+            if not doc.get("more") or not kvs:
+                break
+            start = out[-1][0] + b"\0"  # the next key after the last one read
+        return out
 
     def members(self, *, serializable: bool = False) -> tuple[list[Member], int]:
         """(live members sorted by name, records that could not be read)."""

@@ -26,7 +26,8 @@ from fabricprobe.agent.agent import Agent
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.service import ApiConfig, CollectorServer
 from fabricprobe.collector.shard import ShardConfig
-from fabricprobe.core.shards import owner_of
+from fabricprobe.core import shards
+from fabricprobe.core.shards import Etcd, Member, b64, owner_of
 from tests.support.feeds import fixture_checks, fixture_rdma_windows, rising_ethtool, send_spans
 from tests.support.fleet import (
     FIXTURES,
@@ -260,12 +261,53 @@ def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
                     + "\n".join(first)
                     + "\nand at the last:\n"
                     + "\n".join(missing_queries(prom))
-                    + f"\ntargets: {prom.targets()}"
+                    + f"\ntargets: {prom.targets()}\nthe new owner of {names[0]}:\n"
+                    + "\n".join(
+                        x
+                        for x in scrape(new_owner).splitlines()
+                        if "port_stat" in x and names[0] in x
+                    )[:3000]
+                    + f"\nreplayed {[a.replayed for a in agents]}"
                 ) from None
         finally:
             stop.set()
             for a in agents:
                 a.stop()
+            for a in agents:
+                a.close(flush_timeout=0.0)
             for s in alive:
                 s.stop(0)
     assert time.monotonic() - t0 < 120
+
+
+def test_etcd_reads_page_through_the_fleet_and_skip_bad_records(
+    etcd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads come in pages (the gateway caps one answer), in key order; a member record
+    that cannot be read is counted, never fatal; a keepalive does not move the revision."""
+    client = Etcd((("127.0.0.1", etcd),), prefix="/t/")
+    page = 40
+    monkeypatch.setattr(shards, "PAGE", page)  # pages of 40 keys: a few hundred puts less
+
+    def put(key: str, value: bytes, lease: int = 0) -> None:
+        body = {"key": b64("/t/" + key), "value": b64(value), "lease": lease}
+        client.call("put", lambda c: c.post(c.get_url("/kv/put"), json=body))
+
+    n = page * 2 + 7
+    for i in range(n):
+        put(f"hosts/h{i:05d}", b"x" * 10)
+    rows = client.read_prefix("hosts/", 100_000)
+    assert [k for k, _, _ in rows] == [f"/t/hosts/h{i:05d}".encode() for i in range(n)]
+    assert len(client.read_prefix("hosts/", page + 1, serializable=True)) == page + 1
+    lease = int(
+        client.call(
+            "grant", lambda c: c.post(c.get_url("/lease/grant"), json={"TTL": 5, "ID": 0})["ID"]
+        )
+    )
+    put("shards/good", Member("good", "127.0.0.1:4794").record(), lease)
+    put("shards/bad", b"{not json")
+    members, bad = client.members()
+    assert [m.name for m in members] == ["good"] and bad == 1
+    rev = client.revision()
+    client.call("keepalive", lambda c: c.post(c.get_url("/lease/keepalive"), json={"ID": lease}))
+    assert client.revision() == rev

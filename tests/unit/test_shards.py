@@ -232,15 +232,16 @@ def test_shard_metrics_match_the_catalogue() -> None:
     )
 
 
-def test_a_shard_lets_go_of_hosts_that_moved_to_another_live_shard() -> None:
+def test_a_shard_lets_go_of_hosts_that_registered_with_another_shard() -> None:
     now = [1_000 * S]
     s = shard_with([A, B], A)
     s.store = WindowStore(clock=lambda: now[0])
-    hosts = [f"gpu-{i}" for i in range(12)]
+    s._reg_lease = 7
+    hosts = [f"gpu-{i}" for i in range(6)]
     for h in hosts:
         s.store.register(pb.HostInfo(host=h, addresses=["10.0.0.1"]))
+    s.fleet_leases = {"gpu-0": 7, "gpu-1": 9, "gpu-2": 9}  # gpu-1, gpu-2 under B's lease
     now[0] += 10 * S  # silent here for 10 s
-    mine = {h for h in hosts if owner_of(h, [A, B]) == A}
     assert s.store.forget_idle(also=s.released(30.0)) == []  # not yet quiet long enough
-    gone = s.store.forget_idle(also=s.released(5.0))
-    assert set(gone) == set(hosts) - mine and set(s.store.hosts) == mine
+    assert sorted(s.store.forget_idle(also=s.released(5.0))) == ["gpu-1", "gpu-2"]
+    assert sorted(s.store.hosts) == ["gpu-0", "gpu-3", "gpu-4", "gpu-5"]
