@@ -19,6 +19,11 @@ attributes of the trace's first resource name, matched as the attribution matche
 A trace that names no known host stays where it arrived. Forwarding is a bounded queue
 drained by one thread, with a drop counter; a forwarded request carries the resource
 attribute `fabricprobe.forwarded` and is never forwarded again.
+
+A shard takes any host that registers or reports to it (agents choose their owner; a
+refusal would only strand a host whose view of the members lags), and lets go of a host
+once the host registered with another shard (its registration in etcd is under that
+shard's lease) and stopped reporting here.
 """
 
 from __future__ import annotations
@@ -43,7 +48,15 @@ from fabricprobe.collector.assign import HostSpec, Planner
 from fabricprobe.collector.linking import HostDirectory, MatchConfig
 from fabricprobe.collector.store import MAX_HOSTS, HostState, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
-from fabricprobe.core.shards import DEFAULT_PREFIX, Etcd, EtcdError, Member, b64, owner_of
+from fabricprobe.core.shards import (
+    DEFAULT_PREFIX,
+    MAX_MEMBERS,
+    Etcd,
+    EtcdError,
+    Member,
+    b64,
+    owner_of,
+)
 
 log = logging.getLogger("fabricprobe.collector.shard")
 
@@ -462,6 +475,8 @@ class Forwarder:
         if held is None:
             for old in [m for m in self._channels if m.name == member.name]:
                 self._channels.pop(old)[0].close()  # the shard came back elsewhere
+            while len(self._channels) >= MAX_MEMBERS:  # shards come and go: oldest out
+                self._channels.pop(next(iter(self._channels)))[0].close()
             opts = (
                 [("grpc.ssl_target_name_override", self.cfg.server_name)]
                 if self.cfg.server_name
