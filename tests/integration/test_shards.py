@@ -1,23 +1,27 @@
 """Collector shards on etcd, with one of them killed: a real etcd (Debian's), three
-collector shards with real gRPC on loopback, a real Prometheus scraping all of them, and
-loopback agents that find their shard in etcd.
+collector shards with real gRPC on loopback (two in this process, one as a `probe
+collector` process), a real Prometheus scraping all of them, and loopback agents that
+find their shard in etcd.
 
-The shard that owns host-2 is stopped hard (no drain, no goodbye to etcd: its lease runs
-out as a killed process's would). Then: its hosts report to the others within one
-window; every window any shard acknowledged is held by a live shard (the agents replay
-what the dead one had taken, the new owner drops duplicates); stage spans sent to a
-shard that does not own their path are joined on the owner; and every dashboard query
-still returns data.
+The process, which owns host-2, gets SIGKILL: no drain, no goodbye to etcd, its lease
+runs out by itself. Then: its hosts report to the others within one window; every
+window any shard acknowledged is held by a live shard with no seq missing (the agents
+replay what the dead one had taken, the new owner drops duplicates); stage spans sent to
+a shard that does not own their path are joined on the owner, before and after; and
+every dashboard query still returns data.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -102,35 +106,61 @@ def has_series(text: str, name: str, **labels: str) -> bool:
     )
 
 
-def seqs(server: CollectorServer, host: str) -> set[tuple[int, int]]:
-    return {(e, s) for e, ss in server.store.seqs_taken(host).items() for s in ss}
+def seqs(server: CollectorServer, host: str) -> set[int]:
+    return {s for ss in server.store.seqs_taken(host).values() for s in ss}
+
+
+def get(address: str) -> str:
+    """GET http://ADDRESS/metrics."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def named_to_own(host: str, others: list[str]) -> str:
+    """A shard name that, beside OTHERS, owns HOST (ownership follows names alone)."""
+    for i in range(1000):
+        name = f"shard-v{i}"
+        group = [Member(n, "127.0.0.1:1") for n in [*others, name]]
+        m = owner_of(host, group)
+        if m is not None and m.name == name:
+            return name
+    raise AssertionError("no name found")
+
+
+@contextmanager
+def shard_process(name: str, etcd_port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`probe collector` as one shard, in its own process, with the plan the in-process
+    shards have (one fleet-wide plan needs the same plan settings everywhere)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "fabricprobe",
+        "collector",
+        "--insecure",
+        "--listen=127.0.0.1:0",
+        "--metrics-listen=127.0.0.1:0",
+        f"--etcd=127.0.0.1:{etcd_port}",
+        f"--shard-name={name}",
+        f"--shard-ttl={TTL_S}",
+        f"--report-interval={WINDOW_S:g}",
+        "--probe-interval=0.3",
+        "--probe-count=5",
+        "--budget=8",
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
 
 
 def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
     etcd: int, tmp_path: Path
 ) -> None:
     t0 = time.monotonic()
-    shards = [shard_server(f"shard-{i}", etcd) for i in range(3)]
-    for s in shards:
-        s.start()
-    by_name = {s.shard.member.name: s for s in shards if s.shard is not None}
-    alive = list(shards)
-
-    def members() -> list[str]:
-        view = alive[0].shard
-        assert view is not None
-        view.sync()
-        return [m.name for m in view.members]
-
-    wait_for(lambda: len(members()) == 3, 10, "three shards in etcd")
-
-    def owner(host: str) -> CollectorServer:
-        view = alive[0].shard
-        assert view is not None
-        m = owner_of(host, view.members)
-        assert m is not None
-        return by_name[m.name]
-
     configs = [
         loopback_agent_config(
             tmp_path,
@@ -141,142 +171,169 @@ def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
             etcd_refresh_s=0.25,
             collector="127.0.0.1:1",  # never used: etcd names the shard
             # every window of the run is kept for a handoff, so that "nothing lost" can be
-            # checked as "every window is on a live shard" (by default it is the last 60 s)
+            # checked as "every acknowledged window is on a live shard" (by default, the
+            # windows of the last 60 s: those Prometheus may not have scraped)
             handoff_keep_s=300.0,
         )
         for a in HOSTS
     ]
     configs[0].sysfs_root, configs[0].ethtool = str(FIXTURES / "sys" / "mlx5"), True
     names = [c.host for c in configs]
-    victim = owner(names[0])
-    entry = next(s for s in shards if s is not victim)  # spans enter here, a non-owner
-    fixture_checks(entry)
+    # two shards in this process, and a third, which owns host-2, as `probe collector`
+    shards = [shard_server(f"shard-{i}", etcd) for i in range(2)]
+    doomed = named_to_own(names[0], [f"shard-{i}" for i in range(2)])
+    with shard_process(doomed, etcd, tmp_path / "victim.log") as victim_proc:
+        for s in shards:
+            s.start()
+        by_name: dict[str, CollectorServer | None] = {
+            s.shard.member.name: s for s in shards if s.shard is not None
+        }
+        by_name[doomed] = None
 
-    collectors = [f"127.0.0.1:{s.metrics_port}" for s in shards]
-    agent_targets = [f"{h}:{p}" for h, p in AGENT_METRICS.items()]
-    agents = [Agent(configs[0], ethtool_runner=rising_ethtool())]
-    agents += [Agent(c) for c in configs[1:]]
-    stop = threading.Event()
-    with running_prometheus(tmp_path, collectors, agent_targets) as prom:
-        for a in agents:
-            a.start()
-        try:
-            wait_for(
-                lambda: all(any(n in s.store.hosts for s in shards) for n in names),
-                15,
-                "every agent registered with a shard",
-            )
-            for n in names:  # each agent found its owner
-                assert n in owner(n).store.hosts, n
+        def members() -> list[Member]:
+            view = shards[0].shard
+            assert view is not None
+            view.sync()
+            return list(view.members)
 
-            def feed() -> None:
-                seq = 1
-                while not stop.is_set():
-                    src_owner = owner(names[0])
-                    door = next(s for s in alive if s is not src_owner)
-                    send_spans(f"127.0.0.1:{door.port}", names[0], names[1], 20, batch=seq)
-                    fixture_rdma_windows(owner, seq)
-                    seq += 1
-                    stop.wait(2.0)
+        wait_for(lambda: len(members()) == 3, 30, "three shards in etcd")
+        victim = next(m for m in members() if m.name == doomed)
 
-            feeder = threading.Thread(target=feed, name="feed", daemon=True)
-            feeder.start()
-            wait_for(
-                lambda: len(prom.query("fabricprobe_rtt_seconds_count")) >= 6,
-                40,
-                "every loopback pair's RTT histogram in Prometheus",
-            )
-            # spans entered a shard that does not own their path and were joined on the owner
+        def owner(host: str) -> CollectorServer | None:
+            view = shards[0].shard
+            assert view is not None
+            m = owner_of(host, view.members)
+            assert m is not None
+            return by_name[m.name]
+
+        assert owner(names[0]) is None  # the process
+        moved = [n for n in names if owner(n) is None]
+        entry = shards[0]  # spans and the check verdicts enter here, not host-2's owner
+        fixture_checks(entry)
+
+        def rdma_door(host: str) -> CollectorServer:
+            return owner(host) or entry  # a shard takes any host; the process is out of reach
+
+        collectors = [f"127.0.0.1:{s.metrics_port}" for s in shards] + [victim.metrics]
+        agent_targets = [f"{h}:{p}" for h, p in AGENT_METRICS.items()]
+        agents = [Agent(configs[0], ethtool_runner=rising_ethtool())]
+        agents += [Agent(c) for c in configs[1:]]
+        stop = threading.Event()
+        with running_prometheus(tmp_path, collectors, agent_targets) as prom:
+            for a in agents:
+                a.start()
             try:
                 wait_for(
-                    lambda: has_series(scrape(victim), JOINED, src=names[0], dst=names[1]),
+                    lambda: (
+                        all(
+                            has_series(get(victim.metrics), "fabricprobe_host_up", src=n)
+                            for n in moved
+                        )
+                        and all(n in s.store.hosts for n in names if (s := owner(n)) is not None)
+                    ),
+                    20,
+                    "every agent registered with the shard that owns its host",
+                )
+
+                def feed() -> None:
+                    seq = 1
+                    while not stop.is_set():
+                        door = next(s for s in shards if s is not owner(names[0]))
+                        send_spans(f"127.0.0.1:{door.port}", names[0], names[1], 20, batch=seq)
+                        fixture_rdma_windows(rdma_door, seq)
+                        seq += 1
+                        stop.wait(2.0)
+
+                feeder = threading.Thread(target=feed, name="feed", daemon=True)
+                feeder.start()
+                wait_for(
+                    lambda: len(prom.query("fabricprobe_rtt_seconds_count")) >= 6,
+                    40,
+                    "every loopback pair's RTT histogram in Prometheus",
+                )
+                # spans entered a shard that does not own their path; joined on the owner
+                wait_for(
+                    lambda: has_series(get(victim.metrics), JOINED, src=names[0], dst=names[1]),
                     30,
                     "spans forwarded to the path's owner and joined there",
                 )
-            except AssertionError:
-                assert entry.shard is not None
-                own = [x for x in scrape(victim).splitlines() if "path_" in x or "kv_" in x]
-                raise AssertionError(
-                    f"spans forwarded: {entry.shard.forwarder.spans}; the owner has:\n"
-                    + "\n".join(own[:40])
-                ) from None
-            assert entry.shard is not None and entry.shard.forwarder.spans["sent"] > 0
-            assert not has_series(
-                scrape(entry), "fabricprobe_kv_transfer_seconds_count", src=names[0]
-            ), "the shard the spans entered joined them itself"
+                assert entry.shard is not None and entry.shard.forwarder.spans["sent"] > 0
+                assert not has_series(
+                    scrape(entry), "fabricprobe_kv_transfer_seconds_count", src=names[0]
+                ), "the shard the spans entered joined them itself"
 
-            # -- kill the owner of host-2 -------------------------------------------------
-            moved = [n for n in names if n in victim.store.hosts]
-            killed_at = time.time_ns()
-            victim.kill()
-            alive.remove(victim)
-            held = {n: seqs(victim, n) for n in moved}
-            t_kill = time.monotonic()
-            wait_for(
-                lambda: all(
-                    any(
-                        n in s.store.hosts and s.store.hosts[n].last_report_ns > killed_at
-                        for s in alive
-                    )
-                    for n in moved
-                ),
-                3 * WINDOW_S,
-                "the dead shard's hosts reporting elsewhere",
-            )
-            took = time.monotonic() - t_kill
-            assert took <= WINDOW_S, f"hosts moved after {took:.1f} s, more than one window"
-            assert len(members()) == 2
+                # -- SIGKILL the owner of host-2 ----------------------------------------
+                killed_at = time.time_ns()
+                victim_proc.send_signal(signal.SIGKILL)
+                victim_proc.wait(timeout=10)
+                t_kill = time.monotonic()
+                # every window any shard acknowledged, as the agents know them
+                acked = {
+                    a.cfg.host: {k.seq for _, k, _ in a.handoff.kept}
+                    for a in agents
+                    if a.handoff is not None
+                }
+                assert all(acked[n] for n in moved)
+                wait_for(
+                    lambda: all(
+                        any(
+                            n in s.store.hosts and s.store.hosts[n].last_report_ns > killed_at
+                            for s in shards
+                        )
+                        for n in moved
+                    ),
+                    3 * WINDOW_S,
+                    "the dead shard's hosts reporting elsewhere",
+                )
+                took = time.monotonic() - t_kill
+                assert took <= WINDOW_S, f"hosts moved after {took:.1f} s, more than a window"
+                assert len(members()) == 2
 
-            # every window the dead shard acknowledged is on a live shard
-            time.sleep(WINDOW_S)
-            for n in moved:
-                live = set().union(*(seqs(s, n) for s in alive))
-                lost = held[n] - live
-                assert not lost, f"{n}: windows {sorted(lost)} acknowledged by the dead shard only"
-                top = max(s for _, s in live)
-                gaps = set(range(1, top + 1)) - {s for _, s in live}
-                assert not gaps, f"{n}: windows {sorted(gaps)} missing"
-            for a in agents:
-                if a.cfg.host in moved:
-                    assert a.handoffs == 1 and a.replayed >= len(held[a.cfg.host])
-            print(
-                f"\nshard killed: {len(moved)} hosts moved in {took:.2f} s (window {WINDOW_S:g} s);"
-                f" {sum(map(len, held.values()))} windows the dead shard held,"
-                f" {sum(a.replayed for a in agents)} replayed, none lost"
-            )
+                # every window a shard acknowledged is on a live shard, none missing
+                time.sleep(WINDOW_S)
+                for n in names:
+                    live = set().union(*(seqs(s, n) for s in shards))
+                    lost = acked[n] - live
+                    assert not lost, f"{n}: windows {sorted(lost)} acknowledged, now nowhere"
+                    gaps = set(range(1, max(live) + 1)) - live
+                    assert not gaps, f"{n}: windows {sorted(gaps)} missing"
+                for a in agents:
+                    if a.cfg.host in moved:
+                        assert a.handoffs == 1 and a.replayed >= len(acked[a.cfg.host])
+                print(
+                    f"\nshard SIGKILLed: {len(moved)} host(s) moved in {took:.2f} s"
+                    f" (window {WINDOW_S:g} s, lease {TTL_S} s);"
+                    f" {sum(len(acked[n]) for n in moved)} windows it had acknowledged,"
+                    f" {sum(a.replayed for a in agents)} replayed, none lost"
+                )
 
-            # spans now reach the new owner of host-2's path
-            new_owner = owner(names[0])
-            wait_for(
-                lambda: has_series(scrape(new_owner), JOINED, src=names[0], dst=names[1]),
-                30,
-                "spans joined on the new owner",
-            )
-            first = missing_queries(prom)
-            try:
-                wait_for(lambda: not missing_queries(prom), 40, "every query to return data")
-            except AssertionError:
-                raise AssertionError(
-                    "queries without data at the first look:\n"
-                    + "\n".join(first)
-                    + "\nand at the last:\n"
-                    + "\n".join(missing_queries(prom))
-                    + f"\ntargets: {prom.targets()}\nthe new owner of {names[0]}:\n"
-                    + "\n".join(
-                        x
-                        for x in scrape(new_owner).splitlines()
-                        if "port_stat" in x and names[0] in x
-                    )[:3000]
-                    + f"\nreplayed {[a.replayed for a in agents]}"
-                ) from None
-        finally:
-            stop.set()
-            for a in agents:
-                a.stop()
-            for a in agents:
-                a.close(flush_timeout=0.0)
-            for s in alive:
-                s.stop(0)
+                # spans now reach the new owner of host-2's path
+                new_owner = owner(names[0])
+                assert new_owner is not None
+                wait_for(
+                    lambda: has_series(scrape(new_owner), JOINED, src=names[0], dst=names[1]),
+                    30,
+                    "spans joined on the new owner",
+                )
+                first = missing_queries(prom)
+                try:
+                    wait_for(lambda: not missing_queries(prom), 40, "every query to return data")
+                except AssertionError:
+                    raise AssertionError(
+                        "queries without data at the first look:\n"
+                        + "\n".join(first)
+                        + "\nand at the last:\n"
+                        + "\n".join(missing_queries(prom))
+                        + f"\ntargets: {prom.targets()}"
+                    ) from None
+            finally:
+                stop.set()
+                for a in agents:
+                    a.stop()
+                for a in agents:
+                    a.close(flush_timeout=0.0)
+                for s in shards:
+                    s.stop(0)
     assert time.monotonic() - t0 < 120
 
 
