@@ -562,7 +562,10 @@ class Agent:
             if ok:
                 backoff = 0.2
             else:
-                self._stop.wait(backoff)
+                # with shards, the members are read again at least every etcd_refresh_s
+                # while sends fail: a dead shard's lease runs out within a few seconds
+                wait = backoff if self.handoff is None else min(backoff, self.cfg.etcd_refresh_s)
+                self._stop.wait(wait)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def _send_batch(self) -> bool:
