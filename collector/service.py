@@ -519,7 +519,9 @@ class CollectorServer:
             self.attribution.ingest.router = self.shard.route
             sc = self.shard.cfg
             api = sc.advertise_api or f"{host}:{self.port}"
-            mhost = self.cfg.metrics_listen.rpartition(":")[0]
+            mhost = self.cfg.metrics_listen.rpartition(":")[0].strip("[]")
+            if mhost in ("", "0.0.0.0", "::"):  # every address: the one agents reach
+                mhost = api.rpartition(":")[0]
             metrics = sc.advertise_metrics or (f"{mhost}:{self.metrics_port}" if self._http else "")
             try:
                 self.shard.start(Member(sc.name, api, sc.advertise_otlp, metrics))
@@ -575,21 +577,6 @@ class CollectorServer:
         if self.raw is not None:
             self.raw.stop()  # the last rows, after the last report
         log.info("collector stopped")
-
-    def kill(self) -> None:
-        """End at once, as a killed process would: no drain, no goodbye to etcd (its
-        lease runs out by itself), nothing flushed. Tests use it for a crashed shard."""
-        self._stop.set()
-        if self.shard is not None:
-            self.shard.kill()
-        if self._server is not None:
-            self._server.stop(None)
-            self._server = None
-        for http in (self._http, self._otlp_http):
-            if http is not None:
-                http.shutdown()
-                http.server_close()
-        self._http = self._otlp_http = None
 
     def wait(self, until: Callable[[], bool]) -> None:
         while not until() and not self._stop.is_set():

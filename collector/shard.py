@@ -185,11 +185,6 @@ class Shard:
             except EtcdError as e:
                 log.warning("shard %s: %s", self.member.name, e)
 
-    def kill(self) -> None:
-        """Stop at once and leave the leases to run out, as a crashed process does."""
-        self._stop.set()
-        self.forwarder.stop()
-
     def stop(self) -> None:
         """Leave: revoke the member lease so the others take this shard's hosts at once."""
         self._stop.set()
@@ -278,6 +273,8 @@ class Shard:
     def publish(self, info: pb.HostInfo) -> None:
         """Put INFO's registration in etcd under this shard's long lease (a failure is
         counted; the next round retries it)."""
+        if not self._reg_lease:
+            return  # not joined yet: republish() puts it once the lease is there
         try:
             self._put(f"hosts/{info.host}", info.SerializeToString(), self._reg_lease)
         except EtcdError as e:
