@@ -160,7 +160,9 @@ class Etcd:
             try:
                 result = fn(client)
             except (ex.Etcd3Exception, requests.RequestException, KeyError, ValueError) as e:
-                last = f"{client.host}:{client.port}: {type(e).__name__}: {str(e)[:200]}"
+                # etcd3gw's exceptions keep their text in detail_text, not in args
+                text = str(e) or str(getattr(e, "detail_text", "") or "")
+                last = f"{client.host}:{client.port}: {type(e).__name__}: {text[:200]}"
                 continue
             if i:
                 self._clients.insert(0, self._clients.pop(i))
