@@ -603,6 +603,8 @@ class Agent:
         code = err.code()
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             self.registered = False  # the collector restarted and forgot us
+            if self.handoff is not None:
+                self.handoff.restarted()
         elif code == grpc.StatusCode.INVALID_ARGUMENT and len(acks) < len(keys):
             bad = keys[len(acks)]
             self.spool.ack(bad)  # it will never be taken: do not block the ones behind it

@@ -10,7 +10,8 @@ the windows acknowledged within the last `handoff_keep_s` seconds (bounded in co
 bytes too) and, when it moves because its shard left the member set, replays them to
 the new owner before anything newer; the new owner takes each (host, epoch, seq) once
 and counts the rest as duplicates. A move to a shard that joined (the old one is still
-a member and still holds the windows) replays nothing.
+a member and still holds the windows) replays nothing; a shard that answers "register
+first" (it restarted and lost its memory) gets the replay too.
 """
 
 from __future__ import annotations
@@ -101,6 +102,13 @@ class Handoff:
             len(self.to_replay),
         )
         return new
+
+    def restarted(self) -> None:
+        """The shard forgot this host (it restarted under the same name and address, so
+        the members did not change): what it had taken and not yet had scraped is gone
+        with its memory, so the kept windows are replayed to it as to a new owner."""
+        now = self.clock()
+        self.to_replay = [(k, d) for t, k, d in self.kept if now - t <= self.keep_s]
 
     def acked(self, key: SpoolKey, data: bytes) -> None:
         """KEY (its serialized report DATA) was acknowledged: keep it for keep_s."""

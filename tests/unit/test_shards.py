@@ -113,6 +113,17 @@ def test_handoff_replays_only_when_the_old_shard_died_and_only_what_it_kept() ->
     assert others  # three members: the host had somewhere else to go
 
 
+def test_a_shard_that_forgot_the_host_gets_the_kept_windows_again() -> None:
+    etcd, clock = FakeEtcd([A, B]), [0.0]
+    h = handoff(etcd, clock, keep_s=10.0)
+    h.check()
+    for seq in range(1, 6):
+        h.acked(SpoolKey(1, seq), b"w")
+        clock[0] += 4.0
+    h.restarted()  # now 20: acked at 0, 4, 8, 12, 16
+    assert [k.seq for k, _ in h.to_replay] == [4, 5]
+
+
 def test_handoff_keeps_its_shard_while_etcd_is_down() -> None:
     etcd, clock = FakeEtcd([A, B]), [0.0]
     h = handoff(etcd, clock)
