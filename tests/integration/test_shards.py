@@ -13,6 +13,7 @@ every dashboard query still returns data.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -25,8 +26,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from fabricprobe.agent.agent import Agent
+from fabricprobe.cli import main
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.service import ApiConfig, CollectorServer
 from fabricprobe.collector.shard import ShardConfig
@@ -368,3 +371,32 @@ def test_etcd_reads_page_through_the_fleet_and_skip_bad_records(
     rev = client.revision()
     client.call("keepalive", lambda c: c.post(c.get_url("/lease/keepalive"), json={"ID": lease}))
     assert client.revision() == rev
+
+
+def test_probe_shards_lists_members_owners_and_a_file_sd(etcd: int, tmp_path: Path) -> None:
+    server = shard_server("shard-x", etcd)
+    server.start()
+    try:
+        sd = tmp_path / "shards.json"
+        res = CliRunner().invoke(
+            main,
+            ["shards", f"--etcd=127.0.0.1:{etcd}", "--host=gpu-1", f"--file-sd={sd}", "--json"],
+        )
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.output)
+        assert doc["members"] == [
+            {
+                "name": "shard-x",
+                "api": f"127.0.0.1:{server.port}",
+                "otlp": f"127.0.0.1:{server.port}",
+                "metrics": f"127.0.0.1:{server.metrics_port}",
+            }
+        ]
+        assert doc["owners"] == {"gpu-1": "shard-x"} and doc["unreadable"] == 0
+        assert json.loads(sd.read_text()) == [
+            {"targets": [f"127.0.0.1:{server.metrics_port}"], "labels": {"shard": "shard-x"}}
+        ]
+    finally:
+        server.stop(0)
+    res = CliRunner().invoke(main, ["shards", "--etcd=127.0.0.1:1"])
+    assert res.exit_code == 1 and "etcd read" in res.output
