@@ -32,7 +32,6 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,13 +111,20 @@ class Shard:
         self.cfg, self.store, self.planner, self.admit = cfg, store, planner, admit
         self.match = match or MatchConfig()
         self.forget_after = forget_after
-        self.etcd = etcd or Etcd(
-            cfg.etcd,
-            prefix=cfg.prefix,
-            ca_file=cfg.etcd_ca_file,
-            cert_file=cfg.etcd_cert_file,
-            key_file=cfg.etcd_key_file,
-        )
+
+        def client() -> Etcd:
+            return Etcd(
+                cfg.etcd,
+                prefix=cfg.prefix,
+                ca_file=cfg.etcd_ca_file,
+                cert_file=cfg.etcd_cert_file,
+                key_file=cfg.etcd_key_file,
+            )
+
+        self.etcd = etcd or client()
+        # the keepalives go on their own thread and client: a long read of the fleet must
+        # never hold them past the lease's TTL
+        self.beat_etcd = etcd or client()
         self.member = Member(cfg.name, cfg.advertise_api)
         self.lock = threading.Lock()
         self.members: tuple[Member, ...] = ()
@@ -127,13 +133,14 @@ class Shard:
         self._revision = -1
         self._lease = 0  # holds the member record
         self._reg_lease = 0  # holds this shard's hosts' registrations
-        self._next_keepalive = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._beat: threading.Thread | None = None
+        self._grant_lock = threading.Lock()
         self.forwarder = Forwarder(cfg)
         # counted for /metrics (ShardCollector)
         self.leases_lost = 0
-        self.records_dropped = 0  # member or host records in etcd that could not be read
+        self.records_unreadable = 0  # member or host records in etcd, at the last read
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -146,27 +153,25 @@ class Shard:
         self.forwarder.start()
         self._thread = threading.Thread(target=self._loop, name="shard", daemon=True)
         self._thread.start()
+        self._beat = threading.Thread(target=self._beat_loop, name="shard-beat", daemon=True)
+        self._beat.start()
         log.info("shard %s joined: api=%s members=%d", member.name, member.api, len(self.members))
 
-    def _grant(self) -> None:
+    def _grant(self, etcd: Etcd | None = None) -> None:
+        etcd = etcd or self.etcd
         ttl = max(2, int(self.cfg.ttl_s))
 
-        def grant(c: Any) -> int:
+        def grant(c: Any, ttl: int = ttl) -> int:
             return int(c.post(c.get_url("/lease/grant"), json={"TTL": ttl, "ID": 0})["ID"])
 
-        self._lease = int(self.etcd.call("lease grant", grant))
-        if not self._reg_lease:
-            long_ttl = max(ttl * 2, int(self.forget_after))
+        with self._grant_lock:
+            self._lease = int(etcd.call("lease grant", grant))
+            if not self._reg_lease:
+                long_ttl = max(ttl * 2, int(self.forget_after))
+                self._reg_lease = int(etcd.call("lease grant", lambda c: grant(c, long_ttl)))
+            self._put(f"shards/{self.member.name}", self.member.record(), self._lease, etcd)
 
-            def grant_long(c: Any) -> int:
-                doc = c.post(c.get_url("/lease/grant"), json={"TTL": long_ttl, "ID": 0})
-                return int(doc["ID"])
-
-            self._reg_lease = int(self.etcd.call("lease grant", grant_long))
-        self._put(f"shards/{self.member.name}", self.member.record(), self._lease)
-        self._next_keepalive = time.monotonic() + ttl / 3
-
-    def _put(self, sub: str, value: bytes, lease: int) -> None:
+    def _put(self, sub: str, value: bytes, lease: int, etcd: Etcd | None = None) -> None:
         key = self.cfg.prefix + sub
 
         def put(c: Any) -> None:
@@ -174,22 +179,29 @@ class Shard:
                 c.get_url("/kv/put"), json={"key": b64(key), "value": b64(value), "lease": lease}
             )
 
-        self.etcd.call(f"put {key}", put)
+        (etcd or self.etcd).call(f"put {key}", put)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.cfg.refresh_s):
             try:
-                self._keepalive()
                 self.sync()
                 self.republish()
+            except EtcdError as e:
+                log.warning("shard %s: %s", self.member.name, e)
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(max(2, self.cfg.ttl_s) / 3):
+            try:
+                self._keepalive()
             except EtcdError as e:
                 log.warning("shard %s: %s", self.member.name, e)
 
     def stop(self) -> None:
         """Leave: revoke the member lease so the others take this shard's hosts at once."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for t in (self._thread, self._beat):
+            if t is not None:
+                t.join(timeout=5)
         self.forwarder.stop()
         if self._lease:
 
@@ -204,24 +216,20 @@ class Shard:
     # -- etcd ---------------------------------------------------------------------------
 
     def _keepalive(self) -> None:
-        now = time.monotonic()
-        if now < self._next_keepalive:
-            return
-        self._next_keepalive = now + max(2, self.cfg.ttl_s) / 3
         for lease in (self._lease, self._reg_lease):
 
             def refresh(c: Any, lease: int = lease) -> int:
                 doc = c.post(c.get_url("/lease/keepalive"), json={"ID": lease})
                 return int(doc["result"].get("TTL", -1))
 
-            if self.etcd.call("keepalive", refresh) <= 0:
+            if self.beat_etcd.call("keepalive", refresh) <= 0:
                 # the lease ran out (a pause longer than the TTL): join again
                 self.leases_lost += 1
                 log.warning("shard %s: lease %x ran out; joining again", self.member.name, lease)
                 if lease == self._reg_lease:
                     self._reg_lease = 0
-                self._grant()
-                self._revision = -1
+                self._grant(self.beat_etcd)
+                self._revision = -1  # the next sync reads all, republish() puts ours back
                 return
 
     def sync(self, *, force: bool = False) -> bool:
@@ -251,7 +259,7 @@ class Shard:
         with self.lock:
             self.members = tuple(members)
             self.fleet, self.fleet_leases = fleet, leases
-            self.records_dropped += bad
+            self.records_unreadable = bad
             self._revision = rev
         local = self.local_hosts()
         for spec in specs:
@@ -535,17 +543,19 @@ class ShardCollector:
                 s.hosts_owned(),
             ),
             CounterMetricFamily(
-                "fabricprobe_shard_etcd_errors", "etcd calls that failed.", s.etcd.errors
+                "fabricprobe_shard_etcd_errors",
+                "etcd calls that failed.",
+                s.etcd.errors + (s.beat_etcd.errors if s.beat_etcd is not s.etcd else 0),
             ),
             CounterMetricFamily(
                 "fabricprobe_shard_leases_lost",
                 "Times this shard's lease ran out and it joined again.",
                 s.leases_lost,
             ),
-            CounterMetricFamily(
-                "fabricprobe_shard_records_dropped",
-                "Member or host records in etcd that could not be read.",
-                s.records_dropped,
+            GaugeMetricFamily(
+                "fabricprobe_shard_records_unreadable",
+                "Member or host records in etcd that could not be read, at the last read.",
+                s.records_unreadable,
             ),
         ]
         fwd = CounterMetricFamily(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -149,6 +150,7 @@ class Etcd:
             for h, p in endpoints
         ]
         self.errors = 0
+        self._lock = threading.Lock()  # one client serves several threads
 
     def call(self, what: str, fn: Any) -> Any:
         """FN(client) on the first endpoint that answers."""
@@ -156,7 +158,9 @@ class Etcd:
         import requests
 
         last = ""
-        for i, client in enumerate(self._clients):
+        with self._lock:
+            clients = list(self._clients)
+        for client in clients:
             try:
                 result = fn(client)
             except (ex.Etcd3Exception, requests.RequestException, KeyError, ValueError) as e:
@@ -164,10 +168,13 @@ class Etcd:
                 text = str(e) or str(getattr(e, "detail_text", "") or "")
                 last = f"{client.host}:{client.port}: {type(e).__name__}: {text[:200]}"
                 continue
-            if i:
-                self._clients.insert(0, self._clients.pop(i))
+            if client is not clients[0]:
+                with self._lock:  # the one that answered goes first next time
+                    self._clients.remove(client)
+                    self._clients.insert(0, client)
             return result
-        self.errors += 1
+        with self._lock:
+            self.errors += 1
         raise EtcdError(f"etcd {what}: {last}")
 
     def revision(self) -> int:
