@@ -34,6 +34,7 @@ from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.service import ApiConfig, CollectorServer
 from fabricprobe.collector.shard import ShardConfig
 from fabricprobe.core import shards
+from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.shards import Etcd, Member, b64, owner_of
 from tests.support.feeds import fixture_checks, fixture_rdma_windows, rising_ethtool, send_spans
 from tests.support.fleet import (
@@ -400,3 +401,32 @@ def test_probe_shards_lists_members_owners_and_a_file_sd(etcd: int, tmp_path: Pa
         server.stop(0)
     res = CliRunner().invoke(main, ["shards", "--etcd=127.0.0.1:1"])
     assert res.exit_code == 1 and "etcd read" in res.output
+
+
+def test_a_shard_whose_leases_ran_out_joins_again_with_its_hosts(etcd: int) -> None:
+    """A pause past the TTL (here: both leases revoked behind its back) costs the shard its
+    member record and its hosts' registrations; it joins again and puts them back."""
+    server = shard_server("shard-p", etcd)
+    server.start()
+    try:
+        shard = server.shard
+        assert shard is not None
+        server.api.register(pb.HostInfo(host="gpu-9", addresses=["127.0.0.9"]))
+        client = Etcd((("127.0.0.1", etcd),))
+        assert [k for k, _, _ in client.read_prefix("hosts/", 10)] == [b"/fabricprobe/hosts/gpu-9"]
+        for lease in (shard._lease, shard._reg_lease):
+            body = {"ID": lease}
+            client.call("revoke", lambda c, b=body: c.post(c.get_url("/lease/revoke"), json=b))
+        assert client.members()[0] == [] and client.read_prefix("hosts/", 10) == []
+        wait_for(
+            lambda: (
+                shard.leases_lost >= 1
+                and [m.name for m in client.members()[0]] == ["shard-p"]
+                and len(client.read_prefix("hosts/", 10)) == 1
+            ),
+            10,
+            "the shard back in etcd with its host",
+        )
+    finally:
+        server.stop(0)
+    assert client.members()[0] == []  # a graceful stop leaves at once
