@@ -522,6 +522,8 @@ class Agent:
         self.target = owner.api
         self.registered = False
         self.changed.force(2)  # every counter twice: the new shard has their rates at once
+        if self.checks is not None:
+            self.checks.resend()  # and the newest check verdicts
 
     def _replay(self) -> None:
         """Windows the old shard acknowledged, to the new one (before anything newer)."""
@@ -537,6 +539,8 @@ class Agent:
             if err.code() == grpc.StatusCode.INVALID_ARGUMENT and todo:
                 del todo[0]  # never taken anywhere: do not hold the others up
                 continue
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                self.registered = False  # the shard forgot us meanwhile: register again
             raise err
 
     def _send_loop(self) -> None:
@@ -605,6 +609,8 @@ class Agent:
             self.registered = False  # the collector restarted and forgot us
             if self.handoff is not None:
                 self.handoff.restarted()
+            if self.checks is not None:
+                self.checks.resend()
         elif code == grpc.StatusCode.INVALID_ARGUMENT and len(acks) < len(keys):
             bad = keys[len(acks)]
             self.spool.ack(bad)  # it will never be taken: do not block the ones behind it
