@@ -34,6 +34,7 @@ from fabricprobe.agent.client import CollectorClient, channel_credentials
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
 from fabricprobe.agent.exporter import MetricsServer
+from fabricprobe.agent.handoff import Handoff
 from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
 from fabricprobe.agent.nixl import NixlReader
 from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler
@@ -81,8 +82,9 @@ def _probe_token(cfg: AgentConfig) -> FleetToken | None:
         raise ConfigError(f"probe_token_file: {e}") from None
 
 
-def build_client(cfg: AgentConfig) -> CollectorClient:
-    """A client with the credentials the configuration asks for."""
+def build_client(cfg: AgentConfig, target: str = "") -> CollectorClient:
+    """A client of TARGET (`collector` by default) with the credentials the
+    configuration asks for."""
     token = None
     if cfg.token_file:
         with open(cfg.token_file) as f:
@@ -91,7 +93,7 @@ def build_client(cfg: AgentConfig) -> CollectorClient:
     if cfg.ca_file:
         creds = channel_credentials(cfg.ca_file, cfg.cert_file, cfg.key_file)
     return CollectorClient(
-        cfg.collector, credentials=creds, token=token, server_name=cfg.server_name
+        target or cfg.collector, credentials=creds, token=token, server_name=cfg.server_name
     )
 
 
@@ -161,6 +163,19 @@ class Agent:
             runners=self.runners,
         )
         self.client = client or build_client(cfg)
+        self.target = cfg.collector  # the collector (shard) reports go to
+        self.handoff: Handoff | None = None
+        if cfg.etcd:
+            self.handoff = Handoff(
+                cfg.host,
+                cfg.etcd,
+                prefix=cfg.etcd_prefix,
+                refresh_s=cfg.etcd_refresh_s,
+                keep_s=cfg.handoff_keep_s,
+                ca_file=cfg.etcd_ca_file,
+                cert_file=cfg.etcd_cert_file,
+                key_file=cfg.etcd_key_file,
+            )
         self.generation = 0
         self.registered = False
         self.acked = 0
@@ -491,12 +506,57 @@ class Agent:
             raise
         self.checks.sent_ok(msg)
 
+    @property
+    def handoffs(self) -> int:
+        return self.handoff.handoffs if self.handoff is not None else 0
+
+    @property
+    def replayed(self) -> int:
+        return self.handoff.replayed if self.handoff is not None else 0
+
+    def _follow_shard(self) -> None:
+        """Move to the shard that owns this host now, if that changed (agent/handoff.py)."""
+        if self.handoff is None:
+            return
+        owner = self.handoff.check()
+        if owner is None or owner.api == self.target:
+            return
+        log.info("reporting to shard %s at %s", owner.name, owner.api)
+        old, self.client = self.client, build_client(self.cfg, owner.api)
+        old.close()
+        self.target = owner.api
+        self.registered = False
+        self.changed.force(2)  # every counter twice: the new shard has their rates at once
+        if self.checks is not None:
+            self.checks.resend()  # and the newest check verdicts
+
+    def _replay(self) -> None:
+        """Windows the old shard acknowledged, to the new one (before anything newer)."""
+        assert self.handoff is not None
+        todo = self.handoff.to_replay
+        while todo:
+            batch = todo[:SEND_BATCH]
+            acks, err = self.client.send(pb.WindowReport.FromString(d) for _, d in batch)
+            self.handoff.replayed += len(acks)
+            del todo[: len(acks)]
+            if err is None:
+                continue
+            if err.code() == grpc.StatusCode.INVALID_ARGUMENT and todo:
+                del todo[0]  # never taken anywhere: do not hold the others up
+                continue
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                self.registered = False  # the shard forgot us meanwhile: register again
+            raise err
+
     def _send_loop(self) -> None:
         backoff = 0.2
         while not self._stop.is_set():
             try:
+                self._follow_shard()
                 if not self.registered:
                     self.register()
+                if self.handoff is not None and self.handoff.to_replay:
+                    self._replay()
                 self._send_checks()
                 if not self.spool.depth:
                     self._wake.wait(1.0)
@@ -504,18 +564,24 @@ class Agent:
                     continue
                 ok = self._send_batch()
             except grpc.RpcError as e:
-                log.warning("collector %s: %s", self.cfg.collector, _rpc_reason(e))
+                log.warning("collector %s: %s", self.target, _rpc_reason(e))
                 ok = False
+            if not ok and self.handoff is not None:
+                self.handoff.soon()  # the shard may be gone: read the members again
             if ok:
                 backoff = 0.2
             else:
-                self._stop.wait(backoff)
+                # with shards, the members are read again at least every etcd_refresh_s
+                # while sends fail: a dead shard's lease runs out within a few seconds
+                wait = backoff if self.handoff is None else min(backoff, self.cfg.etcd_refresh_s)
+                self._stop.wait(wait)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def _send_batch(self) -> bool:
         """Send up to SEND_BATCH spooled windows; False when the collector cut us short."""
         keys: list[SpoolKey] = []
         reports: list[pb.WindowReport] = []
+        payloads: dict[SpoolKey, bytes] = {}
         for key in self.spool.pending(SEND_BATCH):
             data = self.spool.read(key)
             if data is None:
@@ -527,12 +593,16 @@ class Agent:
                 log.error("spooled window %s quarantined: %s", key.filename, e)
                 continue
             keys.append(key)
+            payloads[key] = data
         if not reports:
             return True
         acks, err = self.client.send(reports)
         for ack in acks:
-            self.spool.ack(SpoolKey(ack.epoch, ack.seq))
+            acked = SpoolKey(ack.epoch, ack.seq)
+            self.spool.ack(acked)
             self.acked += 1
+            if self.handoff is not None and acked in payloads:
+                self.handoff.acked(acked, payloads[acked])
         if acks:
             self.last_ack_unix_s = time.time()
         if acks and max(a.assignment_generation for a in acks) > self.generation:
@@ -542,13 +612,17 @@ class Agent:
         code = err.code()
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             self.registered = False  # the collector restarted and forgot us
+            if self.handoff is not None:
+                self.handoff.restarted()
+            if self.checks is not None:
+                self.checks.resend()
         elif code == grpc.StatusCode.INVALID_ARGUMENT and len(acks) < len(keys):
             bad = keys[len(acks)]
             self.spool.ack(bad)  # it will never be taken: do not block the ones behind it
             self.rejected += 1
             log.error("collector refused window %s: %s", bad, _rpc_reason(err))
             return True
-        log.warning("collector %s: %s", self.cfg.collector, _rpc_reason(err))
+        log.warning("collector %s: %s", self.target, _rpc_reason(err))
         return False
 
 

@@ -9,6 +9,7 @@ Example file::
     [agent]
     host = "gpu-node-17"
     collector = "collector.example:4794"
+    etcd = "etcd-1.example:2379,etcd-2.example:2379"   # collector shards; '' for one collector
     topology = "tor-a12"
     role = "decode"               # hosts are compared with their ToR's and their role's
     validate_interval_s = 3600    # the RoCE checks, hourly (jittered); 0 runs none
@@ -33,6 +34,7 @@ from fabricprobe.agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_WINDOWS
 from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.settings import FILE, IP, LISTEN, LISTEN_OR_OFF, NAME, PEER, Check, setting
+from fabricprobe.core.shards import parse_endpoints
 
 URL = Check(check_url, "URL")
 
@@ -48,6 +50,7 @@ def _every(seconds: float) -> None:
 
 
 ROLE = Check(_label, "LABEL", empty_ok=True)
+ENDPOINTS = Check(parse_endpoints, "HOST:PORT,...", empty_ok=True)
 EVERY = Check(_every, "SECONDS")
 
 
@@ -62,6 +65,25 @@ class AgentConfig:
         check=NAME,
     )
     collector: str = setting("127.0.0.1:4794", "Collector's agent API.", check=PEER)
+    # collector shards (collector/shard.py): the agent reads the live shards from etcd and
+    # reports to the one that owns its host; `collector` is used only until etcd answers
+    etcd: str = setting(
+        "", "etcd endpoints listing the collector shards; '' talks to `collector`.", check=ENDPOINTS
+    )
+    etcd_prefix: str = setting("/fabricprobe/", "Key prefix of the shards in etcd.", metavar="KEY")
+    # one small read per host every this many seconds (and at once after a failed send);
+    # a dead shard's hosts move within its lease TTL plus this
+    etcd_refresh_s: float = setting(
+        2.0, "Seconds between reads of the shard members.", lo=0.1, hi=600
+    )
+    etcd_ca_file: str = setting("", "CA of etcd's certificate (https).", check=FILE)
+    etcd_cert_file: str = setting("", "Client certificate for etcd (PEM).", check=FILE)
+    etcd_key_file: str = setting("", "Client key for etcd (PEM).", check=FILE)
+    # acknowledged windows kept to replay to a new shard when the old one died before
+    # Prometheus scraped them: at least a scrape interval and a window
+    handoff_keep_s: float = setting(
+        60.0, "Acknowledged windows kept this long for a shard handoff, seconds.", lo=0, hi=3600
+    )
     topology: str = setting("", "Topology label, e.g. the ToR switch.", metavar="LABEL")
     role: str = setting(
         "", "What the host does (prefill, decode): drift compares by role too.", check=ROLE
@@ -172,3 +194,5 @@ class AgentConfig:
             )
         if bool(self.cert_file) != bool(self.key_file):
             raise ConfigError("cert_file and key_file go together")
+        if bool(self.etcd_cert_file) != bool(self.etcd_key_file):
+            raise ConfigError("etcd_cert_file and etcd_key_file go together")

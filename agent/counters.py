@@ -178,9 +178,16 @@ class ChangeFilter:
         self.keyframe_every = keyframe_every
         self._last: dict[ReadingKey, int] = {}
         self._windows = 0
+        self._forced = 0
+
+    def force(self, windows: int) -> None:
+        """The next WINDOWS windows carry every reading (a new collector shard took this
+        host: two full readings give it every counter's rate at once)."""
+        self._forced = max(self._forced, windows)
 
     def __call__(self, readings: list[pb.CounterReading]) -> list[pb.CounterReading]:
-        keyframe = self._windows % self.keyframe_every == 0
+        keyframe = self._windows % self.keyframe_every == 0 or self._forced > 0
+        self._forced = max(0, self._forced - 1)
         self._windows += 1
         out = []
         last = self._last

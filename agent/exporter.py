@@ -100,6 +100,12 @@ class AgentView(Protocol):
     def acked(self) -> int: ...
 
     @property
+    def handoffs(self) -> int: ...
+
+    @property
+    def replayed(self) -> int: ...
+
+    @property
     def last_ack_unix_s(self) -> float: ...
 
     @property
@@ -187,6 +193,16 @@ def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Famili
     up.add_metric([], 1.0 if agent.registered else 0.0)
     acked = f.counter("agent_reports_acked", "Windows the collector acknowledged.", [])
     acked.add_metric([], float(agent.acked))
+    moves = f.counter(
+        "agent_shard_handoffs", "Times this host moved to another collector shard.", []
+    )
+    moves.add_metric([], float(agent.handoffs))
+    replayed = f.counter(
+        "agent_windows_replayed",
+        "Acknowledged windows sent again to a new shard after the old one died.",
+        [],
+    )
+    replayed.add_metric([], float(agent.replayed))
     last = f.gauge(
         "agent_last_ack_timestamp_seconds", "When the collector last acknowledged a window.", []
     )

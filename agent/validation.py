@@ -101,6 +101,7 @@ class ValidationSchedule:
         self.failures = 0
         self.last_took_s = 0.0
         self.sent = 0
+        self.last_sent: pb.CheckReport | None = None
 
     def first_delay(self) -> float:
         return self.rng.uniform(0.0, max(0.0, min(self.first_within_s, self.interval_s)))
@@ -151,4 +152,12 @@ class ValidationSchedule:
         with self.lock:
             if self.pending is msg:
                 self.pending = None
+            self.last_sent = msg
             self.sent += 1
+
+    def resend(self) -> None:
+        """A collector that lacks the newest verdicts (another shard took this host, or
+        the collector restarted): send the last ones again, unless newer ones wait."""
+        with self.lock:
+            if self.pending is None:
+                self.pending = self.last_sent

@@ -24,6 +24,9 @@ Example file::
     tls_key = "/etc/fabricprobe/collector.key"
     client_ca = "/etc/fabricprobe/ca.pem"
     windows_dir = "/var/lib/fabricprobe-collector/windows"   # raw windows as Parquet
+    etcd = "etcd-1.example:2379"    # one shard of many (collector/shard.py)
+    shard_name = "collector-a"
+    advertise = "collector-a.example:4794"
     windows_max_bytes = 1073741824
     detail_worst_k = 10        # /metrics shows the worst 10 paths of each probe kind...
     detail_max_paths = 500     # ...and at most 500 paths in all (collector/detail.py)
@@ -58,9 +61,20 @@ from fabricprobe.collector.exposition import load_web_config
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.rawstore import RawStoreConfig
 from fabricprobe.collector.service import ApiConfig, ServerConfig
+from fabricprobe.collector.shard import ShardConfig
 from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
-from fabricprobe.core.settings import FILE, LISTEN, LISTEN_OR_OFF, NAME, NETWORK, Check, setting
+from fabricprobe.core.settings import (
+    FILE,
+    LISTEN,
+    LISTEN_OR_OFF,
+    NAME,
+    NETWORK,
+    PEER,
+    Check,
+    setting,
+)
+from fabricprobe.core.shards import parse_endpoints
 
 GATES = ("open", "any", "off")  # who may call health and reflection: anyone, the authenticated
 
@@ -77,6 +91,11 @@ def _rewrite_rule(rule: list[str]) -> None:
 REWRITE = Check(_rewrite_rule, "RULE")
 
 
+def _label_ok(text: str) -> None:
+    if len(text) > 128 or any(c.isspace() for c in text):
+        raise ValueError(f"{text[:40]!r}: no spaces, 128 characters at most")
+
+
 def _waiver(item: object) -> None:
     try:
         parse_waivers([item], where="")
@@ -85,6 +104,8 @@ def _waiver(item: object) -> None:
 
 
 WAIVER = Check(_waiver, "TABLE")
+ENDPOINTS = Check(parse_endpoints, "HOST:PORT,...", empty_ok=True)
+PEER_OR_EMPTY = Check(PEER.test, "HOST:PORT", empty_ok=True)
 
 
 @dataclass
@@ -211,6 +232,55 @@ class CollectorSettings:
         max_items=MAX_WAIVERS,
     )
 
+    # one shard of many (collector/shard.py): membership in etcd, agents find their shard
+    etcd: str = setting(
+        "", "etcd endpoints: run as one collector shard of many; '' runs alone.", check=ENDPOINTS
+    )
+    etcd_prefix: str = setting("/fabricprobe/", "Key prefix of the shards in etcd.", metavar="KEY")
+    shard_name: str = setting(
+        "", "This shard's name in etcd (unique).", check=Check(_label_ok, "NAME", empty_ok=True)
+    )
+    shard_ttl_s: int = setting(3, "Seconds a dead shard stays a member (its lease).", lo=2, hi=60)
+    advertise: str = setting(
+        "", "Agent API address other hosts reach this shard at.", check=PEER_OR_EMPTY
+    )
+    advertise_metrics: str = setting(
+        "", "/metrics address Prometheus reaches this shard at.", check=PEER_OR_EMPTY
+    )
+    shard_token_file: str = setting(
+        "", "Bearer token (ingest role) this shard forwards spans to the others with.", check=FILE
+    )
+    shard_ca_file: str = setting("", "CA of the other shards' certificates (TLS).", check=FILE)
+    etcd_ca_file: str = setting("", "CA of etcd's certificate (https).", check=FILE)
+    etcd_cert_file: str = setting("", "Client certificate for etcd (PEM).", check=FILE)
+    etcd_key_file: str = setting("", "Client key for etcd (PEM).", check=FILE)
+
+    def shard_config(self) -> ShardConfig | None:
+        """The shard's settings, or None without etcd."""
+        if not self.etcd:
+            return None
+        if not self.shard_name:
+            raise ConfigError("etcd needs shard_name (unique among the shards)")
+        if bool(self.etcd_cert_file) != bool(self.etcd_key_file):
+            raise ConfigError("etcd_cert_file and etcd_key_file go together")
+        host = self.listen.rpartition(":")[0].strip("[]")
+        if not self.advertise and host in ("", "0.0.0.0", "::"):
+            raise ConfigError("listening on every address: give advertise (HOST:PORT for agents)")
+        return ShardConfig(
+            etcd=parse_endpoints(self.etcd),
+            name=self.shard_name,
+            advertise_api=self.advertise,
+            advertise_metrics=self.advertise_metrics,
+            ttl_s=self.shard_ttl_s,
+            refresh_s=1.0,
+            prefix=self.etcd_prefix,
+            token_file=self.shard_token_file,
+            ca_file=self.shard_ca_file,
+            etcd_ca_file=self.etcd_ca_file,
+            etcd_cert_file=self.etcd_cert_file,
+            etcd_key_file=self.etcd_key_file,
+        )
+
     def server_config(self) -> ServerConfig:
         settings.check(self)
         try:
@@ -241,6 +311,7 @@ class CollectorSettings:
         if self.streams_per_identity > self.workers // 2:
             raise ConfigError("streams_per_identity must be at most workers / 2")
         return ServerConfig(
+            shard=self.shard_config(),
             raw=raw,
             detail=DetailConfig(
                 worst_k=self.detail_worst_k,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
@@ -61,6 +61,8 @@ class IngestResult:
 
 
 Sink = Callable[[list[StageRecord], list[RequestRecord], list[Fragment]], None]
+# (request) -> (the part kept here, spans sent on to another collector shard)
+Router = Callable[[ts_pb.ExportTraceServiceRequest], tuple[ts_pb.ExportTraceServiceRequest, int]]
 
 
 def resource_attributes(rs: object) -> dict[str, object]:
@@ -76,6 +78,7 @@ class TraceIngest:
 
     def __init__(self, sink: Sink, *, max_spans: int = MAX_SPANS) -> None:
         self.sink, self.max_spans = sink, max_spans
+        self.router: Router | None = None  # set by a collector shard (collector/shard.py)
         self.lock = threading.Lock()
         self.received_total = 0
         self.rejected_total = 0
@@ -98,6 +101,21 @@ class TraceIngest:
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"batch of {len(spans)} spans; at most {self.max_spans} per Export",
             )
+        if self.router is not None:
+            request, forwarded = self.router(request)
+            if forwarded:
+                kept = self.export_local(request)
+                return replace(kept, accepted=kept.accepted + forwarded)
+        return self.export_local(request)
+
+    def export_local(self, request: ts_pb.ExportTraceServiceRequest) -> IngestResult:
+        """Take the spans of REQUEST here (export() without the routing)."""
+        spans = [
+            (s, rs_i, ss.scope.name)
+            for rs_i, rs in enumerate(request.resource_spans)
+            for ss in rs.scope_spans
+            for s in ss.spans
+        ]
         stages: list[StageRecord] = []
         requests: list[RequestRecord] = []
         fragments: list[Fragment] = []

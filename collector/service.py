@@ -45,9 +45,11 @@ from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp_http import serve_otlp_http
 from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
-from fabricprobe.collector.store import ReportError, WindowStore
+from fabricprobe.collector.shard import Shard, ShardCollector, ShardConfig
+from fabricprobe.collector.store import HostState, ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
+from fabricprobe.core.shards import Member
 
 log = logging.getLogger("fabricprobe.collector")
 
@@ -155,6 +157,10 @@ class AgentApi:
         self._lock = threading.Lock()
         self._sent: dict[str, pb.Assignments] = {}  # host -> its current assignments
         self.targets_dropped = 0  # targets outside the fleet's networks never sent
+        # as one shard of many (collector/shard.py): hosts other shards hold, which the
+        # planner keeps, and where a registration is published for the others
+        self.remote: Callable[[], frozenset[str]] = frozenset
+        self.on_register: Callable[[pb.HostInfo], None] | None = None
 
     def register(
         self, info: pb.HostInfo, *, owned: frozenset[str] = frozenset(), source: str | None = None
@@ -166,6 +172,8 @@ class AgentApi:
             check_addresses(info, owned, source, self.networks)
         self.store.register(info)
         self.planner.upsert(host_spec(info))
+        if self.on_register is not None:
+            self.on_register(info)
         return pb.RegisterResponse(
             report_interval_ms=self.cfg.report_interval_ms,
             assignments=self.assignments(info.host),
@@ -224,10 +232,14 @@ class AgentApi:
             assignment_generation=self.planner.generation(report.host),
         )
 
-    def expire(self) -> list[str]:
-        """Forget hosts silent too long and replan without them; return their names."""
-        gone = self.store.forget_idle()
-        stale = [h for h in self.planner.hosts() if h not in self.store.hosts]
+    def expire(self, released: Callable[[str, HostState], bool] | None = None) -> list[str]:
+        """Forget hosts silent too long (and those RELEASED picks) and replan without them;
+        return their names."""
+        gone = self.store.forget_idle(also=released)
+        elsewhere = self.remote() - set(gone)
+        stale = [
+            h for h in self.planner.hosts() if h not in self.store.hosts and h not in elsewhere
+        ]
         self.planner.remove([*gone, *stale])
         with self._lock:
             for h in [*gone, *stale]:
@@ -380,6 +392,13 @@ class ServerConfig:
     drift_waivers: tuple[Waiver, ...] = ()
     gate: GateConfig = field(default_factory=GateConfig)
     detail: DetailConfig = field(default_factory=DetailConfig)  # collector/detail.py
+    shard: ShardConfig | None = None  # one shard of many, membership in etcd
+
+
+def admit(info: pb.HostInfo) -> HostSpec:
+    """A registration another shard published: checked as our own are, then planned."""
+    _check_host_info(info)
+    return host_spec(info)
 
 
 def split_hostport(text: str) -> tuple[str, int]:
@@ -420,6 +439,19 @@ class CollectorServer:
             self.store, min_group=cfg.drift_min_group, waivers=tuple(cfg.drift_waivers)
         )
         self.registry.register(DriftCollector(self.drift))
+        self.shard: Shard | None = None
+        if cfg.shard is not None:
+            self.shard = Shard(
+                cfg.shard,
+                self.store,
+                self.planner,
+                admit,
+                match=cfg.match,
+                forget_after=cfg.forget_after,
+            )
+            self.api.remote = self.shard.remote_hosts
+            self.api.on_register = self.shard.publish
+            self.registry.register(ShardCollector(self.shard))
         self.health = health.HealthServicer()
         self.port = 0
         self.metrics_port = 0
@@ -495,6 +527,19 @@ class CollectorServer:
             ohost, oport = split_hostport(self.cfg.otlp_http_listen)
             self._otlp_http = serve_otlp_http(ohost, oport, self.attribution.ingest)
             self.otlp_http_port = int(self._otlp_http.server_address[1])
+        if self.shard is not None:
+            self.attribution.ingest.router = self.shard.route
+            sc = self.shard.cfg
+            api = sc.advertise_api or f"{host}:{self.port}"
+            mhost = self.cfg.metrics_listen.rpartition(":")[0].strip("[]")
+            if mhost in ("", "0.0.0.0", "::"):  # every address: the one agents reach
+                mhost = api.rpartition(":")[0]
+            metrics = sc.advertise_metrics or (f"{mhost}:{self.metrics_port}" if self._http else "")
+            try:
+                self.shard.start(Member(sc.name, api, sc.advertise_otlp, metrics))
+            except Exception:
+                self.stop(0)
+                raise
         self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         self._reaper.start()
         if self.raw is not None:
@@ -512,13 +557,23 @@ class CollectorServer:
         every = max(0.5, min(self.cfg.stale_after, 10.0))
         while not self._stop.wait(every):
             self.gate.cancel_idle()
-            gone = self.api.expire()
+            released = None
+            if self.shard is not None:
+                # a host that registered with another shard is let go of here once it
+                # has been silent for three windows (before stale_after calls it down)
+                quiet = min(self.cfg.stale_after / 2, 3 * self.cfg.api.report_interval_ms / 1000)
+                released = self.shard.released(quiet)
+            gone = self.api.expire(released)
             if gone:
-                log.info("forgot silent hosts=%s", gone)
+                log.info("forgot silent or moved hosts=%s", gone)
+                if self.shard is not None:
+                    self.shard.forget(gone)
 
     def stop(self, grace: float | None = None) -> None:
         """Drain: report NOT_SERVING, finish running calls within the grace, close."""
         self._stop.set()
+        if self.shard is not None:
+            self.shard.stop()  # out of the member set first: agents move while we drain
         self.health.enter_graceful_shutdown()
         if self._server is not None:
             self._server.stop(self.cfg.grace if grace is None else grace).wait()

@@ -245,14 +245,16 @@ class WindowStore:
             now = self.clock()
             return [h for h in self.hosts.values() if not self.is_stale(h, now)]
 
-    def forget_idle(self) -> list[str]:
-        """Drop hosts silent for forget_after seconds, with their series; return their names."""
+    def forget_idle(self, *, also: Callable[[str, HostState], bool] | None = None) -> list[str]:
+        """Drop hosts silent for forget_after seconds, and those ALSO picks (a shard lets go
+        of hosts another shard owns now), with their series; return their names."""
         with self.lock:
             now = self.clock()
             gone = [
                 name
                 for name, h in self.hosts.items()
                 if (now - h.last_report_ns) / 1e9 > self.forget_after
+                or (also is not None and also(name, h))
             ]
             for name in gone:
                 del self.hosts[name]

@@ -4,6 +4,7 @@
 #   * Debian packages for the soft-RoCE VM lane, perftest/sockperf/qperf (lane/install.sh)
 #   * promtool (Debian's prometheus package) for checking the metrics exposition
 #   * chromium, headless, for checking what `probe report` shows
+#   * etcd (etcd-server) for the collector shards' test
 #   * helm and systemd-analyze for the deploy checks (scripts/install-deploy-tools.sh)
 #   * the native engine of the probes (scripts/build-native.sh)
 #   * .venv: the project (editable) with its dev extras, seeing Debian's pyverbs
@@ -23,6 +24,11 @@ fi
 # headless Chromium renders `probe report` in its test (tests/integration/test_report.py).
 if ! command -v chromium >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+# etcd (Debian's 3.4) holds the collector shards' membership; tests/integration/test_shards.py
+# starts one on loopback.
+if ! command -v etcd >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
 fi
 # helm and systemd-analyze for the deploy checks (tests/unit/test_deploy.py).
 bash scripts/install-deploy-tools.sh

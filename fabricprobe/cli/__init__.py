@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "serve": "fabricprobe.cli.commands.serve:serve",
     "agent": "fabricprobe.cli.commands.agent:agent",
     "collector": "fabricprobe.cli.commands.collector:collector",
+    "shards": "fabricprobe.cli.commands.shards:shards",
     "rxe": "fabricprobe.cli.commands.rxe:rxe",
     "demo": "fabricprobe.cli.commands.demo:demo",
     "workload": "fabricprobe.cli.commands.workload:workload",

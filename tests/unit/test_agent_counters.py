@@ -98,3 +98,8 @@ def test_change_filter_sends_moved_counters_and_periodic_keyframes() -> None:
     assert [x.name for x in f([r("a", 2), r("b", 5)])] == ["a"]
     assert [x.name for x in f([r("a", 2), r("b", 5)])] == []
     assert [x.name for x in f([r("a", 2), r("b", 5)])] == ["a", "b"]  # keyframe
+    f.force(2)  # a new collector shard: the next two windows carry everything
+    assert [x.name for x in f([r("a", 2), r("b", 5)])] == ["a", "b"]
+    assert [x.name for x in f([r("a", 2), r("b", 5)])] == ["a", "b"]
+    assert [x.name for x in f([r("a", 2), r("b", 5)])] == ["a", "b"]  # the periodic one
+    assert [x.name for x in f([r("a", 2), r("b", 5)])] == []

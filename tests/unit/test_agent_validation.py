@@ -48,6 +48,8 @@ def test_a_run_reports_every_verdict_with_its_value(tmp_path: Path) -> None:
     assert s.take_pending() is msg
     s.sent_ok(msg)
     assert s.take_pending() is None
+    s.resend()  # another collector shard took the host: it gets the verdicts again
+    assert s.take_pending() is msg
 
 
 def test_texts_are_clipped_and_cleaned() -> None:

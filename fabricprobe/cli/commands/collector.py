@@ -23,6 +23,7 @@ from fabricprobe.collector.service import CollectorServer
 from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.logs import setup_logging
+from fabricprobe.core.shards import EtcdError
 
 log = logging.getLogger("fabricprobe.collector")
 
@@ -58,7 +59,7 @@ def collector(config_file: str | None, log_format: str, log_level: str, **flags:
     server = CollectorServer(cfg, auth)
     try:
         server.start()
-    except (OSError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError, EtcdError) as e:
         fail(f"cannot start: {e}", 1)
     done = threading.Event()
 

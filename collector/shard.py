@@ -1,0 +1,570 @@
+"""One collector shard of many, with membership in etcd (fabricprobe.core.shards).
+
+A shard keeps two etcd leases alive: a short one (`ttl_s`, a few seconds) that holds its
+member record, so that a shard killed outright leaves the member set within the TTL;
+and a long one (`forget_after`) that holds the registrations of the hosts that
+registered here, so that a host whose shard died stays in the fleet's plan until it
+registers with its new owner (or the long lease runs out).
+
+One fleet-wide plan, no leader: every shard reads every host registration from etcd and
+feeds them to its own Planner. The planner is deterministic for one set of hosts, so
+each shard hands its own hosts the same assignments any other shard would. A shard
+re-reads etcd only when the store's revision moved (registrations and membership are
+the only writes), so a quiet fleet costs one small range request per `refresh_s`.
+
+Spans reach the shard that owns their path (see `route`): spans of one trace go
+together, to the owner of the host the trace names first — the `fabricprobe.src.host`
+of a span (the prefill side of a KV transfer), else the host that the resource
+attributes of the trace's first resource name, matched as the attribution matches them.
+A trace that names no known host stays where it arrived. Forwarding is a bounded queue
+drained by one thread, with a drop counter; a forwarded request carries the resource
+attribute `fabricprobe.forwarded` and is never forwarded again.
+
+A shard takes any host that registers or reports to it (agents choose their owner; a
+refusal would only strand a host whose view of the members lags), and lets go of a host
+once the host registered with another shard (its registration in etcd is under that
+shard's lease) and stopped reporting here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from fabricprobe.collector.assign import HostSpec, Planner
+from fabricprobe.collector.linking import HostDirectory, MatchConfig
+from fabricprobe.collector.store import MAX_HOSTS, HostState, WindowStore
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.shards import (
+    DEFAULT_PREFIX,
+    MAX_MEMBERS,
+    Etcd,
+    EtcdError,
+    Member,
+    b64,
+    owner_of,
+)
+
+log = logging.getLogger("fabricprobe.collector.shard")
+
+MAX_REGISTRATION = 64 << 10  # bytes of one host's registration in etcd
+MAX_FORWARD_QUEUE = 256  # OTLP requests waiting to be forwarded; beyond it they are dropped
+FORWARD_TIMEOUT_S = 5.0
+FORWARDED = "fabricprobe.forwarded"  # resource attribute of a forwarded request
+SRC_HOST = "fabricprobe.src.host"
+FORWARD_RESULTS = ("sent", "queue_full", "failed")
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """How a collector joins the shards (collector/config.py fills one)."""
+
+    etcd: tuple[tuple[str, int], ...]
+    name: str
+    advertise_api: str = ""  # "" -> the agent API's listen address and bound port
+    advertise_otlp: str = ""  # "" -> the agent API's address (OTLP shares its port)
+    advertise_metrics: str = ""  # "" -> the /metrics listen address and bound port
+    ttl_s: int = 3
+    refresh_s: float = 1.0
+    prefix: str = DEFAULT_PREFIX
+    # how this shard proves itself to the others when it forwards spans: a bearer token
+    # holding the ingest role there, over TLS with CA_FILE (and a client certificate)
+    token_file: str = ""
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+
+
+Admit = Callable[[pb.HostInfo], HostSpec]  # checks a registration, returns its plan entry
+
+
+class Shard:
+    """This collector's membership, its view of the fleet, and span routing."""
+
+    def __init__(
+        self,
+        cfg: ShardConfig,
+        store: WindowStore,
+        planner: Planner,
+        admit: Admit,
+        *,
+        match: MatchConfig | None = None,
+        forget_after: float = 600.0,
+        etcd: Etcd | None = None,
+    ) -> None:
+        self.cfg, self.store, self.planner, self.admit = cfg, store, planner, admit
+        self.match = match or MatchConfig()
+        self.forget_after = forget_after
+
+        def client() -> Etcd:
+            return Etcd(
+                cfg.etcd,
+                prefix=cfg.prefix,
+                ca_file=cfg.etcd_ca_file,
+                cert_file=cfg.etcd_cert_file,
+                key_file=cfg.etcd_key_file,
+            )
+
+        self.etcd = etcd or client()
+        # the keepalives go on their own thread and client: a long read of the fleet must
+        # never hold them past the lease's TTL
+        self.beat_etcd = etcd or client()
+        self.member = Member(cfg.name, cfg.advertise_api)
+        self.lock = threading.Lock()
+        self.members: tuple[Member, ...] = ()
+        self.fleet: dict[str, pb.HostInfo] = {}  # every registration in etcd, by host
+        self.fleet_leases: dict[str, int] = {}
+        self._revision = -1
+        self._lease = 0  # holds the member record
+        self._reg_lease = 0  # holds this shard's hosts' registrations
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._beat: threading.Thread | None = None
+        self._grant_lock = threading.Lock()
+        self.forwarder = Forwarder(cfg)
+        # counted for /metrics (ShardCollector)
+        self.leases_lost = 0
+        self.records_unreadable = 0  # member or host records in etcd, at the last read
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self, member: Member) -> None:
+        """Join as MEMBER: its record under a fresh lease, the fleet read once, then a
+        thread that keeps both up to date. Raises EtcdError when etcd cannot be reached."""
+        self.member = member
+        self._grant()
+        self.sync(force=True)
+        self.forwarder.start()
+        self._thread = threading.Thread(target=self._loop, name="shard", daemon=True)
+        self._thread.start()
+        self._beat = threading.Thread(target=self._beat_loop, name="shard-beat", daemon=True)
+        self._beat.start()
+        log.info("shard %s joined: api=%s members=%d", member.name, member.api, len(self.members))
+
+    def _grant(self, etcd: Etcd | None = None) -> None:
+        etcd = etcd or self.etcd
+        ttl = max(2, int(self.cfg.ttl_s))
+
+        def grant(c: Any, ttl: int = ttl) -> int:
+            return int(c.post(c.get_url("/lease/grant"), json={"TTL": ttl, "ID": 0})["ID"])
+
+        with self._grant_lock:
+            self._lease = int(etcd.call("lease grant", grant))
+            if not self._reg_lease:
+                long_ttl = max(ttl * 2, int(self.forget_after))
+                self._reg_lease = int(etcd.call("lease grant", lambda c: grant(c, long_ttl)))
+            self._put(f"shards/{self.member.name}", self.member.record(), self._lease, etcd)
+
+    def _put(self, sub: str, value: bytes, lease: int, etcd: Etcd | None = None) -> None:
+        key = self.cfg.prefix + sub
+
+        def put(c: Any) -> None:
+            c.post(
+                c.get_url("/kv/put"), json={"key": b64(key), "value": b64(value), "lease": lease}
+            )
+
+        (etcd or self.etcd).call(f"put {key}", put)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.cfg.refresh_s):
+            try:
+                self.sync()
+                self.republish()
+            except EtcdError as e:
+                log.warning("shard %s: %s", self.member.name, e)
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(max(2, self.cfg.ttl_s) / 3):
+            try:
+                self._keepalive()
+            except EtcdError as e:
+                log.warning("shard %s: %s", self.member.name, e)
+
+    def stop(self) -> None:
+        """Leave: revoke the member lease so the others take this shard's hosts at once."""
+        self._stop.set()
+        for t in (self._thread, self._beat):
+            if t is not None:
+                t.join(timeout=5)
+        self.forwarder.stop()
+        if self._lease:
+
+            def revoke(c: Any) -> None:
+                c.post(c.get_url("/lease/revoke"), json={"ID": self._lease})
+
+            try:
+                self.etcd.call("lease revoke", revoke)
+            except EtcdError as e:
+                log.warning("shard %s: %s", self.member.name, e)
+
+    # -- etcd ---------------------------------------------------------------------------
+
+    def _keepalive(self) -> None:
+        for lease in (self._lease, self._reg_lease):
+
+            def refresh(c: Any, lease: int = lease) -> int:
+                doc = c.post(c.get_url("/lease/keepalive"), json={"ID": lease})
+                return int(doc["result"].get("TTL", -1))
+
+            if self.beat_etcd.call("keepalive", refresh) <= 0:
+                # the lease ran out (a pause longer than the TTL): join again
+                self.leases_lost += 1
+                log.warning("shard %s: lease %x ran out; joining again", self.member.name, lease)
+                if lease == self._reg_lease:
+                    self._reg_lease = 0
+                self._grant(self.beat_etcd)
+                self._revision = -1  # the next sync reads all, republish() puts ours back
+                return
+
+    def sync(self, *, force: bool = False) -> bool:
+        """Re-read members and registrations if etcd changed; True when it did."""
+        rev = self.etcd.revision()
+        if rev == self._revision and not force:
+            return False
+        members, bad = self.etcd.members()
+        rows = self.etcd.read_prefix("hosts/", MAX_HOSTS + 1)
+        bad += max(0, len(rows) - MAX_HOSTS)
+        fleet: dict[str, pb.HostInfo] = {}
+        leases: dict[str, int] = {}
+        specs: list[HostSpec] = []
+        for key, value, lease in rows[:MAX_HOSTS]:
+            name = key.decode(errors="replace").rpartition("/")[2]
+            try:
+                if len(value) > MAX_REGISTRATION:
+                    raise ValueError("registration too large")
+                info = pb.HostInfo.FromString(value)
+                if info.host != name:
+                    raise ValueError("key and host differ")
+                specs.append(self.admit(info))
+            except (DecodeError, ValueError):
+                bad += 1
+                continue
+            fleet[name], leases[name] = info, lease
+        with self.lock:
+            self.members = tuple(members)
+            self.fleet, self.fleet_leases = fleet, leases
+            self.records_unreadable = bad
+            self._revision = rev
+        local = self.local_hosts()
+        for spec in specs:
+            if spec.name not in local:  # a host that registered here is planned from here
+                self.planner.upsert(spec)
+        gone = [h for h in self.planner.hosts() if h not in fleet and h not in local]
+        self.planner.remove(gone)
+        return True
+
+    def local_hosts(self) -> set[str]:
+        with self.store.lock:
+            return set(self.store.hosts)
+
+    def remote_hosts(self) -> frozenset[str]:
+        """Hosts of the fleet (in etcd) that the planner keeps though they are not here."""
+        with self.lock:
+            return frozenset(self.fleet)
+
+    def publish(self, info: pb.HostInfo) -> None:
+        """Put INFO's registration in etcd under this shard's long lease (a failure is
+        counted; the next round retries it)."""
+        if not self._reg_lease:
+            return  # not joined yet: republish() puts it once the lease is there
+        try:
+            self._put(f"hosts/{info.host}", info.SerializeToString(), self._reg_lease)
+        except EtcdError as e:
+            log.warning(
+                "shard %s: registration of %s not published: %s", self.member.name, info.host, e
+            )
+            return
+        with self.lock:
+            self.fleet[info.host] = info
+            self.fleet_leases[info.host] = self._reg_lease
+
+    def republish(self) -> None:
+        """Registrations held here that etcd lacks (an outage, or a lease run out)."""
+        with self.store.lock:
+            held = {name: h.info for name, h in self.store.hosts.items()}
+        with self.lock:
+            missing = [info for name, info in held.items() if name not in self.fleet]
+        for info in missing:
+            self.publish(info)
+
+    def released(self, quiet_s: float) -> Callable[[str, HostState], bool]:
+        """Picks the hosts this shard lets go of: registered since with another shard (their
+        registration in etcd is under another shard's lease) and silent here for QUIET_S
+        seconds. Called with the store locked."""
+        with self.lock:
+            leases, mine = dict(self.fleet_leases), self._reg_lease
+        now = self.store.clock()
+
+        def pick(name: str, state: HostState) -> bool:
+            lease = leases.get(name)
+            if lease is None or lease == mine:
+                return False
+            return (now - state.last_report_ns) / 1e9 > quiet_s
+
+        return pick
+
+    def forget(self, hosts: list[str]) -> None:
+        """Delete the registrations of HOSTS this shard forgot, unless another shard has
+        put them since (the delete holds only while the key is still under our lease)."""
+        for host in hosts:
+            key = b64(f"{self.cfg.prefix}hosts/{host}")
+            txn = {
+                "compare": [
+                    {"key": key, "target": "LEASE", "result": "EQUAL", "lease": self._reg_lease}
+                ],
+                "success": [{"request_delete_range": {"key": key}}],
+                "failure": [],
+            }
+            try:
+                self.etcd.call("delete", lambda c, t=txn: c.post(c.get_url("/kv/txn"), json=t))
+            except EtcdError as e:
+                log.warning("shard %s: %s", self.member.name, e)
+
+    # -- ownership and spans ------------------------------------------------------------
+
+    def owner(self, host: str) -> Member | None:
+        with self.lock:
+            return owner_of(host, self.members)
+
+    def hosts_owned(self) -> int:
+        with self.lock:
+            members, names = self.members, set(self.fleet)
+        names |= self.local_hosts()
+        return sum(1 for h in names if owner_of(h, members) == self.member)
+
+    def directory(self) -> HostDirectory:
+        with self.lock:
+            hosts = [(h, list(i.addresses)) for h, i in self.fleet.items()]
+        return HostDirectory(hosts, self.match)
+
+    def route(self, request: ts_pb.ExportTraceServiceRequest) -> tuple[Any, int]:
+        """(the part of REQUEST this shard keeps, spans handed to the forwarder)."""
+        with self.lock:
+            members = self.members
+        if len(members) < 2:
+            return request, 0
+        owners = self._trace_owners(request, members)
+        if not owners or all(m == self.member for m in owners.values()):
+            return request, 0
+        keep = ts_pb.ExportTraceServiceRequest()
+        out: dict[Member, ts_pb.ExportTraceServiceRequest] = {}
+        for rs in request.resource_spans:
+            parts: dict[Member | None, Any] = {}
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    m = owners.get(bytes(span.trace_id))
+                    dest = None if m is None or m == self.member else m
+                    if dest not in parts:
+                        target = (
+                            keep
+                            if dest is None
+                            else out.setdefault(dest, ts_pb.ExportTraceServiceRequest())
+                        )
+                        new_rs = target.resource_spans.add()
+                        new_rs.resource.CopyFrom(rs.resource)
+                        new_rs.schema_url = rs.schema_url
+                        if dest is not None:
+                            attr = new_rs.resource.attributes.add()
+                            attr.key, attr.value.string_value = FORWARDED, self.member.name
+                        parts[dest] = (new_rs, {})
+                    new_rs, scopes = parts[dest]
+                    sid = id(ss)
+                    if sid not in scopes:
+                        new_ss = new_rs.scope_spans.add()
+                        new_ss.scope.CopyFrom(ss.scope)
+                        new_ss.schema_url = ss.schema_url
+                        scopes[sid] = new_ss
+                    scopes[sid].spans.append(span)
+        sent = 0
+        for m, req in out.items():
+            n = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            self.forwarder.put(m, req, n)
+            sent += n
+        return keep, sent
+
+    def _trace_owners(self, request: Any, members: tuple[Member, ...]) -> dict[bytes, Member]:
+        hosts: dict[bytes, str] = {}
+        directory: HostDirectory | None = None
+        for rs in request.resource_spans:
+            res = {a.key: a.value.string_value for a in rs.resource.attributes}
+            if FORWARDED in res:
+                return {}  # forwarded once already: kept wherever it landed
+            resource_host: str | None = None
+            looked = False
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    tid = bytes(span.trace_id)
+                    for a in span.attributes:
+                        if a.key == SRC_HOST and a.value.string_value:
+                            hosts[tid] = a.value.string_value  # the prefill side wins
+                    if tid in hosts:
+                        continue
+                    if not looked:
+                        looked = True
+                        if directory is None:
+                            directory = self.directory()
+                        hints = [(k, v) for k, v in res.items() if v]
+                        resource_host, _ = directory.resolve(hints)
+                    if resource_host is not None:
+                        hosts.setdefault(tid, resource_host)
+        owners = {}
+        for tid, host in hosts.items():
+            m = owner_of(host, members)
+            if m is not None:
+                owners[tid] = m
+        return owners
+
+
+def _read(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+class Forwarder:
+    """OTLP requests for other shards: a bounded queue and one sending thread."""
+
+    def __init__(self, cfg: ShardConfig, max_queue: int = MAX_FORWARD_QUEUE) -> None:
+        self.cfg = cfg
+        self.queue: queue.Queue[tuple[Member, Any, int] | None] = queue.Queue(maxsize=max_queue)
+        self.spans = dict.fromkeys(FORWARD_RESULTS, 0)
+        self.lock = threading.Lock()
+        self._channels: dict[Member, tuple[grpc.Channel, Any]] = {}
+        self._thread: threading.Thread | None = None
+        token = Path(cfg.token_file).read_text().strip() if cfg.token_file else ""
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.creds = None
+        if cfg.ca_file:
+            self.creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(cfg.ca_file),
+                private_key=_read(cfg.key_file) if cfg.key_file else None,
+                certificate_chain=_read(cfg.cert_file) if cfg.cert_file else None,
+            )
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="forward", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with contextlib.suppress(queue.Full):
+            self.queue.put_nowait(None)
+        for ch, _ in list(self._channels.values()):
+            ch.close()
+
+    def put(self, member: Member, request: Any, spans: int) -> None:
+        try:
+            self.queue.put_nowait((member, request, spans))
+        except queue.Full:
+            self._count("queue_full", spans)
+
+    def _count(self, result: str, n: int) -> None:
+        with self.lock:
+            self.spans[result] += n
+
+    def _stub(self, member: Member) -> Any:
+        held = self._channels.get(member)
+        if held is None:
+            for old in [m for m in self._channels if m.name == member.name]:
+                self._channels.pop(old)[0].close()  # the shard came back elsewhere
+            while len(self._channels) >= MAX_MEMBERS:  # shards come and go: oldest out
+                self._channels.pop(next(iter(self._channels)))[0].close()
+            opts = (
+                [("grpc.ssl_target_name_override", self.cfg.server_name)]
+                if self.cfg.server_name
+                else []
+            )
+            target = member.otlp_target
+            ch = (
+                grpc.secure_channel(target, self.creds, options=opts)
+                if self.creds is not None
+                else grpc.insecure_channel(target)
+            )
+            held = self._channels[member] = (ch, ts_grpc.TraceServiceStub(ch))
+        return held[1]
+
+    def _loop(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            member, request, n = item
+            try:
+                self._stub(member).Export(
+                    request, timeout=FORWARD_TIMEOUT_S, metadata=self.metadata
+                )
+            except grpc.RpcError as e:
+                self._count("failed", n)
+                log.warning("forwarding %d spans to shard %s: %s", n, member.name, e.code())
+                continue
+            self._count("sent", n)
+
+
+class ShardCollector:
+    """The shard's own figures on /metrics (collector/metrics.toml, [[shard_metric]])."""
+
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        s = self.shard
+        with s.lock:
+            members, fleet = len(s.members), len(s.fleet)
+        out: list[Metric] = [
+            GaugeMetricFamily(
+                "fabricprobe_shard_members",
+                "Collector shards live in etcd, as this one sees them.",
+                members,
+            ),
+            GaugeMetricFamily(
+                "fabricprobe_shard_fleet_hosts",
+                "Hosts registered with any shard (the plan's fleet).",
+                fleet,
+            ),
+            GaugeMetricFamily(
+                "fabricprobe_shard_hosts_owned",
+                "Hosts of the fleet this shard owns.",
+                s.hosts_owned(),
+            ),
+            CounterMetricFamily(
+                "fabricprobe_shard_etcd_errors",
+                "etcd calls that failed.",
+                s.etcd.errors + (s.beat_etcd.errors if s.beat_etcd is not s.etcd else 0),
+            ),
+            CounterMetricFamily(
+                "fabricprobe_shard_leases_lost",
+                "Times this shard's lease ran out and it joined again.",
+                s.leases_lost,
+            ),
+            GaugeMetricFamily(
+                "fabricprobe_shard_records_unreadable",
+                "Member or host records in etcd that could not be read, at the last read.",
+                s.records_unreadable,
+            ),
+        ]
+        fwd = CounterMetricFamily(
+            "fabricprobe_shard_forwarded_spans",
+            "Spans sent on to the shard owning their path, by result.",
+            labels=["result"],
+        )
+        with s.forwarder.lock:
+            for result, n in s.forwarder.spans.items():
+                fwd.add_metric([result], n)
+        out.append(fwd)
+        return out

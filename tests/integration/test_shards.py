@@ -1,0 +1,432 @@
+"""Collector shards on etcd, with one of them killed: a real etcd (Debian's), three
+collector shards with real gRPC on loopback (two in this process, one as a `probe
+collector` process), a real Prometheus scraping all of them, and loopback agents that
+find their shard in etcd.
+
+The process, which owns host-2, gets SIGKILL: no drain, no goodbye to etcd, its lease
+runs out by itself. Then: its hosts report to the others within one window; every
+window any shard acknowledged is held by a live shard with no seq missing (the agents
+replay what the dead one had taken, the new owner drops duplicates); stage spans sent to
+a shard that does not own their path are joined on the owner, before and after; and
+every dashboard query still returns data.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fabricprobe.agent.agent import Agent
+from fabricprobe.cli import main
+from fabricprobe.collector.assign import PlanConfig
+from fabricprobe.collector.service import ApiConfig, CollectorServer
+from fabricprobe.collector.shard import ShardConfig
+from fabricprobe.core import shards
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.shards import Etcd, Member, b64, owner_of
+from tests.support.feeds import fixture_checks, fixture_rdma_windows, rising_ethtool, send_spans
+from tests.support.fleet import (
+    FIXTURES,
+    HOSTS,
+    fast_server_config,
+    free_port,
+    loopback_agent_config,
+    scrape,
+    wait_for,
+)
+from tests.support.prom import missing_queries, running_prometheus
+
+WINDOW_S = 4.0  # the shards' report interval: a dead shard's hosts must move within it
+TTL_S = 2  # the shards' etcd lease
+JOINED = "fabricprobe_path_explained_seconds"  # KV transfers joined with their path RTT
+AGENT_METRICS = {h: free_port(h) for h in HOSTS}
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[int]:
+    """A one-member etcd on loopback with its data in TMP_PATH; yields its client port."""
+    assert shutil.which("etcd"), "etcd is not installed (Debian's etcd-server; scripts/setup.sh)"
+    client, peer = free_port(), free_port()
+    log = (tmp_path / "etcd.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            "etcd",
+            "--name=t",
+            f"--data-dir={tmp_path / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{client}",
+            f"--advertise-client-urls=http://127.0.0.1:{client}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=t=http://127.0.0.1:{peer}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+    def healthy() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{client}/health", timeout=2) as r:
+            return b"true" in r.read()
+
+    try:
+        wait_for(healthy, 30, "etcd to start")
+        yield client
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def shard_server(name: str, etcd_port: int) -> CollectorServer:
+    return CollectorServer(
+        fast_server_config(
+            api=ApiConfig(
+                report_interval_ms=int(WINDOW_S * 1000),
+                plan=PlanConfig(interval_ms=300, count=5, budget=8),
+            ),
+            shard=ShardConfig(
+                etcd=(("127.0.0.1", etcd_port),), name=name, ttl_s=TTL_S, refresh_s=0.25
+            ),
+        )
+    )
+
+
+def has_series(text: str, name: str, **labels: str) -> bool:
+    """Whether TEXT (/metrics) has a sample of NAME with these LABELS."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return any(
+        line.startswith(name + "{") and all(w in line for w in want) for line in text.splitlines()
+    )
+
+
+def seqs(server: CollectorServer, host: str) -> set[int]:
+    return {s for ss in server.store.seqs_taken(host).values() for s in ss}
+
+
+def get(address: str) -> str:
+    """GET http://ADDRESS/metrics."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def named_to_own(host: str, others: list[str]) -> str:
+    """A shard name that, beside OTHERS, owns HOST (ownership follows names alone)."""
+    for i in range(1000):
+        name = f"shard-v{i}"
+        group = [Member(n, "127.0.0.1:1") for n in [*others, name]]
+        m = owner_of(host, group)
+        if m is not None and m.name == name:
+            return name
+    raise AssertionError("no name found")
+
+
+@contextmanager
+def shard_process(name: str, etcd_port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`probe collector` as one shard, in its own process, with the plan the in-process
+    shards have (one fleet-wide plan needs the same plan settings everywhere)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "fabricprobe",
+        "collector",
+        "--insecure",
+        "--listen=127.0.0.1:0",
+        "--metrics-listen=127.0.0.1:0",
+        f"--etcd=127.0.0.1:{etcd_port}",
+        f"--shard-name={name}",
+        f"--shard-ttl={TTL_S}",
+        f"--report-interval={WINDOW_S:g}",
+        "--probe-interval=0.3",
+        "--probe-count=5",
+        "--budget=8",
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
+    etcd: int, tmp_path: Path
+) -> None:
+    t0 = time.monotonic()
+    configs = [
+        loopback_agent_config(
+            tmp_path,
+            a,
+            0,
+            metrics_listen=f"{a}:{AGENT_METRICS[a]}",
+            etcd=f"127.0.0.1:{etcd}",
+            etcd_refresh_s=0.25,
+            collector="127.0.0.1:1",  # never used: etcd names the shard
+            # every window of the run is kept for a handoff, so that "nothing lost" can be
+            # checked as "every acknowledged window is on a live shard" (by default, the
+            # windows of the last 60 s: those Prometheus may not have scraped)
+            handoff_keep_s=300.0,
+        )
+        for a in HOSTS
+    ]
+    configs[0].sysfs_root, configs[0].ethtool = str(FIXTURES / "sys" / "mlx5"), True
+    names = [c.host for c in configs]
+    # two shards in this process, and a third, which owns host-2, as `probe collector`
+    shards = [shard_server(f"shard-{i}", etcd) for i in range(2)]
+    doomed = named_to_own(names[0], [f"shard-{i}" for i in range(2)])
+    with shard_process(doomed, etcd, tmp_path / "victim.log") as victim_proc:
+        for s in shards:
+            s.start()
+        by_name: dict[str, CollectorServer | None] = {
+            s.shard.member.name: s for s in shards if s.shard is not None
+        }
+        by_name[doomed] = None
+
+        def members() -> list[Member]:
+            view = shards[0].shard
+            assert view is not None
+            view.sync()
+            return list(view.members)
+
+        wait_for(lambda: len(members()) == 3, 30, "three shards in etcd")
+        victim = next(m for m in members() if m.name == doomed)
+
+        def owner(host: str) -> CollectorServer | None:
+            view = shards[0].shard
+            assert view is not None
+            m = owner_of(host, view.members)
+            assert m is not None
+            return by_name[m.name]
+
+        assert owner(names[0]) is None  # the process
+        moved = [n for n in names if owner(n) is None]
+        entry = shards[0]  # spans and the check verdicts enter here, not host-2's owner
+        fixture_checks(entry)
+
+        def rdma_door(host: str) -> CollectorServer:
+            return owner(host) or entry  # a shard takes any host; the process is out of reach
+
+        collectors = [f"127.0.0.1:{s.metrics_port}" for s in shards] + [victim.metrics]
+        agent_targets = [f"{h}:{p}" for h, p in AGENT_METRICS.items()]
+        agents = [Agent(configs[0], ethtool_runner=rising_ethtool())]
+        agents += [Agent(c) for c in configs[1:]]
+        stop = threading.Event()
+        with running_prometheus(tmp_path, collectors, agent_targets) as prom:
+            for a in agents:
+                a.start()
+            try:
+                wait_for(
+                    lambda: (
+                        all(
+                            has_series(get(victim.metrics), "fabricprobe_host_up", src=n)
+                            for n in moved
+                        )
+                        and all(n in s.store.hosts for n in names if (s := owner(n)) is not None)
+                    ),
+                    20,
+                    "every agent registered with the shard that owns its host",
+                )
+
+                def feed() -> None:
+                    seq = 1
+                    while not stop.is_set():
+                        door = next(s for s in shards if s is not owner(names[0]))
+                        send_spans(f"127.0.0.1:{door.port}", names[0], names[1], 20, batch=seq)
+                        fixture_rdma_windows(rdma_door, seq)
+                        seq += 1
+                        stop.wait(2.0)
+
+                feeder = threading.Thread(target=feed, name="feed", daemon=True)
+                feeder.start()
+                wait_for(
+                    lambda: len(prom.query("fabricprobe_rtt_seconds_count")) >= 6,
+                    40,
+                    "every loopback pair's RTT histogram in Prometheus",
+                )
+                # spans entered a shard that does not own their path; joined on the owner
+                wait_for(
+                    lambda: has_series(get(victim.metrics), JOINED, src=names[0], dst=names[1]),
+                    30,
+                    "spans forwarded to the path's owner and joined there",
+                )
+                assert entry.shard is not None and entry.shard.forwarder.spans["sent"] > 0
+                assert not has_series(
+                    scrape(entry), "fabricprobe_kv_transfer_seconds_count", src=names[0]
+                ), "the shard the spans entered joined them itself"
+
+                # -- SIGKILL the owner of host-2 ----------------------------------------
+                killed_at = time.time_ns()
+                victim_proc.send_signal(signal.SIGKILL)
+                victim_proc.wait(timeout=10)
+                t_kill = time.monotonic()
+                # every window any shard acknowledged, as the agents know them
+                acked = {
+                    a.cfg.host: {k.seq for _, k, _ in a.handoff.kept}
+                    for a in agents
+                    if a.handoff is not None
+                }
+                assert all(acked[n] for n in moved)
+                wait_for(
+                    lambda: all(
+                        any(
+                            n in s.store.hosts and s.store.hosts[n].last_report_ns > killed_at
+                            for s in shards
+                        )
+                        for n in moved
+                    ),
+                    3 * WINDOW_S,
+                    "the dead shard's hosts reporting elsewhere",
+                )
+                took = time.monotonic() - t_kill
+                assert took <= WINDOW_S, f"hosts moved after {took:.1f} s, more than a window"
+                assert len(members()) == 2
+
+                # every window a shard acknowledged is on a live shard, none missing
+                time.sleep(WINDOW_S)
+                for n in names:
+                    live = set().union(*(seqs(s, n) for s in shards))
+                    lost = acked[n] - live
+                    assert not lost, f"{n}: windows {sorted(lost)} acknowledged, now nowhere"
+                    gaps = set(range(1, max(live) + 1)) - live
+                    assert not gaps, f"{n}: windows {sorted(gaps)} missing"
+                for a in agents:
+                    if a.cfg.host in moved:
+                        assert a.handoffs == 1 and a.replayed >= len(acked[a.cfg.host])
+                print(
+                    f"\nshard SIGKILLed: {len(moved)} host(s) moved in {took:.2f} s"
+                    f" (window {WINDOW_S:g} s, lease {TTL_S} s);"
+                    f" {sum(len(acked[n]) for n in moved)} windows it had acknowledged,"
+                    f" {sum(a.replayed for a in agents)} replayed, none lost"
+                )
+
+                # spans now reach the new owner of host-2's path
+                new_owner = owner(names[0])
+                assert new_owner is not None
+                wait_for(
+                    lambda: has_series(scrape(new_owner), JOINED, src=names[0], dst=names[1]),
+                    30,
+                    "spans joined on the new owner",
+                )
+                first = missing_queries(prom)
+                try:
+                    wait_for(lambda: not missing_queries(prom), 40, "every query to return data")
+                except AssertionError:
+                    raise AssertionError(
+                        "queries without data at the first look:\n"
+                        + "\n".join(first)
+                        + "\nand at the last:\n"
+                        + "\n".join(missing_queries(prom))
+                        + f"\ntargets: {prom.targets()}"
+                    ) from None
+            finally:
+                stop.set()
+                for a in agents:
+                    a.stop()
+                for a in agents:
+                    a.close(flush_timeout=0.0)
+                for s in shards:
+                    s.stop(0)
+    assert time.monotonic() - t0 < 120
+
+
+def test_etcd_reads_page_through_the_fleet_and_skip_bad_records(
+    etcd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads come in pages (the gateway caps one answer), in key order; a member record
+    that cannot be read is counted, never fatal; a keepalive does not move the revision."""
+    client = Etcd((("127.0.0.1", etcd),), prefix="/t/")
+    page = 40
+    monkeypatch.setattr(shards, "PAGE", page)  # pages of 40 keys: a few hundred puts less
+
+    def put(key: str, value: bytes, lease: int = 0) -> None:
+        body = {"key": b64("/t/" + key), "value": b64(value), "lease": lease}
+        client.call("put", lambda c: c.post(c.get_url("/kv/put"), json=body))
+
+    n = page * 2 + 7
+    for i in range(n):
+        put(f"hosts/h{i:05d}", b"x" * 10)
+    rows = client.read_prefix("hosts/", 100_000)
+    assert [k for k, _, _ in rows] == [f"/t/hosts/h{i:05d}".encode() for i in range(n)]
+    assert len(client.read_prefix("hosts/", page + 1, serializable=True)) == page + 1
+    lease = int(
+        client.call(
+            "grant", lambda c: c.post(c.get_url("/lease/grant"), json={"TTL": 5, "ID": 0})["ID"]
+        )
+    )
+    put("shards/good", Member("good", "127.0.0.1:4794").record(), lease)
+    put("shards/bad", b"{not json")
+    members, bad = client.members()
+    assert [m.name for m in members] == ["good"] and bad == 1
+    rev = client.revision()
+    client.call("keepalive", lambda c: c.post(c.get_url("/lease/keepalive"), json={"ID": lease}))
+    assert client.revision() == rev
+
+
+def test_probe_shards_lists_members_owners_and_a_file_sd(etcd: int, tmp_path: Path) -> None:
+    server = shard_server("shard-x", etcd)
+    server.start()
+    try:
+        sd = tmp_path / "shards.json"
+        res = CliRunner().invoke(
+            main,
+            ["shards", f"--etcd=127.0.0.1:{etcd}", "--host=gpu-1", f"--file-sd={sd}", "--json"],
+        )
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.output)
+        assert doc["members"] == [
+            {
+                "name": "shard-x",
+                "api": f"127.0.0.1:{server.port}",
+                "otlp": f"127.0.0.1:{server.port}",
+                "metrics": f"127.0.0.1:{server.metrics_port}",
+            }
+        ]
+        assert doc["owners"] == {"gpu-1": "shard-x"} and doc["unreadable"] == 0
+        assert json.loads(sd.read_text()) == [
+            {"targets": [f"127.0.0.1:{server.metrics_port}"], "labels": {"shard": "shard-x"}}
+        ]
+    finally:
+        server.stop(0)
+    res = CliRunner().invoke(main, ["shards", "--etcd=127.0.0.1:1"])
+    assert res.exit_code == 1 and "etcd read" in res.output
+
+
+def test_a_shard_whose_leases_ran_out_joins_again_with_its_hosts(etcd: int) -> None:
+    """A pause past the TTL (here: both leases revoked behind its back) costs the shard its
+    member record and its hosts' registrations; it joins again and puts them back."""
+    server = shard_server("shard-p", etcd)
+    server.start()
+    try:
+        shard = server.shard
+        assert shard is not None
+        server.api.register(pb.HostInfo(host="gpu-9", addresses=["127.0.0.9"]))
+        client = Etcd((("127.0.0.1", etcd),))
+        assert [k for k, _, _ in client.read_prefix("hosts/", 10)] == [b"/fabricprobe/hosts/gpu-9"]
+        for lease in (shard._lease, shard._reg_lease):
+            body = {"ID": lease}
+            client.call("revoke", lambda c, b=body: c.post(c.get_url("/lease/revoke"), json=b))
+        assert client.members()[0] == [] and client.read_prefix("hosts/", 10) == []
+        wait_for(
+            lambda: (
+                shard.leases_lost >= 1
+                and [m.name for m in client.members()[0]] == ["shard-p"]
+                and len(client.read_prefix("hosts/", 10)) == 1
+            ),
+            10,
+            "the shard back in etcd with its host",
+        )
+    finally:
+        server.stop(0)
+    assert client.members()[0] == []  # a graceful stop leaves at once

@@ -1,0 +1,139 @@
+"""What the dashboards need that loopback agents cannot make: `ethtool -S` text whose pause
+counters rise, RDMA windows of a fixture host pair, check verdicts of a fixture ToR, and
+stage spans from the OpenTelemetry SDK."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fabricprobe.collector.service import CollectorServer
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.probes.ethtool import CommandResult
+from fabricprobe.probes.stats import LatencySketch
+from tests.support.fleet import FIXTURES
+
+RDMA_HOSTS = ("rdma-a", "rdma-b")
+
+
+def rising_ethtool() -> Any:
+    """`ethtool -S` text of a real mlx5 port whose PFC pause counters rise on every read."""
+    text = (FIXTURES / "ethtool" / "mlx5_core.txt").read_text()
+    reads = [0]
+
+    def run(argv: Sequence[str], timeout: float) -> CommandResult:
+        reads[0] += 1
+        bumped = re.sub(
+            r"^(\s*(?:rx|tx)_prio3_pause(?:_duration)?: )(\d+)$",
+            lambda m: f"{m.group(1)}{int(m.group(2)) + reads[0] * 200_000}",
+            text,
+            flags=re.M,
+        )
+        return CommandResult(0, bumped)
+
+    return run
+
+
+def fixture_rdma_windows(
+    server: CollectorServer | Callable[[str], CollectorServer], seq: int
+) -> None:
+    """Windows of a fixture host pair that probes over RDMA (RC SEND, UD, WRITE bandwidth)
+    and TCP: the figures loopback cannot measure, sent through the collector's API. SERVER
+    is the collector, or gives the one (shard) each host reports to; a host that collector
+    does not know yet registers first."""
+    now = time.time_ns()
+    for src, dst in (("rdma-a", "rdma-b"), ("rdma-b", "rdma-a")):
+        to = server if isinstance(server, CollectorServer) else server(src)
+        if src not in to.store.hosts:
+            to.api.register(pb.HostInfo(host=src, addresses=["127.0.0.9"], topology="tor-b"))
+        report = pb.WindowReport(
+            host=src, epoch=7, seq=seq, window_start_unix_ns=now - 10**9, window_end_unix_ns=now
+        )
+        for transport, op, base in (("rdma", "send", 4_000), ("tcp", "pingpong", 30_000)):
+            sk = LatencySketch()
+            for i in range(200):
+                sk.record(base + 13 * i)
+            report.probes.add(dst=dst, transport=transport, op=op, size=64, rtt=to_wire(sk))
+        report.probes.add(
+            dst=dst,
+            transport="rdma",
+            op="write",
+            size=65536,
+            bytes_moved=5 * 2**30 * seq,
+            busy_seconds=0.5 * seq,
+        )
+        to.api.report(report)
+
+
+def fixture_checks(server: CollectorServer) -> None:
+    """Scheduled `probe validate` verdicts of four fixture hosts on one ToR, one with
+    MTU 1500 among 9000 (a FAIL, and a difference from its ToR), through the API."""
+    for i in range(4):
+        host = f"cfg-{i}"
+        server.api.register(pb.HostInfo(host=host, addresses=["127.0.0.9"], topology="tor-c"))
+        mtu = "1500/1024" if i == 3 else "9000/4096"
+        report = pb.CheckReport(host=host, taken_unix_ns=time.time_ns(), policy="p")
+        report.checks.add(check="pfc", device="mlx5_0", port=1, status="PASS", value="3")
+        report.checks.add(
+            check="mtu", device="mlx5_0", port=1, status="FAIL" if i == 3 else "PASS", value=mtu
+        )
+        server.drift.take(report)
+
+
+def send_spans(endpoint: str, src: str, dst: str, n: int, batch: int = 0) -> None:
+    """Requests as our workload sends them: a vLLM-style request span and stage children,
+    the KV transfer naming its path; request ids carry BATCH."""
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "prom-test"}))
+    provider.add_span_processor(
+        BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=10))
+    )
+    tracer = provider.get_tracer("test")
+    first = time.time_ns() - 8 * 10**9  # spread over several probe windows
+    for i in range(n):
+        t = first + i * (8 * 10**9 // n)
+        stages = {
+            "queue": 1_000_000,
+            "prefill": 20_000_000,
+            "kv_transfer": 3_000_000 + i * 50_000,
+            "decode": 40_000_000,
+            "detokenize": 500_000,
+            "deliver": 200_000,
+        }
+        ttft = sum(list(stages.values())[:3])
+        rid = f"req-{batch}-{i}"
+        root = tracer.start_span(
+            "llm_request",
+            start_time=t,
+            attributes={
+                "gen_ai.request.id": rid,
+                "gen_ai.usage.prompt_tokens": 128,
+                "gen_ai.usage.completion_tokens": 16,
+                "gen_ai.latency.time_to_first_token": ttft / 1e9,
+                "gen_ai.latency.e2e": sum(stages.values()) / 1e9,
+            },
+        )
+        ctx = trace.set_span_in_context(root)
+        for stage, dur in stages.items():
+            attrs: dict[str, Any] = {"gen_ai.request.id": rid}
+            if stage == "kv_transfer":
+                attrs |= {
+                    "fabricprobe.src.host": src,
+                    "fabricprobe.dst.host": dst,
+                    "fabricprobe.transport": "tcp",
+                    "fabricprobe.bytes": 8 << 20,
+                }
+            span = tracer.start_span(stage, context=ctx, start_time=t, attributes=attrs)
+            t += dur
+            span.end(end_time=t)
+        root.end(end_time=t)
+    provider.force_flush(10_000)
+    provider.shutdown()
