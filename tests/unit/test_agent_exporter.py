@@ -234,6 +234,8 @@ def test_probe_pace_pressure_and_refusals_by_reason_on_the_agents_metrics() -> N
         last_ack_unix_s=0.0,
         registered=True,
         tools_missing=set(),
+        handoffs=0,
+        replayed=0,
     )
     reg = CollectorRegistry()
     reg.register(AgentCollector(view))  # type: ignore[arg-type]
