@@ -35,7 +35,13 @@ from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, Deadline,
 from fabricprobe.probes.errors import NotSupported, PeerError
 from fabricprobe.probes.measure import ENGINES, LatencyResult, LatencyRound, LinkParams
 from fabricprobe.probes.stats import LatencySketch
-from fabricprobe.probes.tcp import open_data_connection, set_kernel_timeouts
+from fabricprobe.probes.tcp import (
+    Stopped,
+    open_data_connection,
+    pick_loop,
+    run_exchanges,
+    set_kernel_timeouts,
+)
 
 # Building a QP on both sides and connecting it can take seconds on a loaded host (or
 # under emulation); an RDMA session's hello -> ready exchange gets this long by default.
@@ -184,36 +190,28 @@ class RdmaLink(Link):
         )
 
 
-def _exchange(sock: socket.socket, sbuf: bytearray, rbuf: bytearray) -> int:
-    """One ping-pong; the RTT in ns. OSError or PeerError when the peer fails."""
-    size = len(sbuf)
-    view = memoryview(rbuf)
-    t0 = time.perf_counter_ns()
-    sock.sendall(sbuf)
-    got = 0
-    while got < size:
-        k = sock.recv_into(view[got:], size - got)
-        if k == 0:
-            raise PeerError("peer closed the data connection")
-        got += k
-    return time.perf_counter_ns() - t0
-
-
 class TcpPingLink(Link):
     """A kept `tcp_lat` session: the control and the data connection stay open between
     rounds (the responder echoes whatever arrives, for up to the keepalive between
     rounds). Lighter than fabricprobe.probes.tcp.run_pingpong: no timer calibration, one
-    warm-up exchange per round. A warm-up that fails on a kept link means the responder
-    let it go (LinkStale): nothing of the round was measured yet."""
+    warm-up exchange per round. The exchanges run in the same loop as run_pingpong's
+    (`loop`: the compiled one when it is built; `loop_reason` says why). A warm-up that
+    fails on a kept link means the responder let it go (LinkStale): nothing of the round
+    was measured yet."""
 
     SETUP_S = 5.0
 
-    def __init__(self, params: LinkParams, *, size: int, keepalive_s: float = 0.0) -> None:
+    def __init__(
+        self, params: LinkParams, *, size: int, keepalive_s: float = 0.0, loop: str = "auto"
+    ) -> None:
         super().__init__(params, keepalive_s=keepalive_s)
         self.size = size
+        chosen = pick_loop(loop)
+        self.loop, self.loop_reason = chosen.name, chosen.reason
         self._data: socket.socket | None = None
         self._sbuf = bytearray(random.randbytes(size))
         self._rbuf = bytearray(size)
+        self._scratch = array("q", bytes(8))
 
     def _connect(self) -> socket.socket:
         p = self.params
@@ -241,28 +239,29 @@ class TcpPingLink(Link):
 
     def round(self, count: int) -> LatencyRound:
         """COUNT ping-pongs after one warm-up exchange."""
+        if count < 0:
+            raise ValueError(f"count {count} < 0")
         kept = self._data is not None
         data = self._data or self._connect()
-        sbuf, rbuf = self._sbuf, self._rbuf
-        try:
-            _exchange(data, sbuf, rbuf)  # warm-up: first-packet costs are not the fabric
-        except (OSError, PeerError) as e:
+        sbuf, rbuf, step = self._sbuf, self._rbuf, self.step_s
+        try:  # warm-up: first-packet costs are not the fabric
+            run_exchanges(self.loop, data, sbuf, rbuf, self._scratch, 0, 1, True, step)
+        except Stopped as e:
             self.close()
             if kept:
-                raise LinkStale(f"kept session to {self.peer} is gone: {e}") from e
-            raise
+                raise LinkStale(f"kept session to {self.peer} is gone: {e.reason(step)}") from e
+            raise PeerError(e.reason(step)) from e
         self.rounds += 1
-        samples = array("q")
-        error = None
+        samples = array("q", bytes(8 * count))
+        error, done = None, count
         t0 = time.perf_counter()
         try:
-            for i in range(count):
-                sbuf[0] = i & 0xFF
-                samples.append(_exchange(data, sbuf, rbuf))
-                if rbuf[0] != sbuf[0]:
-                    raise PeerError("echo did not match what was sent")
-        except (OSError, PeerError) as e:
-            error = f"after {len(samples)} exchanges: {e}"
+            run_exchanges(self.loop, data, sbuf, rbuf, samples, 0, count, True, step)
+        except Stopped as e:
+            done = e.done
+            error = f"after {done} exchanges: {e.reason(step)}"
             self.close()
         duration = time.perf_counter() - t0
-        return LatencyRound(samples, count - len(samples), error, None, duration)
+        if done < count:
+            del samples[done:]
+        return LatencyRound(samples, count - done, error, None, duration)
