@@ -211,7 +211,6 @@ class TcpPingLink(Link):
         self._data: socket.socket | None = None
         self._sbuf = bytearray(random.randbytes(size))
         self._rbuf = bytearray(size)
-        self._scratch = array("q", bytes(8))
 
     def _connect(self) -> socket.socket:
         p = self.params
@@ -238,30 +237,30 @@ class TcpPingLink(Link):
         super().close()
 
     def round(self, count: int) -> LatencyRound:
-        """COUNT ping-pongs after one warm-up exchange."""
+        """COUNT ping-pongs after one warm-up exchange (one loop call for all of them:
+        the warm-up is the first exchange, its sample dropped)."""
         if count < 0:
             raise ValueError(f"count {count} < 0")
         kept = self._data is not None
         data = self._data or self._connect()
-        sbuf, rbuf, step = self._sbuf, self._rbuf, self.step_s
-        try:  # warm-up: first-packet costs are not the fabric
-            run_exchanges(self.loop, data, sbuf, rbuf, self._scratch, 0, 1, True, step)
-        except Stopped as e:
-            self.close()
-            if kept:
-                raise LinkStale(f"kept session to {self.peer} is gone: {e.reason(step)}") from e
-            raise PeerError(e.reason(step)) from e
-        self.rounds += 1
-        samples = array("q", bytes(8 * count))
-        error, done = None, count
+        step = self.step_s
+        samples = array("q", bytes(8 * (count + 1)))
+        error, done = None, count + 1
         t0 = time.perf_counter()
         try:
-            run_exchanges(self.loop, data, sbuf, rbuf, samples, 0, count, True, step)
+            run_exchanges(
+                self.loop, data, self._sbuf, self._rbuf, samples, 0, count + 1, True, step
+            )
         except Stopped as e:
-            done = e.done
-            error = f"after {done} exchanges: {e.reason(step)}"
             self.close()
+            if e.done == 0:  # the warm-up failed: nothing of the round was measured yet
+                if kept:
+                    raise LinkStale(f"kept session to {self.peer} is gone: {e.reason(step)}") from e
+                raise PeerError(e.reason(step)) from e
+            done = e.done
+            error = f"after {done - 1} exchanges: {e.reason(step)}"
         duration = time.perf_counter() - t0
-        if done < count:
-            del samples[done:]
-        return LatencyRound(samples, count - done, error, None, duration)
+        self.rounds += 1
+        del samples[done:]
+        del samples[0]  # the warm-up: first-packet costs are not the fabric
+        return LatencyRound(samples, count - len(samples), error, None, duration)
