@@ -563,6 +563,8 @@ class Agent:
                     self._wake.clear()
                     continue
                 ok = self._send_batch()
+                if ok and not self.spool.depth:
+                    self.client.release()  # idle until the next window: see CollectorClient
             except grpc.RpcError as e:
                 log.warning("collector %s: %s", self.target, _rpc_reason(e))
                 ok = False

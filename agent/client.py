@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,6 +28,12 @@ def channel_credentials(
 class CollectorClient:
     """Thin wrapper over the generated stub: one channel, deadlines on every call.
 
+    The channel opens at the first call and `release()` closes it until the next: the
+    agent releases it once its spool is sent, because an open gRPC channel keeps the
+    library's event-engine threads waking (about 0.05 % of a core on a 2-core host, more
+    than the agent's own report takes) while a new connection per window costs less
+    (bench/agent_footprint.py has the figures).
+
     gRPC errors are left to the caller (grpc.RpcError with a status code).
     """
 
@@ -47,13 +54,40 @@ class CollectorClient:
         ]
         if server_name:
             opts.append(("grpc.ssl_target_name_override", server_name))
-        if credentials is None:
-            self.channel = grpc.insecure_channel(target, options=opts)
-        else:
-            self.channel = grpc.secure_channel(target, credentials, options=opts)
-        self.stub = pb_grpc.CollectorStub(self.channel)
+        self.target, self._credentials, self._options = target, credentials, opts
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.CollectorStub | None = None
+        self.opened = 0  # channels opened so far
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.timeout = timeout
+
+    @property
+    def stub(self) -> pb_grpc.CollectorStub:
+        """The stub over the open channel, opening one if there is none."""
+        with self._lock:
+            if self._stub is None:
+                if self._credentials is None:
+                    self._channel = grpc.insecure_channel(self.target, options=self._options)
+                else:
+                    self._channel = grpc.secure_channel(
+                        self.target, self._credentials, options=self._options
+                    )
+                self._stub = pb_grpc.CollectorStub(self._channel)
+                self.opened += 1
+            return self._stub
+
+    @property
+    def connected(self) -> bool:
+        """Whether a channel is open now."""
+        return self._channel is not None
+
+    def release(self) -> None:
+        """Close the channel; the next call opens a new one. Safe to call again."""
+        with self._lock:
+            channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            channel.close()
 
     def register(self, info: pb.HostInfo) -> pb.RegisterResponse:
         return self.stub.Register(
@@ -90,4 +124,4 @@ class CollectorClient:
         return self.stub.ReportChecks(report, timeout=self.timeout, metadata=self.metadata)
 
     def close(self) -> None:
-        self.channel.close()
+        self.release()

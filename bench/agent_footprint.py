@@ -8,6 +8,12 @@ answers 32 peers' probes, at the default schedule (one 10-exchange burst per pee
 10 s, 10 s windows). After a warm-up, its CPU time and RSS are sampled.
 Targets: at most 1 % of one core and 64 MB RSS.
 
+The self-throttle is lifted on every agent here (a budget of 4 cores, a pressure limit
+of 100 %): the 32 peers share this process, whose CPU is not theirs, and on a busy host
+CPU pressure would stretch every interval up to 4x, so the figure would be that of a
+lighter schedule. The bursts the measured agent ran are printed beside the number the
+default schedule asks for.
+
     python bench/agent_footprint.py                 # 60 s measurement
     python bench/agent_footprint.py --seconds 30 --peers 16
 """
@@ -69,6 +75,8 @@ def main() -> None:
             sysfs_root=str(tmp / "none"),
             ethtool=False,
             insecure=True,
+            cpu_budget=4.0,
+            pressure_limit=1.0,
         )
         a = Agent(cfg)
         a.start()
@@ -90,8 +98,13 @@ def main() -> None:
             str(tmp / "measured"),
             "--log-level",
             "warning",
+            "--cpu-budget",
+            "4",
+            "--pressure-limit",
+            "1",
         ],
     )
+    started = time.monotonic()
     try:
         ps = psutil.Process(proc.pid)
         print(f"warming up {args.warmup:g} s (registration, first windows)...")
@@ -111,6 +124,7 @@ def main() -> None:
         wall = time.monotonic() - t0
         host = server.store.hosts.get("measured")
         bursts = host.agent.probes if host and host.agent else 0
+        elapsed = time.monotonic() - started
         targets = len(server.planner.assignments("measured")[1])
         answered = sum(
             1 for (src, dst, *_), p in server.store.paths.items() if dst == "measured" and p.windows
@@ -122,7 +136,11 @@ def main() -> None:
             "target <= 1 %)"
         )
         print(f"agent RSS: max {rss_max / 2**20:.1f} MiB (target <= 64 MB)")
-        print(f"probe bursts run by the agent since start: {bursts}")
+        due = targets * elapsed / (plan.interval_ms / 1000)
+        print(
+            f"probe bursts run by the agent since start: {bursts} "
+            f"(the default schedule asks about {due:.0f} in its {elapsed:.0f} s)"
+        )
         used = {n: threads_end[n] - threads_start.get(n, 0.0) for n in threads_end}
         top = sorted(used.items(), key=lambda kv: -kv[1])[:6]
         shown = ", ".join(f"{n} {100 * v / wall:.2f} %" for n, v in top if v > 0)

@@ -137,7 +137,7 @@ def main() -> None:
     serve = start_serve(args.links)
     held: list[RcPingLink | UdLink] = []
     try:
-        wait_listening(b["ip"], PORT, timeout=120)
+        wait_listening(b["ip"], PORT, timeout=600)  # a loaded host starts serve slowly in TCG
         responder = psutil.Process(serve.pid)
 
         def where(engine: str) -> LinkParams:

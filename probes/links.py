@@ -35,7 +35,13 @@ from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, Deadline,
 from fabricprobe.probes.errors import NotSupported, PeerError
 from fabricprobe.probes.measure import ENGINES, LatencyResult, LatencyRound, LinkParams
 from fabricprobe.probes.stats import LatencySketch
-from fabricprobe.probes.tcp import open_data_connection, set_kernel_timeouts
+from fabricprobe.probes.tcp import (
+    Stopped,
+    open_data_connection,
+    pick_loop,
+    run_exchanges,
+    set_kernel_timeouts,
+)
 
 # Building a QP on both sides and connecting it can take seconds on a loaded host (or
 # under emulation); an RDMA session's hello -> ready exchange gets this long by default.
@@ -184,33 +190,24 @@ class RdmaLink(Link):
         )
 
 
-def _exchange(sock: socket.socket, sbuf: bytearray, rbuf: bytearray) -> int:
-    """One ping-pong; the RTT in ns. OSError or PeerError when the peer fails."""
-    size = len(sbuf)
-    view = memoryview(rbuf)
-    t0 = time.perf_counter_ns()
-    sock.sendall(sbuf)
-    got = 0
-    while got < size:
-        k = sock.recv_into(view[got:], size - got)
-        if k == 0:
-            raise PeerError("peer closed the data connection")
-        got += k
-    return time.perf_counter_ns() - t0
-
-
 class TcpPingLink(Link):
     """A kept `tcp_lat` session: the control and the data connection stay open between
     rounds (the responder echoes whatever arrives, for up to the keepalive between
     rounds). Lighter than fabricprobe.probes.tcp.run_pingpong: no timer calibration, one
-    warm-up exchange per round. A warm-up that fails on a kept link means the responder
-    let it go (LinkStale): nothing of the round was measured yet."""
+    warm-up exchange per round. The exchanges run in the same loop as run_pingpong's
+    (`loop`: the compiled one when it is built; `loop_reason` says why). A warm-up that
+    fails on a kept link means the responder let it go (LinkStale): nothing of the round
+    was measured yet."""
 
     SETUP_S = 5.0
 
-    def __init__(self, params: LinkParams, *, size: int, keepalive_s: float = 0.0) -> None:
+    def __init__(
+        self, params: LinkParams, *, size: int, keepalive_s: float = 0.0, loop: str = "auto"
+    ) -> None:
         super().__init__(params, keepalive_s=keepalive_s)
         self.size = size
+        chosen = pick_loop(loop)
+        self.loop, self.loop_reason = chosen.name, chosen.reason
         self._data: socket.socket | None = None
         self._sbuf = bytearray(random.randbytes(size))
         self._rbuf = bytearray(size)
@@ -240,29 +237,30 @@ class TcpPingLink(Link):
         super().close()
 
     def round(self, count: int) -> LatencyRound:
-        """COUNT ping-pongs after one warm-up exchange."""
+        """COUNT ping-pongs after one warm-up exchange (one loop call for all of them:
+        the warm-up is the first exchange, its sample dropped)."""
+        if count < 0:
+            raise ValueError(f"count {count} < 0")
         kept = self._data is not None
         data = self._data or self._connect()
-        sbuf, rbuf = self._sbuf, self._rbuf
-        try:
-            _exchange(data, sbuf, rbuf)  # warm-up: first-packet costs are not the fabric
-        except (OSError, PeerError) as e:
-            self.close()
-            if kept:
-                raise LinkStale(f"kept session to {self.peer} is gone: {e}") from e
-            raise
-        self.rounds += 1
-        samples = array("q")
-        error = None
+        step = self.step_s
+        samples = array("q", bytes(8 * (count + 1)))
+        error, done = None, count + 1
         t0 = time.perf_counter()
         try:
-            for i in range(count):
-                sbuf[0] = i & 0xFF
-                samples.append(_exchange(data, sbuf, rbuf))
-                if rbuf[0] != sbuf[0]:
-                    raise PeerError("echo did not match what was sent")
-        except (OSError, PeerError) as e:
-            error = f"after {len(samples)} exchanges: {e}"
+            run_exchanges(
+                self.loop, data, self._sbuf, self._rbuf, samples, 0, count + 1, True, step
+            )
+        except Stopped as e:
             self.close()
+            if e.done == 0:  # the warm-up failed: nothing of the round was measured yet
+                if kept:
+                    raise LinkStale(f"kept session to {self.peer} is gone: {e.reason(step)}") from e
+                raise PeerError(e.reason(step)) from e
+            done = e.done
+            error = f"after {done - 1} exchanges: {e.reason(step)}"
         duration = time.perf_counter() - t0
+        self.rounds += 1
+        del samples[done:]
+        del samples[0]  # the warm-up: first-packet costs are not the fabric
         return LatencyRound(samples, count - len(samples), error, None, duration)

@@ -103,7 +103,7 @@ class LatencyResult:
     error: str | None = None
     sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
     qp_type: str | None = None  # "rc" or "ud" (RDMA)
-    engine: str | None = None  # "pyverbs" or "native" (RDMA)
+    engine: str | None = None  # "pyverbs" or "native" (RDMA); "python" or "native" (TCP)
     engine_reason: str | None = None
     source: str | None = None
     device: str | None = None
@@ -196,11 +196,12 @@ class BandwidthResult:
 
 
 def _head(r: LatencyResult | BandwidthResult, optional: tuple[str, ...]) -> dict[str, Any]:
-    """The JSON keys both results start with: what ran (and, for RDMA, which engine and
-    why), towards whom; then those of OPTIONAL that are set."""
+    """The JSON keys both results start with: what ran (and which engine or loop timed
+    it, and why), towards whom; then those of OPTIONAL that are set."""
     d: dict[str, Any] = {"transport": r.transport}
     if r.qp_type is not None:
         d["qp_type"] = r.qp_type
+    if r.qp_type is not None or r.engine is not None:
         d["engine"] = r.engine
         d["engine_reason"] = r.engine_reason
     d["op"] = r.op

@@ -52,8 +52,22 @@ class LatencySketch:
             self.max_ns = v
 
     def record_many(self, values_ns: Iterable[int]) -> None:
-        for v in values_ns:
-            self.record(v)
+        """record() of each value, with the exact figures updated once for the batch."""
+        vals = [int(v) for v in values_ns]
+        if not vals:
+            return
+        lo, hi = min(vals), max(vals)
+        if lo < 0:
+            raise ValueError(f"negative latency {lo} ns")
+        put = self._hist.record_value
+        for v in vals:
+            put(v if LOWEST_NS <= v <= HIGHEST_NS else min(max(v, LOWEST_NS), HIGHEST_NS))
+        self.count += len(vals)
+        self.sum_ns += sum(vals)
+        if self.min_ns is None or lo < self.min_ns:
+            self.min_ns = lo
+        if self.max_ns is None or hi > self.max_ns:
+            self.max_ns = hi
 
     def record_lost(self, n: int = 1) -> None:
         self.lost += n

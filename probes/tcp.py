@@ -9,18 +9,25 @@ stream from the same source address and sends the 16-byte token first, so a stra
 connection cannot join the session. Keeping data apart from control leaves the data
 connection a pure byte stream and the control connection free for `done`.
 
-Timing: one sample is `perf_counter_ns()` before `sendall` to after the last byte of
-the echo. Buffers are allocated before the loop; data sockets are blocking with the
-per-step deadline set in the kernel (SO_RCVTIMEO/SO_SNDTIMEO), so each step is one
-system call, as in a C tool, and a silent peer still cannot hang the run. The cost of
-the loop itself is measured with null I/O and reported as `timer_overhead_ns` (two
-back-to-back clock reads) and `loop_overhead_ns` (the whole exchange loop).
+Timing: the prober's exchanges run in the compiled loop of probes/rdma/native
+(`fp_tcp_pingpong`, the GIL released) when it is built, else in Python; the result's
+`engine` says which (`native` or `python`) and `engine_reason` why. Either way a sample
+is a monotonic clock read before the send to one after the last byte of the echo, the
+buffers are allocated before the loop, and the data socket is blocking with the
+per-exchange deadline set in the kernel (SO_RCVTIMEO/SO_SNDTIMEO), so each step is one
+system call, as in a C tool, and a silent peer still cannot hang the run (the native
+loop reads the rest of a split echo with poll() against the exchange's deadline). The
+cost of the loop itself is reported as `timer_overhead_ns` (two back-to-back clock
+reads) and `loop_overhead_ns` (the Python loop timed with null I/O; in C, the clock pair
+is all the loop adds).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import os
 import secrets
 import socket
 import statistics
@@ -46,7 +53,7 @@ from fabricprobe.probes.control import (
     require_int,
     require_str,
 )
-from fabricprobe.probes.errors import PeerError
+from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError
 from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
 from fabricprobe.probes.stats import LatencySketch, LatencySummary
 
@@ -76,7 +83,7 @@ def kernel_bypass_ratio(tcp: LatencySummary, rdma: LatencySummary) -> float | No
 # --------------------------------------------------------------------------- timing loop
 
 
-class _Stopped(Exception):
+class Stopped(Exception):
     """The exchange loop ended early: DONE exchanges finished before index DONE failed."""
 
     def __init__(self, done: int, cause: str | OSError) -> None:
@@ -103,7 +110,7 @@ def _exchange_loop(
     verify: bool,
     deadline_ns: int,
 ) -> None:
-    """Run N exchanges, RTTs into SAMPLES[BASE:]; any failure raises _Stopped.
+    """Run N exchanges, RTTs into SAMPLES[BASE:]; any failure raises Stopped.
 
     Each system call is bounded by the socket's kernel deadline; DEADLINE_NS bounds
     the whole exchange when the echo arrives in pieces.
@@ -122,20 +129,100 @@ def _exchange_loop(
             got = recv_into(rview, size, waitall)
             while got < size:
                 if got == 0:
-                    raise _Stopped(base + i, "peer closed the data connection")
+                    raise Stopped(base + i, "peer closed the data connection")
                 # MSG_WAITALL still returns short on a signal or a deadline; go on reading
                 if clock() - t0 > deadline_ns:
-                    raise _Stopped(base + i, "echo incomplete at the deadline")
+                    raise Stopped(base + i, "echo incomplete at the deadline")
                 k = recv_into(rview[got:], size - got, waitall)
                 if k == 0:
-                    raise _Stopped(base + i, "peer closed the data connection")
+                    raise Stopped(base + i, "peer closed the data connection")
                 got += k
             t1 = clock()
             samples[base + i] = t1 - t0
             if verify and rbuf != sbuf:
-                raise _Stopped(base + i, "echo payload did not match what was sent")
+                raise Stopped(base + i, "echo payload did not match what was sent")
     except OSError as e:
-        raise _Stopped(base + i, e) from None
+        raise Stopped(base + i, e) from None
+
+
+# --------------------------------------------------------------------------- which loop
+
+LOOPS = ("auto", "native", "python")
+
+
+@dataclass(frozen=True)
+class ClientLoop:
+    """Which loop times the prober's ping-pongs (`native` or `python`) and why."""
+
+    name: str
+    reason: str
+
+
+@functools.cache
+def _native_status() -> str | None:
+    """None when the compiled loop (probes/rdma/native) loads here, else why not."""
+    try:
+        from fabricprobe.probes.rdma import native
+
+        native.load()
+    except (ImportError, ProbeError) as e:  # not built, or libibverbs does not load
+        return str(e)
+    return None
+
+
+def pick_loop(requested: str = "auto") -> ClientLoop:
+    """`auto` takes the compiled loop when it is built and loads, else the Python one;
+    an explicit `native` that cannot load raises NotSupported."""
+    if requested not in LOOPS:
+        raise ValueError(f"loop must be one of {', '.join(LOOPS)}, not {requested!r}")
+    if requested == "python":
+        return ClientLoop("python", "python: asked for")
+    why = _native_status()
+    if why is None:
+        return ClientLoop("native", "native: the compiled loop is built and loads")
+    if requested == "native":
+        raise NotSupported(f"the native TCP loop is not built here: {why}")
+    return ClientLoop("python", f"python: the compiled loop does not load ({why})")
+
+
+_NATIVE_STOPS = {
+    1: "peer closed the data connection",  # native.TCP_CLOSED
+    3: "echo payload did not match what was sent",  # native.TCP_MISMATCH
+}
+
+
+def run_exchanges(
+    loop: str,
+    sock: socket.socket,
+    sbuf: bytearray,
+    rbuf: bytearray,
+    samples: array[int],
+    base: int,
+    n: int,
+    verify: bool,
+    timeout: float,
+) -> None:
+    """N ping-pongs on SOCK by LOOP (`native` or `python`), RTTs in ns into
+    SAMPLES[BASE:]; each exchange within TIMEOUT s. Any failure raises Stopped."""
+    if loop == "native":
+        from fabricprobe.probes.rdma import native
+
+        try:
+            done, status = native.tcp_pingpong(
+                sock.fileno(), sbuf, rbuf, samples, base, n, timeout, verify
+            )
+        except native.NativeError as e:
+            raise Stopped(base, str(e)) from None
+        if status == native.TCP_TIMEOUT:
+            raise Stopped(base + done, TimeoutError(errno.ETIMEDOUT, "timed out"))
+        if status in _NATIVE_STOPS:
+            raise Stopped(base + done, _NATIVE_STOPS[status])
+        if status:
+            raise Stopped(base + done, OSError(-status, os.strerror(-status)))
+        return
+    _exchange_loop(
+        sock.sendall, sock.recv_into, sbuf, rbuf, samples, base, n, verify, int(timeout * 1e9)
+    )
 
 
 @dataclass(frozen=True)
@@ -146,8 +233,15 @@ class TimerOverhead:
     loop_ns: int  # one iteration of the exchange loop with null I/O
 
 
-def measure_timer_overhead(n: int = 20_000) -> TimerOverhead:
-    """Time the clock and the exchange loop with I/O replaced by no-ops."""
+def measure_timer_overhead(n: int = 20_000, loop: str = "python") -> TimerOverhead:
+    """Time the clock and the exchange loop with I/O replaced by no-ops. The native loop
+    holds nothing but its two clock reads between a sample's ends besides the system
+    calls, so both of its figures are its clock pair's."""
+    if loop == "native":
+        from fabricprobe.probes.rdma.native import clock_overhead_ns
+
+        pair = clock_overhead_ns()
+        return TimerOverhead(pair, pair)
     clock = time.perf_counter_ns
     pairs = array("q", bytes(8 * n))
     for i in range(n):
@@ -207,7 +301,7 @@ def _is_timeout(e: OSError) -> bool:
 
 
 def _failure(e: OSError, timeout: float) -> str:
-    return _Stopped(0, e).reason(timeout)
+    return Stopped(0, e).reason(timeout)
 
 
 def open_data_connection(
@@ -257,8 +351,10 @@ def run_pingpong(
     warmup: int = 100,
     verify: bool = True,
     progress: Progress | None = None,
+    loop: str = "auto",
 ) -> LatencyResult:
-    """Measure TCP ping-pong RTT of SIZE-byte messages against LINK's responder.
+    """Measure TCP ping-pong RTT of SIZE-byte messages against LINK's responder, timed by
+    LOOP (see pick_loop: the compiled loop when it is built; the result names it).
 
     Raises PeerError if the session cannot start within LINK's timeout (default 5 s):
     connect, hello, the fleet-token challenge and the data connection share it. Once it
@@ -274,6 +370,7 @@ def run_pingpong(
         raise ValueError("iters must be >= 1 and warmup >= 0")
     if not timeout > 0:
         raise ValueError("timeout must be positive")
+    chosen = pick_loop(loop)
     sketch = LatencySketch("rtt")
     sbuf = bytearray(secrets.token_bytes(size))
     rbuf = bytearray(size)
@@ -288,24 +385,24 @@ def run_pingpong(
         data = open_data_connection(ctrl, info, setup)
         with data:
             set_kernel_timeouts(data, timeout)
-            send, recv_into = data.sendall, data.recv_into
-            limit = int(timeout * 1e9)
             warming = True
             try:
                 if warmup:
                     scratch = array("q", bytes(8 * warmup))
-                    _exchange_loop(send, recv_into, sbuf, rbuf, scratch, 0, warmup, verify, limit)
+                    run_exchanges(
+                        chosen.name, data, sbuf, rbuf, scratch, 0, warmup, verify, timeout
+                    )
                 warming = False
                 step = max(1, min(iters // 100, 10_000)) if progress else iters
                 while completed < iters:
                     n = min(step, iters - completed)
-                    _exchange_loop(
-                        send, recv_into, sbuf, rbuf, samples, completed, n, verify, limit
+                    run_exchanges(
+                        chosen.name, data, sbuf, rbuf, samples, completed, n, verify, timeout
                     )
                     completed += n
                     if progress:
                         progress(completed, iters)
-            except _Stopped as e:
+            except Stopped as e:
                 completed = 0 if warming else e.done
                 error = e.reason(timeout)
         duration = time.perf_counter() - started
@@ -313,9 +410,8 @@ def run_pingpong(
             with contextlib.suppress(PeerError):
                 ctrl.done({"completed": completed}, timeout=timeout)
     # after the run, not before: a peer that is not there costs no calibration
-    overhead = measure_timer_overhead()
-    for i in range(completed):
-        sketch.record(samples[i])
+    overhead = measure_timer_overhead(loop=chosen.name)
+    sketch.record_many(samples[:completed].tolist())
     sketch.record_lost(iters - completed)
     return LatencyResult(
         transport="tcp",
@@ -332,6 +428,8 @@ def run_pingpong(
         duration_s=duration,
         error=error,
         sketch=sketch,
+        engine=chosen.name,
+        engine_reason=chosen.reason,
     )
 
 
@@ -378,11 +476,11 @@ def _send_stream(
         while got < len(ack):
             k = st.sock.recv_into(memoryview(ack)[got:])
             if k == 0:
-                raise _Stopped(0, "peer closed the data connection before confirming")
+                raise Stopped(0, "peer closed the data connection before confirming")
             got += k
         st.acked = _ACK.unpack(ack)[0]
         st.end_s = clock()
-    except _Stopped as e:
+    except Stopped as e:
         st.error = e.reason(timeout)
     except OSError as e:
         st.error = _failure(e, timeout)

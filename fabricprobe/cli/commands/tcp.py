@@ -204,6 +204,7 @@ def _print_latency(res: LatencyResult) -> None:
         f"{res.loop_overhead_ns} ns per loop iteration (inside every RTT)",
         highlight=False,
     )
+    console.print(f"loop: {res.engine_reason}", highlight=False)
 
 
 def _print_throughput(res: BandwidthResult) -> None:

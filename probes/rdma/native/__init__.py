@@ -23,6 +23,7 @@ import os
 import random
 import threading
 from array import array
+from errno import EINTR
 from typing import Any, Self
 
 from fabricprobe.probes.control import IB_MTUS, RdmaEndpoint
@@ -121,6 +122,60 @@ def tcp_echo(fd: int, size: int) -> int:
     if done < 0:
         raise OSError(-done, os.strerror(-done))
     return done
+
+
+# fp_tcp_pingpong's reasons to stop early (fastpath.c), besides -errno
+TCP_CLOSED, TCP_TIMEOUT, TCP_MISMATCH = 1, 2, 3
+
+
+def tcp_pingpong(
+    fd: int,
+    sbuf: bytearray,
+    rbuf: bytearray,
+    out: array[int],
+    base: int,
+    count: int,
+    step_s: float,
+    verify: bool = True,
+) -> tuple[int, int]:
+    """COUNT ping-pongs of len(SBUF) bytes on the connected TCP socket FD, in C: RTTs in
+    ns into OUT[BASE:]. Returns (exchanges done, status): status 0 when all COUNT are
+    done, else TCP_CLOSED, TCP_TIMEOUT (an exchange passed STEP_S), TCP_MISMATCH or
+    -errno. Exchange i sends BASE + i in byte 0, so a stale echo fails VERIFY. A signal
+    ends the call after the exchange it came in (status -EINTR) and the loop goes on,
+    after Python has run its handlers (Ctrl-C raises here)."""
+    size = len(sbuf)
+    if not 1 <= size <= 1 << 30 or len(rbuf) != size:
+        raise ValueError(f"buffers of 1..1 GiB and equal size, not {size} and {len(rbuf)}")
+    if count < 0 or base < 0 or out.typecode != "q" or len(out) < base + count:
+        raise ValueError(f"out must be array('q') with room for {count} RTTs from {base}")
+    if not step_s > 0:
+        raise ValueError(f"step_s {step_s} must be > 0")
+    mod = load()
+    ffi, lib = mod.ffi, mod.lib
+    sp, rp = ffi.from_buffer("uint8_t[]", sbuf), ffi.from_buffer("uint8_t[]", rbuf)
+    rtt = ffi.from_buffer("int64_t[]", out)
+    status = ffi.new("int *")
+    step_ns = max(1000, int(step_s * 1e9))
+    done = 0
+    while True:
+        n = int(
+            lib.fp_tcp_pingpong(
+                fd,
+                sp,
+                rp,
+                size,
+                count - done,
+                step_ns,
+                int(verify),
+                base + done,
+                rtt + base + done,
+                status,
+            )
+        )
+        done += n
+        if status[0] != -EINTR or done >= count:
+            return done, (0 if status[0] == -EINTR else int(status[0]))
 
 
 def clock_overhead_ns() -> int:
