@@ -133,7 +133,7 @@ class _PathIndex:
         self.exact = {k: g for k, g in windows.groupby(["src", "dst", "transport"], sort=False)}
         self.any = {k: g for k, g in windows.groupby(["src", "dst"], sort=False)}
         self._floors: dict[tuple[str, str, str], float] = {}
-        self._prober_floors: dict[tuple[str, str, str], float] = {}
+        self._prober_floors: dict[tuple[str, str], float] = {}
 
     def floor(self, key: tuple[str, str, str]) -> float:
         """The lowest RTT minimum of path KEY's windows, computed once per join."""
@@ -141,10 +141,11 @@ class _PathIndex:
             self._floors[key] = float(self.exact[key]["rtt_min_s"].min())
         return self._floors[key]
 
-    def prober_floor(self, key: tuple[str, str, str]) -> float:
-        """The lowest prober delay of path KEY's windows (UD), computed once per join."""
+    def prober_floor(self, key: tuple[str, str]) -> float:
+        """The lowest prober delay of the windows from KEY's prober to its responder (UD
+        probes, whatever the transport asked), computed once per join."""
         if key not in self._prober_floors:
-            self._prober_floors[key] = float(self.exact[key]["prober_delay_min_s"].min())
+            self._prober_floors[key] = float(self.any[key]["prober_delay_min_s"].min())
         return self._prober_floors[key]
 
     def get(self, src: str, dst: str, transport: str) -> pd.DataFrame:
@@ -254,12 +255,13 @@ def _prober_excess(paths: _PathIndex, w: pd.DataFrame) -> tuple[str, float, floa
     if w.empty:
         return "", np.nan, np.nan
     first = w.iloc[0]
+    prober = str(first["src"])
     own = w["prober_delay_p50_s"].dropna()
-    if own.empty:
-        return str(first["src"]), np.nan, np.nan
-    floor = paths.prober_floor((str(first["src"]), str(first["dst"]), str(first["transport"])))
+    floor = paths.prober_floor((prober, str(first["dst"]))) if len(own) else np.nan
+    if np.isnan(floor):
+        return prober, np.nan, np.nan
     return (
-        str(first["src"]),
+        prober,
         max(0.0, float(own.mean()) - floor),
         max(0.0, float(w["prober_delay_p99_s"].max()) - floor),
     )

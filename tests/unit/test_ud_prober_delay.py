@@ -155,3 +155,13 @@ def test_the_prober_delay_stands_in_for_the_probers_reference_only() -> None:
                  900, QUIET_OWN)])  # fmt: skip
     assert row["host_delay_s"] == pytest.approx((4 - 3 + 1005 / 2) * US)
     assert row["host_bound"] == 1.0  # 503.5 µs of the 520 µs rise, nearly all b's
+
+
+def test_a_transfer_of_no_named_transport_takes_the_paths_prober_delay_too() -> None:
+    refs = [ref(h, s * S, e * S, 30, 35) for h in "ab" for s, e in ((0, 10), (10, 30))]
+    tcp = FabricWindow("a", "b", "tcp", "pingpong", 64, 10 * S, 30 * S, 40e-6, 50e-6, 90e-6, 0.0, 9)
+    ws = [*refs, tcp, ud(0, 10 * S, 80, 90, 120, QUIET_OWN)]
+    ws.append(ud(10 * S, 30 * S, 85, 1090, 3000, (3, 1000, 2900)))
+    st = stages_frame(transfers("a", "b", 0.030)).assign(transport="")
+    row = join_fabric(st, windows_frame(ws), rates_frame([]), slack_s=0.0).iloc[0]
+    assert row["host_delay_s"] == pytest.approx((997 + 2.5) * US)
