@@ -109,3 +109,44 @@ def test_the_probers_delay_is_reported_small_when_quiet_and_follows_a_busy_cpu(
     # delay takes most of it: the RTT without it stays far below the RTT
     assert busy["raw_minus_prober_p90"] < 0.5 * busy["raw_p90"]
     assert busy["prober_p90"] > 0.5 * busy["raw_p90"]
+
+
+def test_the_agents_ud_window_carries_the_probers_delay_to_the_collector(
+    lane_hosts, responder
+) -> None:
+    """The agent's own UD runner, window and the collector's store, on real soft-RoCE:
+    every answered probe's prober delay arrives, and the store holds its p50."""
+    from fabricprobe.agent.probing import ProbeContext, ProbeSpec
+    from fabricprobe.agent.rdma_runners import rdma_runners
+    from fabricprobe.agent.window import WindowAggregator
+    from fabricprobe.collector.store import WindowStore
+    from fabricprobe.core.api import fabricprobe_pb2 as pb
+
+    a, c = lane_hosts[0], lane_hosts[2]
+    ctx = ProbeContext(bind=a.ip, timeout=2.0, local_device=a.device)
+    spec = ProbeSpec("h2", c.ip, PORT, "rdma_ud", 20, 50, 10.0, device=c.device)
+    agg = WindowAggregator()
+    try:
+        for _ in range(2):  # the second burst over the kept link
+            out = rdma_runners()["rdma_ud"](spec, ctx)
+            assert not out.failed and out.error is None, out.error
+            assert len(out.prober_ns) == len(out.rtt_ns) >= 45
+            agg.add(spec, out)
+    finally:
+        ctx.links.close()
+    (window,) = agg.cut()
+    store = WindowStore()
+    store.register(pb.HostInfo(host="h0"))
+    report = pb.WindowReport(host="h0", epoch=1, seq=1, window_end_unix_ns=1)
+    report.probes.append(window)
+    store.take(report)
+    path = store.paths[("h0", "h2", "rdma", "ud", 20)]
+    assert path.last_prober_delay is not None and path.last_rtt is not None
+    assert path.last_prober_delay.count == path.last_rtt.count
+    d, p50 = path.last_prober_delay, path.last_prober_delay_ns
+    assert p50 is not None and d.lost == 0 and d.min_ns is not None and d.max_ns is not None
+    assert d.min_ns <= p50 <= d.max_ns
+    print(
+        f"\nagent UD window h0 -> h2: {path.last_rtt.count} RTTs, p50 "
+        f"{path.last_rtt.percentile_ns(50.0)} ns; prober delay p50 {p50} ns"
+    )
