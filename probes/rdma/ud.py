@@ -23,12 +23,15 @@ In software what the prober can bound is its own delay: an ACK that a poll found
 after the poll before it found the CQ empty, so the time from that empty poll to the
 poll that found ACK1 is at most how late the prober saw it (the loop's own pauses in a
 long wait and any time it was descheduled are in it: both real host delay inside the
-RTT, not network). The pyverbs loop waits for each probe's send completion too, and the
-time from t1 to seeing it bounds its send side; the two spans are disjoint, so the
-prober's delay is never more than the RTT. The compiled loop reaps its send completions
-lazily (nothing stands between the post and the first poll for the answer), so its
-prober delay is the receive side alone. The network RTT above still holds the prober's
-delay; the collector takes it out where it explains a path (collector/join.py).
+RTT, not network). The pyverbs loop waits for each probe's send completion too (polling
+for the answer meanwhile), and the time from t1 to seeing it counts as its send side
+when it came before the answer did: on soft-RoCE under emulation it mostly comes after
+(the lane measured that), and a completion seen after the answer says nothing of when
+the probe left. The spans are disjoint, so the prober's delay is never more than the
+RTT. The compiled loop reaps its send completions lazily (nothing stands between the
+post and the first poll for the answer), so its prober delay is the receive side alone.
+The network RTT above still holds the prober's delay; the collector takes it out where
+it explains a path (collector/join.py).
 
 UD is unreliable by design, so a probe whose ACKs do not come is counted as lost instead
 of being retransmitted: loss is part of what is measured. One probe is out at a time:
@@ -83,6 +86,9 @@ GRH_BYTES = 40  # every UD receive buffer starts with room for the global routin
 MSG = struct.Struct("!IIIQ")  # magic, kind, seq, value (responder delay in ns for ACK2)
 MAGIC = 0xFB0DD0D0
 PROBE, ACK1, ACK2 = 1, 2, 3
+# a received message: kind, seq, value, when a poll found it, and the clock read before
+# the last poll that found the receive CQ empty before that (ns; 0: none yet)
+Message = tuple[int, int, int, int, int]
 # receive slots: one probe is out at a time, but while a host stalls the ACKs of several
 # late ones queue up, and a UD message with no receive posted for it is dropped
 DEPTH = 32
@@ -130,6 +136,8 @@ class UdEndpoint(VerbsEndpoint):
         for wr in self._recv:
             self.qp.post_recv(wr)
         self._send_sge = SGE(self.mr.buf + DEPTH * self.SLOT + GRH_BYTES, MSG.size, self.mr.lkey)
+        self._empty_ns = 0  # the clock before the newest poll that found the receive CQ empty
+        self._early: list[Message] = []  # answers found while a send waited (listen=True)
 
     def endpoint(self) -> RdmaEndpoint:
         return RdmaEndpoint.datagram(self.qp.qp_num, gid_to_ipv6(self.gid), self.gid_index)
@@ -151,12 +159,15 @@ class UdEndpoint(VerbsEndpoint):
         wr.set_wr_ud(ah, remote.qpn, QKEY)
         return wr
 
-    def send(self, wr: Any, kind: int, seq: int, value: int, deadline: float) -> tuple[int, int]:
+    def send(
+        self, wr: Any, kind: int, seq: int, value: int, deadline: float, listen: bool = False
+    ) -> tuple[int, int]:
         """Send one message and wait for its completion; returns the software timestamps
         taken just before the post and when the completion was seen. The first is the
         probe's t1 (a completion seen by a busy poller can be late: the reply may already
-        be back, so it would make t4 - t1 shorter than the truth); the time between them
-        bounds the prober's send side (the post, the kernel's part of it, the poll)."""
+        be back, so it would make t4 - t1 shorter than the truth). LISTEN (the prober)
+        polls the receive CQ too while it waits, so that an answer that comes first is
+        seen when it comes: receive() hands it over next."""
         self.mr.write(MSG.pack(MAGIC, kind, seq, value), MSG.size, DEPTH * self.SLOT + GRH_BYTES)
         t = time.perf_counter_ns()
         self.qp.post_send(wr)
@@ -168,39 +179,49 @@ class UdEndpoint(VerbsEndpoint):
                 if wcs[0].status != e.IBV_WC_SUCCESS:
                     raise PeerError(f"{self.device}: UD send completion status {wcs[0].status}")
                 return t, seen
+            if listen:
+                _, msg = self._poll_receive()
+                if msg is not None:
+                    self._early.append(msg)
             if spin.expired():
                 raise PeerError(f"{self.device}: UD send did not complete in time")
 
-    # the clock (perf_counter_ns) read just before the newest poll that found the receive
-    # CQ empty: a message found later arrived after it (kept across calls)
-    last_empty_ns = 0
+    def _poll_receive(self) -> tuple[int, Message | None]:
+        """One poll of the receive CQ: (completions found, the valid message or None).
+        The clock is read before each poll: one that finds the CQ empty is kept in
+        `_empty_ns`, and a message found later arrived after it."""
+        before = time.perf_counter_ns()
+        n, wcs = self.recv_cq.poll(1)
+        if not n:
+            self._empty_ns = before
+            return 0, None
+        t = time.perf_counter_ns()
+        wc = wcs[0]
+        slot = wc.wr_id
+        msg = None
+        if wc.status == e.IBV_WC_SUCCESS and wc.byte_len == GRH_BYTES + MSG.size:
+            magic, kind, seq, value = MSG.unpack(
+                self.mr.read(MSG.size, slot * self.SLOT + GRH_BYTES)
+            )
+            if magic == MAGIC:
+                msg = (kind, seq, value, t, self._empty_ns)
+        self.qp.post_recv(self._recv[slot])
+        return n, msg
 
-    def receive(self, deadline: float) -> tuple[int, int, int, int] | None:
-        """Next valid message as (kind, seq, value, t_ns), or None at the deadline.
-        Malformed datagrams (wrong size or magic) are dropped and the slot re-posted.
-        Sets `last_empty_ns` at every empty poll."""
+    def receive(self, deadline: float) -> Message | None:
+        """Next valid message as (kind, seq, value, t_ns, empty_ns), or None at the
+        deadline: T_NS when a poll found it, EMPTY_NS the clock read before the last poll
+        that found the receive CQ empty before it (0: none yet). Malformed datagrams
+        (wrong size or magic) are dropped and the slot re-posted."""
+        if self._early:
+            return self._early.pop(0)
         spin = Spin(deadline)
         while True:
-            before = time.perf_counter_ns()
-            n, wcs = self.recv_cq.poll(1)
-            if n:
-                t = time.perf_counter_ns()
-                wc = wcs[0]
-                slot = wc.wr_id
-                msg = None
-                if wc.status == e.IBV_WC_SUCCESS and wc.byte_len == GRH_BYTES + MSG.size:
-                    magic, kind, seq, value = MSG.unpack(
-                        self.mr.read(MSG.size, slot * self.SLOT + GRH_BYTES)
-                    )
-                    if magic == MAGIC:
-                        msg = (kind, seq, value, t)
-                self.qp.post_recv(self._recv[slot])
-                if msg is not None:
-                    return msg
-            else:
-                self.last_empty_ns = before
-                if spin.expired():
-                    return None
+            n, msg = self._poll_receive()
+            if msg is not None:
+                return msg
+            if not n and spin.expired():
+                return None
 
 
 class UdLink(RdmaLink):
@@ -339,27 +360,30 @@ def _pyverbs_round(
     late ACKs are taken on the way and for LATE_S after the last probe. Fills NET, RAW,
     DELAYS and PROBER; returns why it stopped short, or None.
 
-    The prober's delay of a probe is two disjoint spans of its RTT (so it is never more
-    than the RTT): the send side, from t1 to seeing the send completion (this loop waits
-    for it), and the receive side, from the last empty poll of the receive CQ (or the
-    send completion, if later) to the poll that found ACK1."""
+    The prober's delay of a probe: the receive side, from the last poll that found the
+    receive CQ empty (or t1, if later) to the poll that found ACK1, and the send side,
+    from t1 to seeing the send completion, when that came before the receive side began
+    (a completion seen after the answer came says nothing of when the probe left). The
+    two spans are disjoint, so the delay is never more than the RTT."""
     t1s: list[int] = []
     seens: list[int] = []
     t4s: list[int | None] = []
-    waits: list[int] = []
+    own: list[int] = []
     got: list[int | None] = []
     answered = 0
 
-    def take(msg: tuple[int, int, int, int]) -> None:
+    def take(msg: Message) -> None:
         nonlocal answered
-        kind, mseq, value, t = msg
+        kind, mseq, value, t, empty = msg
         i = (mseq - base) & 0xFFFFFFFF
         if i >= len(t1s):
             return  # a late ACK of an earlier round
         was = t4s[i] is not None and got[i] is not None
         if kind == ACK1 and t4s[i] is None:
             t4s[i] = t
-            waits[i] = t - max(ep.last_empty_ns, seens[i])
+            since = max(empty, t1s[i])  # the answer came after this
+            sent = seens[i] - t1s[i] if seens[i] <= since else 0
+            own[i] = sent + max(0, t - since)
         elif kind == ACK2 and got[i] is None:
             got[i] = value
         answered += not was and t4s[i] is not None and got[i] is not None
@@ -370,14 +394,14 @@ def _pyverbs_round(
         last = time.monotonic()
         deadline = last + step_s
         try:
-            t1, seen = ep.send(wr, PROBE, (base + i) & 0xFFFFFFFF, 0, deadline)
+            t1, seen = ep.send(wr, PROBE, (base + i) & 0xFFFFFFFF, 0, deadline, listen=True)
         except PeerError as err:
             error = str(err)
             break
         t1s.append(t1)
         seens.append(seen)
         t4s.append(None)
-        waits.append(0)
+        own.append(0)
         got.append(None)
         nxt = last + interval_s if i + 1 < probes else 0.0
         while True:
@@ -395,12 +419,12 @@ def _pyverbs_round(
             if msg is None:
                 break
             take(msg)
-    for t1, seen, t4, wait, delay in zip(t1s, seens, t4s, waits, got, strict=True):
+    for t1, t4, mine, delay in zip(t1s, t4s, own, got, strict=True):
         if t4 is not None and delay is not None and delay <= t4 - t1:
             raw.append(t4 - t1)
             net.append(t4 - t1 - delay)
             delays.append(delay)
-            prober.append(min(seen, t4) - t1 + max(0, wait))
+            prober.append(mine)
     return error
 
 
@@ -512,7 +536,7 @@ def _answer(session: Session, ep: UdEndpoint, wr: Any, probes: int, step_s: floa
             if _prober_spoke(session) or time.monotonic() >= idle_deadline:
                 break
             continue
-        kind, seq, _, t2 = msg
+        kind, seq, _, t2, _ = msg
         if kind != PROBE:
             continue
         deadline = time.monotonic() + step_s

@@ -17,37 +17,72 @@ POLL_S = 0.0005  # the scripted receive loop's gap between two polls
 
 class ScriptedPeer:
     """Send and receive as a UD endpoint with a responder behind it that answers probe i
-    after LAGS[i] seconds (None: never), and a stale ACK of an earlier round first. A
-    probe in STALLS has the prober stalled for that long (descheduled) just as its
-    answer arrives, before the poll that finds it."""
+    after LAGS[i] seconds (None: never), and a stale ACK of an earlier round first. Its
+    send completion is seen SEND_S after the post, and meanwhile it listens for answers
+    as the real one does (listen=True). A probe in STALLS has the prober stalled for that
+    long (descheduled) just as its answer arrives, before the poll that finds it. It
+    keeps what really happened (ns): each probe's post, send completion seen, its ACK1's
+    arrival and the poll that found it."""
 
-    def __init__(self, lags: list[float | None], stalls: dict[int, float] | None = None) -> None:
+    def __init__(
+        self,
+        lags: list[float | None],
+        stalls: dict[int, float] | None = None,
+        send_s: float = SEND_S,
+        stale: bool = True,
+    ) -> None:
         self.lags = lags
         self.stalls = dict(stalls or {})
-        self.sent = 0
-        self.last_empty_ns = 0
-        self.due: list[tuple[float, int, int, int]] = [(0.0, ACK1, BASE - 3, 0)]
+        self.send_s = send_s
+        self.empty_ns = 0
+        self.early: list[tuple[int, int, int, int, int]] = []
+        self.due: list[tuple[int, int, int, int]] = [(0, ACK1, BASE - 3, 0)] if stale else []
+        self.posted: dict[int, int] = {}
+        self.seen: dict[int, int] = {}
+        self.arrived: dict[int, int] = {}
+        self.found: dict[int, int] = {}
 
-    def send(self, wr: object, kind: int, seq: int, value: int, deadline: float) -> tuple[int, int]:
+    def send(
+        self, wr: object, kind: int, seq: int, value: int, deadline: float, listen: bool = False
+    ) -> tuple[int, int]:
         t = time.perf_counter_ns()
-        lag = self.lags[(seq - BASE) & 0xFFFFFFFF]
-        self.sent += 1
+        i = (seq - BASE) & 0xFFFFFFFF
+        self.posted[i] = t
+        lag = self.lags[i]
         if lag is not None:
-            at = time.monotonic() + lag
+            at = t + int(lag * 1e9)
+            self.arrived[i] = at
             self.due += [(at, ACK1, seq, 0), (at, ACK2, seq, DELAY_NS)]
             self.due.sort()
-        time.sleep(SEND_S)  # the send completion is seen this much later
-        return t, time.perf_counter_ns()
+        seen = t + int(self.send_s * 1e9)
+        while time.perf_counter_ns() < seen:
+            if listen and (msg := self._poll()) is not None:
+                self.early.append(msg)
+            time.sleep(POLL_S)
+        self.seen[i] = time.perf_counter_ns()
+        return t, self.seen[i]
 
-    def receive(self, deadline: float) -> tuple[int, int, int, int] | None:
+    def _poll(self) -> tuple[int, int, int, int, int] | None:
+        before = time.perf_counter_ns()
+        if self.due and self.due[0][0] <= before:
+            _, kind, seq, value = self.due.pop(0)
+            i = (seq - BASE) & 0xFFFFFFFF
+            stall = self.stalls.pop(i, 0.0) if kind == ACK1 else 0.0
+            time.sleep(stall)
+            t = time.perf_counter_ns()
+            if kind == ACK1:
+                self.found[i] = t
+            return kind, seq, value, t, self.empty_ns
+        self.empty_ns = before
+        return None
+
+    def receive(self, deadline: float) -> tuple[int, int, int, int, int] | None:
+        if self.early:
+            return self.early.pop(0)
         while True:
-            before = time.perf_counter_ns()
-            if self.due and self.due[0][0] <= time.monotonic():
-                _, kind, seq, value = self.due.pop(0)
-                stall = self.stalls.pop((seq - BASE) & 0xFFFFFFFF, 0.0) if kind == ACK1 else 0.0
-                time.sleep(stall)
-                return kind, seq, value, time.perf_counter_ns()
-            self.last_empty_ns = before
+            msg = self._poll()
+            if msg is not None:
+                return msg
             if time.monotonic() >= deadline:
                 return None
             time.sleep(POLL_S)
@@ -58,7 +93,7 @@ def run(
     step_s: float,
     late_s: float,
     interval_s: float = 0.0,
-    stalls: dict[int, float] | None = None,
+    peer: ScriptedPeer | None = None,
 ) -> tuple[list[int], list[int], list[int], list[int], float, str | None]:
     net: list[int] = []
     raw: list[int] = []
@@ -66,7 +101,7 @@ def run(
     prober: list[int] = []
     t0 = time.monotonic()
     err = _pyverbs_round(
-        ScriptedPeer(lags, stalls),
+        peer or ScriptedPeer(lags),
         None,
         len(lags),
         interval_s,
@@ -110,17 +145,32 @@ def test_probes_are_paced() -> None:
 
 
 def test_the_probers_delay_is_its_send_side_and_how_late_it_saw_the_answer() -> None:
-    # probe 2's prober is stalled 30 ms as its answer arrives; the others poll every 0.5 ms
-    lags: list[float | None] = [0.005, 0.005, 0.005, 0.005]
-    net, raw, delays, prober, _, err = run(lags, step_s=0.2, late_s=0.2, stalls={2: 0.03})
+    # answers 20 ms after the post, the send completion seen after 2 ms; probe 2's prober
+    # is stalled 30 ms just as its answer arrives
+    lags: list[float | None] = [0.02] * 4
+    peer = ScriptedPeer(lags, stalls={2: 0.03})
+    net, raw, delays, prober, _, err = run(lags, step_s=0.2, late_s=0.2, peer=peer)
     assert err is None and len(prober) == 4
     for i, (r, d, p) in enumerate(zip(raw, delays, prober, strict=True)):
+        assert r == peer.found[i] - peer.posted[i] and r - d == net[i]
         assert p <= r  # two disjoint spans of the RTT
-        assert p >= SEND_S * 1e9  # the send side is in it
-        if i == 2:
-            assert p >= 0.03e9 + SEND_S * 1e9 and r >= 0.035e9
-        else:  # send side + at most a poll gap, with room for a loaded CI host
-            assert p < (SEND_S + 0.004) * 1e9, (i, p)
-        assert r - d == net[i]
+        assert p >= peer.found[i] - peer.arrived[i]  # the time it took to see the answer
+        if peer.seen[i] < peer.arrived[i]:  # the send completion came first: it counts
+            assert p >= peer.seen[i] - peer.posted[i] + peer.found[i] - peer.arrived[i]
+    assert prober[2] >= 0.03e9
     # the stall is host delay: the RTT rose by it, and the prober's delay says so
-    assert raw[2] - prober[2] < min(raw[i] - prober[i] for i in (0, 1, 3)) + 0.004e9
+    assert raw[2] - prober[2] <= max(raw[i] - prober[i] for i in (0, 1, 3))
+
+
+def test_an_answer_before_the_send_completion_leaves_the_send_side_out() -> None:
+    # answers 5 ms after the post, while the send completion takes 50 ms to be seen: the
+    # send waits listening, so the answer is found as it comes; the send side is unknown
+    lags: list[float | None] = [0.005] * 3
+    peer = ScriptedPeer(lags, send_s=0.05, stale=False)
+    _, raw, _, prober, _, err = run(lags, step_s=0.2, late_s=0.2, peer=peer)
+    assert err is None and len(prober) == 3
+    for i, (r, p) in enumerate(zip(raw, prober, strict=True)):
+        assert peer.found[i] < peer.seen[i]  # found while the send waited
+        # the first poll, right after the post, found nothing yet: only the time after
+        # the last empty poll is the prober's, never the send's 50 ms
+        assert peer.found[i] - peer.arrived[i] <= p < r < peer.seen[i] - peer.posted[i]

@@ -397,7 +397,7 @@ def _lat_ud(
 
 def _send_side(engine: str | None) -> str:
     """What the prober's delay holds beyond the receive side, by engine (ud.py)."""
-    return ", and its send side" if engine == "pyverbs" else ""
+    return ", and its send side when seen before the answer" if engine == "pyverbs" else ""
 
 
 @click.command(
