@@ -157,9 +157,8 @@ def test_the_probers_delay_is_its_send_side_and_how_late_it_saw_the_answer() -> 
         assert p >= peer.found[i] - peer.arrived[i]  # the time it took to see the answer
         if peer.seen[i] < peer.arrived[i]:  # the send completion came first: it counts
             assert p >= peer.seen[i] - peer.posted[i] + peer.found[i] - peer.arrived[i]
-    assert prober[2] >= 0.03e9
-    # the stall is host delay: the RTT rose by it, and the prober's delay says so
-    assert raw[2] - prober[2] <= max(raw[i] - prober[i] for i in (0, 1, 3))
+    # the stall is host delay inside the RTT, and the prober's delay holds it
+    assert prober[2] >= 0.03e9 and raw[2] >= 0.05e9
 
 
 def test_an_answer_before_the_send_completion_leaves_the_send_side_out() -> None:
