@@ -101,10 +101,16 @@ def test_the_probers_delay_is_reported_small_when_quiet_and_follows_a_busy_cpu(
         for h in hogs:
             h.kill()
             h.wait(timeout=10)
-    # at its quickest the prober's delay is a small part of the quickest RTT (native: a
-    # poll's gap, about a µs; pyverbs: its send call and a poll), however busy the
-    # machine is (a loaded machine delays most probes: then their prober delay is large)
-    assert quiet["prober_min"] < 0.5 * quiet["raw_min"]
+    # at its quickest the compiled loop's delay is a poll's gap (about a µs in the lane),
+    # a small part of the quickest RTT however busy the machine is (a loaded machine
+    # delays most probes: then their prober delay is large). The Python loop's own gaps
+    # are not small under emulation (its pauses past SPIN_S, milliseconds on a loaded
+    # machine: real delay in its RTTs), but its quickest probe still shows the network
+    # apart from them
+    if engine == "native":
+        assert quiet["prober_min"] < 0.05 * quiet["raw_min"]
+    else:
+        assert quiet["prober_min"] < quiet["raw_min"]
     # sharing its CPU the prober waits for it, the RTT rises with that, and the prober's
     # delay takes most of it: the RTT without it stays far below the RTT
     assert busy["raw_minus_prober_p90"] < 0.5 * busy["raw_p90"]
