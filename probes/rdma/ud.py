@@ -14,10 +14,12 @@ hardware time, the responder's receive and send completions, the prober's receiv
 completion of the ACK and the time it polled it. The prober's delay is then the post to
 its send completion plus the ACK's completion to its poll. Where the device has
 completion timestamps (`completion_timestamp_mask` > 0, `hw_ts`) that is the hardware
-path: the completions' `completion_ts`, read with ibv_wc_read_completion_ts through an
-extended CQ, converted with ibv_query_rt_values_ex. This implementation does not take
-it (soft-RoCE has none, so it could not be tested) and every result says
-`timestamps: software`, and whether hardware ones could have been had.
+path: CQs made with ibv_create_cq_ex asking IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, each
+completion's ibv_wc_read_completion_ts (device clock ticks, turned into ns with the
+hca_core_clock of ibv_query_device_ex; or ibv_wc_read_completion_wallclock_ns where the
+provider has it), and the prober's own delay as R-Pingmesh takes it. This
+implementation does not take it (soft-RoCE has none, so it could not be tested): every
+result says `timestamps: software`, and whether hardware ones could have been had.
 
 In software what the prober can bound is its own delay: an ACK that a poll found came
 after the poll before it found the CQ empty, so the time from that empty poll to the
