@@ -63,6 +63,7 @@ class ProbeOutcome:
     op: str  # "pingpong", "send", "write", "ud", "stream"
     rtt: LatencySketch | None = None  # a runner that keeps its own sketch (RDMA probes)
     rtt_ns: list[int] = field(default_factory=list)  # or the bare RTTs, cheaper per burst
+    prober_ns: list[int] = field(default_factory=list)  # UD: the prober's delay in each RTT
     lost: int = 0  # exchanges that got no answer (beside those inside `rtt`)
     bytes_moved: int = 0
     busy_seconds: float = 0.0
@@ -189,7 +190,13 @@ def kept_burst(
         r = ctx.links.burst(spec, new, run)
     except (ProbeError, OSError, ValueError) as e:
         return failed(e)
-    return ProbeOutcome(*outcome, rtt_ns=r.rtt_ns.tolist(), lost=r.lost, error=r.error)
+    return ProbeOutcome(
+        *outcome,
+        rtt_ns=r.rtt_ns.tolist(),
+        prober_ns=r.prober_ns.tolist(),
+        lost=r.lost,
+        error=r.error,
+    )
 
 
 def tcp_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:

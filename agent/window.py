@@ -16,6 +16,7 @@ PathKey = tuple[str, str, str, int]  # dst, transport, op, size
 @dataclass
 class _PathWindow:
     rtt: LatencySketch = field(default_factory=LatencySketch)
+    prober: LatencySketch = field(default_factory=lambda: LatencySketch("delay"))  # UD
     bytes_moved: int = 0
     busy_seconds: float = 0.0
     failures: int = 0
@@ -39,6 +40,8 @@ class WindowAggregator:
                 w.rtt.merge(outcome.rtt)
             if outcome.rtt_ns:
                 w.rtt.record_many(outcome.rtt_ns)
+            if outcome.prober_ns:
+                w.prober.record_many(outcome.prober_ns)
             if outcome.lost:
                 w.rtt.record_lost(outcome.lost)
             w.bytes_moved += outcome.bytes_moved
@@ -62,6 +65,7 @@ class WindowAggregator:
                     bytes_moved=w.bytes_moved,
                     busy_seconds=w.busy_seconds,
                     failures=w.failures,
+                    prober_delay=to_wire(w.prober) if w.prober.count else None,
                 )
             )
         return out

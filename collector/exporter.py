@@ -45,6 +45,10 @@ RTT_BUCKETS_S: tuple[float, ...] = tuple(
 _RTT_BUCKETS_NS = [round(b * 1e9) for b in RTT_BUCKETS_S]
 
 PATH_LABELS = ["src", "dst", "transport", "op", "size"]
+PROBER_DELAY_HELP = (
+    "UD probes: the prober's own delay inside their RTTs (software-timed; still in the"
+    " RTT), p50 of the newest window."
+)
 RDMA_LABELS = ["src", "device", "port", "counter"]
 PFC_LABELS = ["src", "netdev", "priority"]
 NETDEV_LABELS = ["src", "netdev", "counter"]
@@ -289,6 +293,11 @@ class FabricCollector(Collector):
             "loss": GaugeMetricFamily(
                 p + "loss_ratio",
                 "Lost over attempted exchanges, newest window.",
+                labels=PATH_LABELS,
+            ),
+            "prober_delay": GaugeMetricFamily(
+                p + "prober_delay_seconds",
+                PROBER_DELAY_HELP,
                 labels=PATH_LABELS,
             ),
             "bw": GaugeMetricFamily(
@@ -604,6 +613,9 @@ class FabricCollector(Collector):
             f["lost"].add_metric(labels, float(rtt.lost))
         if st.last_rtt is not None:
             f["loss"].add_metric(labels, st.last_rtt.loss_ratio)
+        prober = st.last_prober_delay_ns
+        if prober is not None:
+            f["prober_delay"].add_metric(labels, prober / 1e9)
         f["failures"].add_metric(labels, float(st.failures))
         if st.bytes_moved:
             f["bytes"].add_metric(labels, float(st.bytes_moved))

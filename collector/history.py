@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pandas as pd
@@ -73,9 +74,15 @@ class FabricWindow:
     rtt_p99_s: float | None
     loss_ratio: float
     samples: int
+    # UD: the prober's own delay inside these RTTs (min, p50, p99), None for other probes
+    prober_delay_min_s: float | None = None
+    prober_delay_p50_s: float | None = None
+    prober_delay_p99_s: float | None = None
 
 
 _Rate = tuple[CounterKey, str, float]  # counter, category, rate
+# what one report brought: its end, windows, kept rates, prober delays by path
+_Taken = tuple[int, list[tuple[PathKey, MergedSketch]], list[_Rate], dict[PathKey, MergedSketch]]
 
 
 @dataclass(frozen=True)
@@ -88,8 +95,11 @@ class CounterRate:
     rate: float  # per second over the window that ended at t_ns
 
 
-def window_from_sketch(key: PathKey, start_ns: int, end_ns: int, sk: MergedSketch) -> FabricWindow:
+def window_from_sketch(
+    key: PathKey, start_ns: int, end_ns: int, sk: MergedSketch, prober: MergedSketch | None = None
+) -> FabricWindow:
     p50, p99 = sk.percentiles_ns((50.0, 99.0))
+    d50, d99 = prober.percentiles_ns((50.0, 99.0)) if prober is not None else (None, None)
     return FabricWindow(
         *key,
         start_ns=start_ns,
@@ -99,6 +109,9 @@ def window_from_sketch(key: PathKey, start_ns: int, end_ns: int, sk: MergedSketc
         rtt_p99_s=None if p99 is None else p99 / 1e9,
         loss_ratio=sk.loss_ratio,
         samples=sk.count,
+        prober_delay_min_s=None if prober is None or prober.min_ns is None else prober.min_ns / 1e9,
+        prober_delay_p50_s=None if d50 is None else d50 / 1e9,
+        prober_delay_p99_s=None if d99 is None else d99 / 1e9,
     )
 
 
@@ -114,9 +127,7 @@ class FabricHistory:
         self.windows: deque[FabricWindow] = deque(maxlen=200_000)
         self.rates: deque[CounterRate] = deque(maxlen=200_000)
         # what reports brought since the last drain(); bounded like the rows themselves
-        self._inbox: deque[tuple[int, list[tuple[PathKey, MergedSketch]], list[_Rate]]] = deque(
-            maxlen=inbox
-        )
+        self._inbox: deque[_Taken] = deque(maxlen=inbox)
         self.inbox_dropped = 0  # reports' windows the inbox had no room for
         self._draining = threading.Lock()  # one drain at a time: rows in report order
         self._path_end: dict[PathKey, int] = {}
@@ -139,18 +150,22 @@ class FabricHistory:
         if store is not None:
             # each watched host's path to itself is its reference (agent.reference_spec)
             for a, b in [*new, *((h, h) for h in sorted(fresh))]:
-                for key, end, sketch in store.newest_windows(a, b):
-                    self.report_taken(end, [(key, sketch)], [])
+                for key, end, sketch, prober in store.newest_windows(a, b):
+                    self.report_taken(
+                        end, [(key, sketch)], [], None if prober is None else {key: prober}
+                    )
 
     def report_taken(
         self,
         end_ns: int,
         windows: list[tuple[PathKey, MergedSketch]],
         rates: list[tuple[CounterKey, float]],
+        prober_delays: Mapping[PathKey, MergedSketch] | None = None,
     ) -> None:
-        """One report's path windows (their RTT sketches) and updated counter rates, as
-        the store took them; kept are the windows of watched pairs and the counters of
-        watched hosts in an explanatory category."""
+        """One report's path windows (their RTT sketches, and the prober-delay sketches of
+        those that have one) and updated counter rates, as the store took them; kept are
+        the windows of watched pairs and the counters of watched hosts in an explanatory
+        category."""
         pairs = self.pairs
         nixl = [r for r in rates if r[0][1] == "nixl"]
         if not pairs and not nixl:
@@ -177,7 +192,12 @@ class FabricHistory:
         with self.lock:
             if len(self._inbox) == self._inbox.maxlen:
                 self.inbox_dropped += 1
-            self._inbox.append((end_ns, windows, kept))
+            delays = (
+                {k: prober_delays[k] for k, _ in windows if k in prober_delays}
+                if (prober_delays)
+                else {}
+            )
+            self._inbox.append((end_ns, windows, kept, delays))
 
     def drain(self, now_ns: int) -> int:
         """Turn what reports brought into rows; return how many windows and rates were added."""
@@ -190,14 +210,14 @@ class FabricHistory:
         rows: list[FabricWindow] = []
         rates: list[CounterRate] = []
         path_end = self._path_end
-        for end, windows, kept in inbox:
+        for end, windows, kept, delays in inbox:
             for key, sketch in windows:
                 prev = path_end.get(key)
                 if prev is not None and end <= prev:
                     continue  # a window replayed after a newer one: its time has passed
                 path_end[key] = end
                 start = prev if prev is not None else end - self.first_window_ns
-                rows.append(window_from_sketch(key, start, end, sketch))
+                rows.append(window_from_sketch(key, start, end, sketch, delays.get(key)))
             for ckey, cat, rate in kept:  # the store updates a rate only for a newer reading
                 src, _kind, device, _port, netdev, _prio, name = ckey
                 rates.append(CounterRate(src, device or netdev, cat, name, end, rate))

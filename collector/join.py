@@ -133,12 +133,20 @@ class _PathIndex:
         self.exact = {k: g for k, g in windows.groupby(["src", "dst", "transport"], sort=False)}
         self.any = {k: g for k, g in windows.groupby(["src", "dst"], sort=False)}
         self._floors: dict[tuple[str, str, str], float] = {}
+        self._prober_floors: dict[tuple[str, str], float] = {}
 
     def floor(self, key: tuple[str, str, str]) -> float:
         """The lowest RTT minimum of path KEY's windows, computed once per join."""
         if key not in self._floors:
             self._floors[key] = float(self.exact[key]["rtt_min_s"].min())
         return self._floors[key]
+
+    def prober_floor(self, key: tuple[str, str]) -> float:
+        """The lowest prober delay of the windows from KEY's prober to its responder (UD
+        probes, whatever the transport asked), computed once per join."""
+        if key not in self._prober_floors:
+            self._prober_floors[key] = float(self.any[key]["prober_delay_min_s"].min())
+        return self._prober_floors[key]
 
     def get(self, src: str, dst: str, transport: str) -> pd.DataFrame:
         if transport:
@@ -196,11 +204,19 @@ def split_kv(kv: pd.DataFrame) -> pd.DataFrame:
 # Each agent measures its own: the same TCP probe against its own responder, turned
 # around in the loopback device (no NIC, no wire). What that reference takes beyond its
 # quietest window is this host's stack and scheduling delay for a prober and a
-# responder both, so a path's share is half of each end's. A window is host-bound when
-# that estimate is at least HOST_SHARE of what the path's RTT rose above its own floor.
+# responder both, so a path's share is half of each end's. A UD probe measures its
+# prober's delay itself, on the path (probes/rdma/ud.py: from the last empty poll of the
+# receive CQ to the poll that found the answer, and with the pyverbs loop the send side
+# too; software-timed): where a path's windows carry it, what it takes beyond the path's
+# quietest prober delay is the prober end's estimate in full, in place of half the
+# prober's reference; the responder end keeps half its reference (a UD RTT has the
+# responder's processing taken out already, but not the time its loop took to see the
+# probe). A window is host-bound when the estimate is at least HOST_SHARE of what the
+# path's RTT rose above its own floor.
 HOST_SHARE = 0.5
 HOST_FLOOR_S = 20e-6  # host delay below this is noise of the reference itself
 HOST_FIELDS = ["host_delay_s", "rtt_p50_net_s", "rtt_p99_net_s", "host_bound"]
+PROBER_FIELDS = ["prober_delay_min_s", "prober_delay_p50_s", "prober_delay_p99_s"]
 
 
 def _windows_over(
@@ -230,6 +246,24 @@ def _host_excess(
     return (
         max(0.0, float(w["rtt_p50_s"].mean()) - floor),
         max(0.0, float(w["rtt_p99_s"].max()) - floor),
+    )
+
+
+def _prober_excess(paths: _PathIndex, w: pd.DataFrame) -> tuple[str, float, float]:
+    """(prober host, p50, p99) of the prober's own delay in windows W (one path) beyond
+    the path's quietest prober delay; NaN figures when W carries none."""
+    if w.empty:
+        return "", np.nan, np.nan
+    first = w.iloc[0]
+    prober = str(first["src"])
+    own = w["prober_delay_p50_s"].dropna()
+    floor = paths.prober_floor((prober, str(first["dst"]))) if len(own) else np.nan
+    if np.isnan(floor):
+        return prober, np.nan, np.nan
+    return (
+        prober,
+        max(0.0, float(own.mean()) - floor),
+        max(0.0, float(w["prober_delay_p99_s"].max()) - floor),
     )
 
 
@@ -266,6 +300,13 @@ def join_fabric(
     nixl_cols: dict[str, list[float]] = {c: [] for c in NIXL_FIELDS}
     bw_col: list[float] = []
     host_cols: dict[str, list[float]] = {c: [] for c in HOST_FIELDS}
+    # windows without a prober delay (TCP, RC, older frames) hold NaN there
+    windows = windows.assign(
+        **{
+            c: pd.to_numeric(windows[c], errors="coerce") if c in windows else np.nan
+            for c in PROBER_FIELDS
+        }
+    )
     paths = _PathIndex(windows)
     is_nixl = rates["category"] == NIXL_CATEGORY
     by_host = {h: g for h, g in rates[~is_nixl].groupby("host", sort=False)}
@@ -291,13 +332,19 @@ def join_fabric(
         p50.append(float(w["rtt_p50_s"].mean()) if len(w) else np.nan)
         p99.append(float(w["rtt_p99_s"].max()) if len(w) else np.nan)
         loss.append(float(w["loss_ratio"].mean()) if len(w) else np.nan)
-        ends = [
-            _host_excess(paths, h, row.start_ns, row.end_ns, slack, horizon)
-            for h in (row.src, row.dst)
-        ]
+        # each end's share: the prober's own delay where its windows carry one, else
+        # half its reference
+        prober, own50, own99 = _prober_excess(paths, w)
+        ends = []
+        for h in (row.src, row.dst):
+            if h == prober and not np.isnan(own50):
+                ends.append((own50, own99))
+            else:
+                e = _host_excess(paths, h, row.start_ns, row.end_ns, slack, horizon)
+                ends.append((e[0] / 2, e[1] / 2))
         known = [e for e in ends if not np.isnan(e[0])]
-        delay = sum(e[0] for e in known) / 2 if known else np.nan
-        delay99 = sum(e[1] for e in known) / 2 if known else np.nan
+        delay = sum(e[0] for e in known) if known else np.nan
+        delay99 = sum(e[1] for e in known) if known else np.nan
         floor = float(pw["rtt_min_s"].min()) if len(pw) else np.nan
         rise = p50[-1] - floor
         host_cols["host_delay_s"].append(delay)

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,7 @@ class RawWindowWriter:
         end_ns: int,
         windows: list[tuple[Any, MergedSketch]],
         rates: list[tuple[Any, float]],
+        prober_delays: Mapping[Any, MergedSketch] | None = None,  # not kept in raw rows
     ) -> None:
         rows = [window_row(end_ns, k, sk) for k, sk in windows]
         rate_rows = [rate_row(end_ns, k, r) for k, r in rates]

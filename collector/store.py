@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -92,6 +92,15 @@ class PathStats:
     last_loss: float = 0.0
     p99_ewma: float = 0.0  # running p99 over the windows before the newest
     p99_windows: int = 0  # windows folded into p99_ewma
+    # UD: the prober's own delay in the newest window's RTTs, None without one (never
+    # changed once taken, like last_rtt)
+    last_prober_delay: MergedSketch | None = None
+
+    @property
+    def last_prober_delay_ns(self) -> int | None:
+        """The newest window's prober delay p50 (ns)."""
+        d = self.last_prober_delay
+        return None if d is None else d.percentile_ns(50.0)
 
     def copy(self) -> PathStats:
         """A copy that later merges into this one leave alone."""
@@ -166,6 +175,7 @@ class ReportListener(Protocol):
         end_ns: int,
         windows: list[tuple[PathKey, MergedSketch]],
         rates: list[tuple[CounterKey, float]],
+        prober_delays: Mapping[PathKey, MergedSketch] | None = None,
     ) -> None: ...
 
 
@@ -288,7 +298,7 @@ class WindowStore:
     def take(self, report: pb.WindowReport) -> TakeResult:
         """Merge one report. Raises ReportError for a malformed one (nothing is merged)."""
         try:
-            sketches = self._validate(report)
+            sketches, probers = self._validate(report)
         except ReportError:
             with self.lock:
                 self.rejected_total += 1
@@ -332,17 +342,20 @@ class WindowStore:
                         self.dropped["value"] += 1
             end = report.window_end_unix_ns
             windows: list[tuple[PathKey, MergedSketch]] = []
-            for w, sketch in zip(report.probes, sketches, strict=True):
-                key = self._merge_probe(state, end, order, now, w, sketch)
+            delays: dict[PathKey, MergedSketch] = {}
+            for w, sketch, prober in zip(report.probes, sketches, probers, strict=True):
+                key = self._merge_probe(state, end, order, now, w, sketch, prober)
                 if key is not None and sketch is not None and sketch.kind == "rtt":
                     windows.append((key, sketch))
+                    if prober is not None:
+                        delays[key] = prober
             rates: list[tuple[CounterKey, float]] = []
             for c in report.counters:
                 updated = self._merge_counter(state, end, order, now, c)
                 if updated is not None:
                     rates.append(updated)
             for listener in self.listeners:
-                listener.report_taken(end, windows, rates)
+                listener.report_taken(end, windows, rates, delays)
             return TakeResult(False, len(report.probes), len(report.counters))
 
     def _lifetime(self, state: HostState, epoch: int) -> int | None:
@@ -362,7 +375,10 @@ class WindowStore:
                 state.retired.popitem(last=False)
         return state.lifetimes
 
-    def _validate(self, report: pb.WindowReport) -> list[MergedSketch | None]:
+    def _validate(
+        self, report: pb.WindowReport
+    ) -> tuple[list[MergedSketch | None], list[MergedSketch | None]]:
+        """Each probe window's RTT sketch and prober-delay sketch (None where absent)."""
         if not report.host:
             raise ReportError("report without a host name")
         if report.seq < 1:
@@ -370,18 +386,22 @@ class WindowStore:
         if report.window_end_unix_ns < report.window_start_unix_ns:
             raise ReportError("window ends before it starts")
         sketches: list[MergedSketch | None] = []
+        probers: list[MergedSketch | None] = []
         for w in report.probes:
             if not w.dst or len(w.dst) > MAX_NAME or w.transport not in ("tcp", "rdma"):
                 raise ReportError(f"bad probe window dst={w.dst!r} transport={w.transport!r}")
             if not w.op or len(w.op) > 32:
                 raise ReportError(f"bad probe op {w.op!r}")
+            rtt = None
             if w.HasField("rtt"):
                 try:
-                    sketches.append(from_wire(w.rtt))
+                    rtt = from_wire(w.rtt)
                 except ParseError as e:
                     raise ReportError(f"probe window to {w.dst}: {e}") from None
-            else:
-                sketches.append(None)
+                if rtt.kind == "delay":
+                    raise ReportError(f"probe window to {w.dst}: an RTT sketch of kind delay")
+            sketches.append(rtt)
+            probers.append(_prober_delay(w, rtt) if w.HasField("prober_delay") else None)
         kinds, widths = COUNTER_KINDS, _WIDTHS
         for c in report.counters:
             name = c.name
@@ -392,7 +412,7 @@ class WindowStore:
                 )
             if len(c.device) > MAX_DEVICE or len(c.netdev) > MAX_DEVICE:
                 raise ReportError(f"counter {name[:40]!r}: device name over {MAX_DEVICE}")
-        return sketches
+        return sketches, probers
 
     def _merge_probe(
         self,
@@ -402,6 +422,7 @@ class WindowStore:
         now: int,
         w: pb.ProbeWindow,
         sketch: MergedSketch | None,
+        prober: MergedSketch | None = None,
     ) -> PathKey | None:
         src = state.info.host
         key: PathKey = (src, w.dst, w.transport, w.op, int(w.size))
@@ -444,6 +465,7 @@ class WindowStore:
         if newest:
             stats.last_order = order
             stats.last_end_ns = end_ns
+            stats.last_prober_delay = prober
         return key
 
     def _merge_counter(
@@ -580,15 +602,17 @@ class WindowStore:
         with self.lock:
             return {p for p, t in self.named.items() if t >= since_ns}
 
-    def newest_windows(self, a: str, b: str) -> list[tuple[PathKey, int, MergedSketch]]:
-        """(path, end, RTT sketch) of the newest window of each path between A and B, both
-        ways."""
+    def newest_windows(
+        self, a: str, b: str
+    ) -> list[tuple[PathKey, int, MergedSketch, MergedSketch | None]]:
+        """(path, end, RTT sketch, prober-delay sketch or None) of the newest window of
+        each path between A and B, both ways."""
         with self.lock:
             out = []
             for key in self._pair_paths.get(host_pair(a, b), ()):
                 st = self.paths.get(key)
                 if st is not None and st.last_rtt is not None and st.last_rtt.kind == "rtt":
-                    out.append((key, st.last_end_ns, st.last_rtt))
+                    out.append((key, st.last_end_ns, st.last_rtt, st.last_prober_delay))
             return out
 
     def seqs_taken(self, host: str) -> dict[int, set[int]]:
@@ -624,6 +648,24 @@ def _rank(stats: PathStats, sketch: MergedSketch) -> None:
         stats.last_p99_ns = sketch.max_ns
     else:
         stats.last_p99_ns = sketch.percentile_ns(99.0)
+
+
+def _prober_delay(w: pb.ProbeWindow, rtt: MergedSketch | None) -> MergedSketch:
+    """W's prober-delay sketch, held to what it can be: a delay inside each of the
+    window's answered RDMA probes (kind delay, no loss, no more samples than RTTs)."""
+    try:
+        sk = from_wire(w.prober_delay)
+    except ParseError as e:
+        raise ReportError(f"probe window to {w.dst}: prober delay: {e}") from None
+    if w.transport != "rdma" or sk.kind != "delay" or sk.lost:
+        raise ReportError(
+            f"probe window to {w.dst}: a prober delay must be an RDMA window's, of kind"
+            f" delay and without loss (got {w.transport} {sk.kind!r}, {sk.lost} lost)"
+        )
+    if rtt is None or sk.count > rtt.count:
+        have = 0 if rtt is None else rtt.count
+        raise ReportError(f"probe window to {w.dst}: {sk.count} prober delays for {have} RTTs")
+    return sk
 
 
 def _bandwidth_ok(moved: int, busy: float) -> bool:

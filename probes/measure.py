@@ -75,8 +75,9 @@ class LatencyRound:
     """One round's bare figures: RTTs in ns (warm-up left out; for UD the network RTT,
     the responder's delay taken out), exchanges lost, why the round stopped short (None
     when it did not), the local device (None over TCP) and the loop's wall time. UD
-    rounds also carry the RTTs with the responder's delay (`raw_ns`), those delays, and
-    whether the device has completion timestamps."""
+    rounds also carry the RTTs with the responder's delay (`raw_ns`), those delays, the
+    prober's own delay inside each RTT (`prober_ns`, software-timed: probes/rdma/ud.py),
+    and whether the device has completion timestamps."""
 
     rtt_ns: array[int]
     lost: int
@@ -85,6 +86,7 @@ class LatencyRound:
     duration_s: float
     raw_ns: array[int] = field(default_factory=_ns)
     delays_ns: array[int] = field(default_factory=_ns)
+    prober_ns: array[int] = field(default_factory=_ns)
     hw_ts: bool = False
 
 
@@ -112,8 +114,17 @@ class LatencyResult:
     timer_overhead_ns: int | None = None
     raw_summary: LatencySummary | None = None  # UD: the RTT with the responder's delay
     responder_delay_p50_us: float | None = None
+    # UD: the prober's own delay in each RTT (kind "delay"; probes/rdma/ud.py says what it
+    # bounds); it is still inside `summary`, as the responder's is not
+    prober_delay: LatencySketch | None = field(default=None, repr=False, compare=False)
     timestamps: str | None = None  # UD: "software" or "hardware"
     hw_timestamps_supported: bool | None = None
+
+    @property
+    def prober_delay_p50_us(self) -> float | None:
+        if self.prober_delay is None or not self.prober_delay.count:
+            return None
+        return self.prober_delay.summary().p50_us
 
     @property
     def probes(self) -> int:
@@ -137,6 +148,9 @@ class LatencyResult:
         if self.raw_summary is not None:
             d["rtt_with_responder_delay"] = self.raw_summary.as_dict()
             d["responder_delay_p50_us"] = self.responder_delay_p50_us
+            if self.prober_delay is not None:
+                d["prober_delay"] = self.prober_delay.summary().as_dict()
+                d["prober_delay_p50_us"] = self.prober_delay_p50_us
             d["timestamps"] = self.timestamps
             d["hw_timestamps_supported"] = self.hw_timestamps_supported
         for name in ("timer_overhead_ns", "loop_overhead_ns"):

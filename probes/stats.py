@@ -21,7 +21,7 @@ HIGHEST_NS = 100_000_000_000  # 100 s: anything slower is a loss, not a latency
 SIGNIFICANT_DIGITS = 2
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 
-Kind = Literal["rtt", "one_way"]
+Kind = Literal["rtt", "one_way", "delay"]  # delay: a host delay inside an RTT (UD)
 
 
 class LatencySketch:

@@ -25,7 +25,7 @@ from fabricprobe.probes.stats import HIGHEST_NS, LOWEST_NS, SIGNIFICANT_DIGITS, 
 
 _TEMPLATE = HdrHistogram(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
 MAX_SLOTS = _TEMPLATE.counts_len
-_KINDS = ("rtt", "one_way")
+_KINDS = ("rtt", "one_way", "delay")
 
 
 @lru_cache(maxsize=MAX_SLOTS)

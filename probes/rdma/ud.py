@@ -1,12 +1,39 @@
 """UD probing in the R-Pingmesh manner: a probe and two ACKs per sample, so that the
-responder's own processing time is subtracted from the network RTT.
+responder's own processing time is subtracted from the network RTT, and the prober's own
+delay is reported beside it.
 
     prober                       responder
     t1  probe(seq)   -------->   t2  (receive completion)
-                     <--------   ACK1(seq)  t3 (its send completion)
+                     <--------   ACK1(seq)  t3 (its send posted)
     t4  ACK1 arrives <--------   ACK2(seq, t3 - t2)
 
     network RTT = (t4 - t1) - (t3 - t2)
+
+R-Pingmesh takes six timestamps: the prober's post (t1) and its send completion's
+hardware time, the responder's receive and send completions, the prober's receive
+completion of the ACK and the time it polled it. The prober's delay is then the post to
+its send completion plus the ACK's completion to its poll. Where the device has
+completion timestamps (`completion_timestamp_mask` > 0, `hw_ts`) that is the hardware
+path: CQs made with ibv_create_cq_ex asking IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, each
+completion's ibv_wc_read_completion_ts (device clock ticks, turned into ns with the
+hca_core_clock of ibv_query_device_ex; or ibv_wc_read_completion_wallclock_ns where the
+provider has it), and the prober's own delay as R-Pingmesh takes it. This
+implementation does not take it (soft-RoCE has none, so it could not be tested): every
+result says `timestamps: software`, and whether hardware ones could have been had.
+
+In software what the prober can bound is its own delay: an ACK that a poll found came
+after the poll before it found the CQ empty, so the time from that empty poll to the
+poll that found ACK1 is at most how late the prober saw it (the loop's own pauses in a
+long wait and any time it was descheduled are in it: both real host delay inside the
+RTT, not network). The pyverbs loop waits for each probe's send completion too (polling
+for the answer meanwhile), and the time from t1 to seeing it counts as its send side
+when it came before the answer did: on soft-RoCE under emulation it mostly comes after
+(the lane measured that), and a completion seen after the answer says nothing of when
+the probe left. The spans are disjoint, so the prober's delay is never more than the
+RTT. The compiled loop reaps its send completions lazily (nothing stands between the
+post and the first poll for the answer), so its prober delay is the receive side alone.
+The network RTT above still holds the prober's delay; the collector takes it out where
+it explains a path (collector/join.py).
 
 UD is unreliable by design, so a probe whose ACKs do not come is counted as lost instead
 of being retransmitted: loss is part of what is measured. One probe is out at a time:
@@ -14,10 +41,7 @@ it waits a step for its ACKs, then the next goes. An answer that comes after its
 is still taken (with its true RTT) while later probes wait, and the round listens
 `late_s` past its last probe for answers on their way: on a busy host an answer is often
 late, and late is delay, not loss. A probe is lost when its round ends without its
-answer. Timestamps: completion timestamps are the right source where the device
-has them (`completion_timestamp_mask` > 0); this implementation takes software
-timestamps (CLOCK_MONOTONIC when the poll returns) and every result says so, together
-with whether the device could have given hardware ones.
+answer. Timestamps are CLOCK_MONOTONIC, read when a poll returns.
 """
 
 from __future__ import annotations
@@ -61,9 +85,13 @@ from fabricprobe.probes.stats import LatencySketch
 
 QKEY = 0x1F1F1F1F
 GRH_BYTES = 40  # every UD receive buffer starts with room for the global routing header
+DONE_FLOOR_S = 2.0  # the closing handshake's least time (UdLink.done_timeout)
 MSG = struct.Struct("!IIIQ")  # magic, kind, seq, value (responder delay in ns for ACK2)
 MAGIC = 0xFB0DD0D0
 PROBE, ACK1, ACK2 = 1, 2, 3
+# a received message: kind, seq, value, when a poll found it, and the clock read before
+# the last poll that found the receive CQ empty before that (ns; 0: none yet)
+Message = tuple[int, int, int, int, int]
 # receive slots: one probe is out at a time, but while a host stalls the ACKs of several
 # late ones queue up, and a UD message with no receive posted for it is dropped
 DEPTH = 32
@@ -111,6 +139,8 @@ class UdEndpoint(VerbsEndpoint):
         for wr in self._recv:
             self.qp.post_recv(wr)
         self._send_sge = SGE(self.mr.buf + DEPTH * self.SLOT + GRH_BYTES, MSG.size, self.mr.lkey)
+        self._empty_ns = 0  # the clock before the newest poll that found the receive CQ empty
+        self._early: list[Message] = []  # answers found while a send waited (listen=True)
 
     def endpoint(self) -> RdmaEndpoint:
         return RdmaEndpoint.datagram(self.qp.qp_num, gid_to_ipv6(self.gid), self.gid_index)
@@ -132,10 +162,15 @@ class UdEndpoint(VerbsEndpoint):
         wr.set_wr_ud(ah, remote.qpn, QKEY)
         return wr
 
-    def send(self, wr: Any, kind: int, seq: int, value: int, deadline: float) -> int:
-        """Send one message and wait for its completion; returns the software timestamp
-        taken just before the post (a completion seen by a busy poller can be late: the
-        reply may already be back, so it would make t4 - t1 shorter than the truth)."""
+    def send(
+        self, wr: Any, kind: int, seq: int, value: int, deadline: float, listen: bool = False
+    ) -> tuple[int, int]:
+        """Send one message and wait for its completion; returns the software timestamps
+        taken just before the post and when the completion was seen. The first is the
+        probe's t1 (a completion seen by a busy poller can be late: the reply may already
+        be back, so it would make t4 - t1 shorter than the truth). LISTEN (the prober)
+        polls the receive CQ too while it waits, so that an answer that comes first is
+        seen when it comes: receive() hands it over next."""
         self.mr.write(MSG.pack(MAGIC, kind, seq, value), MSG.size, DEPTH * self.SLOT + GRH_BYTES)
         t = time.perf_counter_ns()
         self.qp.post_send(wr)
@@ -143,33 +178,52 @@ class UdEndpoint(VerbsEndpoint):
         while True:
             n, wcs = self.send_cq.poll(1)
             if n:
+                seen = time.perf_counter_ns()
                 if wcs[0].status != e.IBV_WC_SUCCESS:
                     raise PeerError(f"{self.device}: UD send completion status {wcs[0].status}")
-                return t
+                return t, seen
+            if listen:
+                _, msg = self._poll_receive()
+                if msg is not None:
+                    self._early.append(msg)
             if spin.expired():
                 raise PeerError(f"{self.device}: UD send did not complete in time")
 
-    def receive(self, deadline: float) -> tuple[int, int, int, int] | None:
-        """Next valid message as (kind, seq, value, t_ns), or None at the deadline.
-        Malformed datagrams (wrong size or magic) are dropped and the slot re-posted."""
+    def _poll_receive(self) -> tuple[int, Message | None]:
+        """One poll of the receive CQ: (completions found, the valid message or None).
+        The clock is read before each poll: one that finds the CQ empty is kept in
+        `_empty_ns`, and a message found later arrived after it."""
+        before = time.perf_counter_ns()
+        n, wcs = self.recv_cq.poll(1)
+        if not n:
+            self._empty_ns = before
+            return 0, None
+        t = time.perf_counter_ns()
+        wc = wcs[0]
+        slot = wc.wr_id
+        msg = None
+        if wc.status == e.IBV_WC_SUCCESS and wc.byte_len == GRH_BYTES + MSG.size:
+            magic, kind, seq, value = MSG.unpack(
+                self.mr.read(MSG.size, slot * self.SLOT + GRH_BYTES)
+            )
+            if magic == MAGIC:
+                msg = (kind, seq, value, t, self._empty_ns)
+        self.qp.post_recv(self._recv[slot])
+        return n, msg
+
+    def receive(self, deadline: float) -> Message | None:
+        """Next valid message as (kind, seq, value, t_ns, empty_ns), or None at the
+        deadline: T_NS when a poll found it, EMPTY_NS the clock read before the last poll
+        that found the receive CQ empty before it (0: none yet). Malformed datagrams
+        (wrong size or magic) are dropped and the slot re-posted."""
+        if self._early:
+            return self._early.pop(0)
         spin = Spin(deadline)
         while True:
-            n, wcs = self.recv_cq.poll(1)
-            if n:
-                t = time.perf_counter_ns()
-                wc = wcs[0]
-                slot = wc.wr_id
-                msg = None
-                if wc.status == e.IBV_WC_SUCCESS and wc.byte_len == GRH_BYTES + MSG.size:
-                    magic, kind, seq, value = MSG.unpack(
-                        self.mr.read(MSG.size, slot * self.SLOT + GRH_BYTES)
-                    )
-                    if magic == MAGIC:
-                        msg = (kind, seq, value, t)
-                self.qp.post_recv(self._recv[slot])
-                if msg is not None:
-                    return msg
-            elif spin.expired():
+            n, msg = self._poll_receive()
+            if msg is not None:
+                return msg
+            if not n and spin.expired():
                 return None
 
 
@@ -207,8 +261,10 @@ class UdLink(RdmaLink):
 
     def done_timeout(self) -> float:
         """The responder looks for the end of a round every CONTROL_POLL_S (and may be
-        sending an ACK, a step at most): the closing handshake gets both."""
-        return self.step_s + 2 * CONTROL_POLL_S
+        sending an ACK, a step at most): the closing handshake gets both, and never less
+        than DONE_FLOOR_S (on a loaded host a responder that answered every probe can still
+        take a few hundred ms to close; the figures are in hand by then)."""
+        return max(DONE_FLOOR_S, self.step_s + 2 * CONTROL_POLL_S)
 
     def round(
         self, probes: int, interval_s: float = 0.0, warmup: int = 1, late_s: float | None = None
@@ -231,13 +287,16 @@ class UdLink(RdmaLink):
         net: list[int] = []
         raw: list[int] = []
         delays: list[int] = []
+        prober: list[int] = []
         base, self._seq = self._seq, (self._seq + total) & 0xFFFFFFFF
         t_start = time.perf_counter()
         run = _native_round if self.engine == "native" else _pyverbs_round
         # warm-up answers are not waited for: a late one is ignored by the measured round
-        error = run(ep, wr, warmup, 0.0, step_s, 0.0, base, [], [], []) if warmup else None
+        error = run(ep, wr, warmup, 0.0, step_s, 0.0, base, [], [], [], []) if warmup else None
         if error is None:
-            error = run(ep, wr, probes, interval_s, step_s, late, base + warmup, net, raw, delays)
+            error = run(
+                ep, wr, probes, interval_s, step_s, late, base + warmup, net, raw, delays, prober
+            )
         duration = time.perf_counter() - t_start
         self._end(error, {"probes": probes})
         return LatencyRound(
@@ -248,18 +307,22 @@ class UdLink(RdmaLink):
             duration,
             raw_ns=array("q", raw),
             delays_ns=array("q", delays),
+            prober_ns=array("q", prober),
             hw_ts=ep.hw_ts,
         )
 
     def run(
         self, probes: int, interval_s: float = 0.0, warmup: int = 1, late_s: float | None = None
     ) -> LatencyResult:
-        """One round, summarised: network RTT, RTT with the responder's delay, that delay."""
+        """One round, summarised: network RTT, RTT with the responder's delay, that delay,
+        and the prober's own delay (see the module docstring)."""
         r = self.round(probes, interval_s, warmup, late_s)
         net, raw = LatencySketch("rtt"), LatencySketch("rtt")
         net.record_many(r.rtt_ns)
         net.record_lost(r.lost)
         raw.record_many(r.raw_ns)
+        prober = LatencySketch("delay")
+        prober.record_many(r.prober_ns)
         delays = sorted(r.delays_ns)
         return self._result(
             r,
@@ -270,6 +333,7 @@ class UdLink(RdmaLink):
             iters=probes,
             raw_summary=raw.summary(),
             responder_delay_p50_us=round(delays[len(delays) // 2] / 1000, 3) if delays else None,
+            prober_delay=prober,
             timestamps="software",
             hw_timestamps_supported=r.hw_ts,
         )
@@ -294,25 +358,37 @@ def _pyverbs_round(
     net: list[int],
     raw: list[int],
     delays: list[int],
+    prober: list[int],
 ) -> str | None:
     """A round probe by probe in Python, as the compiled loop runs it (fp_ud_probe): each
     probe waits STEP_S for its ACKs, the next goes no sooner than INTERVAL_S after it,
-    late ACKs are taken on the way and for LATE_S after the last probe. Fills NET, RAW
-    and DELAYS; returns why it stopped short, or None."""
+    late ACKs are taken on the way and for LATE_S after the last probe. Fills NET, RAW,
+    DELAYS and PROBER; returns why it stopped short, or None.
+
+    The prober's delay of a probe: the receive side, from the last poll that found the
+    receive CQ empty (or t1, if later) to the poll that found ACK1, and the send side,
+    from t1 to seeing the send completion, when that came before the receive side began
+    (a completion seen after the answer came says nothing of when the probe left). The
+    two spans are disjoint, so the delay is never more than the RTT."""
     t1s: list[int] = []
+    seens: list[int] = []
     t4s: list[int | None] = []
+    own: list[int] = []
     got: list[int | None] = []
     answered = 0
 
-    def take(msg: tuple[int, int, int, int]) -> None:
+    def take(msg: Message) -> None:
         nonlocal answered
-        kind, mseq, value, t = msg
+        kind, mseq, value, t, empty = msg
         i = (mseq - base) & 0xFFFFFFFF
         if i >= len(t1s):
             return  # a late ACK of an earlier round
         was = t4s[i] is not None and got[i] is not None
         if kind == ACK1 and t4s[i] is None:
             t4s[i] = t
+            since = max(empty, t1s[i])  # the answer came after this
+            sent = seens[i] - t1s[i] if seens[i] <= since else 0
+            own[i] = sent + max(0, t - since)
         elif kind == ACK2 and got[i] is None:
             got[i] = value
         answered += not was and t4s[i] is not None and got[i] is not None
@@ -323,12 +399,14 @@ def _pyverbs_round(
         last = time.monotonic()
         deadline = last + step_s
         try:
-            t1 = ep.send(wr, PROBE, (base + i) & 0xFFFFFFFF, 0, deadline)
+            t1, seen = ep.send(wr, PROBE, (base + i) & 0xFFFFFFFF, 0, deadline, listen=True)
         except PeerError as err:
             error = str(err)
             break
         t1s.append(t1)
+        seens.append(seen)
         t4s.append(None)
+        own.append(0)
         got.append(None)
         nxt = last + interval_s if i + 1 < probes else 0.0
         while True:
@@ -346,11 +424,12 @@ def _pyverbs_round(
             if msg is None:
                 break
             take(msg)
-    for t1, t4, delay in zip(t1s, t4s, got, strict=True):
+    for t1, t4, mine, delay in zip(t1s, t4s, own, got, strict=True):
         if t4 is not None and delay is not None and delay <= t4 - t1:
             raw.append(t4 - t1)
             net.append(t4 - t1 - delay)
             delays.append(delay)
+            prober.append(mine)
     return error
 
 
@@ -365,9 +444,11 @@ def _native_round(
     net: list[int],
     raw: list[int],
     delays: list[int],
+    prober: list[int],
 ) -> str | None:
-    """A round in the compiled loop, in one call (see _pyverbs_round); fills NET, RAW and
-    DELAYS; returns why it stopped short, or None."""
+    """A round in the compiled loop, in one call (see _pyverbs_round); fills NET, RAW,
+    DELAYS and PROBER (the receive side only: the loop does not wait for its sends);
+    returns why it stopped short, or None."""
     try:
         got = ep.probe(probes, step_s, base, interval_s, late_s)
     except ProbeError as err:
@@ -375,6 +456,7 @@ def _native_round(
     net += got[0]
     raw += got[1]
     delays += got[2]
+    prober += got[3]
     return None
 
 
@@ -459,11 +541,11 @@ def _answer(session: Session, ep: UdEndpoint, wr: Any, probes: int, step_s: floa
             if _prober_spoke(session) or time.monotonic() >= idle_deadline:
                 break
             continue
-        kind, seq, _, t2 = msg
+        kind, seq, _, t2, _ = msg
         if kind != PROBE:
             continue
         deadline = time.monotonic() + step_s
-        t3 = ep.send(wr, ACK1, seq, 0, deadline)
+        t3, _ = ep.send(wr, ACK1, seq, 0, deadline)
         ep.send(wr, ACK2, seq, t3 - t2, deadline)
         answered += 1
         idle_deadline = time.monotonic() + max(step_s * 4, 2.0)

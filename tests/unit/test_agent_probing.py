@@ -22,7 +22,7 @@ from fabricprobe.agent.rdma_runners import all_runners
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.sketchwire import from_wire
 from fabricprobe.probes.control import ControlClient
-from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.measure import LatencyRound, LinkParams
 from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.sessions import probe_sessions
 from fabricprobe.probes.stats import LatencySketch
@@ -202,7 +202,7 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
                 self.stale_once = False
                 raise LinkStale("the responder restarted")
             self.rounds += 1
-            return types.SimpleNamespace(rtt_ns=array("q", [3000] * iters), lost=0, error=None)
+            return LatencyRound(array("q", [3000] * iters), 0, None, "rxe0", 0.01)
 
         def close(self) -> None:
             self.closed += 1

@@ -100,6 +100,8 @@ def _ud_result(rtts_ns: list[int], lost: int, error: str | None) -> LatencyResul
     net.record_many(rtts_ns)
     net.record_lost(lost)
     raw.record_many([r + 10_000 for r in rtts_ns])
+    prober = LatencySketch("delay")
+    prober.record_many([2_000] * len(rtts_ns))
     return LatencyResult(
         transport="rdma",
         op="probe",
@@ -117,6 +119,7 @@ def _ud_result(rtts_ns: list[int], lost: int, error: str | None) -> LatencyResul
         device="rxe0",
         raw_summary=raw.summary(),
         responder_delay_p50_us=10.0,
+        prober_delay=prober,
         timestamps="software",
         hw_timestamps_supported=False,
     )
@@ -163,7 +166,9 @@ def test_ud_table_and_loss(fake_ud: type[_Link]) -> None:
     assert "at most one per 1.000 ms; each waits 0.5 s for its ACKs before the next" in out
     assert "late answers count until 1 s after the last" in out
     assert "rdma ud RTT (µs)" in out and "p99" in out
-    assert "responder delay (p50 10.000 µs) is taken out" in out
+    assert "network RTT p50 201.727 µs" in out
+    assert "responder delay p50 10.000 µs (taken out of each RTT)" in out
+    assert "prober delay p50 2.000 µs (still in it" in out and "software timestamps" in out
     assert "exchanges: 2,000 sent, 1,950 answered, 50 lost" in out
     assert "loss: 2.50% (Wilson 95% interval" in out
 
@@ -178,6 +183,10 @@ def test_ud_json_and_a_run_that_ended_early(fake_ud: type[_Link]) -> None:
     params, _, _, _, late = fake_ud.calls[0]
     assert (params.step_s, params.timeout, late) == (0.2, 3.0, 3.0)
     assert doc["rdma"]["qp_type"] == "ud" and doc["rdma"]["probes"] == 100
+    assert doc["rdma"]["timestamps"] == "software"
+    assert doc["rdma"]["responder_delay_p50_us"] == 10.0
+    assert doc["rdma"]["prober_delay_p50_us"] == 2.0
+    assert doc["rdma"]["prober_delay"]["count"] == 90 and doc["rdma"]["prober_delay"]["lost"] == 0
     assert doc["loss"]["sent"] == 100 and doc["loss"]["lost"] == 10
     assert doc["loss"]["ratio"] == 0.1 and doc["loss"]["interval"]["method"] == "wilson"
     assert doc["loss"]["interval"]["low"] < 0.1 < doc["loss"]["interval"]["high"]

@@ -44,6 +44,10 @@ def full_store() -> WindowStore:
             rtt=_sketch(40_000, 50_000, lost=1),
         )
         r.probes.add(dst="b", transport="rdma", op="send", size=64, rtt=_sketch(5_000))
+        ud = r.probes.add(dst="b", transport="rdma", op="ud", size=20, rtt=_sketch(9_000))
+        delay = LatencySketch("delay")
+        delay.record(1_000)
+        ud.prober_delay.CopyFrom(to_wire(delay))
         r.probes.add(
             dst="b", transport="tcp", op="stream", size=65536, bytes_moved=10**9, busy_seconds=1.0
         )

@@ -378,18 +378,26 @@ def _lat_ud(
         )
         console.print(f"engine: {res.engine_reason}", highlight=False)
         console.print(latency_table({"rdma ud": res.summary}))
-        delay = res.responder_delay_p50_us
+        delay, own = res.responder_delay_p50_us, res.prober_delay_p50_us
+        p50 = res.summary.p50_us
         console.print(
-            "network RTTs: each probe's responder delay (p50 "
-            f"{'-' if delay is None else f'{delay:,.3f}'} µs) is taken out; {res.timestamps} "
-            f"timestamps (the device {'has' if res.hw_timestamps_supported else 'has no'} "
-            "completion timestamps)",
+            f"network RTT p50 {'-' if p50 is None else f'{p50:,.3f}'} µs; responder delay "
+            f"p50 {'-' if delay is None else f'{delay:,.3f}'} µs (taken out of each RTT); "
+            f"prober delay p50 {'-' if own is None else f'{own:,.3f}'} µs (still in it: "
+            f"how late this host can have seen each answer{_send_side(res.engine)}); "
+            f"{res.timestamps} timestamps (the device "
+            f"{'has' if res.hw_timestamps_supported else 'has no'} completion timestamps)",
             highlight=False,
         )
         for line in loss_estimate_lines(loss):
             console.print(line, highlight=False)
     if res.error:
         fail(f"run ended early (probes not sent count as lost): {res.error}", 1)
+
+
+def _send_side(engine: str | None) -> str:
+    """What the prober's delay holds beyond the receive side, by engine (ud.py)."""
+    return ", and its send side when seen before the answer" if engine == "pyverbs" else ""
 
 
 @click.command(

@@ -139,7 +139,7 @@ class Sketch(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., count: _Optional[int] = ..., lost: _Optional[int] = ..., min_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., sum_ns: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProbeWindow(_message.Message):
-    __slots__ = ("dst", "transport", "op", "size", "rtt", "bytes_moved", "busy_seconds", "failures")
+    __slots__ = ("dst", "transport", "op", "size", "rtt", "bytes_moved", "busy_seconds", "failures", "prober_delay")
     DST_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class ProbeWindow(_message.Message):
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
     BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    PROBER_DELAY_FIELD_NUMBER: _ClassVar[int]
     dst: str
     transport: str
     op: str
@@ -156,7 +157,8 @@ class ProbeWindow(_message.Message):
     bytes_moved: int
     busy_seconds: float
     failures: int
-    def __init__(self, dst: _Optional[str] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., rtt: _Optional[_Union[Sketch, _Mapping]] = ..., bytes_moved: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., failures: _Optional[int] = ...) -> None: ...
+    prober_delay: Sketch
+    def __init__(self, dst: _Optional[str] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., rtt: _Optional[_Union[Sketch, _Mapping]] = ..., bytes_moved: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., failures: _Optional[int] = ..., prober_delay: _Optional[_Union[Sketch, _Mapping]] = ...) -> None: ...
 
 class CounterReading(_message.Message):
     __slots__ = ("kind", "device", "port", "netdev", "priority", "name", "value", "width")

@@ -455,18 +455,21 @@ class NativeUdEndpoint(_NativeEndpoint):
 
     def probe(
         self, count: int, step_s: float, seq0: int, interval_s: float = 0.0, late_s: float = 0.0
-    ) -> tuple[list[int], list[int], list[int], int]:
+    ) -> tuple[list[int], list[int], list[int], list[int], int]:
         """COUNT probes from sequence number SEQ0, one out at a time: each waits STEP_S for
         its ACKs, the next goes no sooner than INTERVAL_S after it, and answers are taken
         until LATE_S after the last went (late ones while later probes wait). (network
-        RTTs, RTTs with the responder's delay, those delays, probes sent), in ns; a lost
-        probe has none of the three."""
+        RTTs, RTTs with the responder's delay, those delays, the prober's own delay in
+        seeing each ACK, probes sent), in ns; a lost probe has none of the four. The
+        prober's delay is software-timed (fastpath.c fp_ud_probe: the time from the last
+        empty poll of the receive CQ to the poll that found the ACK); its send side is
+        not timed."""
         if count < 1 or not step_s > 0 or interval_s < 0 or late_s < 0:
             raise ValueError(
                 f"count {count} and step_s {step_s} must be positive, interval {interval_s} "
                 f"and late {late_s} not negative"
             )
-        net, raw, delay = (array("q", bytes(8 * count)) for _ in range(3))
+        net, raw, delay, prober = (array("q", bytes(8 * count)) for _ in range(4))
         buf = self._ffi.from_buffer
         with self._busy:
             sent = int(
@@ -480,11 +483,18 @@ class NativeUdEndpoint(_NativeEndpoint):
                     buf("int64_t[]", net),
                     buf("int64_t[]", raw),
                     buf("int64_t[]", delay),
+                    buf("int64_t[]", prober),
                 )
             )
             self._finish(sent, count)
         kept = [i for i in range(sent) if net[i] >= 0]
-        return [net[i] for i in kept], [raw[i] for i in kept], [delay[i] for i in kept], sent
+        return (
+            [net[i] for i in kept],
+            [raw[i] for i in kept],
+            [delay[i] for i in kept],
+            [prober[i] for i in kept],
+            sent,
+        )
 
     def answer(self, count: int, step_s: float, idle_s: float) -> int:
         """Answer up to COUNT probes; ends early after IDLE_S without one. Probes answered."""

@@ -56,7 +56,8 @@ int fp_ud_open(fp_ep *ep, const char *device, uint32_t depth, uint32_t port, int
 int fp_ud_hw_ts(const fp_ep *ep);
 int fp_ud_remote(fp_ep *ep, uint32_t qpn, const uint8_t *gid);
 int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, int64_t interval_ns,
-                    int64_t late_ns, uint32_t seq0, int64_t *net, int64_t *raw, int64_t *delay);
+                    int64_t late_ns, uint32_t seq0, int64_t *net, int64_t *raw, int64_t *delay,
+                    int64_t *prober);
 int64_t fp_ud_answer(fp_ep *ep, int64_t count, int64_t step_ns, int64_t idle_ns);
 int64_t fp_clock_overhead_ns(int rounds);
 int64_t fp_tcp_echo(int fd, uint8_t *buf, uint32_t size);

@@ -747,14 +747,23 @@ static int ud_send(fp_ep *ep, uint32_t kind, uint32_t seq, uint64_t value, int64
 }
 
 /* The next valid message before DEADLINE: 1 (KIND, SEQ, VALUE, T set), 0 at the deadline
- * or on stop, -1 on an error. Malformed datagrams are dropped, their slot re-posted. */
+ * or on stop, -1 on an error. Malformed datagrams are dropped, their slot re-posted.
+ * EMPTY_AT (the prober's; NULL for the responder) gets the clock read just before each
+ * poll that found the receive CQ empty: a message found later arrived after it, so the
+ * time from it to T bounds how late this loop saw the message. The cost is one vDSO
+ * clock_gettime per empty poll, beside the poll's own: fp_clock_overhead_ns measured a
+ * pair of reads at 30 ns on an x86 host with a TSC clocksource and 90-160 ns in the
+ * lane's emulation. It carries over from one call to the next. */
 static int ud_receive(fp_ep *ep, int64_t deadline, uint32_t *kind, uint32_t *seq,
-                      uint64_t *value, int64_t *t)
+                      uint64_t *value, int64_t *t, int64_t *empty_at)
 {
     struct ibv_wc wc;
     struct spin s = {0};
     for (;;) {
+        int64_t before = empty_at ? now_ns() : 0;
         int n = ibv_poll_cq(ep->recv_cq, 1, &wc);
+        if (n == 0 && empty_at)
+            *empty_at = before;
         if (n > 0) {
             int64_t at = now_ns();
             uint32_t slot = (uint32_t)wc.wr_id;
@@ -786,18 +795,22 @@ static int ud_receive(fp_ep *ep, int64_t deadline, uint32_t *kind, uint32_t *seq
 
 /* An ACK for probe SEQ of the round that began at SEQ0, of which SENT are out: while a probe
  * waits, RAW holds its ACK1's arrival and DELAY its ACK2's value (-1 until they come).
+ * NET holds the probe's send time t1; an ACK1 seen at T after the last empty poll at
+ * EMPTY_AT puts T - max(EMPTY_AT, t1) in PROBER: how late the prober can have seen it.
  * Returns 1 when this ACK completes the probe's answer. Anything outside the round (a
  * late ACK of an earlier round, a repeat) is ignored. */
 static int ud_take(uint32_t seq0, int64_t sent, uint32_t kind, uint32_t seq, uint64_t value,
-                   int64_t t, int64_t *raw, int64_t *delay)
+                   int64_t t, int64_t empty_at, const int64_t *net, int64_t *raw,
+                   int64_t *delay, int64_t *prober)
 {
     uint32_t i = seq - seq0;
     if ((int64_t)i >= sent)
         return 0;
     int was = raw[i] >= 0 && delay[i] >= 0;
-    if (kind == UD_ACK1 && raw[i] < 0)
+    if (kind == UD_ACK1 && raw[i] < 0) {
         raw[i] = t;
-    else if (kind == UD_ACK2 && delay[i] < 0)
+        prober[i] = t - (empty_at > net[i] ? empty_at : net[i]);
+    } else if (kind == UD_ACK2 && delay[i] < 0)
         delay[i] = (int64_t)(value & INT64_MAX);
     return !was && raw[i] >= 0 && delay[i] >= 0;
 }
@@ -807,20 +820,26 @@ static int ud_take(uint32_t seq0, int64_t sent, uint32_t kind, uint32_t seq, uin
  * INTERVAL_NS after the one before. ACKs that come after their probe's step are still
  * taken while later probes wait, and for LATE_NS after the last probe went out: a late
  * answer is delay, not loss. For probe i, NET[i] gets the network RTT (t4 - t1 minus the
- * responder's delay), RAW[i] t4 - t1, DELAY[i] the responder's delay, all -1 when no
- * answer came in time. Until then NET[i] holds the probe's send time t1. Returns the
- * probes sent (fewer only on stop or an error, kept in the endpoint). */
+ * responder's delay), RAW[i] t4 - t1, DELAY[i] the responder's delay, PROBER[i] how late
+ * this loop can have seen ACK1 (t4 minus the clock read before the last empty poll of
+ * the receive CQ, or t1 when there was none since: the pauses of a long wait and any
+ * time the thread was descheduled are in it), all -1 when no answer came in time. Until
+ * then NET[i] holds the probe's send time t1. The send side is not timed: the loop
+ * reaps send completions lazily, so that nothing stands between the post and the first
+ * poll for the answer. Returns the probes sent (fewer only on stop or an error, kept in
+ * the endpoint). */
 int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, int64_t interval_ns,
-                    int64_t late_ns, uint32_t seq0, int64_t *net, int64_t *raw, int64_t *delay)
+                    int64_t late_ns, uint32_t seq0, int64_t *net, int64_t *raw, int64_t *delay,
+                    int64_t *prober)
 {
     if (loop_ready(ep, UD_MSG))
         return 0;
-    int64_t sent = 0, answered = 0, t;
+    int64_t sent = 0, answered = 0, t, empty_at = 0;
     uint32_t kind, mseq;
     uint64_t value;
     int failed = 0;
     for (int64_t i = 0; i < count; i++)
-        net[i] = raw[i] = delay[i] = -1;
+        net[i] = raw[i] = delay[i] = prober[i] = -1;
     for (int64_t i = 0; i < count && !failed; i++) {
         int64_t t1, deadline = now_ns() + step_ns;
         if (stopped(ep) || ud_send(ep, UD_PROBE, seq0 + (uint32_t)i, 0, deadline, &t1))
@@ -834,23 +853,25 @@ int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, int64_t interval_
             int64_t until = raw[i] >= 0 && delay[i] >= 0 ? next : deadline > next ? deadline : next;
             if (now_ns() >= until)
                 break;
-            int r = ud_receive(ep, until, &kind, &mseq, &value, &t);
+            int r = ud_receive(ep, until, &kind, &mseq, &value, &t, &empty_at);
             if (r < 0) {
                 failed = 1;
                 break;
             }
             if (r > 0)
-                answered += ud_take(seq0, sent, kind, mseq, value, t, raw, delay);
+                answered += ud_take(seq0, sent, kind, mseq, value, t, empty_at, net, raw,
+                                    delay, prober);
         }
     }
     /* answers still on their way: wait for them up to LATE_NS after the last probe */
     if (sent && !failed) {
         int64_t until = net[sent - 1] + (late_ns > step_ns ? late_ns : step_ns);
         while (answered < sent) {
-            int r = ud_receive(ep, until, &kind, &mseq, &value, &t);
+            int r = ud_receive(ep, until, &kind, &mseq, &value, &t, &empty_at);
             if (r <= 0)
                 break;
-            answered += ud_take(seq0, sent, kind, mseq, value, t, raw, delay);
+            answered += ud_take(seq0, sent, kind, mseq, value, t, empty_at, net, raw, delay,
+                                prober);
         }
     }
     wait_send(ep, 0, now_ns() + step_ns); /* the last probe completes (an error is kept) */
@@ -860,7 +881,7 @@ int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, int64_t interval_
             raw[i] -= t1;
             net[i] = raw[i] - delay[i];
         } else {
-            net[i] = raw[i] = delay[i] = -1;
+            net[i] = raw[i] = delay[i] = prober[i] = -1;
         }
     }
     return sent;
@@ -879,7 +900,7 @@ int64_t fp_ud_answer(fp_ep *ep, int64_t count, int64_t step_ns, int64_t idle_ns)
         uint32_t kind, seq;
         uint64_t value;
         int64_t t2, t3, t;
-        int r = ud_receive(ep, idle, &kind, &seq, &value, &t2);
+        int r = ud_receive(ep, idle, &kind, &seq, &value, &t2, NULL);
         if (r <= 0)
             break;
         if (kind != UD_PROBE)
