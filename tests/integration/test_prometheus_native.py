@@ -8,7 +8,6 @@ The classic (text) scrape is tests/integration/test_prometheus.py.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,8 +22,8 @@ from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import from_wire, to_wire
 from fabricprobe.grafana import build
 from fabricprobe.probes.stats import LatencySketch
-from tests.integration.test_prometheus import Prom
-from tests.support.fleet import ROOT, free_port, running_collector, wait_for
+from tests.support.fleet import running_collector, wait_for
+from tests.support.prom import Prom, running_prometheus
 
 # A RoCE-like path: 2-5 µs, all inside one classic bucket (2e-6, 5e-6].
 FABRIC_NS = [2_000 + 15 * i for i in range(200)]
@@ -67,6 +66,8 @@ def agent_metrics() -> Iterator[AgentMetricsServer]:
         last_ack_unix_s=0.0,
         registered=True,
         tools_missing=set(),
+        handoffs=0,
+        replayed=0,
     )
     server = AgentMetricsServer(view, "127.0.0.1", 0)  # type: ignore[arg-type]
     server.start()
@@ -80,41 +81,15 @@ def agent_metrics() -> Iterator[AgentMetricsServer]:
 def prometheus(
     collector: CollectorServer, agent_metrics: AgentMetricsServer, tmp_path: Path
 ) -> Iterator[Prom]:
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 1s}\n"
-        f"rule_files: [{ROOT / 'grafana' / 'rules.yml'}]\n"
-        "scrape_configs:\n"
-        "  - job_name: fabricprobe-collector\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{collector.metrics_port}']}}]\n"
-        "  - job_name: fabricprobe-agent\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{agent_metrics.port}']}}]\n"
+    collectors, agents = (
+        [f"127.0.0.1:{collector.metrics_port}"],
+        [f"127.0.0.1:{agent_metrics.port}"],
     )
-    log_path = tmp_path / "prometheus.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        [
-            "prometheus",
-            "--enable-feature=native-histograms",
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1h",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    prom = Prom(port)
-    try:
-        wait_for(lambda: prom.get("/api/v1/status/buildinfo"), 60, "Prometheus to start")
+    with running_prometheus(tmp_path, collectors, agents, interval_s=1.0, native=True) as prom:
         yield prom
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
-        errors = [ln for ln in log_path.read_text().splitlines() if "level=error" in ln]
-        assert not errors, "\n".join(errors[:5])
+    log = (tmp_path / "prometheus.log").read_text().splitlines()
+    errors = [ln for ln in log if "level=error" in ln]
+    assert not errors, "\n".join(errors[:5])
 
 
 def numbers(prom: Prom, expr: str) -> bool:
