@@ -15,8 +15,9 @@ targets only (at the default plan, about 250): the collector tier keeps the flee
   `fabricprobe_agent_path_loss_ratio` from the newest window's sketches.
 - `fabricprobe_agent_rtt_seconds{dst,transport,op,size}`: every window's RTT sketch since
   the agent started, merged, as a native histogram (one series per path, ~1 %
-  resolution) for a server that scrapes in protobuf; the text form carries no classic
-  buckets for it (they would take the per-host series budget), only the percentiles above.
+  resolution) for a server that scrapes in protobuf, which gets it in place of the
+  percentile gauges above (it holds them; both would take the per-host series budget);
+  the text form carries the gauges and no classic buckets for it.
 - Health: CPU, memory, spool, links, sessions, refusals, reports acknowledged, the time of
   the newest acknowledged report, probe bursts and their rate, host CPU pressure (PSI),
   refusals by reason, and per-part scrape health
@@ -453,6 +454,10 @@ class _Server(ThreadingMixIn, WSGIServer):
             self._slots.release()
 
 
+# Families a protobuf scrape leaves out: the native histogram agent_rtt_seconds holds them.
+TEXT_ONLY = frozenset({P + "agent_path_rtt_seconds"})
+
+
 def negotiating_app(registry: CollectorRegistry) -> Any:
     """A WSGI app serving REGISTRY in protobuf (native histograms) to a client whose
     Accept header prefers it, and as prometheus_client serves it to everyone else."""
@@ -463,7 +468,7 @@ def negotiating_app(registry: CollectorRegistry) -> Any:
             return text_app(environ, start_response)
         if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
             return text_app(environ, start_response)
-        body = encode(registry.collect())
+        body = encode(m for m in registry.collect() if m.name not in TEXT_ONLY)
         start_response(
             "200 OK",
             [

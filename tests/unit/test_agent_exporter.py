@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -20,10 +21,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import CounterSampler, netdevs_of
-from fabricprobe.agent.exporter import AgentCollector
+from fabricprobe.agent.exporter import AgentCollector, negotiating_app
 from fabricprobe.agent.identity import discover_devices
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.promproto import CONTENT_TYPE_PROTOBUF, decode
 from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.probes.ethtool import CommandResult
 from fabricprobe.probes.stats import LatencySketch
@@ -114,6 +116,20 @@ def test_series_stay_within_the_per_host_budget() -> None:
     print(f"agent /metrics at 16 peers x 3 kinds on an mlx5 port: {len(series)} series")
     assert len(series) <= BUDGET, len(series)
     assert sum("agent_path_rtt_seconds{" in s for s in series) == 16 * 3 * 2
+    # a protobuf scrape: one native histogram series per path in place of the gauges
+    got: list[Any] = []
+    body = b"".join(
+        negotiating_app(reg)(
+            {"HTTP_ACCEPT": CONTENT_TYPE_PROTOBUF, "PATH_INFO": "/metrics"},
+            lambda status, headers: got.append(status),
+        )
+    )
+    assert got == ["200 OK"]
+    fams = {f.name: len(f.metric) for f in decode(body)}
+    print(f"the same in protobuf: {sum(fams.values())} series")
+    assert sum(fams.values()) <= BUDGET, sum(fams.values())
+    assert fams["fabricprobe_agent_rtt_seconds"] == 16 * 3
+    assert "fabricprobe_agent_path_rtt_seconds" not in fams
     # every family is in the catalogue (kernel-named families by their pattern)
     rows = tomllib.loads((ROOT / "collector" / "metrics.toml").read_text())["agent_metric"]
     patterns = [
