@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +21,7 @@ from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import from_wire, to_wire
 from fabricprobe.grafana import build
 from fabricprobe.probes.stats import LatencySketch
+from tests.support.agentview import agent_view
 from tests.support.fleet import running_collector, wait_for
 from tests.support.prom import Prom, running_prometheus
 
@@ -59,16 +59,7 @@ def collector() -> Iterator[CollectorServer]:
 
 @pytest.fixture
 def agent_metrics() -> Iterator[AgentMetricsServer]:
-    view = SimpleNamespace(
-        last_report=None,
-        latest_counters=[],
-        acked=0,
-        last_ack_unix_s=0.0,
-        registered=True,
-        tools_missing=set(),
-        handoffs=0,
-        replayed=0,
-    )
+    view = agent_view()
     server = AgentMetricsServer(view, "127.0.0.1", 0)  # type: ignore[arg-type]
     server.start()
     try:

@@ -12,7 +12,6 @@ import tomllib
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -29,6 +28,7 @@ from fabricprobe.core.promproto import CONTENT_TYPE_PROTOBUF, decode
 from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.probes.ethtool import CommandResult
 from fabricprobe.probes.stats import LatencySketch
+from tests.support.agentview import agent_view
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -99,15 +99,11 @@ def test_series_stay_within_the_per_host_budget() -> None:
     readings = CounterSampler(
         str(FIXTURES / "sys" / "mlx5"), devices, netdevs_of(devices), ethtool
     ).sample()
-    view = SimpleNamespace(
+    view = agent_view(
         last_report=fleet_report(16),
         latest_counters=readings,
         acked=3,
-        handoffs=0,
-        replayed=0,
         last_ack_unix_s=1.0,
-        registered=True,
-        tools_missing=set(),
     )
     reg = CollectorRegistry()
     reg.register(AgentCollector(view))  # type: ignore[arg-type]
@@ -141,13 +137,9 @@ def test_series_stay_within_the_per_host_budget() -> None:
 
 
 def test_a_bad_part_never_fails_the_scrape() -> None:
-    view = SimpleNamespace(
+    view = agent_view(
         last_report=fleet_report(1),
         latest_counters=[object()],  # not a reading: the counters part fails
-        acked=0,
-        handoffs=0,
-        replayed=0,
-        last_ack_unix_s=0.0,
         registered=False,
         tools_missing={"ethtool"},
     )
@@ -161,13 +153,8 @@ def test_a_bad_part_never_fails_the_scrape() -> None:
 
 @pytest.mark.parametrize("name", ["bad name", "x" * 300, "1abc"])
 def test_counter_names_that_cannot_be_metric_names_are_skipped(name: str) -> None:
-    view = SimpleNamespace(
-        last_report=None,
+    view = agent_view(
         latest_counters=[pb.CounterReading(kind="rdma", device="d", port=1, name=name, value=1)],
-        acked=0,
-        handoffs=0,
-        replayed=0,
-        last_ack_unix_s=0.0,
         registered=False,
         tools_missing={"ethtool"},
     )
@@ -193,14 +180,8 @@ def test_a_missing_ethtool_is_loud_and_heals(caplog: pytest.LogCaptureFixture) -
     assert not [r for r in first if r.kind in ("pfc", "netdev")]
     loud = [r for r in caplog.records if "ethtool is not installed" in r.getMessage()]
     assert len(loud) == 1 and "pause-storm alert cannot fire" in loud[0].getMessage()
-    view = SimpleNamespace(
-        last_report=None,
+    view = agent_view(
         latest_counters=first,
-        acked=0,
-        handoffs=0,
-        replayed=0,
-        last_ack_unix_s=0.0,
-        registered=True,
         tools_missing=sampler.tools_missing,
     )
     reg = CollectorRegistry()
@@ -217,15 +198,8 @@ def test_spool_faults_and_thread_failures_on_the_agents_metrics() -> None:
     report.agent.spool_quarantined = 2
     report.agent.spool_memory_windows = 3
     report.agent.thread_failures = 1
-    view = SimpleNamespace(
+    view = agent_view(
         last_report=report,
-        latest_counters=[],
-        acked=0,
-        handoffs=0,
-        replayed=0,
-        last_ack_unix_s=0.0,
-        registered=True,
-        tools_missing=set(),
     )
     reg = CollectorRegistry()
     reg.register(AgentCollector(view))  # type: ignore[arg-type]
@@ -243,15 +217,8 @@ def test_probe_pace_pressure_and_refusals_by_reason_on_the_agents_metrics() -> N
     report.agent.cpu_pressure = 0.25
     report.agent.sessions_refused_by_reason["source"] = 2
     report.agent.sessions_refused_by_reason["x" * 300] = 9  # not a reason: no new label
-    view = SimpleNamespace(
+    view = agent_view(
         last_report=report,
-        latest_counters=[],
-        acked=0,
-        last_ack_unix_s=0.0,
-        registered=True,
-        tools_missing=set(),
-        handoffs=0,
-        replayed=0,
     )
     reg = CollectorRegistry()
     reg.register(AgentCollector(view))  # type: ignore[arg-type]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import urllib.request
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -36,6 +35,7 @@ from fabricprobe.core.promproto import (
 )
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, slot_value_ns, to_wire
 from fabricprobe.probes.stats import LatencySketch
+from tests.support.agentview import agent_view
 
 # What Prometheus 2.42 sends: with --enable-feature=native-histograms, and without.
 ACCEPT_NATIVE = (
@@ -299,16 +299,7 @@ def test_the_collector_serves_native_to_who_asks_and_text_to_the_rest() -> None:
 
 
 def test_the_agent_serves_its_cumulative_rtt_as_native_histograms() -> None:
-    view = SimpleNamespace(
-        last_report=None,
-        latest_counters=[],
-        acked=0,
-        last_ack_unix_s=0.0,
-        registered=True,
-        tools_missing=set(),
-        handoffs=0,
-        replayed=0,
-    )
+    view = agent_view()
     server = AgentMetricsServer(view, "127.0.0.1", 0)  # type: ignore[arg-type]
     server.start()
     try:
@@ -362,15 +353,8 @@ def test_the_catalogue_marks_exactly_the_native_families() -> None:
     store = WindowStore()
     store.register(pb.HostInfo(host="a"))
     store.take(report("a", "b", 1, [5_000]))
-    view = SimpleNamespace(
+    view = agent_view(
         last_report=report("a", "b", 1, [5_000]),
-        latest_counters=[],
-        acked=0,
-        last_ack_unix_s=0.0,
-        registered=True,
-        tools_missing=set(),
-        handoffs=0,
-        replayed=0,
     )
     for table, collector in (
         ("metric", FabricCollector(store)),
