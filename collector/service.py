@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -327,26 +327,26 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         try:
             kept = self.drift.take(request)
         except ReportError as e:
-            code = (
-                grpc.StatusCode.FAILED_PRECONDITION
-                if "not registered" in str(e)
-                else grpc.StatusCode.INVALID_ARGUMENT
-            )
-            context.abort(code, f"checks: {e}")
-            raise AssertionError("context.abort returned") from None  # pragma: no cover
+            _refuse(context, e, "checks")
         return pb.CheckAck(kept=len(kept.checks))
 
     def _take(self, report: pb.WindowReport, context: grpc.ServicerContext) -> pb.Ack:
         try:
             return self.api.report(report)
         except ReportError as e:
-            code = (
-                grpc.StatusCode.FAILED_PRECONDITION
-                if "not registered" in str(e)
-                else grpc.StatusCode.INVALID_ARGUMENT
-            )
-            context.abort(code, f"report seq {report.seq}: {e}")
-        raise AssertionError("context.abort returned")  # pragma: no cover
+            _refuse(context, e, f"report seq {report.seq}")
+
+
+def _refuse(context: grpc.ServicerContext, e: ReportError, what: str) -> NoReturn:
+    """Abort the call for E: FAILED_PRECONDITION when the host must register first (the
+    agent registers again), INVALID_ARGUMENT for a report that is wrong."""
+    code = (
+        grpc.StatusCode.FAILED_PRECONDITION
+        if "not registered" in str(e)
+        else grpc.StatusCode.INVALID_ARGUMENT
+    )
+    context.abort(code, f"{what}: {e}")
+    raise AssertionError("context.abort returned") from None  # pragma: no cover
 
 
 def _collector_method(name: str) -> str:
