@@ -102,32 +102,13 @@ def test_the_one_host_unlike_its_tor_is_flagged(tmp_path: Path) -> None:
             assert "fabricprobe_drift_hosts 1.0" in text
             assert 'fabricprobe_host_check_status{check="mtu",host="host-4"} 3.0' in text
             # the operator's view: probe validate --fleet, over real gRPC
-            out = CliRunner().invoke(
-                cli,
-                [
-                    "validate",
-                    "--fleet",
-                    "--insecure",
-                    "--collector",
-                    f"127.0.0.1:{server.port}",
-                    "--json",
-                ],
-            )
+            fleet = ["validate", "--fleet", "--insecure", "--collector", f"127.0.0.1:{server.port}"]
+            out = CliRunner().invoke(cli, [*fleet, "--json"])
             assert out.exit_code == 1, out.output
             data = json.loads(out.output)
             assert {r["host"] for r in data["drift"]} == {"host-4"}
             assert len(data["hosts"]) == 4
-            out = CliRunner().invoke(
-                cli,
-                [
-                    "validate",
-                    "--fleet",
-                    "--insecure",
-                    "--collector",
-                    f"127.0.0.1:{server.port}",
-                    "--include-waived",
-                ],
-            )
+            out = CliRunner().invoke(cli, [*fleet, "--include-waived"])
             assert "host-4" in out.output and "canary firmware" in out.output, out.output
         finally:
             for a in agents:
