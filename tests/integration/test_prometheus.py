@@ -23,7 +23,7 @@ from fabricprobe.agent.config import AgentConfig
 from fabricprobe.collector.service import CollectorServer
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.grafana import build
-from tests.support.feeds import fixture_checks, fixture_rdma_windows, rising_ethtool, send_spans
+from tests.support.feeds import fixture_checks, fixture_rdma_windows, live_feed, rising_ethtool
 from tests.support.fleet import (
     FIXTURES,
     HOSTS,
@@ -98,16 +98,8 @@ def test_every_dashboard_query_and_rule_returns_data(
 
         # A live fleet from here on: requests keep coming and the RDMA pair keeps reporting
         # (request figures cover the analysis window only: a single batch ages out of it).
-        def feed() -> None:
-            seq = 2
-            while not stop.is_set():
-                send_spans(f"127.0.0.1:{collector.port}", names[0], names[1], 20, batch=seq)
-                fixture_rdma_windows(collector, seq)
-                seq += 1
-                stop.wait(2.0)
-
-        feeder = threading.Thread(target=feed, name="feed", daemon=True)
-        feeder.start()
+        endpoint = f"127.0.0.1:{collector.port}"
+        live_feed(stop, lambda: endpoint, collector, names[0], names[1], seq=2)
         time.sleep(8.0)  # counters and bandwidth need two windows; a few scrapes and rules
 
         def missing() -> list[str]:

@@ -36,7 +36,7 @@ from fabricprobe.collector.shard import ShardConfig
 from fabricprobe.core import shards
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.shards import Etcd, Member, b64, owner_of
-from tests.support.feeds import fixture_checks, fixture_rdma_windows, rising_ethtool, send_spans
+from tests.support.feeds import fixture_checks, live_feed, rising_ethtool
 from tests.support.fleet import (
     FIXTURES,
     HOSTS,
@@ -239,17 +239,10 @@ def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
                     "every agent registered with the shard that owns its host",
                 )
 
-                def feed() -> None:
-                    seq = 1
-                    while not stop.is_set():
-                        door = next(s for s in shards if s is not owner(names[0]))
-                        send_spans(f"127.0.0.1:{door.port}", names[0], names[1], 20, batch=seq)
-                        fixture_rdma_windows(rdma_door, seq)
-                        seq += 1
-                        stop.wait(2.0)
+                def door() -> str:  # a shard that does not own the spans' path
+                    return f"127.0.0.1:{next(s for s in shards if s is not owner(names[0])).port}"
 
-                feeder = threading.Thread(target=feed, name="feed", daemon=True)
-                feeder.start()
+                live_feed(stop, door, rdma_door, names[0], names[1])
                 wait_for(
                     lambda: len(prom.query("fabricprobe_rtt_seconds_count")) >= 6,
                     40,

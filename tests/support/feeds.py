@@ -5,6 +5,7 @@ stage spans from the OpenTelemetry SDK."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -137,3 +138,28 @@ def send_spans(endpoint: str, src: str, dst: str, n: int, batch: int = 0) -> Non
         root.end(end_time=t)
     provider.force_flush(10_000)
     provider.shutdown()
+
+
+def live_feed(
+    stop: threading.Event,
+    spans_to: Callable[[], str],
+    windows_to: CollectorServer | Callable[[str], CollectorServer],
+    src: str,
+    dst: str,
+    seq: int = 1,
+) -> threading.Thread:
+    """A live fleet until STOP: every 2 s, 20 requests over SRC->DST whose spans go to the
+    OTLP endpoint SPANS_TO() gives (asked each time), and a round of the fixture RDMA
+    pair's windows (fixture_rdma_windows, to WINDOWS_TO), their seq from SEQ up."""
+
+    def feed() -> None:
+        n = seq
+        while not stop.is_set():
+            send_spans(spans_to(), src, dst, 20, batch=n)
+            fixture_rdma_windows(windows_to, n)
+            n += 1
+            stop.wait(2.0)
+
+    feeder = threading.Thread(target=feed, name="feed", daemon=True)
+    feeder.start()
+    return feeder
