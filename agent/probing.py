@@ -63,7 +63,7 @@ class ProbeOutcome:
     op: str  # "pingpong", "send", "write", "ud", "stream"
     rtt: LatencySketch | None = None  # a runner that keeps its own sketch (RDMA probes)
     rtt_ns: list[int] = field(default_factory=list)  # or the bare RTTs, cheaper per burst
-    prober_ns: list[int] = field(default_factory=list)  # UD: the prober's delay in each RTT
+    prober_ns: list[int] = field(default_factory=list)  # RDMA: the prober's delay in each RTT
     lost: int = 0  # exchanges that got no answer (beside those inside `rtt`)
     bytes_moved: int = 0
     busy_seconds: float = 0.0

@@ -16,7 +16,7 @@ PathKey = tuple[str, str, str, int]  # dst, transport, op, size
 @dataclass
 class _PathWindow:
     rtt: LatencySketch = field(default_factory=LatencySketch)
-    prober: LatencySketch = field(default_factory=lambda: LatencySketch("delay"))  # UD
+    prober: LatencySketch = field(default_factory=lambda: LatencySketch("delay"))  # RDMA
     bytes_moved: int = 0
     busy_seconds: float = 0.0
     failures: int = 0

@@ -4,7 +4,8 @@
   transfer time with the path's probe tail latency.
 - `rank_paths`: paths ranked by the KV-transfer time they explain, i.e. time spent
   beyond what the same bytes took on the rest of the fleet, and whether the fabric
-  accounts for it (the path's probe tail RTT is above the fleet's too).
+  accounts for it (the path's probe tail RTT is above the fleet's too), or shows a
+  fault whatever its transfers did (its RTT floor, or its congestion counters).
 - `communication_bound`: KV-transfer time and queueing rising together over time
   while compute (prefill + decode per token) stays flat.
 - `goodput`: tokens per second from requests that met their TTFT and inter-token
@@ -98,7 +99,14 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     out (rtt_p50_net_s, rtt_p99_net_s: collector/join.py) where the ends measured it, so
     a busy prober does not pass for a slow path. A path most of whose transfers ran in
     host-bound windows, and that the fabric does not explain, is host_bound: its time
-    is the hosts', not the network's."""
+    is the hosts', not the network's.
+
+    fabric_fault is the evidence host noise cannot make, with or without slow transfers:
+    the path's RTT floor (the `rtt_min_s` ratio and rise) or congestion counters the
+    others do not show. On a busy sender a path's added latency can hide inside the
+    sender's own stalls (its transfers come out no slower than the others'), while its
+    probes' quietest exchange still carries it. Paths go in order of the fabric's blame:
+    fabric-bound first, then faulty ones, each by the time they explain."""
     cols = [
         "src",
         "dst",
@@ -113,6 +121,7 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         "congestion_per_s",
         "explained_s",
         "fabric_bound",
+        "fabric_fault",
         "host_bound",
         "host_delay_s",
         "rank",
@@ -155,6 +164,7 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         base = quiet if quiet.sum() >= 2 else judged
         ref_bpb = _leave_one_out_median(g["s_per_byte"].where(base))
         ratios, rises = [], []
+        floor_rise = pd.Series(False, index=g.index)
         host = g["host_delay_s"].fillna(0.0).clip(lower=HOST_FLOOR_S)
         for stat in cfg.rtt_evidence:
             col = g[net_of.get(stat, stat)]
@@ -165,12 +175,15 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
             # only ever adds delay) leaves alone, so it needs only to clear the floor
             room = HOST_FLOOR_S if stat == "rtt_min_s" else host
             rises.append((col / ref_stat >= cfg.rtt_ratio) & (col - ref_stat > room))
+            if stat == "rtt_min_s":
+                floor_rise = rises[-1].fillna(False).astype(bool) & judged
         ref_cong = _leave_one_out_median(g["congestion_per_s"].where(base))
         g["kv_ratio"] = g["s_per_byte"] / ref_bpb
         g["rtt_ratio"] = pd.concat(ratios, axis=1).max(axis=1) if ratios else np.nan
         g["rtt_evidence"] = pd.concat(rises, axis=1).any(axis=1) if rises else False
         g["ref_s_per_byte"] = ref_bpb
         g["congested"] = (g["congestion_per_s"].fillna(0) > 0) & (ref_cong.fillna(0) == 0)
+        g["floor_rise"] = floor_rise
         parts.append(g)
     per = pd.concat(parts)
     ref = per["ref_s_per_byte"]
@@ -185,8 +198,12 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     slow = (per["kv_ratio"] >= cfg.kv_ratio) & (per["transfers"] >= cfg.min_transfers)
     evidence = per["rtt_evidence"].astype(bool) | per["congested"]
     per["fabric_bound"] = (slow & evidence).astype(bool)
+    judged = per["transfers"] >= cfg.min_transfers
+    per["fabric_fault"] = ((per["floor_rise"] | per["congested"]) & judged).astype(bool)
     per["host_bound"] = (per["host_share"].fillna(0) >= 0.5) & ~per["fabric_bound"]
-    per = per.sort_values("explained_s", ascending=False).reset_index()
+    per = per.sort_values(
+        ["fabric_bound", "fabric_fault", "explained_s"], ascending=False
+    ).reset_index()
     per["rank"] = np.arange(1, len(per) + 1)
     return per[cols]
 

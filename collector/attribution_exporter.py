@@ -68,6 +68,12 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             "1 when the path's KV transfers are slow and its fabric figures account for it.",
             labels=PATH,
         ),
+        "fault": GaugeMetricFamily(
+            P + "path_fabric_fault",
+            "1 when the path's RTT floor or congestion counters stand out from the other "
+            "paths' (evidence host noise cannot make), whether or not its transfers were slow.",
+            labels=PATH,
+        ),
         "host_bound": GaugeMetricFamily(
             P + "path_host_bound",
             "1 when the path's KV transfers ran mostly in windows where its hosts' own "
@@ -253,6 +259,7 @@ class AttributionCollector(Collector):
             labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
             add("explained", labels, row.explained_s)
             add("bound", labels, 1.0 if row.fabric_bound else 0.0)
+            add("fault", labels, 1.0 if row.fabric_fault else 0.0)
             add("host_bound", labels, 1.0 if row.host_bound else 0.0)
             add("host_delay", labels, row.host_delay_s)
         corr = res.correlation.dropna(subset=["rho_rtt_p99"])

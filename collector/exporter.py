@@ -46,7 +46,7 @@ _RTT_BUCKETS_NS = [round(b * 1e9) for b in RTT_BUCKETS_S]
 
 PATH_LABELS = ["src", "dst", "transport", "op", "size"]
 PROBER_DELAY_HELP = (
-    "UD probes: the prober's own delay inside their RTTs (software-timed; still in the"
+    "RDMA probes: the prober's own delay inside their RTTs (software-timed; still in the"
     " RTT), p50 of the newest window."
 )
 RDMA_LABELS = ["src", "device", "port", "counter"]

@@ -204,14 +204,14 @@ def split_kv(kv: pd.DataFrame) -> pd.DataFrame:
 # Each agent measures its own: the same TCP probe against its own responder, turned
 # around in the loopback device (no NIC, no wire). What that reference takes beyond its
 # quietest window is this host's stack and scheduling delay for a prober and a
-# responder both, so a path's share is half of each end's. A UD probe measures its
-# prober's delay itself, on the path (probes/rdma/ud.py: from the last empty poll of the
-# receive CQ to the poll that found the answer, and with the pyverbs loop the send side
-# too; software-timed): where a path's windows carry it, what it takes beyond the path's
-# quietest prober delay is the prober end's estimate in full, in place of half the
-# prober's reference; the responder end keeps half its reference (a UD RTT has the
-# responder's processing taken out already, but not the time its loop took to see the
-# probe). A window is host-bound when the estimate is at least HOST_SHARE of what the
+# responder both, so a path's share is half of each end's. RDMA probes measure their
+# prober's delay themselves, on the path (software-timed: UD from the last empty poll of
+# the receive CQ to the poll that found the answer, probes/rdma/ud.py; RC from the wait's
+# last clock read after an empty poll, probes/rdma/rc.py): where a path's windows carry
+# it, what it takes beyond the path's quietest prober delay is the prober end's estimate
+# in full, in place of half the prober's reference; the responder end keeps half its
+# reference (a UD RTT has the responder's processing taken out already, but not the time
+# its loop took to see the probe). A window is host-bound when the estimate is at least HOST_SHARE of what the
 # path's RTT rose above its own floor.
 HOST_SHARE = 0.5
 HOST_FLOOR_S = 20e-6  # host delay below this is noise of the reference itself

@@ -83,6 +83,7 @@ def _path_rank(row: dict[str, Any]) -> pb.PathRank:
         transport=_text(row.get("transport")),
         transfers=_count(row.get("transfers")) or 0,
         fabric_bound=bool(row.get("fabric_bound")),
+        fabric_fault=bool(row.get("fabric_fault")),
         host_bound=bool(row.get("host_bound")),
     )
     for name in _PATH_FLOATS:

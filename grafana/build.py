@@ -563,16 +563,22 @@ REQUESTS = Dashboard(
                     description="Paths ranked by the KV-transfer time they add over the others.",
                 ),
                 Panel(
-                    "Fabric-bound paths",
+                    "Fabric-bound and faulty paths",
                     (
                         (
                             f"fabricprobe_path_fabric_bound{{{KV_SEL}}}",
-                            "{{src}} → {{dst}} {{transport}}",
+                            "{{src}} → {{dst}} {{transport}} bound",
+                        ),
+                        (
+                            f"fabricprobe_path_fabric_fault{{{KV_SEL}}}",
+                            "{{src}} → {{dst}} {{transport}} fault",
                         ),
                     ),
                     "bool",
-                    description="1: its KV transfers are slow and its probes or congestion "
-                    "counters say why.",
+                    description="Bound: its KV transfers are slow and its probes or congestion "
+                    "counters say why. Fault: its RTT floor or congestion counters stand out "
+                    "(host noise cannot raise a floor), even where busy senders hide it in "
+                    "their transfers' time.",
                 ),
                 Panel(
                     "Host-bound paths, and the hosts' delay in their RTT",

@@ -74,10 +74,11 @@ def _ns() -> array[int]:
 class LatencyRound:
     """One round's bare figures: RTTs in ns (warm-up left out; for UD the network RTT,
     the responder's delay taken out), exchanges lost, why the round stopped short (None
-    when it did not), the local device (None over TCP) and the loop's wall time. UD
-    rounds also carry the RTTs with the responder's delay (`raw_ns`), those delays, the
-    prober's own delay inside each RTT (`prober_ns`, software-timed: probes/rdma/ud.py),
-    and whether the device has completion timestamps."""
+    when it did not), the local device (None over TCP) and the loop's wall time. RDMA
+    rounds carry the prober's own delay inside each RTT (`prober_ns`, software-timed:
+    probes/rdma/ud.py and rc.py say what each bounds); UD rounds also the RTTs with the
+    responder's delay (`raw_ns`), those delays, and whether the device has completion
+    timestamps."""
 
     rtt_ns: array[int]
     lost: int
@@ -114,8 +115,8 @@ class LatencyResult:
     timer_overhead_ns: int | None = None
     raw_summary: LatencySummary | None = None  # UD: the RTT with the responder's delay
     responder_delay_p50_us: float | None = None
-    # UD: the prober's own delay in each RTT (kind "delay"; probes/rdma/ud.py says what it
-    # bounds); it is still inside `summary`, as the responder's is not
+    # RDMA: the prober's own delay in each RTT (kind "delay"; probes/rdma/ud.py and rc.py
+    # say what it bounds); it is still inside `summary`, as UD's responder delay is not
     prober_delay: LatencySketch | None = field(default=None, repr=False, compare=False)
     timestamps: str | None = None  # UD: "software" or "hardware"
     hw_timestamps_supported: bool | None = None

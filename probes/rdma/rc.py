@@ -76,9 +76,14 @@ def _marker(i: int) -> int:
 
 # ------------------------------------------------------------------------- the loops
 # Both sides run the same loops; `first` says who starts a round trip. The prober passes
-# SAMPLES (a preallocated array) and gets one RTT in ns per round trip; nothing else is
-# allocated or computed inside the timed part. A loop ends early only at a step's
-# deadline or on an error completion, and says how far it got and why.
+# SAMPLES (a preallocated array) and gets one RTT in ns per round trip, and OWN (another)
+# how late it can have seen each answer: the time from the wait's last clock read after
+# an empty poll to the clock read after the answer (or the whole RTT when the answer came
+# before any such read). Its own pauses, and any time the thread was descheduled while
+# the answer waited, are in it; the compiled loop reads the clock every 64 empty polls,
+# so its figure is that coarse. Nothing else is allocated or computed inside the timed
+# part. A loop ends early only at a step's deadline or on an error completion, and says
+# how far it got and why.
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ def _send_pingpong(
     step_s: float,
     samples: array[int] | None,
     progress: Progress | None = None,
+    own: array[int] | None = None,
 ) -> LoopOutcome:
     send_cq, recv_cq = ep.send_cq, ep.recv_cq
     signaled, quiet = ep.send_wr(size, True), ep.send_wr(size, False)
@@ -116,6 +122,8 @@ def _send_pingpong(
             t1 = clock()
             if samples is not None:
                 samples[i] = t1 - t0
+            if own is not None:
+                own[i] = t1 - max(int(ep.last_empty * 1e9), t0)
             ep.post_recv()
             if wr is signaled:
                 ep.poll_or_raise(send_cq, 1, deadline)
@@ -135,6 +143,7 @@ def _write_pingpong(
     step_s: float,
     samples: array[int] | None,
     progress: Progress | None = None,
+    own: array[int] | None = None,
 ) -> LoopOutcome:
     signaled, quiet = ep.write_wr(remote, size, True), ep.write_wr(remote, size, False)
     last = size - 1
@@ -162,6 +171,8 @@ def _write_pingpong(
             t1 = clock()
             if samples is not None:
                 samples[i] = t1 - t0
+            if own is not None:
+                own[i] = t1 - max(int(spin.last * 1e9), t0)
             if wr is signaled:
                 ep.poll_or_raise(ep.send_cq, 1, deadline)
             if progress is not None and i & 0x3FF == 0:
@@ -233,16 +244,17 @@ def _pingpong(
     step_s: float,
     samples: array[int] | None,
     progress: Progress | None = None,
+    own: array[int] | None = None,
 ) -> LoopOutcome:
     if engine == "pyverbs":
         if op == "send":
-            return _send_pingpong(ep, size, total, first, step_s, samples, progress)
-        return _write_pingpong(ep, remote, size, total, first, step_s, samples, progress)
+            return _send_pingpong(ep, size, total, first, step_s, samples, progress, own)
+        return _write_pingpong(ep, remote, size, total, first, step_s, samples, progress, own)
     try:  # the native loop runs to the end in C: no progress callbacks
         if op == "send":
-            done = ep.send_pingpong(size, total, first, step_s, samples)
+            done = ep.send_pingpong(size, total, first, step_s, samples, own)
         else:
-            done = ep.write_pingpong(remote, size, total, first, step_s, samples)
+            done = ep.write_pingpong(remote, size, total, first, step_s, samples, own)
     except PeerError as err:
         return LoopOutcome(int(getattr(err, "completed", 0)), str(err))
     if done < total:
@@ -315,10 +327,20 @@ class RcPingLink(RdmaLink):
         check_shape(self.op, self.size, iters, LAT_OPS)
         total = iters + warmup
         _, ep, remote = self._begin({"iters": total})
-        samples = array("q", bytes(8 * total))
+        samples, own = array("q", bytes(8 * total)), array("q", bytes(8 * total))
         t0 = time.perf_counter()
         out = _pingpong(
-            self.engine, ep, self.op, remote, self.size, total, True, self.step_s, samples, progress
+            self.engine,
+            ep,
+            self.op,
+            remote,
+            self.size,
+            total,
+            True,
+            self.step_s,
+            samples,
+            progress,
+            own,
         )
         duration = time.perf_counter() - t0
         error, dev = out.error, ep.device
@@ -326,7 +348,9 @@ class RcPingLink(RdmaLink):
             error = f"stopped after {out.done} of {total} round trips: {error}"
         self._end(error, {"completed": out.done})
         recorded = samples[warmup : out.done]
-        return LatencyRound(recorded, iters - len(recorded), error, dev, duration)
+        return LatencyRound(
+            recorded, iters - len(recorded), error, dev, duration, prober_ns=own[warmup : out.done]
+        )
 
     def run(self, iters: int, warmup: int = 0, progress: Progress | None = None) -> LatencyResult:
         """One round, summarised (percentiles, one-way, the loop's own overhead)."""
@@ -336,9 +360,12 @@ class RcPingLink(RdmaLink):
         sketch = LatencySketch("rtt")
         sketch.record_many(r.rtt_ns)
         sketch.record_lost(r.lost)
+        prober = LatencySketch("delay")
+        prober.record_many(r.prober_ns)
         return self._result(
             r,
             sketch,
+            prober_delay=prober,
             qp_type="rc",
             op=self.op,
             size=self.size,

@@ -59,14 +59,15 @@ class Spin:
     pausing first once the wait is older than SPIN_S. Creating one reads no clock: a wait
     answered at the first poll (inside a timed exchange) costs nothing more than before."""
 
-    __slots__ = ("deadline", "pause_from")
+    __slots__ = ("deadline", "last", "pause_from")
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self.pause_from: float | None = None  # set at the first empty poll
+        self.last = 0.0  # the newest clock read, just after an empty poll (0: none yet)
 
     def expired(self) -> bool:
-        now = time.monotonic()
+        now = self.last = time.monotonic()
         if now > self.deadline:
             return True
         if self.pause_from is None:
@@ -157,6 +158,7 @@ class VerbsEndpoint:
         self.device, self.depth, self.port = device, depth, port
         self._closed = False
         self._extra: list[Any] = []  # resources made later on the PD (UD address handles)
+        self._spin: Spin | None = None  # the newest poll() wait's
         self.ctx: Any = None
         self.pd: Any = None
         self.send_cq: Any = None
@@ -347,9 +349,11 @@ class RcEndpoint(VerbsEndpoint):
         """Poll CQ until WANT completions arrived or DEADLINE (monotonic) passed.
 
         Returns how many arrived (fewer than WANT only at the deadline). An error
-        completion raises PeerError: usually a peer that vanished (retries exceeded)."""
+        completion raises PeerError: usually a peer that vanished (retries exceeded).
+        `last_empty` keeps the wait's last clock read after an empty poll (monotonic s,
+        0 when the first poll found them)."""
         got = 0
-        spin = Spin(deadline)
+        spin = self._spin = Spin(deadline)
         while got < want:
             n, wcs = cq.poll(want - got)
             if n:
@@ -363,6 +367,10 @@ class RcEndpoint(VerbsEndpoint):
             elif spin.expired():
                 break
         return got
+
+    @property
+    def last_empty(self) -> float:
+        return self._spin.last if self._spin is not None else 0.0
 
     def poll_or_raise(self, cq: Any, want: int, deadline: float) -> None:
         got = self.poll(cq, want, deadline)

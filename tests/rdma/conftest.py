@@ -43,9 +43,13 @@ def lane_hosts() -> list[LaneHost]:
     return hosts
 
 
-def start_responder(hosts: list[LaneHost], port: int) -> subprocess.Popen[bytes]:
-    """A real `probe serve` process answering on every lane host's address."""
-    proc = subprocess.Popen(open_serve_argv(f"0.0.0.0:{port}", "--log-level", "warning"))
+def start_responder(
+    hosts: list[LaneHost], port: int, cpu: str | None = None
+) -> subprocess.Popen[bytes]:
+    """A real `probe serve` process answering on every lane host's address (on CPU only,
+    every thread of it, when given)."""
+    argv = open_serve_argv(f"0.0.0.0:{port}", "--log-level", "warning")
+    proc = subprocess.Popen(["taskset", "-c", cpu, *argv] if cpu else argv)
     for h in hosts:
         wait_listening(h.ip, port, timeout=120)
     return proc

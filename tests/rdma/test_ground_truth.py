@@ -13,8 +13,14 @@ and must be at least 7 of 9, with at most one untouched path flagged over all ro
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -53,7 +59,7 @@ class Reporter:
         for h in hosts:
             server.api.register(pb.HostInfo(host=h.name, addresses=[h.ip]))
 
-    def report(self, start_ns: int, sketches: dict[tuple[str, str], LatencySketch]) -> None:
+    def report(self, start_ns: int, sketches: dict[tuple[str, str], Sketches]) -> None:
         self.seq += 1
         end_ns = time.time_ns()
         for h in self.hosts:
@@ -64,10 +70,10 @@ class Reporter:
                 window_start_unix_ns=start_ns,
                 window_end_unix_ns=end_ns,
             )
-            for (src, dst), sk in sketches.items():
+            for (src, dst), (rtt, own) in sketches.items():
                 if src == h.name:
                     r.probes.add(dst=dst, transport="rdma", op="write", size=64,
-                                 rtt=to_wire(sk))  # fmt: skip
+                                 rtt=to_wire(rtt), prober_delay=to_wire(own))  # fmt: skip
             pc = read_port_counters("/sys", h.device, 1)
             values = {**(pc.pma.values if pc.pma else {}), **(pc.hw.values if pc.hw else {})}
             for name, value in sorted(values.items()):
@@ -76,13 +82,20 @@ class Reporter:
             self.server.api.report(r)
 
 
+# a path's RTTs and the prober's own delay in each (probes/rdma/rc.py)
+Sketches = tuple[LatencySketch, LatencySketch]
+
+
 def probe_paths(
-    paths: list[tuple[LaneHost, LaneHost]], into: dict[tuple[str, str], LatencySketch]
+    paths: list[tuple[LaneHost, LaneHost]], into: dict[tuple[str, str], Sketches]
 ) -> None:
     for a, b in paths:
         res = rc_latency(LinkParams(b.ip, PORT, bind=a.ip), op="write", size=64,
                          iters=PROBE_ITERS, warmup=5)  # fmt: skip
-        into.setdefault((a.name, b.name), LatencySketch()).merge(res.sketch)
+        rtt, own = into.setdefault((a.name, b.name), (LatencySketch(), LatencySketch("delay")))
+        rtt.merge(res.sketch)
+        assert res.prober_delay is not None
+        own.merge(res.prober_delay)
 
 
 class EmitAndProbe:
@@ -93,7 +106,7 @@ class EmitAndProbe:
         sender: SpanSender,
         model: str,
         paths: list[tuple[LaneHost, LaneHost]],
-        sketches: dict[tuple[str, str], LatencySketch],
+        sketches: dict[tuple[str, str], Sketches],
         at: int,
     ) -> None:
         self.sender, self.model, self.paths, self.sketches, self.at = (
@@ -108,12 +121,76 @@ class EmitAndProbe:
             probe_paths(self.paths, self.sketches)
 
 
+HOGS = 3  # busy processes beside the probers in the loaded run
+
+
+@dataclass
+class Load:
+    """Where the run's parts go. Quiet: anywhere. Busy: HOGS spinning processes share one
+    CPU with the probers and the KV senders (this process's threads while they probe and
+    send), and the other CPU is left to the responders, the emulated NIC's receive work,
+    the collector and the analysis. All lane hosts share one kernel: a CPU of their own
+    is what makes the far ends and the collector other machines, as they are in a
+    fleet. (The senders' rxe work runs in their own context, on the busy CPU: soft-RoCE
+    charges the NIC's part of a transfer to its sender, as a hardware NIC does not.)"""
+
+    busy: int | None = None
+    free: int | None = None
+    hogs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @classmethod
+    @contextmanager
+    def of(cls, kind: str) -> Iterator[Load]:
+        if kind == "quiet":
+            yield cls()
+            return
+        cpus = sorted(os.sched_getaffinity(0))
+        assert len(cpus) >= 2, f"the loaded run needs 2 CPUs in the lane VM, it has {cpus}"
+        load = cls(busy=cpus[-1], free=cpus[0])
+        spin = [sys.executable, "-c", "while True: pass"]
+        load.hogs = [
+            subprocess.Popen(["taskset", "-c", str(load.busy), *spin]) for _ in range(HOGS)
+        ]
+        os.sched_setaffinity(0, {load.free})  # threads started from here on inherit it
+        try:
+            yield load
+        finally:
+            os.sched_setaffinity(0, set(cpus))
+            for h in load.hogs:
+                h.kill()
+                h.wait()
+
+    @property
+    def responder_cpu(self) -> str | None:
+        return None if self.free is None else str(self.free)
+
+    @contextmanager
+    def probers(self) -> Iterator[None]:
+        """This thread (and the threads it starts) on the probers' CPU, if busy."""
+        if self.busy is None:
+            yield
+            return
+        os.sched_setaffinity(0, {self.busy})
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, {self.free})
+
+
 @pytest.mark.timeout(900)  # 9 rounds of 15-50 s under emulation on a busy machine
-def test_delayed_path_ranks_first_and_alone_is_fabric_bound(lane_hosts: list[LaneHost]) -> None:
+@pytest.mark.parametrize("kind", ["quiet", "busy"])
+def test_delayed_path_ranks_first_and_alone_is_flagged(
+    lane_hosts: list[LaneHost], kind: str
+) -> None:
+    with Load.of(kind) as load:
+        _ground_truth(lane_hosts, load)
+
+
+def _ground_truth(lane_hosts: list[LaneHost], load: Load) -> None:
     h0, h1, h2 = lane_hosts[:3]
     paths = [(h0, h1), (h0, h2), (h1, h2)]
     wl_paths = [(Host(a.name, a.ip), Host(b.name, b.ip)) for a, b in paths]
-    proc = start_responder(lane_hosts, PORT)
+    proc = start_responder(lane_hosts, PORT, cpu=load.responder_cpu)
     server = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""))
     server.start()
     sender = SpanSender(f"127.0.0.1:{server.port}")
@@ -132,23 +209,27 @@ def test_delayed_path_ranks_first_and_alone_is_fabric_bound(lane_hosts: list[Lan
     analysis = AnalysisConfig()
     server.attribution.cfg = analysis
     hits, failures, false_flags, rows = 0, 0, 0, []
+    detect: list[float] = []
+    host_rounds = 0  # rounds with an untouched path called host-bound
     reporter = Reporter(server, lane_hosts[:3])
     try:
         # warm-up: sessions opened, first-touch costs paid, counter baselines reported
-        run_pipeline(wl_paths, cfg, channels=channels)
+        with load.probers():
+            run_pipeline(wl_paths, cfg, channels=channels)
         reporter.report(time.time_ns(), {})
         for delay in DELAYS:
             for slow in paths:
                 t0 = time.time_ns()
                 before = server.attribution.ingest.received_total
-                sketches: dict[tuple[str, str], LatencySketch] = {}
+                sketches: dict[tuple[str, str], Sketches] = {}
                 netem.impair(slow[0].netdev, slow[1].ip, delay=delay)
                 try:
                     t1 = time.time_ns()
                     emit = EmitAndProbe(sender, cfg.model.name, paths, sketches, cfg.requests // 2)
-                    results = run_pipeline(wl_paths, cfg, on_request=emit, channels=channels)
-                    t2 = time.time_ns()
-                    probe_paths(paths, sketches)
+                    with load.probers():
+                        results = run_pipeline(wl_paths, cfg, on_request=emit, channels=channels)
+                        t2 = time.time_ns()
+                        probe_paths(paths, sketches)
                 finally:
                     netem.clear(slow[0].netdev)
                 reporter.report(t0, sketches)
@@ -167,20 +248,30 @@ def test_delayed_path_ranks_first_and_alone_is_fabric_bound(lane_hosts: list[Lan
                 res = server.attribution.analyse(window_s=window_s)
                 ranked = res.paths
                 first = (ranked.iloc[0]["src"], ranked.iloc[0]["dst"])
-                flagged = {(r.src, r.dst) for r in ranked.itertuples(index=False) if r.fabric_bound}
+                flagged = {
+                    (r.src, r.dst)
+                    for r in ranked.itertuples(index=False)
+                    if r.fabric_bound or r.fabric_fault
+                }
+                host = {(r.src, r.dst) for r in ranked.itertuples(index=False) if r.host_bound}
                 want_path = (slow[0].name, slow[1].name)
                 hit = first == want_path and flagged == {want_path}
                 hits += hit
                 false_flags += len(flagged - {want_path})
+                host_rounds += bool(host - {want_path})
+                if want_path in flagged:  # the delay went on at t1, the analysis just ran
+                    detect.append((time.time_ns() - t1) / 1e9)
                 rows.append((delay, want_path, hit, ranked))
                 print(
                     f"\n{delay} on {want_path[0]}->{want_path[1]}: {'HIT' if hit else 'MISS'} "
                     f"(probes {(t1 - t0) / 1e9:.1f} s, workload {(t2 - t1) / 1e9:.1f} s, "
-                    f"round {(time.time_ns() - t0) / 1e9:.1f} s)"
+                    f"round {(time.time_ns() - t0) / 1e9:.1f} s; host-bound: "
+                    f"{', '.join(f'{a}->{b}' for a, b in sorted(host)) or 'none'})"
                 )
                 print(
                     ranked[["src", "dst", "transfers", "kv_median_s", "kv_ratio", "rtt_min_s",
-                            "rtt_p50_s", "rtt_p99_s", "rtt_ratio", "explained_s", "fabric_bound"]]
+                            "rtt_p50_s", "rtt_p99_s", "rtt_ratio", "explained_s", "fabric_bound",
+                            "fabric_fault", "host_delay_s", "host_bound"]]
                     .to_string(index=False)
                 )  # fmt: skip
     finally:
@@ -192,12 +283,28 @@ def test_delayed_path_ranks_first_and_alone_is_fabric_bound(lane_hosts: list[Lan
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     n = len(rows)
-    print(f"\nground truth: {hits}/{n} rounds right ({hits / n:.0%}); per delay:")
+    what = f"busy ({HOGS} processes on the probers' CPU)" if load.busy is not None else "quiet"
+    print(f"\nground truth, {what}: {hits}/{n} rounds right ({hits / n:.0%}); per delay:")
     print(f"  ({failures} KV transfers ended in an error completion and were left out)")
     for delay in DELAYS:
         mine = [r for r in rows if r[0] == delay]
         print(f"  {delay}: {sum(r[2] for r in mine)}/{len(mine)}")
     print(f"  untouched paths flagged: {false_flags} in {n} rounds ({2 * n} untouched paths)")
+    print(f"  rounds with an untouched path called host-bound: {host_rounds} of {n}")
+    if detect:
+        detect.sort()
+        print(
+            f"  time to detect (delay on -> path flagged, one analysis a round): median "
+            f"{detect[len(detect) // 2]:.1f} s, max {detect[-1]:.1f} s (R-Pingmesh's window: "
+            "30 s; Minder: 3.6 s)"
+        )
+    if load.busy is not None:
+        # host noise only adds delay: the probes' floor keeps the delayed path apart, and
+        # the probers' own delay, measured in each exchange, names the rest host-bound
+        assert hits >= n - 1, f"busy: the delayed path was found in only {hits} of {n} rounds"
+        assert false_flags == 0, f"busy: {false_flags} untouched paths flagged"
+        assert host_rounds >= n // 2, f"busy: host-bound paths in only {host_rounds} rounds"
+        return
     # Under QEMU's software emulation a sender's stall can slow a clean path's transfers
     # for a whole round, and a delay's effect on a transfer can drown in one: the test
     # holds the attribution to a hit rate, not to every single round.

@@ -143,3 +143,33 @@ def test_goodput_counts_only_requests_within_both_targets() -> None:
     last = goodput(rq, cfg, now_ns=5 * S).iloc[0]
     assert last["goodput_tps"] == pytest.approx(10.1)
     assert goodput(rq, AnalysisConfig(window_s=1.0), now_ns=100 * S).empty
+
+
+def test_a_raised_rtt_floor_is_a_fault_and_ranks_first_when_transfers_hide_it() -> None:
+    """A busy sender's stalls can swamp a path's added latency: its transfers come out
+    no slower than the others' and the path explains nothing, but its probes' floor
+    rose, which host noise cannot do: a fault, and it goes first. The others' tails
+    (host noise) are no fault."""
+    kv = kv_frame(
+        {
+            ("h0", "h1"): (0.50, 40e-3),  # tail high, floor 10 ms
+            ("h0", "h2"): (0.52, 30e-3),
+            ("h1", "h2"): (0.49, 200e-6),
+        }
+    )
+    kv.loc[kv["dst"] == "h2", "rtt_min_s"] = 100e-6
+    out = rank_paths(kv)
+    assert (out.iloc[0]["src"], out.iloc[0]["dst"]) == ("h0", "h1")
+    assert list(out["fabric_fault"]) == [True, False, False]
+    assert not out["fabric_bound"].any()
+    assert out.iloc[0]["explained_s"] <= out["explained_s"].max()
+
+
+def test_congestion_without_slow_transfers_is_a_fault_too() -> None:
+    kv = kv_frame({("h0", "h1"): (0.010, 100e-6), ("h0", "h2"): (0.010, 105e-6),
+                   ("h1", "h2"): (0.011, 110e-6)})  # fmt: skip
+    kv.loc[kv["dst"] == "h2", "src_pfc_pause_per_s"] = 500.0
+    kv.loc[(kv["src"] == "h1"), "src_pfc_pause_per_s"] = 0.0
+    out = rank_paths(kv).set_index(["src", "dst"])
+    assert out.loc[("h0", "h2"), "fabric_fault"] and not out.loc[("h0", "h2"), "fabric_bound"]
+    assert not out.loc[("h0", "h1"), "fabric_fault"]

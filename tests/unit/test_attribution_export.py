@@ -75,6 +75,9 @@ def test_metrics_show_the_slow_path_and_match_the_catalogue() -> None:
     v = reg.get_sample_value
     assert v("fabricprobe_path_fabric_bound", {"src": "h0", "dst": "h1", "transport": "rdma"}) == 1
     assert v("fabricprobe_path_fabric_bound", {"src": "h0", "dst": "h2", "transport": "rdma"}) == 0
+    # its probes' floor (2 ms against 80-90 µs) is a fault whatever the transfers did
+    assert v("fabricprobe_path_fabric_fault", {"src": "h0", "dst": "h1", "transport": "rdma"}) == 1
+    assert v("fabricprobe_path_fabric_fault", {"src": "h1", "dst": "h2", "transport": "rdma"}) == 0
     assert (
         v("fabricprobe_path_explained_seconds", {"src": "h0", "dst": "h1", "transport": "rdma"})
         > 0.3

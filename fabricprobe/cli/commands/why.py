@@ -73,6 +73,16 @@ def _us(v: Any) -> str:
     return "-" if v is None else f"{float(v) * 1e6:,.0f}"
 
 
+def _bound(r: dict[str, Any]) -> str:
+    """FABRIC: slow, and the fabric says why; FAULT: the fabric stands out though its
+    transfers did not (HOST beside it: they ran on busy hosts); HOST; no."""
+    if r.get("fabric_bound"):
+        return "FABRIC"
+    if r.get("fabric_fault"):
+        return "FAULT HOST" if r.get("host_bound") else "FAULT"
+    return "HOST" if r.get("host_bound") else "no"
+
+
 def _share(v: Any) -> str:
     return "-" if v is None else f"{float(v):.0%}"
 
@@ -124,7 +134,7 @@ def paths_table(rows: list[dict[str, Any]]) -> Table:
             "-" if ratio[1] is None else f"{float(ratio[1]):.2f}",
             "-" if r.get("explained_s") is None else f"{float(r['explained_s']):.3f}",
             _us(r.get("host_delay_s")),
-            "FABRIC" if r.get("fabric_bound") else ("HOST" if r.get("host_bound") else "no"),
+            _bound(r),
         )
     return t
 

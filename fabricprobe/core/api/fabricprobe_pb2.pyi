@@ -343,7 +343,7 @@ class SlowRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., kv_transfer_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., deliver_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., fabric_share_ttft: _Optional[float] = ..., fabric_share_e2e: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., output_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., fabric_windows: _Optional[int] = ..., counter_rates: _Optional[_Mapping[str, float]] = ..., path_reason: _Optional[str] = ..., engine: _Optional[str] = ..., kv_source: _Optional[str] = ..., kv_fabric_s: _Optional[float] = ..., kv_other_s: _Optional[float] = ..., host_delay_s: _Optional[float] = ..., host_bound: _Optional[bool] = ...) -> None: ...
 
 class PathRank(_message.Message):
-    __slots__ = ("rank", "src", "dst", "transport", "transfers", "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio", "congestion_per_s", "explained_s", "fabric_bound", "host_bound", "host_delay_s")
+    __slots__ = ("rank", "src", "dst", "transport", "transfers", "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio", "congestion_per_s", "explained_s", "fabric_bound", "host_bound", "host_delay_s", "fabric_fault")
     RANK_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +360,7 @@ class PathRank(_message.Message):
     FABRIC_BOUND_FIELD_NUMBER: _ClassVar[int]
     HOST_BOUND_FIELD_NUMBER: _ClassVar[int]
     HOST_DELAY_S_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_FAULT_FIELD_NUMBER: _ClassVar[int]
     rank: int
     src: str
     dst: str
@@ -376,7 +377,8 @@ class PathRank(_message.Message):
     fabric_bound: bool
     host_bound: bool
     host_delay_s: float
-    def __init__(self, rank: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., transfers: _Optional[int] = ..., kv_median_s: _Optional[float] = ..., kv_ratio: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., rtt_ratio: _Optional[float] = ..., congestion_per_s: _Optional[float] = ..., explained_s: _Optional[float] = ..., fabric_bound: _Optional[bool] = ..., host_bound: _Optional[bool] = ..., host_delay_s: _Optional[float] = ...) -> None: ...
+    fabric_fault: bool
+    def __init__(self, rank: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., transfers: _Optional[int] = ..., kv_median_s: _Optional[float] = ..., kv_ratio: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., rtt_ratio: _Optional[float] = ..., congestion_per_s: _Optional[float] = ..., explained_s: _Optional[float] = ..., fabric_bound: _Optional[bool] = ..., host_bound: _Optional[bool] = ..., host_delay_s: _Optional[float] = ..., fabric_fault: _Optional[bool] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("requests", "met", "tokens", "goodput_tps", "throughput_tps")

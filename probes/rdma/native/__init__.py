@@ -350,14 +350,23 @@ class NativeRcEndpoint(_NativeEndpoint):
         return int(step_s * 1e9)
 
     def send_pingpong(
-        self, size: int, total: int, first: bool, step_s: float, out: array[int] | None = None
+        self,
+        size: int,
+        total: int,
+        first: bool,
+        step_s: float,
+        out: array[int] | None = None,
+        prober: array[int] | None = None,
     ) -> int:
         """SEND/RECV ping-pong of TOTAL round trips; FIRST starts (the prober) and writes
-        each RTT in ns into OUT. Returns round trips done (fewer only at a deadline)."""
+        each RTT in ns into OUT, and into PROBER how late it can have seen each answer
+        (fastpath.c pingpong: from the wait's last clock read after an empty poll).
+        Returns round trips done (fewer only at a deadline)."""
         step_ns = self._check_loop(size, total, step_s)
         with self._busy:
             ep, rtt = self._open_ep(), self._rtt_buffer(out, total)
-            done = int(self._lib.fp_send_pingpong(ep, size, total, int(first), step_ns, rtt))
+            own = self._rtt_buffer(prober, total)
+            done = int(self._lib.fp_send_pingpong(ep, size, total, int(first), step_ns, rtt, own))
             return self._finish(done, total)
 
     def write_pingpong(
@@ -368,6 +377,7 @@ class NativeRcEndpoint(_NativeEndpoint):
         first: bool,
         step_s: float,
         out: array[int] | None = None,
+        prober: array[int] | None = None,
     ) -> int:
         """RDMA WRITE ping-pong polling the last byte of the receive half (perftest's
         write_lat method); needs remote_access on both ends. As send_pingpong otherwise.
@@ -375,9 +385,10 @@ class NativeRcEndpoint(_NativeEndpoint):
         step_ns = self._check_loop(size, total, step_s)
         with self._busy:
             ep, rtt = self._open_ep(), self._rtt_buffer(out, total)
+            own = self._rtt_buffer(prober, total)
             done = int(
                 self._lib.fp_write_pingpong(
-                    ep, remote.addr, remote.rkey, size, total, int(first), step_ns, rtt
+                    ep, remote.addr, remote.rkey, size, total, int(first), step_ns, rtt, own
                 )
             )
             return self._finish(done, total)

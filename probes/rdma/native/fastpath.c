@@ -401,6 +401,7 @@ static int reap_send(fp_ep *ep)
 struct spin {
     unsigned polls;  /* empty polls so far */
     int64_t since;   /* the wait's first clock read (0: none yet) */
+    int64_t last;    /* its newest clock read, just after an empty poll (0: none yet) */
     int pausing;
 };
 
@@ -412,6 +413,7 @@ static int spin_on(fp_ep *ep, struct spin *s, int64_t deadline)
     if (!s->pausing && ++s->polls % CLOCK_EVERY)
         return 0;
     int64_t now = now_ns();
+    s->last = now;
     if (now > deadline || stopped(ep))
         return -1;
     if (!s->since)
@@ -437,14 +439,17 @@ static int wait_send(fp_ep *ep, int limit, int64_t deadline)
     return 1;
 }
 
-/* Wait for one receive completion and re-post it: 1 got one, 0 deadline/stop, -1 error. */
-static int wait_recv(fp_ep *ep, int64_t deadline)
+/* Wait for one receive completion and re-post it: 1 got one, 0 deadline/stop, -1 error.
+ * SEEN (may be NULL) gets the wait's last clock read after an empty poll (0: none). */
+static int wait_recv(fp_ep *ep, int64_t deadline, int64_t *seen)
 {
     struct ibv_wc wc;
     struct spin s = {0};
     for (;;) {
         int n = ibv_poll_cq(ep->recv_cq, 1, &wc);
         if (n > 0) {
+            if (seen)
+                *seen = s.last;
             if (wc.status == IBV_WC_SUCCESS)
                 return post_recv(ep) ? -1 : 1;
             /* a flush names no cause; the send CQ usually holds the real error */
@@ -462,8 +467,10 @@ static int wait_recv(fp_ep *ep, int64_t deadline)
     }
 }
 
-/* Spin on a byte of the receive half until the peer's WRITE puts MARK there. */
-static int wait_mark(fp_ep *ep, const uint8_t *where, uint8_t mark, int64_t deadline)
+/* Spin on a byte of the receive half until the peer's WRITE puts MARK there; SEEN as
+ * wait_recv's. */
+static int wait_mark(fp_ep *ep, const uint8_t *where, uint8_t mark, int64_t deadline,
+                     int64_t *seen)
 {
     struct spin s = {0};
     while (__atomic_load_n(where, __ATOMIC_ACQUIRE) != mark) {
@@ -473,13 +480,16 @@ static int wait_mark(fp_ep *ep, const uint8_t *where, uint8_t mark, int64_t dead
         if (r && reap_send(ep) < 0)
             return -1;
     }
+    if (seen)
+        *seen = s.last;
     return 1;
 }
 
 static int wait_answer(fp_ep *ep, int write, const uint8_t *in_mark, uint8_t mark,
-                       int64_t deadline)
+                       int64_t deadline, int64_t *seen)
 {
-    return write ? wait_mark(ep, in_mark, mark, deadline) : wait_recv(ep, deadline);
+    return write ? wait_mark(ep, in_mark, mark, deadline, seen)
+                 : wait_recv(ep, deadline, seen);
 }
 
 /* Pauses between polls end when asked, not up to the default 50 us later. */
@@ -510,9 +520,13 @@ static int drain(fp_ep *ep, int64_t step_ns)
 /* The ping-pong both latency loops share. FIRST posts and waits for the answer; the other
  * side waits and answers. A SEND is answered by a receive completion; a WRITE by the marker
  * i % 255 + 1 landing in the last byte of the receive half (perftest's write_lat method).
- * RTT_NS (may be NULL) gets each round trip in ns. */
+ * RTT_NS (may be NULL) gets each round trip in ns, PROBER_NS (may be NULL) how late the
+ * prober can have seen its answer: the time from the wait's last clock read after an
+ * empty poll (read every CLOCK_EVERY polls: no clock read is added to the wait) to the
+ * one after the answer, or the whole RTT when the wait read none. A thread descheduled
+ * while its answer came, or pausing in a long wait, has that time in it. */
 static int64_t pingpong(fp_ep *ep, struct ibv_send_wr *wr, uint32_t size, int64_t total,
-                        int first, int64_t step_ns, int64_t *rtt_ns)
+                        int first, int64_t step_ns, int64_t *rtt_ns, int64_t *prober_ns)
 {
     int write = wr->opcode == IBV_WR_RDMA_WRITE, every = ep->signal_every;
     uint8_t *out_mark = ep->buf + size - 1;
@@ -520,17 +534,20 @@ static int64_t pingpong(fp_ep *ep, struct ibv_send_wr *wr, uint32_t size, int64_
     for (int64_t i = 0; i < total; i++) {
         uint8_t mark = (uint8_t)(i % 255 + 1);
         int signaled = i % every == every - 1 || i == total - 1;
-        int64_t t0 = now_ns(), deadline = t0 + step_ns;
-        if (stopped(ep) || (!first && wait_answer(ep, write, in_mark, mark, deadline) <= 0))
+        int64_t t0 = now_ns(), deadline = t0 + step_ns, seen = 0;
+        if (stopped(ep) ||
+            (!first && wait_answer(ep, write, in_mark, mark, deadline, NULL) <= 0))
             return i;
         *out_mark = mark;
         if (wait_send(ep, ep->depth - 1, deadline) <= 0 || post_send(ep, wr, signaled))
             return i;
-        if (first && wait_answer(ep, write, in_mark, mark, deadline) <= 0)
+        if (first && wait_answer(ep, write, in_mark, mark, deadline, &seen) <= 0)
             return i;
         int64_t t1 = now_ns();
         if (rtt_ns)
             rtt_ns[i] = t1 - t0;
+        if (prober_ns)
+            prober_ns[i] = t1 - (seen > t0 ? seen : t0);
         if (reap_send(ep) < 0)
             return first ? i + 1 : i;
     }
@@ -539,19 +556,20 @@ static int64_t pingpong(fp_ep *ep, struct ibv_send_wr *wr, uint32_t size, int64_
 }
 
 int64_t fp_send_pingpong(fp_ep *ep, uint32_t size, int64_t total, int first, int64_t step_ns,
-                         int64_t *rtt_ns)
+                         int64_t *rtt_ns, int64_t *prober_ns)
 {
     if (loop_ready(ep, size))
         return 0;
     struct ibv_sge sge = {(uintptr_t)ep->buf, size, ep->mr->lkey};
     struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
                              .send_flags = size <= ep->inline_size ? IBV_SEND_INLINE : 0};
-    return pingpong(ep, &wr, size, total, first, step_ns, rtt_ns);
+    return pingpong(ep, &wr, size, total, first, step_ns, rtt_ns, prober_ns);
 }
 
 /* RADDR/RKEY: the peer's receive half. Both ends need remote write access. */
 int64_t fp_write_pingpong(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t size,
-                          int64_t total, int first, int64_t step_ns, int64_t *rtt_ns)
+                          int64_t total, int first, int64_t step_ns, int64_t *rtt_ns,
+                          int64_t *prober_ns)
 {
     if (loop_ready(ep, size))
         return 0;
@@ -559,7 +577,7 @@ int64_t fp_write_pingpong(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t siz
     struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
                              .send_flags = size <= ep->inline_size ? IBV_SEND_INLINE : 0,
                              .wr.rdma = {.remote_addr = raddr, .rkey = rkey}};
-    return pingpong(ep, &wr, size, total, first, step_ns, rtt_ns);
+    return pingpong(ep, &wr, size, total, first, step_ns, rtt_ns, prober_ns);
 }
 
 /* Bandwidth: ITERS operations of SIZE bytes (WRITE into RADDR/RKEY when WRITE, else
@@ -610,7 +628,7 @@ int64_t fp_receive(fp_ep *ep, int64_t iters, int64_t step_ns, int64_t *elapsed_n
     if (loop_ready(ep, 1))
         return 0;
     while (got < iters) {
-        int r = wait_recv(ep, deadline);
+        int r = wait_recv(ep, deadline, NULL);
         if (r <= 0)
             break;
         got++;

@@ -1,7 +1,7 @@
-"""The prober's own delay in UD probes, on real soft-RoCE with both engines: reported for
-every answered probe, small on a quiet lane, never more than the RTT it sits in, and it
-follows real host delay: with busy processes on the prober's CPU the RTT rises and the
-prober's delay takes most of the rise."""
+"""The prober's own delay in UD and RC probes, on real soft-RoCE with both engines:
+reported for every answered probe, small on a quiet lane, never more than the RTT it sits
+in, and it follows real host delay: with busy processes on the prober's CPU the RTT rises
+and the prober's delay takes most of the rise."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from fabricprobe.probes.measure import LatencyRound, LinkParams
 from fabricprobe.probes.rdma import native
+from fabricprobe.probes.rdma.rc import RcPingLink
 from fabricprobe.probes.rdma.ud import UdLink
 from tests.rdma.conftest import start_responder
 
@@ -28,6 +30,24 @@ def _pin(pid: int, cpus: set[int]) -> None:
     """Every thread of process PID onto CPUS."""
     for task in Path(f"/proc/{pid}/task").iterdir():
         os.sched_setaffinity(int(task.name), cpus)
+
+
+@contextmanager
+def busy_cpu(cpu: int) -> Iterator[None]:
+    """HOGS spinning processes and this thread (which runs the probe loop, with either
+    engine) on CPU."""
+    mine = os.sched_getaffinity(0)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
+    try:
+        os.sched_setaffinity(0, {cpu})
+        for h in hogs:
+            os.sched_setaffinity(h.pid, {cpu})
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+        for h in hogs:
+            h.kill()
+            h.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +109,8 @@ def test_the_probers_delay_is_reported_small_when_quiet_and_follows_a_busy_cpu(
     print(f"\nclock read pair (native loop): {native.clock_overhead_ns()} ns")
     _pin(responder.pid, {1})  # the responder keeps its own CPU: only the prober is busy
     quiet = _check(_round(lane_hosts, engine), engine, "as the lane is")
-    mine = os.sched_getaffinity(0)
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
-    try:
-        os.sched_setaffinity(0, {0})  # this thread runs the probe loop (both engines)
-        for h in hogs:
-            os.sched_setaffinity(h.pid, {0})
+    with busy_cpu(0):
         busy = _check(_round(lane_hosts, engine), engine, f"{HOGS} busy processes on its CPU")
-    finally:
-        os.sched_setaffinity(0, mine)
-        for h in hogs:
-            h.kill()
-            h.wait(timeout=10)
     # at its quickest the compiled loop's delay is a poll's gap (about a µs in the lane),
     # a small part of the quickest RTT however busy the machine is (a loaded machine
     # delays most probes: then their prober delay is large). The Python loop's own gaps
@@ -115,6 +125,52 @@ def test_the_probers_delay_is_reported_small_when_quiet_and_follows_a_busy_cpu(
     # delay takes most of it: the RTT without it stays far below the RTT
     assert busy["raw_minus_prober_p90"] < 0.5 * busy["raw_p90"]
     assert busy["prober_p90"] > 0.5 * busy["raw_p90"]
+
+
+def _rc_round(lane_hosts, engine: str, op: str) -> LatencyRound:
+    a, c = lane_hosts[0], lane_hosts[2]
+    with RcPingLink(LinkParams(c.ip, PORT, bind=a.ip, engine=engine), op=op, size=64) as link:
+        return link.round(PROBES, warmup=5)
+
+
+def _rc_check(r: LatencyRound, label: str) -> dict[str, float]:
+    """An RC round's invariants (a prober delay for every RTT, inside it); µs figures."""
+    assert r.error is None, r.error
+    rtt, own = list(r.rtt_ns), list(r.prober_ns)
+    assert len(rtt) == len(own) == PROBES
+    assert all(0 <= p <= t for t, p in zip(rtt, own, strict=True))
+    wire = [t - p for t, p in zip(rtt, own, strict=True)]
+    figures = {
+        "rtt_min": min(rtt) / 1000,
+        "rtt_p50": _p(rtt, 0.5),
+        "rtt_p90": _p(rtt, 0.9),
+        "prober_min": min(own) / 1000,
+        "prober_p50": _p(own, 0.5),
+        "prober_p90": _p(own, 0.9),
+        "rtt_minus_prober_p90": _p(wire, 0.9),
+    }
+    print(f"\nRC {label}: " + ", ".join(f"{k} {v:,.1f}" for k, v in figures.items()) + " (µs)")
+    return figures
+
+
+@pytest.mark.parametrize("op", ["send", "write"])
+@pytest.mark.parametrize("engine", ["pyverbs", "native"])
+def test_rc_rounds_carry_the_probers_delay_and_it_follows_a_busy_cpu(
+    lane_hosts, responder, engine: str, op: str
+) -> None:
+    """RC has no answer that says when the responder saw the request, but the prober's
+    own lateness is the same: the time from the wait's last clock read after an empty
+    poll to the answer (probes/rdma/rc.py). Quiet, the quickest exchange has next to none;
+    with busy processes on the prober's CPU it takes most of the RTT's tail."""
+    _pin(responder.pid, {1})
+    label = f"{engine} {op}"
+    quiet = _rc_check(_rc_round(lane_hosts, engine, op), f"{label} as the lane is")
+    with busy_cpu(0):
+        busy = _rc_check(_rc_round(lane_hosts, engine, op), f"{label}, {HOGS} busy processes")
+    # the compiled loop reads the clock every 64 empty polls, the Python one at each
+    assert quiet["prober_min"] < 0.5 * quiet["rtt_min"]
+    assert busy["rtt_minus_prober_p90"] < 0.5 * busy["rtt_p90"]
+    assert busy["prober_p90"] > 0.5 * busy["rtt_p90"]
 
 
 def test_the_agents_ud_window_carries_the_probers_delay_to_the_collector(
