@@ -1,14 +1,24 @@
 """Ground truth for the attribution: a known delay on one path, KV transfers over RDMA on
-three, and the collector must rank that path first and flag it alone as fabric-bound.
+three, and the collector must rank that path first and flag it alone.
 
 Per round: `tc netem` delays one directed path; the workload (the real pipeline, kv_sink
 sessions over RC WRITE, spans through the OpenTelemetry SDK's OTLP exporter) runs over
 h0->h1, h0->h2 and h1->h2, and RC latency probes measure the same three paths halfway
 through it and after it, with the delay still on, inside the same window. The probe
-sketches and the hosts' rxe hw_counters reach the collector as the WindowReports an
-agent sends (Register, then reports through the agent API).
-Delays 2, 5 and 10 ms, each put once on every path (9 rounds); the hit rate is printed
-and must be at least 7 of 9, with at most one untouched path flagged over all rounds.
+sketches (RTTs and the prober's own delay in each) and the hosts' rxe hw_counters reach
+the collector as the WindowReports an agent sends (Register, then reports through the
+agent API). Delays 2, 5 and 10 ms, each put once on every path (9 rounds).
+
+Quiet: the lane as it is; at least 7 of 9 rounds right, at most one untouched path
+flagged (fabric-bound or faulty) over all rounds.
+
+Busy: three spinning processes share one CPU with the probers and the KV senders (Load
+says where everything else runs). Host noise then swamps the transfers and the probes'
+tails; the probes' floor, which it cannot raise, must still single out the delayed path
+in 8 of 9 rounds with no untouched path flagged, and the probers' measured delay must
+call untouched paths host-bound in at least half the rounds. The seconds from the
+delay's start to the analysis that flags it are printed (the time to detect; one
+analysis a round here, where a collector analyses every window).
 """
 
 from __future__ import annotations
@@ -309,4 +319,4 @@ def _ground_truth(lane_hosts: list[LaneHost], load: Load) -> None:
     # for a whole round, and a delay's effect on a transfer can drown in one: the test
     # holds the attribution to a hit rate, not to every single round.
     assert hits >= n - 2, f"the delayed path was found in only {hits} of {n} rounds"
-    assert false_flags <= 1, f"{false_flags} untouched paths flagged as fabric-bound"
+    assert false_flags <= 1, f"{false_flags} untouched paths flagged"

@@ -334,6 +334,14 @@ def lat(
             "(clock reads + bookkeeping, measured in this process)",
             highlight=False,
         )
+        own = res.prober_delay.summary() if res.prober_delay else None
+        if own is not None and own.count:
+            console.print(
+                f"prober delay p50 {own.p50_us:,.3f} µs, p99 {own.p99_us:,.3f} µs (still in "
+                "each RTT: how late this host can have seen each answer, from the wait's "
+                "last clock read after an empty poll)",
+                highlight=False,
+            )
         if with_tcp:
             r = out["kernel_bypass_ratio"]
             console.print(
