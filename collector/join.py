@@ -211,8 +211,8 @@ def split_kv(kv: pd.DataFrame) -> pd.DataFrame:
 # it, what it takes beyond the path's quietest prober delay is the prober end's estimate
 # in full, in place of half the prober's reference; the responder end keeps half its
 # reference (a UD RTT has the responder's processing taken out already, but not the time
-# its loop took to see the probe). A window is host-bound when the estimate is at least HOST_SHARE of what the
-# path's RTT rose above its own floor.
+# its loop took to see the probe). A window is host-bound when the estimate is at least
+# HOST_SHARE of what the path's RTT rose above its own floor.
 HOST_SHARE = 0.5
 HOST_FLOOR_S = 20e-6  # host delay below this is noise of the reference itself
 HOST_FIELDS = ["host_delay_s", "rtt_p50_net_s", "rtt_p99_net_s", "host_bound"]
