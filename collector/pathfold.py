@@ -58,6 +58,7 @@ class Folded:
 
     touched_ns: int
     keys: frozenset[PathKey]
+    hosts: frozenset[str] = frozenset()  # both ends of its paths: whose ToR labels it used
     ranked: int = 0
     # ToR pair -> [worst p99 ns, exchanges, lost, the first path's store order]
     tor: dict[TorKey, list[int]] = field(default_factory=dict)
@@ -118,6 +119,7 @@ def fold(
         ):
             out.alerts.append((v.seq, key))
     out.keys = frozenset(keys)
+    out.hosts = frozenset(tors)
     out.worst = {c: sorted(got, reverse=True)[:k] for c, got in worst.items()}
     out.lossy = sorted(lossy, reverse=True)[:k]
     return out
@@ -148,12 +150,28 @@ class PathFold:
                 )
         self.hosts[src] = kept
 
+    def relabel(self, host: str, paths: Mapping[PathKey, Ranked]) -> None:
+        """HOST's ToR label may have changed (a registration, a host let go of): fold
+        again what used it."""
+        for src, held in self.hosts.items():
+            if any(host in f.hosts for f in held):
+                self.hosts[src] = [
+                    self._again(f, f.keys, paths) if host in f.hosts else f for f in held
+                ]
+
+    def _again(self, f: Folded, keys: Iterable[PathKey], paths: Mapping[PathKey, Ranked]) -> Folded:
+        rest = sorted((k for k in keys if k in paths), key=lambda k: paths[k].seq)
+        return fold(f.touched_ns, ((k, paths[k]) for k in rest), self.tor_of, self.cfg)
+
     def forgot(
         self, keys: Iterable[PathKey], hosts: Iterable[str], paths: Mapping[PathKey, Ranked]
     ) -> None:
         """Paths (KEYS) and HOSTS the store let go of."""
+        hosts = list(hosts)
         for h in hosts:
             self.hosts.pop(h, None)
+        for h in hosts:
+            self.relabel(h, paths)
         gone = set(keys)
         for src in {k[0] for k in gone}:
             held = self.hosts.get(src)

@@ -246,9 +246,14 @@ class WindowStore:
                     raise ReportError(f"the collector holds {self.max_hosts} hosts already")
                 state = HostState(info=info, registered_ns=now, last_report_ns=now)
                 self.hosts[info.host] = state
+                moved = True
             else:
+                moved = state.info.topology != info.topology
                 state.info = info
                 state.last_report_ns = max(state.last_report_ns, now)
+            if moved:  # its ToR label is another now
+                for f in self.folds:
+                    f.relabel(info.host, self.paths)
             return state
 
     def is_stale(self, state: HostState, now_ns: int | None = None) -> bool:
