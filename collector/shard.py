@@ -35,7 +35,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,11 +59,13 @@ from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.shards import (
     DEFAULT_PREFIX,
     MAX_MEMBERS,
+    Change,
     Etcd,
     EtcdError,
     Member,
     b64,
     owner_of,
+    parse_member,
 )
 
 log = logging.getLogger("fabricprobe.collector.shard")
@@ -98,6 +102,9 @@ class ShardConfig:
     # engine spans wait this long on the shard owning their trace for the side that
     # names their path (collector/spanpath.py), then go by their own host
     span_hold_s: float = 10.0
+    # while etcd's watch stream delivers the changes, the fleet is read in full only
+    # this often (a check on the watch); without the watch, every refresh_s it moved
+    resync_s: float = 300.0
     etcd_ca_file: str = ""
     etcd_cert_file: str = ""
     etcd_key_file: str = ""
@@ -146,6 +153,13 @@ class Shard:
         self._lease = 0  # holds the member record
         self._reg_lease = 0  # holds this shard's hosts' registrations
         self._stop = threading.Event()
+        self._sync_lock = threading.RLock()  # a full read and a watch's changes, one at a time
+        self._watching = False
+        self._watch_open: list[Any] = []  # the watch's open response (stop() closes it)
+        self._read_at = 0.0  # monotonic time of the last full read
+        self.watched = 0  # changes the watch delivered
+        self.watch_restarts = 0
+        self._watcher: threading.Thread | None = None
         self._thread: threading.Thread | None = None
         self._beat: threading.Thread | None = None
         self._grant_lock = threading.Lock()
@@ -174,6 +188,8 @@ class Shard:
         self._thread.start()
         self._beat = threading.Thread(target=self._beat_loop, name="shard-beat", daemon=True)
         self._beat.start()
+        self._watcher = threading.Thread(target=self._watch_loop, name="shard-watch", daemon=True)
+        self._watcher.start()
         log.info("shard %s joined: api=%s members=%d", member.name, member.api, len(self.members))
 
     def _grant(self, etcd: Etcd | None = None) -> None:
@@ -204,7 +220,10 @@ class Shard:
         while not self._stop.wait(self.cfg.refresh_s):
             self.relay.expire()
             try:
-                self.sync()
+                if not self._watching:
+                    self.sync()
+                elif time.monotonic() - self._read_at > self.cfg.resync_s:
+                    self.sync(force=True)  # the watch's check: the whole fleet once more
                 self.republish()
             except EtcdError as e:
                 log.warning("shard %s: %s", self.member.name, e)
@@ -216,10 +235,114 @@ class Shard:
             except EtcdError as e:
                 log.warning("shard %s: %s", self.member.name, e)
 
+    def _watch_loop(self) -> None:
+        """Apply etcd's changes as its watch delivers them, from the revision of the last
+        full read on; a stream that breaks is counted, and the fleet is read in full again
+        (by the refresh loop) before the next watch starts."""
+        while not self._stop.is_set():
+            start = self._revision
+            if start < 0:  # not read yet, or the last watch broke: wait for a full read
+                self._stop.wait(min(self.cfg.refresh_s, 1.0))
+                continue
+            opened: list[Any] = []
+            self._watch_open = opened
+            try:
+                for changes in self.etcd.watch(start + 1, opened):
+                    self._watching = True
+                    if changes:
+                        self.apply(changes)
+            except EtcdError as e:
+                if self._stop.is_set():
+                    return
+                self.watch_restarts += 1
+                log.warning("shard %s: %s; reading etcd in full", self.member.name, e)
+            self._watching = False
+            with self.lock:
+                self._revision = -1
+            self._stop.wait(self.cfg.refresh_s)
+
+    def _close_watch(self) -> None:
+        """End the watch's stream from another thread (a blocked read sees its socket shut)."""
+        for resp in list(self._watch_open):
+            with contextlib.suppress(Exception):
+                fd = resp.raw._fp.fileno()  # the HTTP response's socket
+                sock = socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM)
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            with contextlib.suppress(Exception):
+                resp.close()
+
+    def apply(self, changes: list[Change]) -> None:
+        """Changes the watch delivered: member records and host registrations put or
+        deleted, checked as a full read checks them."""
+        shards_key, hosts_key = self.cfg.prefix + "shards/", self.cfg.prefix + "hosts/"
+        upserts: list[HostSpec] = []
+        removes: list[str] = []
+        with self._sync_lock:
+            local = self.local_hosts()
+            with self.lock:
+                by = {m.name: m for m in self.members}
+                moved = False
+                for ch in changes:
+                    self.watched += 1
+                    key = ch.key.decode(errors="replace")
+                    if key.startswith(shards_key):
+                        name = key[len(shards_key) :]
+                        if ch.deleted:
+                            by.pop(name, None)
+                            continue
+                        try:
+                            m = parse_member(ch.value)
+                            if m.name != name:
+                                raise ValueError("key and name differ")
+                        except ValueError:
+                            self.records_unreadable += 1
+                            continue
+                        if name in by or len(by) < MAX_MEMBERS:
+                            by[name] = m
+                    elif key.startswith(hosts_key):
+                        name = key[len(hosts_key) :]
+                        if ch.deleted:
+                            if self.fleet.pop(name, None) is not None:
+                                self.fleet_leases.pop(name, None)
+                                moved = True
+                                if name not in local:
+                                    removes.append(name)
+                            continue
+                        try:
+                            info, spec = self._registration(name, ch.value)
+                        except (DecodeError, ValueError):
+                            self.records_unreadable += 1
+                            continue
+                        if name not in self.fleet and len(self.fleet) >= MAX_HOSTS:
+                            self.records_unreadable += 1
+                            continue
+                        self.fleet[name], self.fleet_leases[name] = info, ch.lease
+                        moved = True
+                        if name not in local:
+                            upserts.append(spec)
+                self.members = tuple(sorted(by.values()))
+                if moved:
+                    self._fleet_version += 1
+            for spec in upserts:
+                self.planner.upsert(spec)
+            if removes:
+                self.planner.remove(removes)
+
+    def _registration(self, name: str, value: bytes) -> tuple[pb.HostInfo, HostSpec]:
+        """A host's registration from etcd, checked; DecodeError or ValueError when bad."""
+        if len(value) > MAX_REGISTRATION:
+            raise ValueError("registration too large")
+        info = pb.HostInfo.FromString(value)
+        if info.host != name:
+            raise ValueError("key and host differ")
+        return info, self.admit(info)
+
     def stop(self) -> None:
         """Leave: revoke the member lease so the others take this shard's hosts at once."""
         self._stop.set()
-        for t in (self._thread, self._beat):
+        self._close_watch()
+        for t in (self._thread, self._beat, self._watcher):
             if t is not None:
                 t.join(timeout=5)
         self.forwarder.stop()
@@ -254,6 +377,10 @@ class Shard:
 
     def sync(self, *, force: bool = False) -> bool:
         """Re-read members and registrations if etcd changed; True when it did."""
+        with self._sync_lock:
+            return self._sync(force)
+
+    def _sync(self, force: bool) -> bool:
         rev = self.etcd.revision()
         if rev == self._revision and not force:
             return False
@@ -266,15 +393,11 @@ class Shard:
         for key, value, lease in rows[:MAX_HOSTS]:
             name = key.decode(errors="replace").rpartition("/")[2]
             try:
-                if len(value) > MAX_REGISTRATION:
-                    raise ValueError("registration too large")
-                info = pb.HostInfo.FromString(value)
-                if info.host != name:
-                    raise ValueError("key and host differ")
-                specs.append(self.admit(info))
+                info, spec = self._registration(name, value)
             except (DecodeError, ValueError):
                 bad += 1
                 continue
+            specs.append(spec)
             fleet[name], leases[name] = info, lease
         with self.lock:
             self.members = tuple(members)
@@ -285,6 +408,7 @@ class Shard:
             self.fleet, self.fleet_leases = fleet, leases
             self.records_unreadable = bad
             self._revision = rev
+            self._read_at = time.monotonic()
         local = self.local_hosts()
         for spec in specs:
             if spec.name not in local:  # a host that registered here is planned from here
@@ -629,6 +753,11 @@ class ShardCollector:
                 "fabricprobe_shard_etcd_errors",
                 "etcd calls that failed.",
                 s.etcd.errors + (s.beat_etcd.errors if s.beat_etcd is not s.etcd else 0),
+            ),
+            CounterMetricFamily(
+                "fabricprobe_shard_etcd_watch_restarts",
+                "Times etcd's watch stream broke and the fleet was read in full again.",
+                s.watch_restarts,
             ),
             CounterMetricFamily(
                 "fabricprobe_shard_leases_lost",

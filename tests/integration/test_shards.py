@@ -614,3 +614,63 @@ def test_the_two_sides_of_disaggregated_engines_meet_on_their_paths_owner(etcd: 
     finally:
         for s in servers:
             s.stop(0)
+
+
+def test_a_shard_follows_etcd_through_its_watch_and_reads_in_full_when_it_breaks(
+    etcd: int,
+) -> None:
+    """Registrations and member records put and deleted (a lease running out among them)
+    reach the shard through etcd's watch, with no full read between; a broken stream is
+    counted, the fleet read in full, and the next watch carries on."""
+    server = CollectorServer(
+        fast_server_config(
+            shard=ShardConfig(
+                etcd=(("127.0.0.1", etcd),),
+                name="shard-w",
+                ttl_s=TTL_S,
+                refresh_s=0.25,
+                resync_s=3600.0,  # no periodic full read: only the watch can bring changes
+            )
+        )
+    )
+    server.start()
+    client = Etcd((("127.0.0.1", etcd),))
+
+    def put(key: str, value: bytes, lease: int = 0) -> None:
+        body = {"key": b64("/fabricprobe/" + key), "value": b64(value), "lease": lease}
+        client.call("put", lambda c: c.post(c.get_url("/kv/put"), json=body))
+
+    def delete(key: str) -> None:
+        body = {"key": b64("/fabricprobe/" + key)}
+        client.call("delete", lambda c: c.post(c.get_url("/kv/deleterange"), json=body))
+
+    try:
+        shard = server.shard
+        assert shard is not None
+        wait_for(lambda: shard._watching, 10, "the watch open")
+        read_at = shard._read_at
+        put("hosts/w-1", pb.HostInfo(host="w-1", addresses=["127.0.0.5"]).SerializeToString())
+        wait_for(lambda: "w-1" in shard.fleet and "w-1" in shard.planner.hosts(), 5, "w-1")
+        lease = int(
+            client.call(
+                "grant",
+                lambda c: c.post(c.get_url("/lease/grant"), json={"TTL": 2, "ID": 0})["ID"],
+            )
+        )
+        put("shards/shard-z", Member("shard-z", "127.0.0.1:4999").record(), lease)
+        wait_for(lambda: [m.name for m in shard.members] == ["shard-w", "shard-z"], 5, "shard-z")
+        put("hosts/bad", b"\xff not a registration")
+        delete("hosts/w-1")
+        wait_for(lambda: "w-1" not in shard.fleet and "w-1" not in shard.planner.hosts(), 5, "-w-1")
+        # the lease runs out (no keepalive): etcd deletes the record, the watch says so
+        wait_for(lambda: [m.name for m in shard.members] == ["shard-w"], 10, "shard-z gone")
+        assert shard._read_at == read_at and shard.records_unreadable >= 1
+        assert shard.watched >= 5 and shard.watch_restarts == 0
+        # the stream breaks: counted, the fleet read in full, a new watch
+        shard._close_watch()
+        wait_for(lambda: shard.watch_restarts == 1 and shard._read_at > read_at, 10, "a full read")
+        put("hosts/w-2", pb.HostInfo(host="w-2", addresses=["127.0.0.6"]).SerializeToString())
+        wait_for(lambda: "w-2" in shard.fleet, 10, "w-2 through the next watch")
+        assert shard.watch_restarts == 1
+    finally:
+        server.stop(0)
