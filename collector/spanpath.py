@@ -124,6 +124,7 @@ class PathRelay:
         self.max_traces, self.max_held = max_traces, max_held
         self.lock = threading.Lock()
         self.traces: OrderedDict[bytes, _Trace] = OrderedDict()
+        self.waiting: OrderedDict[bytes, None] = OrderedDict()  # traces holding spans, oldest first
         self.held = 0
 
     def add(self, trace_id: bytes, items: list[Item], frags: list[Fragment]) -> None:
@@ -144,9 +145,11 @@ class PathRelay:
                 out.append((t.host, t.held + items, "path"))
                 self.held -= len(t.held)
                 t.held, t.frags = [], []
+                self.waiting.pop(trace_id, None)
             else:
                 if not t.held:
                     t.held_since_ns = now
+                    self.waiting[trace_id] = None
                 t.held.extend(items)
                 self.held += len(items)
             out += self._bound()
@@ -158,8 +161,13 @@ class PathRelay:
         out: list[tuple[str | None, list[Item], str]] = []
         with self.lock:
             now = self.clock()
-            for t in self.traces.values():
-                if t.held and now - t.held_since_ns > self.hold_ns:
+            while self.waiting:
+                tid = next(iter(self.waiting))
+                t = self.traces.get(tid)
+                if t is not None and t.held and now - t.held_since_ns <= self.hold_ns:
+                    break  # the rest waited less
+                del self.waiting[tid]
+                if t is not None and t.held:
                     out += self._release(t)
             out += self._bound()
         for host, got, result in out:
@@ -177,7 +185,12 @@ class PathRelay:
     def _bound(self) -> list[tuple[str | None, list[Item], str]]:
         out: list[tuple[str | None, list[Item], str]] = []
         while self.traces and (len(self.traces) > self.max_traces or self.held > self.max_held):
-            _, t = self.traces.popitem(last=False)
-            if t.held:
+            if self.held > self.max_held and self.waiting:  # the longest waiting first
+                tid, _ = self.waiting.popitem(last=False)
+                t = self.traces.pop(tid, None)
+            else:
+                tid, t = self.traces.popitem(last=False)
+                self.waiting.pop(tid, None)
+            if t is not None and t.held:
                 out += self._release(t)
         return out
