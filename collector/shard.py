@@ -8,9 +8,12 @@ registers with its new owner (or the long lease runs out).
 
 One fleet-wide plan, no leader: every shard reads every host registration from etcd and
 feeds them to its own Planner. The planner is deterministic for one set of hosts, so
-each shard hands its own hosts the same assignments any other shard would. A shard
-re-reads etcd only when the store's revision moved (registrations and membership are
-the only writes), so a quiet fleet costs one small range request per `refresh_s`.
+each shard hands its own hosts the same assignments any other shard would. After one
+full read, etcd's watch stream (through its gateway) brings each change to the member
+records and registrations as it is made; the fleet is read in full again every
+`resync_s` (a check on the watch) and whenever the stream breaks (counted), and until a
+new watch is in place the shard polls the store's revision every `refresh_s` and reads
+in full when it moved.
 
 Spans reach the shard that owns their path (see `route`), the owner of the path's source
 (the prefill host of a KV transfer), one trace at a time: a trace with a
