@@ -27,6 +27,7 @@ window = st.fixed_dictionaries(
         "src": st.sampled_from(HOSTS),
         "seq": st.integers(1, 12),  # repeats are replays: touched, not counted again
         "advance_s": st.sampled_from([0, 1, 5, 12, 31]),
+        "again": st.booleans(),  # the same paths once more, listed the other way round
         "probes": st.lists(
             st.tuples(
                 st.sampled_from([*HOSTS, "far-1", "far-2"]),  # far-*: not registered here
@@ -93,25 +94,27 @@ def run(steps: list, k: int) -> None:
     plan = {"far-1": "t9"}  # the fleet's plan knows one host registered elsewhere
     folded = FabricCollector(store, detail=DetailSelector(cfg), topology=plan.get)
     walk = DetailSelector(cfg)
-    epochs = dict.fromkeys(HOSTS, 1)
     for kind, arg in steps:
         if kind == "report":
             now[0] += arg["advance_s"] * S
-            r = pb.WindowReport(
-                host=arg["src"],
-                epoch=epochs[arg["src"]],
-                seq=arg["seq"],
-                window_start_unix_ns=now[0] - 10 * S,
-                window_end_unix_ns=now[0],
-            )
-            for dst, (transport, op, size), n, lost, base, has in arg["probes"]:
-                p = r.probes.add(dst=dst, transport=transport, op=op, size=size)
-                if has:
-                    p.rtt.CopyFrom(sketch(base, n, lost))
-            try:
-                store.take(r)
-            except ValueError:  # forgotten: back again, maybe under another ToR
-                store.register(pb.HostInfo(host=arg["src"], topology=f"t{arg['seq'] % 3}"))
+            probes = arg["probes"]
+            for seq in (arg["seq"], arg["seq"] + 20)[: 1 + arg["again"]]:
+                r = pb.WindowReport(
+                    host=arg["src"],
+                    epoch=1,
+                    seq=seq,
+                    window_start_unix_ns=now[0] - 10 * S,
+                    window_end_unix_ns=now[0],
+                )
+                for dst, (transport, op, size), n, lost, base, has in probes:
+                    p = r.probes.add(dst=dst, transport=transport, op=op, size=size)
+                    if has:
+                        p.rtt.CopyFrom(sketch(base + seq, n, lost))
+                try:
+                    store.take(r)
+                except ValueError:  # forgotten: back again, maybe under another ToR
+                    store.register(pb.HostInfo(host=arg["src"], topology=f"t{seq % 3}"))
+                probes = probes[::-1]
         elif kind == "forget":
             now[0] += 15 * S
             store.forget_idle()
