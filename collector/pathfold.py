@@ -14,9 +14,10 @@ walk would have met it first, alerts in the store's order.
 
 A host's next report supersedes its previous `Folded`; a path that report did not touch
 (the plan moved a peer) stays in an older one, folded again without the moved paths. A
-ToR label is read when the report is taken; the walk read it at scrape time, through a
-cache of a minute, so either lags a re-registration that moves a host to another ToR
-(until the host's next report, here).
+registration that moves a host to another ToR, and a host let go of, fold again what
+used its label. A label the fleet's plan gives (a host registered with another shard) is
+read when the report is taken, so a change there shows from the host's next report on
+(the walk read labels through a cache of a minute).
 """
 
 from __future__ import annotations
