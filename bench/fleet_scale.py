@@ -232,6 +232,8 @@ def agent_endpoint_series(peers: int) -> int:
         acked=1,
         last_ack_unix_s=1.0,
         registered=True,
+        handoffs=0,
+        replayed=0,
         tools_missing=set(),
     )
     reg = CollectorRegistry()

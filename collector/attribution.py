@@ -157,6 +157,9 @@ class Attribution:
         self.pairs_dropped = 0  # KV host pairs beyond MAX_PAIRS, not watched
         # engine spans, linked into requests with a path (collector/linking.py)
         self.match = match or MatchConfig()
+        # a collector shard's other hosts (name, addresses): a request's decode host may
+        # report to another shard (collector/shard.py sets it)
+        self.fleet: Callable[[], list[tuple[str, list[str]]]] | None = None
         self.link_wait_s = link_wait_s  # no new fragment this long: a request is complete
         self.pair_wait_s = pair_wait_s  # ... unless it is half of a pair (PathInfo.pending)
         self.fragments: deque[Fragment] = deque(maxlen=max_records)
@@ -250,6 +253,9 @@ class Attribution:
         if self.store is not None:
             with self.store.lock:
                 hosts = [(h, list(st.info.addresses)) for h, st in self.store.hosts.items()]
+        if self.fleet is not None:
+            here = {h for h, _ in hosts}
+            hosts += [(h, a) for h, a in self.fleet() if h not in here]
         return HostDirectory(hosts, self.match)
 
     def linked(self, since_ns: int) -> list[Linked]:

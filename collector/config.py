@@ -241,6 +241,13 @@ class CollectorSettings:
         "", "This shard's name in etcd (unique).", check=Check(_label_ok, "NAME", empty_ok=True)
     )
     shard_ttl_s: int = setting(3, "Seconds a dead shard stays a member (its lease).", lo=2, hi=60)
+    shard_span_hold_s: float = setting(
+        10.0,
+        "Seconds an engine trace's spans wait, on the shard owning the trace, for the side"
+        " that names their path (then each side goes by its own host).",
+        lo=0.5,
+        hi=600,
+    )
     advertise: str = setting(
         "", "Agent API address other hosts reach this shard at.", check=PEER_OR_EMPTY
     )
@@ -273,6 +280,7 @@ class CollectorSettings:
             advertise_metrics=self.advertise_metrics,
             ttl_s=self.shard_ttl_s,
             refresh_s=1.0,
+            span_hold_s=self.shard_span_hold_s,
             prefix=self.etcd_prefix,
             token_file=self.shard_token_file,
             ca_file=self.shard_ca_file,

@@ -35,6 +35,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from fabricprobe.collector.pathfold import Folded
 from fabricprobe.collector.store import PathKey, PathStats, host_pair
 from fabricprobe.core.sketchwire import MergedSketch
 
@@ -180,7 +181,6 @@ class DetailSelector:
         collector holding 100,000 paths and more."""
         cfg = self.cfg
         fresh_after = now_ns - int(cfg.fresh_s * 1e9)
-        hold_ns = int(cfg.hold_s * 1e9)
         loss_alert, tail_factor = cfg.loss_alert, cfg.tail_factor
         fresh: list[PathKey] = []  # every path with a fresh window: what fill may take
         alerts: list[PathKey] = []
@@ -261,21 +261,104 @@ class DetailSelector:
                     add_alert(key)
             worst = [key for c in sorted(heaps) for _, key in sorted(heaps[c], reverse=True)]
             worst += [key for _, key in sorted(lossy, reverse=True)]
-            cands = [(k, "alert") for k in alerts]
-            cands += [(k, "request") for k in requested]
-            cands += [(k, "worst") for k in worst]
-            paths = choose(cands, self._held_paths, now_ns, hold_ns, cfg.max_paths, fill=fresh)
-            path_keys = paths.kept
-            host_cands = [(h, "alert") for h in alert_hosts]
-            for key in path_keys:
-                host_cands += [(key[0], "path"), (key[1], "path")]
-            hosts = choose(
-                host_cands, self._held_hosts, now_ns, hold_ns, cfg.max_hosts, fill=all_hosts
-            )
-            tors = self._tor_pairs(tor_acc, now_ns, hold_ns)
-            for kind, got in (("path", paths), ("host", hosts)):
-                for reason, n in got.dropped.items():
-                    self.dropped[kind][reason] += n
+            return self._finish(
+                now_ns, alerts, requested, worst, fresh, tor_acc, ranked, total,
+                alert_hosts, all_hosts,
+            )  # fmt: skip
+
+    def select_folded(
+        self,
+        folded: Iterable[Folded],
+        fresh: list[PathKey],
+        requested: list[PathKey],
+        total: int,
+        now_ns: int,
+        alert_hosts: Iterable[str] = (),
+        all_hosts: Iterable[str] = (),
+    ) -> Selection:
+        """select() from the paths folded as reports came (collector/pathfold.py): the
+        fresh reports' folds (one per host), the first fresh paths in the store's order
+        (at most 2 x max_paths: what fill may take), the paths of the host pairs requests
+        named in the store's order, and how many paths the store holds."""
+        k = self.cfg.worst_k
+        tor: dict[TorKey, list[int]] = {}
+        heaps: dict[tuple[str, str, int], list[tuple[int, PathKey]]] = {}
+        lossy: list[tuple[float, PathKey]] = []
+        alerts: list[tuple[int, PathKey]] = []
+        ranked = 0
+        push, replace = heapq.heappush, heapq.heapreplace
+        for f in folded:
+            ranked += f.ranked
+            for tk, (p99, sent, lost, first) in f.tor.items():
+                acc = tor.get(tk)
+                if acc is None:
+                    tor[tk] = [p99, sent, lost, first]
+                    continue
+                if p99 > acc[0]:
+                    acc[0] = p99
+                acc[1] += sent
+                acc[2] += lost
+                if first < acc[3]:
+                    acc[3] = first
+            for c, best in f.worst.items():
+                heap = heaps.get(c)
+                if heap is None:
+                    heap = heaps[c] = []
+                for item in best:  # best first: once one does not get in, none after does
+                    if len(heap) < k:
+                        push(heap, item)
+                    elif item > heap[0]:
+                        replace(heap, item)
+                    else:
+                        break
+            for loss_item in f.lossy:
+                if len(lossy) < k:
+                    push(lossy, loss_item)
+                elif loss_item > lossy[0]:
+                    replace(lossy, loss_item)
+                else:
+                    break
+            alerts += f.alerts
+        # the walk meets each ToR pair first at its first path in the store's order
+        tor_acc = {tk: acc[:3] for tk, acc in sorted(tor.items(), key=lambda kv: kv[1][3])}
+        worst = [key for c in sorted(heaps) for _, key in sorted(heaps[c], reverse=True)]
+        worst += [key for _, key in sorted(lossy, reverse=True)]
+        alerts.sort()
+        with self.lock:
+            return self._finish(
+                now_ns, [key for _, key in alerts], requested, worst, fresh, tor_acc, ranked,
+                total, alert_hosts, all_hosts,
+            )  # fmt: skip
+
+    def _finish(
+        self,
+        now_ns: int,
+        alerts: list[PathKey],
+        requested: list[PathKey],
+        worst: list[PathKey],
+        fresh: list[PathKey],
+        tor_acc: dict[TorKey, list[int]],
+        ranked: int,
+        total: int,
+        alert_hosts: Iterable[str],
+        all_hosts: Iterable[str],
+    ) -> Selection:
+        """The choice over what a walk or a fold found (called with the lock held)."""
+        cfg = self.cfg
+        hold_ns = int(cfg.hold_s * 1e9)
+        cands = [(k, "alert") for k in alerts]
+        cands += [(k, "request") for k in requested]
+        cands += [(k, "worst") for k in worst]
+        paths = choose(cands, self._held_paths, now_ns, hold_ns, cfg.max_paths, fill=fresh)
+        path_keys = paths.kept
+        host_cands = [(h, "alert") for h in alert_hosts]
+        for key in path_keys:
+            host_cands += [(key[0], "path"), (key[1], "path")]
+        hosts = choose(host_cands, self._held_hosts, now_ns, hold_ns, cfg.max_hosts, fill=all_hosts)
+        tors = self._tor_pairs(tor_acc, now_ns, hold_ns)
+        for kind, got in (("path", paths), ("host", hosts)):
+            for reason, n in got.dropped.items():
+                self.dropped[kind][reason] += n
         return Selection(
             paths=path_keys,
             hosts=hosts.kept,

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from fabricprobe.collector.auth import REFUSALS, Gate
 from fabricprobe.collector.detail import (
     HOST_REASONS,
+    MIN_BASELINE_WINDOWS,
     PATH_REASONS,
     TOR_REASONS,
     DetailSelector,
@@ -30,6 +31,7 @@ from fabricprobe.collector.detail import (
     tor_label,
 )
 from fabricprobe.collector.exposition import ScrapeStats
+from fabricprobe.collector.pathfold import FoldConfig, PathFold
 from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
 from fabricprobe.collector.store import DROPS, PathStats, StoreSnapshot, WindowStore
 from fabricprobe.core.promproto import SketchHistogramFamily
@@ -132,6 +134,13 @@ class FabricCollector(Collector):
         self.scrapes = scrapes or ScrapeStats()
         self.detail = detail or DetailSelector()
         self._topology = topology  # a host this collector does not hold (the fleet's plan)
+        d = self.detail.cfg
+        # the ranking figures, folded as reports arrive (collector/pathfold.py)
+        self.fold = PathFold(
+            self.topology,
+            FoldConfig(d.worst_k, d.loss_alert, d.tail_factor, MIN_BASELINE_WINDOWS),
+        )
+        store.add_fold(self.fold)
 
     def topology(self, host: str) -> str:
         """HOST's ToR label: its registration here, else the plan's, else 'unknown'."""
@@ -161,14 +170,19 @@ class FabricCollector(Collector):
         return out
 
     def select(self) -> Selection:
-        """This scrape's bounded detail (collector/detail.py)."""
-        store = self.store
+        """This scrape's bounded detail (collector/detail.py), from the figures folded as
+        reports came (collector/pathfold.py): no walk over every path."""
+        store, cfg = self.store, self.detail.cfg
         now = store.clock()
-        named = store.named_since(now - int(self.detail.cfg.hold_s * 1e9))
+        named = store.named_since(now - int(cfg.hold_s * 1e9))
+        since = now - int(cfg.fresh_s * 1e9)
+        fresh, total = store.fresh_paths(since, 2 * cfg.max_paths)
+        requested = store.paths_of_pairs(named) if named else []
         with store.lock:
             hosts = list(store.hosts)
-        return self.detail.select(
-            store.path_views(), now, self.topology, named, self.alert_hosts(), hosts
+            folded = self.fold.fresh(since)
+        return self.detail.select_folded(
+            folded, fresh, requested, total, now, self.alert_hosts(), hosts
         )
 
     def describe(self) -> Iterator[Metric]:

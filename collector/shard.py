@@ -8,17 +8,24 @@ registers with its new owner (or the long lease runs out).
 
 One fleet-wide plan, no leader: every shard reads every host registration from etcd and
 feeds them to its own Planner. The planner is deterministic for one set of hosts, so
-each shard hands its own hosts the same assignments any other shard would. A shard
-re-reads etcd only when the store's revision moved (registrations and membership are
-the only writes), so a quiet fleet costs one small range request per `refresh_s`.
+each shard hands its own hosts the same assignments any other shard would. After one
+full read, etcd's watch stream (through its gateway) brings each change to the member
+records and registrations as it is made; the fleet is read in full again every
+`resync_s` (a check on the watch) and whenever the stream breaks (counted), and until a
+new watch is in place the shard polls the store's revision every `refresh_s` and reads
+in full when it moved.
 
-Spans reach the shard that owns their path (see `route`): spans of one trace go
-together, to the owner of the host the trace names first — the `fabricprobe.src.host`
-of a span (the prefill side of a KV transfer), else the host that the resource
-attributes of the trace's first resource name, matched as the attribution matches them.
-A trace that names no known host stays where it arrived. Forwarding is a bounded queue
-drained by one thread, with a drop counter; a forwarded request carries the resource
-attribute `fabricprobe.forwarded` and is never forwarded again.
+Spans reach the shard that owns their path (see `route`), the owner of the path's source
+(the prefill host of a KV transfer), one trace at a time: a trace with a
+`fabricprobe.src.host` goes to that host's owner; an engine trace (vLLM, SGLang, Dynamo,
+llm-d spans) goes first to the shard that owns its trace id, which gathers its sides
+until one says where the path starts and then sends them all to that host's owner
+(collector/spanpath.py; each side alone goes by its own host after `span_hold_s`);
+other spans go to the owner of the host their resource names, matched as the
+attribution matches them. A trace that names no known host stays where it arrived.
+Forwarding is a bounded queue drained by one thread, with a drop counter; a request
+sent to a path's owner carries the resource attribute `fabricprobe.forwarded` and is
+never forwarded again (one sent to a trace's owner carries `fabricprobe.relayed`).
 
 A shard takes any host that registers or reports to it (agents choose their owner; a
 refusal would only strand a host whose view of the members lags), and lets go of a host
@@ -31,7 +38,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,17 +53,22 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fabricprobe.collector.assign import HostSpec, Planner
+from fabricprobe.collector.engines import Fragment
 from fabricprobe.collector.linking import HostDirectory, MatchConfig
+from fabricprobe.collector.otlp import BatchRefused, resource_attributes
+from fabricprobe.collector.spanpath import ROUTE_RESULTS, Item, PathRelay, engine_fragment
 from fabricprobe.collector.store import MAX_HOSTS, HostState, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.shards import (
     DEFAULT_PREFIX,
     MAX_MEMBERS,
+    Change,
     Etcd,
     EtcdError,
     Member,
     b64,
     owner_of,
+    parse_member,
 )
 
 log = logging.getLogger("fabricprobe.collector.shard")
@@ -63,6 +77,8 @@ MAX_REGISTRATION = 64 << 10  # bytes of one host's registration in etcd
 MAX_FORWARD_QUEUE = 256  # OTLP requests waiting to be forwarded; beyond it they are dropped
 FORWARD_TIMEOUT_S = 5.0
 FORWARDED = "fabricprobe.forwarded"  # resource attribute of a forwarded request
+RELAYED = "fabricprobe.relayed"  # ... of one sent to the shard that gathers its traces
+Group = tuple[int, int, int]  # (batch, resource, scope) of a span
 SRC_HOST = "fabricprobe.src.host"
 FORWARD_RESULTS = ("sent", "queue_full", "failed")
 
@@ -86,6 +102,12 @@ class ShardConfig:
     cert_file: str = ""
     key_file: str = ""
     server_name: str = ""
+    # engine spans wait this long on the shard owning their trace for the side that
+    # names their path (collector/spanpath.py), then go by their own host
+    span_hold_s: float = 10.0
+    # while etcd's watch stream delivers the changes, the fleet is read in full only
+    # this often (a check on the watch); without the watch, every refresh_s it moved
+    resync_s: float = 300.0
     etcd_ca_file: str = ""
     etcd_cert_file: str = ""
     etcd_key_file: str = ""
@@ -134,10 +156,24 @@ class Shard:
         self._lease = 0  # holds the member record
         self._reg_lease = 0  # holds this shard's hosts' registrations
         self._stop = threading.Event()
+        self._sync_lock = threading.RLock()  # a full read and a watch's changes, one at a time
+        self._watching = False
+        self._watch_open: list[Any] = []  # the watch's open response (stop() closes it)
+        self._read_at = 0.0  # monotonic time of the last full read
+        self.watched = 0  # changes the watch delivered
+        self.watch_restarts = 0
+        self._watcher: threading.Thread | None = None
         self._thread: threading.Thread | None = None
         self._beat: threading.Thread | None = None
         self._grant_lock = threading.Lock()
         self.forwarder = Forwarder(cfg)
+        self._fleet_version = 0
+        self._directory: tuple[int, HostDirectory] | None = None
+        self._batches = 0
+        self.routed = dict.fromkeys(ROUTE_RESULTS, 0)  # spans, by how their shard was found
+        # where spans this shard keeps after gathering them go (TraceIngest.export_local)
+        self.local: Callable[[Any], object] | None = None
+        self.relay = PathRelay(self._emit, self.directory, store.clock, hold_s=cfg.span_hold_s)
         # counted for /metrics (ShardCollector)
         self.leases_lost = 0
         self.records_unreadable = 0  # member or host records in etcd, at the last read
@@ -155,6 +191,8 @@ class Shard:
         self._thread.start()
         self._beat = threading.Thread(target=self._beat_loop, name="shard-beat", daemon=True)
         self._beat.start()
+        self._watcher = threading.Thread(target=self._watch_loop, name="shard-watch", daemon=True)
+        self._watcher.start()
         log.info("shard %s joined: api=%s members=%d", member.name, member.api, len(self.members))
 
     def _grant(self, etcd: Etcd | None = None) -> None:
@@ -183,8 +221,12 @@ class Shard:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.cfg.refresh_s):
+            self.relay.expire()
             try:
-                self.sync()
+                if not self._watching:
+                    self.sync()
+                elif time.monotonic() - self._read_at > self.cfg.resync_s:
+                    self.sync(force=True)  # the watch's check: the whole fleet once more
                 self.republish()
             except EtcdError as e:
                 log.warning("shard %s: %s", self.member.name, e)
@@ -196,10 +238,114 @@ class Shard:
             except EtcdError as e:
                 log.warning("shard %s: %s", self.member.name, e)
 
+    def _watch_loop(self) -> None:
+        """Apply etcd's changes as its watch delivers them, from the revision of the last
+        full read on; a stream that breaks is counted, and the fleet is read in full again
+        (by the refresh loop) before the next watch starts."""
+        while not self._stop.is_set():
+            start = self._revision
+            if start < 0:  # not read yet, or the last watch broke: wait for a full read
+                self._stop.wait(min(self.cfg.refresh_s, 1.0))
+                continue
+            opened: list[Any] = []
+            self._watch_open = opened
+            try:
+                for changes in self.etcd.watch(start + 1, opened):
+                    self._watching = True
+                    if changes:
+                        self.apply(changes)
+            except EtcdError as e:
+                if self._stop.is_set():
+                    return
+                self.watch_restarts += 1
+                log.warning("shard %s: %s; reading etcd in full", self.member.name, e)
+            self._watching = False
+            with self.lock:
+                self._revision = -1
+            self._stop.wait(self.cfg.refresh_s)
+
+    def _close_watch(self) -> None:
+        """End the watch's stream from another thread (a blocked read sees its socket shut)."""
+        for resp in list(self._watch_open):
+            with contextlib.suppress(Exception):
+                fd = resp.raw._fp.fileno()  # the HTTP response's socket
+                sock = socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM)
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            with contextlib.suppress(Exception):
+                resp.close()
+
+    def apply(self, changes: list[Change]) -> None:
+        """Changes the watch delivered: member records and host registrations put or
+        deleted, checked as a full read checks them."""
+        shards_key, hosts_key = self.cfg.prefix + "shards/", self.cfg.prefix + "hosts/"
+        upserts: list[HostSpec] = []
+        removes: list[str] = []
+        with self._sync_lock:
+            local = self.local_hosts()
+            with self.lock:
+                by = {m.name: m for m in self.members}
+                moved = False
+                for ch in changes:
+                    self.watched += 1
+                    key = ch.key.decode(errors="replace")
+                    if key.startswith(shards_key):
+                        name = key[len(shards_key) :]
+                        if ch.deleted:
+                            by.pop(name, None)
+                            continue
+                        try:
+                            m = parse_member(ch.value)
+                            if m.name != name:
+                                raise ValueError("key and name differ")
+                        except ValueError:
+                            self.records_unreadable += 1
+                            continue
+                        if name in by or len(by) < MAX_MEMBERS:
+                            by[name] = m
+                    elif key.startswith(hosts_key):
+                        name = key[len(hosts_key) :]
+                        if ch.deleted:
+                            if self.fleet.pop(name, None) is not None:
+                                self.fleet_leases.pop(name, None)
+                                moved = True
+                                if name not in local:
+                                    removes.append(name)
+                            continue
+                        try:
+                            info, spec = self._registration(name, ch.value)
+                        except (DecodeError, ValueError):
+                            self.records_unreadable += 1
+                            continue
+                        if name not in self.fleet and len(self.fleet) >= MAX_HOSTS:
+                            self.records_unreadable += 1
+                            continue
+                        self.fleet[name], self.fleet_leases[name] = info, ch.lease
+                        moved = True
+                        if name not in local:
+                            upserts.append(spec)
+                self.members = tuple(sorted(by.values()))
+                if moved:
+                    self._fleet_version += 1
+            for spec in upserts:
+                self.planner.upsert(spec)
+            if removes:
+                self.planner.remove(removes)
+
+    def _registration(self, name: str, value: bytes) -> tuple[pb.HostInfo, HostSpec]:
+        """A host's registration from etcd, checked; DecodeError or ValueError when bad."""
+        if len(value) > MAX_REGISTRATION:
+            raise ValueError("registration too large")
+        info = pb.HostInfo.FromString(value)
+        if info.host != name:
+            raise ValueError("key and host differ")
+        return info, self.admit(info)
+
     def stop(self) -> None:
         """Leave: revoke the member lease so the others take this shard's hosts at once."""
         self._stop.set()
-        for t in (self._thread, self._beat):
+        self._close_watch()
+        for t in (self._thread, self._beat, self._watcher):
             if t is not None:
                 t.join(timeout=5)
         self.forwarder.stop()
@@ -234,6 +380,10 @@ class Shard:
 
     def sync(self, *, force: bool = False) -> bool:
         """Re-read members and registrations if etcd changed; True when it did."""
+        with self._sync_lock:
+            return self._sync(force)
+
+    def _sync(self, force: bool) -> bool:
         rev = self.etcd.revision()
         if rev == self._revision and not force:
             return False
@@ -246,21 +396,22 @@ class Shard:
         for key, value, lease in rows[:MAX_HOSTS]:
             name = key.decode(errors="replace").rpartition("/")[2]
             try:
-                if len(value) > MAX_REGISTRATION:
-                    raise ValueError("registration too large")
-                info = pb.HostInfo.FromString(value)
-                if info.host != name:
-                    raise ValueError("key and host differ")
-                specs.append(self.admit(info))
+                info, spec = self._registration(name, value)
             except (DecodeError, ValueError):
                 bad += 1
                 continue
+            specs.append(spec)
             fleet[name], leases[name] = info, lease
         with self.lock:
             self.members = tuple(members)
+            if fleet.keys() != self.fleet.keys() or any(
+                list(fleet[h].addresses) != list(self.fleet[h].addresses) for h in fleet
+            ):
+                self._fleet_version += 1
             self.fleet, self.fleet_leases = fleet, leases
             self.records_unreadable = bad
             self._revision = rev
+            self._read_at = time.monotonic()
         local = self.local_hosts()
         for spec in specs:
             if spec.name not in local:  # a host that registered here is planned from here
@@ -293,6 +444,7 @@ class Shard:
         with self.lock:
             self.fleet[info.host] = info
             self.fleet_leases[info.host] = self._reg_lease
+            self._fleet_version += 1
 
     def republish(self) -> None:
         """Registrations held here that etcd lacks (an outage, or a lease run out)."""
@@ -348,87 +500,145 @@ class Shard:
         names |= self.local_hosts()
         return sum(1 for h in names if owner_of(h, members) == self.member)
 
-    def directory(self) -> HostDirectory:
+    def fleet_addresses(self) -> list[tuple[str, list[str]]]:
+        """(host, addresses) of every registration in etcd."""
         with self.lock:
-            hosts = [(h, list(i.addresses)) for h, i in self.fleet.items()]
-        return HostDirectory(hosts, self.match)
+            return [(h, list(i.addresses)) for h, i in self.fleet.items()]
+
+    def directory(self) -> HostDirectory:
+        """The fleet's hosts and addresses (kept until the fleet changes)."""
+        with self.lock:
+            if self._directory is None or self._directory[0] != self._fleet_version:
+                hosts = [(h, list(i.addresses)) for h, i in self.fleet.items()]
+                self._directory = (self._fleet_version, HostDirectory(hosts, self.match))
+            return self._directory[1]
 
     def route(self, request: ts_pb.ExportTraceServiceRequest) -> tuple[Any, int]:
-        """(the part of REQUEST this shard keeps, spans handed to the forwarder)."""
+        """(the part of REQUEST this shard keeps, spans handed on: forwarded, or gathered
+        under their trace until their path is known)."""
         with self.lock:
             members = self.members
         if len(members) < 2:
             return request, 0
-        owners = self._trace_owners(request, members)
-        if not owners or all(m == self.member for m in owners.values()):
-            return request, 0
-        keep = ts_pb.ExportTraceServiceRequest()
-        out: dict[Member, ts_pb.ExportTraceServiceRequest] = {}
+        self.relay.expire()
+        relayed = False
         for rs in request.resource_spans:
-            parts: dict[Member | None, Any] = {}
-            for ss in rs.scope_spans:
+            for a in rs.resource.attributes:
+                if a.key == FORWARDED:
+                    return request, 0  # forwarded once already: kept wherever it landed
+                relayed = relayed or a.key == RELAYED
+        traces: dict[bytes, list[tuple[Any, Any, Any, Fragment | None, Group]]] = {}
+        with self.lock:
+            self._batches += 1
+            batch = self._batches
+        for i, rs in enumerate(request.resource_spans):
+            res = resource_attributes(rs)
+            for j, ss in enumerate(rs.scope_spans):
                 for span in ss.spans:
-                    m = owners.get(bytes(span.trace_id))
-                    dest = None if m is None or m == self.member else m
-                    if dest not in parts:
-                        target = (
-                            keep
-                            if dest is None
-                            else out.setdefault(dest, ts_pb.ExportTraceServiceRequest())
-                        )
-                        new_rs = target.resource_spans.add()
-                        new_rs.resource.CopyFrom(rs.resource)
-                        new_rs.schema_url = rs.schema_url
-                        if dest is not None:
-                            attr = new_rs.resource.attributes.add()
-                            attr.key, attr.value.string_value = FORWARDED, self.member.name
-                        parts[dest] = (new_rs, {})
-                    new_rs, scopes = parts[dest]
-                    sid = id(ss)
-                    if sid not in scopes:
-                        new_ss = new_rs.scope_spans.add()
-                        new_ss.scope.CopyFrom(ss.scope)
-                        new_ss.schema_url = ss.schema_url
-                        scopes[sid] = new_ss
-                    scopes[sid].spans.append(span)
-        sent = 0
-        for m, req in out.items():
-            n = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
-            self.forwarder.put(m, req, n)
-            sent += n
-        return keep, sent
-
-    def _trace_owners(self, request: Any, members: tuple[Member, ...]) -> dict[bytes, Member]:
-        hosts: dict[bytes, str] = {}
+                    frag = engine_fragment(span, res, ss.scope.name)
+                    traces.setdefault(bytes(span.trace_id), []).append(
+                        (rs, ss, span, frag, (batch, i, j))
+                    )
+        keep: list[Item] = []
+        out: dict[Member, list[Item]] = {}  # to the shards that gather these traces
+        final: dict[Member, list[Item]] = {}  # to the shards that own these paths
+        gathered = 0
         directory: HostDirectory | None = None
-        for rs in request.resource_spans:
-            res = {a.key: a.value.string_value for a in rs.resource.attributes}
-            if FORWARDED in res:
-                return {}  # forwarded once already: kept wherever it landed
-            resource_host: str | None = None
-            looked = False
-            for ss in rs.scope_spans:
-                for span in ss.spans:
-                    tid = bytes(span.trace_id)
-                    for a in span.attributes:
-                        if a.key == SRC_HOST and a.value.string_value:
-                            hosts[tid] = a.value.string_value  # the prefill side wins
-                    if tid in hosts:
-                        continue
-                    if not looked:
-                        looked = True
-                        if directory is None:
-                            directory = self.directory()
-                        hints = [(k, v) for k, v in res.items() if v]
-                        resource_host, _ = directory.resolve(hints)
-                    if resource_host is not None:
-                        hosts.setdefault(tid, resource_host)
-        owners = {}
-        for tid, host in hosts.items():
-            m = owner_of(host, members)
-            if m is not None:
-                owners[tid] = m
-        return owners
+        for tid, spans in traces.items():
+            items = [_item(rs, ss, span, frag, g) for rs, ss, span, frag, g in spans]
+            src = next(
+                (
+                    a.value.string_value
+                    for _, _, span, _, _ in spans
+                    for a in span.attributes
+                    if a.key == SRC_HOST and a.value.string_value
+                ),
+                None,
+            )
+            frags = [f for _, _, _, f, _ in spans if f is not None]
+            if src is None and frags:
+                key = owner_of("trace:" + tid.hex(), members)
+                if relayed or key is None or key == self.member:
+                    self.relay.add(tid, items, frags)
+                else:  # to the shard that gathers this trace
+                    out.setdefault(key, []).extend(items)
+                gathered += len(items)
+                continue
+            if src is None:
+                if directory is None:
+                    directory = self.directory()
+                hints = [(k, v) for k, v in _resource_hints(spans[0][0]) if v]
+                src = directory.resolve(hints)[0]
+                result = "resource"
+            else:
+                result = "src_host"
+            m = owner_of(src, members) if src is not None else None
+            if m is None or m == self.member:
+                keep += items
+            else:
+                self._count(result, len(items))
+                final.setdefault(m, []).extend(items)
+                gathered += len(items)
+        for mark, by in ((FORWARDED, final), (RELAYED, out)):
+            for m, got in by.items():
+                self.forwarder.put(m, _request(got, mark, self.member.name), len(got))
+        if not out and gathered == 0:
+            return request, 0
+        return _request(keep), gathered
+
+    def _emit(self, host: str | None, items: list[Item], result: str) -> None:
+        """Where the relay decided ITEMS go: the owner of HOST, or here."""
+        if not items:
+            return
+        self._count(result, len(items))
+        with self.lock:
+            m = owner_of(host, self.members) if host is not None else None
+        if m is None or m == self.member:
+            if self.local is not None:
+                try:
+                    self.local(_request(items))
+                except BatchRefused as e:
+                    log.warning("spans gathered here refused: %s", e)
+            return
+        self.forwarder.put(m, _request(items, FORWARDED, self.member.name), len(items))
+
+    def _count(self, result: str, n: int) -> None:
+        with self.lock:
+            self.routed[result] += n
+
+
+def _resource_hints(rs: Any) -> list[tuple[str, str]]:
+    return [(a.key, a.value.string_value) for a in rs.resource.attributes]
+
+
+def _item(rs: Any, ss: Any, span: Any, frag: Fragment | None, group: Group) -> Item:
+    hints = frag.hosts if frag else ()
+    return Item(rs.resource, rs.schema_url, ss.scope, ss.schema_url, span, hints, group)
+
+
+def _request(items: list[Item], mark: str = "", sender: str = "") -> Any:
+    """ITEMS as one OTLP request, grouped by their resource and scope as they came; MARK
+    (with SENDER) is added to every resource."""
+    req = ts_pb.ExportTraceServiceRequest()
+    resources: dict[tuple[int, int], Any] = {}
+    scopes: dict[Group, Any] = {}
+    for it in items:
+        rid = it.group[:2]
+        new_rs = resources.get(rid)
+        if new_rs is None:
+            new_rs = resources[rid] = req.resource_spans.add()
+            new_rs.resource.CopyFrom(it.resource)
+            new_rs.schema_url = it.schema_url
+            if mark:
+                attr = new_rs.resource.attributes.add()
+                attr.key, attr.value.string_value = mark, sender
+        new_ss = scopes.get(it.group)
+        if new_ss is None:
+            new_ss = scopes[it.group] = new_rs.scope_spans.add()
+            new_ss.scope.CopyFrom(it.scope)
+            new_ss.schema_url = it.scope_url
+        new_ss.spans.append(it.span)
+    return req
 
 
 def _read(path: str) -> bytes:
@@ -548,6 +758,11 @@ class ShardCollector:
                 s.etcd.errors + (s.beat_etcd.errors if s.beat_etcd is not s.etcd else 0),
             ),
             CounterMetricFamily(
+                "fabricprobe_shard_etcd_watch_restarts",
+                "Times etcd's watch stream broke and the fleet was read in full again.",
+                s.watch_restarts,
+            ),
+            CounterMetricFamily(
                 "fabricprobe_shard_leases_lost",
                 "Times this shard's lease ran out and it joined again.",
                 s.leases_lost,
@@ -567,4 +782,23 @@ class ShardCollector:
             for result, n in s.forwarder.spans.items():
                 fwd.add_metric([result], n)
         out.append(fwd)
+        routed = CounterMetricFamily(
+            "fabricprobe_shard_routed_spans",
+            "Spans whose shard this one found, by how: a KV span's source host, the path its"
+            " engine trace names, unpaired (no side named the path: its own host), or the"
+            " host its resource names.",
+            labels=["by"],
+        )
+        with s.lock:
+            for by, n in s.routed.items():
+                routed.add_metric([by], n)
+        out.append(routed)
+        out.append(
+            GaugeMetricFamily(
+                "fabricprobe_shard_spans_waiting",
+                "Engine spans waiting on this shard for the side of their trace that names"
+                " their path.",
+                s.relay.held,
+            )
+        )
         return out

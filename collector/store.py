@@ -18,6 +18,7 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from fabricprobe.collector.pathfold import PathFold
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
 from fabricprobe.probes.errors import ParseError
@@ -95,6 +96,7 @@ class PathStats:
     # UD: the prober's own delay in the newest window's RTTs, None without one (never
     # changed once taken, like last_rtt)
     last_prober_delay: MergedSketch | None = None
+    seq: int = 0  # the store's order: paths made earlier have lower numbers
 
     @property
     def last_prober_delay_ns(self) -> int | None:
@@ -224,6 +226,10 @@ class WindowStore:
         self.fleet: dict[tuple[str, str, int], MergedSketch] = {}
         # host_pair() -> collector clock when a request's KV transfer last named it
         self.named: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._path_seq = 0
+        # told of every report's paths and of paths let go, under the lock: the ranking
+        # figures folded as reports arrive (collector/pathfold.py)
+        self.folds: list[PathFold] = []
 
     # -- hosts --------------------------------------------------------------------------
 
@@ -240,9 +246,14 @@ class WindowStore:
                     raise ReportError(f"the collector holds {self.max_hosts} hosts already")
                 state = HostState(info=info, registered_ns=now, last_report_ns=now)
                 self.hosts[info.host] = state
+                moved = True
             else:
+                moved = state.info.topology != info.topology
                 state.info = info
                 state.last_report_ns = max(state.last_report_ns, now)
+            if moved:  # its ToR label is another now
+                for f in self.folds:
+                    f.relabel(info.host, self.paths)
             return state
 
     def is_stale(self, state: HostState, now_ns: int | None = None) -> bool:
@@ -268,6 +279,7 @@ class WindowStore:
             ]
             for name in gone:
                 del self.hosts[name]
+            old_paths: list[PathKey] = []
             # a path or counter no window has touched for forget_after goes too (its
             # host's bound frees up): a host that probes new peers does not pile up old ones
             idle = now - int(self.forget_after * 1e9)
@@ -291,6 +303,9 @@ class WindowStore:
                 del self.counters[ck]
                 if (h := self.hosts.get(ck[0])) is not None:
                     h.counters -= 1
+            if old_paths or gone:
+                for f in self.folds:
+                    f.forgot(old_paths, gone, self.paths)
             return gone
 
     # -- reports ------------------------------------------------------------------------
@@ -343,8 +358,11 @@ class WindowStore:
             end = report.window_end_unix_ns
             windows: list[tuple[PathKey, MergedSketch]] = []
             delays: dict[PathKey, MergedSketch] = {}
+            touched: list[PathKey] = []
             for w, sketch, prober in zip(report.probes, sketches, probers, strict=True):
                 key = self._merge_probe(state, end, order, now, w, sketch, prober)
+                if key is not None:
+                    touched.append(key)
                 if key is not None and sketch is not None and sketch.kind == "rtt":
                     windows.append((key, sketch))
                     if prober is not None:
@@ -354,6 +372,9 @@ class WindowStore:
                 updated = self._merge_counter(state, end, order, now, c)
                 if updated is not None:
                     rates.append(updated)
+            if touched:
+                for f in self.folds:
+                    f.taken(report.host, now, touched, self.paths)
             for listener in self.listeners:
                 listener.report_taken(end, windows, rates, delays)
             return TakeResult(False, len(report.probes), len(report.counters))
@@ -434,7 +455,8 @@ class WindowStore:
             if state.paths >= self.max_paths_per_host:
                 self.dropped["path"] += 1
                 return None
-            stats = self.paths[key] = PathStats()
+            stats = self.paths[key] = PathStats(seq=self._path_seq)
+            self._path_seq += 1
             state.paths += 1
             self._pair_paths.setdefault(host_pair(src, w.dst), []).append(key)
         stats.windows += 1
@@ -576,6 +598,30 @@ class WindowStore:
         window newer than the one it read the other field of."""
         with self.lock:
             return list(self.paths.items())
+
+    def add_fold(self, fold: PathFold) -> None:
+        """Keep FOLD up to date from now on, with what the store holds already."""
+        with self.lock:
+            fold.rebuild(self.paths)
+            self.folds.append(fold)
+
+    def fresh_paths(self, since_ns: int, limit: int) -> tuple[list[PathKey], int]:
+        """(the first LIMIT paths touched at or after SINCE_NS, in the store's order; how
+        many paths the store holds)."""
+        out: list[PathKey] = []
+        with self.lock:
+            for key, v in self.paths.items():
+                if v.touched_ns >= since_ns:
+                    out.append(key)
+                    if len(out) >= limit:
+                        break
+            return out, len(self.paths)
+
+    def paths_of_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[PathKey]:
+        """The paths of the host pairs PAIRS (host_pair() order), in the store's order."""
+        with self.lock:
+            got = {k for p in pairs for k in self._pair_paths.get(p, ()) if k in self.paths}
+            return sorted(got, key=lambda k: self.paths[k].seq)
 
     def copy_paths(self, keys: Iterable[PathKey]) -> dict[PathKey, PathStats]:
         """Copies of the paths of KEYS still held (the ones the export shows in full)."""

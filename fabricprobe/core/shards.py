@@ -20,7 +20,7 @@ import base64
 import hashlib
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ MAX_RECORD = 1024  # bytes of one member record
 MAX_NAME = 128
 MAX_ENDPOINTS = 8
 PAGE = 500  # keys per range request
+MAX_WATCH_LINE = 64 << 20  # bytes of one watch answer (many host registrations at once)
 
 
 class EtcdError(Exception):
@@ -135,6 +136,7 @@ class Etcd:
         import etcd3gw  # here: only etcd users pay for importing requests
 
         self.prefix = prefix
+        self.timeout = timeout
         protocol = "https" if ca_file else "http"
         self._clients = [
             etcd3gw.Etcd3Client(
@@ -216,6 +218,54 @@ class Etcd:
             start = out[-1][0] + b"\0"  # the next key after the last one read
         return out
 
+    def watch(self, start_revision: int, opened: list[Any]) -> Iterator[list[Change]]:
+        """Batches of the changes under the prefix from START_REVISION on, as etcd's
+        watch stream (through the gateway) delivers them (an empty one first, once the
+        watch is in place), until it ends: then EtcdError
+        (a broken stream, a compacted revision, etcd gone). The open response is put in
+        OPENED, so that another thread can close it to stop the watch."""
+        import requests
+
+        body: dict[str, Any] = {
+            "create_request": {
+                "key": b64(self.prefix),
+                "range_end": b64(prefix_end(self.prefix)),
+                "start_revision": start_revision,
+            }
+        }
+        last = ""
+        with self._lock:
+            clients = list(self._clients)
+        for c in clients:
+            try:  # no read timeout: a quiet fleet sends nothing for as long as it is quiet
+                resp = c.session.post(
+                    c.get_url("/watch"), json=body, stream=True, timeout=(self.timeout, None)
+                )
+                resp.raise_for_status()
+            except requests.RequestException as e:
+                last = f"{c.host}:{c.port}: {type(e).__name__}: {str(e)[:200]}"
+                continue
+            opened.append(resp)
+            try:
+                for line in _lines(resp.iter_content(chunk_size=None)):
+                    doc = json.loads(line)
+                    res = doc.get("result") if isinstance(doc, dict) else None
+                    if not isinstance(res, dict):
+                        raise EtcdError(f"etcd watch: {str(doc)[:200]}")
+                    if int(res.get("compact_revision", 0) or 0) > 0 or res.get("canceled"):
+                        raise EtcdError(f"etcd watch cancelled: {str(res)[:200]}")
+                    got = [_change(ev) for ev in res.get("events", ())]
+                    if got or res.get("created"):
+                        yield got  # [] first: the watch is in place
+            except (requests.RequestException, ValueError, KeyError, TypeError) as e:
+                raise EtcdError(f"etcd watch: {type(e).__name__}: {str(e)[:200]}") from None
+            finally:
+                resp.close()
+            raise EtcdError("etcd watch: the stream ended")
+        with self._lock:
+            self.errors += 1
+        raise EtcdError(f"etcd watch: {last}")
+
     def members(self, *, serializable: bool = False) -> tuple[list[Member], int]:
         """(live members sorted by name, records that could not be read)."""
         rows = self.read_prefix("shards/", MAX_MEMBERS + 1, serializable=serializable)
@@ -227,6 +277,39 @@ class Etcd:
             except ValueError:
                 bad += 1
         return sorted(out), bad
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key changed under the prefix, as a watch delivers it."""
+
+    deleted: bool
+    key: bytes
+    value: bytes
+    lease: int
+    revision: int
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The newline-ended answers of a watch stream, whatever its chunks cut them into."""
+    held = b""
+    for chunk in chunks:
+        held += chunk
+        *done, held = held.split(b"\n")
+        yield from (line for line in done if line.strip())
+        if len(held) > MAX_WATCH_LINE:
+            raise EtcdError(f"etcd watch: an answer of over {MAX_WATCH_LINE} bytes")
+
+
+def _change(ev: dict[str, Any]) -> Change:
+    kv = ev["kv"]
+    return Change(
+        ev.get("type") == "DELETE",
+        unb64(kv["key"]),
+        unb64(kv.get("value", "")),
+        int(kv.get("lease", 0)),
+        int(kv.get("mod_revision", 0)),
+    )
 
 
 def b64(text: str | bytes) -> str:

@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -423,3 +424,253 @@ def test_a_shard_whose_leases_ran_out_joins_again_with_its_hosts(etcd: int) -> N
     finally:
         server.stop(0)
     assert client.members()[0] == []  # a graceful stop leaves at once
+
+
+def sdk_provider(endpoint: str, host: str, service: str) -> Any:
+    """An engine process's tracer provider: OTLP/gRPC to ENDPOINT, each span exported on
+    its own (the hardest case for routing: no span sees its neighbours)."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    p = TracerProvider(resource=Resource.create({"service.name": service, "host.name": host}))
+    p.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True)))
+    return p
+
+
+def vllm_pair(pre: Any, dec: Any, t: int, rid: str, *, prefill: bool = True) -> None:
+    """vLLM 0.32 behind a prefill/decode proxy that forwards `traceparent`: each side's
+    `llm_request` (tests/unit/test_engines.py's attributes), the prefill call asking for
+    one token."""
+    import secrets as _secrets
+
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    ctx = trace.set_span_in_context(
+        NonRecordingSpan(
+            SpanContext(
+                int.from_bytes(_secrets.token_bytes(16)),
+                int.from_bytes(_secrets.token_bytes(8)),
+                is_remote=True,
+                trace_flags=TraceFlags(1),
+            )
+        )
+    )
+    common = {"gen_ai.request.id": rid, "gen_ai.usage.prompt_tokens": 32}
+    sides = [(dec, 100, 0.03, 9, 16)]
+    if prefill:
+        sides.insert(0, (pre, 0, 0.002, 1, 1))
+    for provider, off_ms, queue, out, max_tokens in sides:
+        s = provider.get_tracer("vllm.api_server").start_span(
+            "llm_request",
+            context=ctx,
+            start_time=t + off_ms * MS,
+            attributes={
+                **common,
+                "gen_ai.request.max_tokens": max_tokens,
+                "gen_ai.latency.time_in_queue": queue,
+                "gen_ai.latency.time_in_model_prefill": 0.01,
+                "gen_ai.latency.time_in_model_decode": 0.02,
+                "gen_ai.latency.time_to_first_token": queue + 0.01,
+                "gen_ai.latency.e2e": queue + 0.03,
+                "gen_ai.usage.completion_tokens": out,
+            },
+        )
+        s.end(end_time=t + off_ms * MS + int((queue + 0.03) * 1e9))
+
+
+MS = 1_000_000
+
+
+def test_the_two_sides_of_disaggregated_engines_meet_on_their_paths_owner(etcd: int) -> None:
+    """vLLM, SGLang, Dynamo and llm-d request sides, each sent by its own process to the
+    shard that does NOT own its host, prefill and decode sides to two different shards:
+    every request is joined on the owner of its prefill host, with its path; a decode
+    side whose prefill side never comes goes to its own host's owner after the hold."""
+    from tests.integration.test_engine_sdk import dynamo_request, llmd_request, sglang_request
+
+    def server(name: str) -> CollectorServer:
+        return CollectorServer(
+            fast_server_config(
+                shard=ShardConfig(
+                    etcd=(("127.0.0.1", etcd),),
+                    name=name,
+                    ttl_s=TTL_S,
+                    refresh_s=0.25,
+                    span_hold_s=1.0,
+                )
+            )
+        )
+
+    servers = [server(f"shard-{i}") for i in range(2)]
+    for s in servers:
+        s.start()
+    try:
+        group = [Member(f"shard-{i}", "127.0.0.1:1") for i in range(2)]
+        by_name = {f"shard-{i}": s for i, s in enumerate(servers)}
+
+        def owns(host: str) -> CollectorServer:
+            m = owner_of(host, group)
+            assert m is not None
+            return by_name[m.name]
+
+        def apart(stem: str) -> tuple[str, str]:
+            pre = f"{stem}-prefill"
+            dec = next(
+                f"{stem}-decode-{i}"
+                for i in range(100)
+                if owns(f"{stem}-decode-{i}") is not owns(pre)
+            )
+            return pre, dec
+
+        hosts = {e: apart(e) for e in ("vllm", "sg", "dyn", "llmd")}
+        addresses = {hosts["llmd"][0]: "127.0.0.6"}  # the sidecar's prefill target
+        for pre, dec in hosts.values():
+            for h in (pre, dec):
+                owns(h).api.register(pb.HostInfo(host=h, addresses=[addresses.get(h, "127.0.0.9")]))
+        wait_for(
+            lambda: all(
+                s.shard is not None and len(s.shard.members) == 2 and len(s.shard.fleet) == 8
+                for s in servers
+            ),
+            20,
+            "both shards with the eight hosts",
+        )
+
+        def entry(host: str) -> str:  # the shard that does not own HOST
+            other = next(s for s in servers if s is not owns(host))
+            return f"127.0.0.1:{other.port}"
+
+        def side(engine: str, i: int, service: str) -> Any:
+            host = hosts[engine][i]
+            return sdk_provider(entry(host), host, service)
+
+        vl = (side("vllm", 0, "vllm-prefill"), side("vllm", 1, "vllm-decode"))
+        sg = (side("sg", 0, "sglang"), side("sg", 1, "sglang"))
+        front = sdk_provider(f"127.0.0.1:{servers[0].port}", "dyn-frontend", "dynamo-frontend")
+        dy = (
+            front,
+            side("dyn", 0, "dynamo-worker-prefill"),
+            side("dyn", 1, "dynamo-worker-decode"),
+        )
+        ld = (
+            side("llmd", 1, "llm-d-pd-proxy"),  # the sidecar runs beside the decode side
+            side("llmd", 0, "vllm-prefill"),
+            side("llmd", 1, "vllm-decode"),
+        )
+        t0 = time.monotonic()
+        now = time.time_ns() - 2_000 * MS
+        n = 3
+        for i in range(n):
+            t = now + i * 200 * MS
+            vllm_pair(*vl, t, f"vllm-{i}")
+            sglang_request(*sg, t, f"sgl{i:05d}aaaa", 0x1F00 + i)
+            dynamo_request(*dy, t, f"dyn-{i}")
+            llmd_request(*ld, t, f"llmd-{i}")
+        vllm_pair(*vl, now, "lonely", prefill=False)  # a decode side alone
+        for p in (*vl, *sg, *dy, *ld):
+            p.shutdown()
+        want = {
+            "vllm": [f"vllm-{i}" for i in range(n)],
+            "sg": [f"sgl{i:05d}aaaa" for i in range(n)],
+            "dyn": [f"dyn-{i}" for i in range(n)],
+            "llmd": [f"llmd-{i}" for i in range(n)],
+        }
+
+        def joined() -> dict[str, list[str]]:
+            got: dict[str, list[str]] = {}
+            for engine, (pre, dec) in hosts.items():
+                req = owns(pre).attribution.analyse(window_s=600).requests
+                paths = dict(zip(req["request_id"], req["path"], strict=True))
+                got[engine] = [r for r in want[engine] if paths.get(r) == f"{pre}->{dec}"]
+            return got
+
+        wait_for(lambda: joined() == want, 20, "every request joined on its prefill host's owner")
+        took = time.monotonic() - t0
+        for engine, (_pre, dec) in hosts.items():
+            other = owns(dec).attribution.analyse(window_s=600).requests
+            assert not set(want[engine]) & set(other["request_id"]), engine
+        res = owns(hosts["vllm"][0]).attribution.analyse(window_s=600).requests
+        kv = res.set_index("request_id").loc["vllm-0", "kv_transfer_s"]
+        assert kv == pytest.approx(0.03)  # the decode side's time_in_queue, as one collector
+        # the lone decode side waited for its prefill side, then went by its own host
+        lonely = owns(hosts["vllm"][1])
+        wait_for(
+            lambda: (
+                "lonely" in set(lonely.attribution.analyse(window_s=600).requests["request_id"])
+            ),
+            10,
+            "the lone decode side on its own host's owner",
+        )
+        routed = {
+            by: sum(s.shard.routed[by] for s in servers if s.shard is not None)
+            for by in ("path", "unpaired")
+        }
+        assert routed["unpaired"] == 1 and routed["path"] > 0, routed
+        assert all(s.shard is not None and s.shard.relay.held == 0 for s in servers)
+        print(f"\n{sum(map(len, want.values()))} requests joined across 2 shards in {took:.2f} s")
+    finally:
+        for s in servers:
+            s.stop(0)
+
+
+def test_a_shard_follows_etcd_through_its_watch_and_reads_in_full_when_it_breaks(
+    etcd: int,
+) -> None:
+    """Registrations and member records put and deleted (a lease running out among them)
+    reach the shard through etcd's watch, with no full read between; a broken stream is
+    counted, the fleet read in full, and the next watch carries on."""
+    server = CollectorServer(
+        fast_server_config(
+            shard=ShardConfig(
+                etcd=(("127.0.0.1", etcd),),
+                name="shard-w",
+                ttl_s=TTL_S,
+                refresh_s=0.25,
+                resync_s=3600.0,  # no periodic full read: only the watch can bring changes
+            )
+        )
+    )
+    server.start()
+    client = Etcd((("127.0.0.1", etcd),))
+
+    def put(key: str, value: bytes, lease: int = 0) -> None:
+        body = {"key": b64("/fabricprobe/" + key), "value": b64(value), "lease": lease}
+        client.call("put", lambda c: c.post(c.get_url("/kv/put"), json=body))
+
+    def delete(key: str) -> None:
+        body = {"key": b64("/fabricprobe/" + key)}
+        client.call("delete", lambda c: c.post(c.get_url("/kv/deleterange"), json=body))
+
+    try:
+        shard = server.shard
+        assert shard is not None
+        wait_for(lambda: shard._watching, 10, "the watch open")
+        read_at = shard._read_at
+        put("hosts/w-1", pb.HostInfo(host="w-1", addresses=["127.0.0.5"]).SerializeToString())
+        wait_for(lambda: "w-1" in shard.fleet and "w-1" in shard.planner.hosts(), 5, "w-1")
+        lease = int(
+            client.call(
+                "grant",
+                lambda c: c.post(c.get_url("/lease/grant"), json={"TTL": 2, "ID": 0})["ID"],
+            )
+        )
+        put("shards/shard-z", Member("shard-z", "127.0.0.1:4999").record(), lease)
+        wait_for(lambda: [m.name for m in shard.members] == ["shard-w", "shard-z"], 5, "shard-z")
+        put("hosts/bad", b"\xff not a registration")
+        delete("hosts/w-1")
+        wait_for(lambda: "w-1" not in shard.fleet and "w-1" not in shard.planner.hosts(), 5, "-w-1")
+        # the lease runs out (no keepalive): etcd deletes the record, the watch says so
+        wait_for(lambda: [m.name for m in shard.members] == ["shard-w"], 10, "shard-z gone")
+        assert shard._read_at == read_at and shard.records_unreadable >= 1
+        assert shard.watched >= 5 and shard.watch_restarts == 0
+        # the stream breaks: counted, the fleet read in full, a new watch
+        shard._close_watch()
+        wait_for(lambda: shard.watch_restarts == 1 and shard._read_at > read_at, 10, "a full read")
+        put("hosts/w-2", pb.HostInfo(host="w-2", addresses=["127.0.0.6"]).SerializeToString())
+        wait_for(lambda: "w-2" in shard.fleet, 10, "w-2 through the next watch")
+        assert shard.watch_restarts == 1
+    finally:
+        server.stop(0)
