@@ -346,6 +346,8 @@ def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
                 if ln.startswith(
                     (
                         "fabricprobe_path_fabric_bound",
+                        "fabricprobe_path_fabric_fault",
+                        "fabricprobe_path_host_bound",
                         "fabricprobe_path_explained_seconds",
                         "fabricprobe_fabric_share_ttft_ratio",
                         "fabricprobe_goodput_tokens_per_second",
