@@ -51,6 +51,7 @@ from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.hostload import CpuPressure
 from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.sessions import probe_sessions
+from fabricprobe.probes.threads import name_os_thread
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -254,6 +255,7 @@ class Agent:
         )
 
     def _supervised(self, name: str, fn: Callable[[], None]) -> None:
+        name_os_thread(name)
         try:
             fn()
         except Exception as e:  # logged and acted on here: the thread ends quietly

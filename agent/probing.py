@@ -36,6 +36,7 @@ from fabricprobe.probes.links import TcpPingLink
 from fabricprobe.probes.measure import LatencyRound, LinkParams
 from fabricprobe.probes.stats import LatencySketch
 from fabricprobe.probes.tcp import MAX_CHUNK, run_throughput
+from fabricprobe.probes.threads import name_os_thread
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -295,7 +296,9 @@ class Scheduler:
         self._n = 0
         self._cv = threading.Condition()
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe")
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="probe", initializer=name_os_thread
+        )
         self._slots = threading.Semaphore(workers)
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
 
@@ -339,6 +342,7 @@ class Scheduler:
         self.ctx.links.close()
 
     def _loop(self) -> None:
+        name_os_thread()
         while not self._stop.is_set():
             with self._cv:
                 if not self._heap:

@@ -36,20 +36,43 @@ from fabricprobe.agent.config import AgentConfig
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 
+# kernel thread names (fabricprobe.probes.threads) -> the part of the agent they are
+THREAD_PARTS = {
+    "probe": "probe workers",
+    "answer": "answering peers",
+    "scheduler": "scheduler",
+    "sender": "sender",
+    "windows": "window cuts",
+    "responder": "accepting",
+    "checks": "RoCE checks",
+}
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds per live thread name of PID (/proc/PID/task/*/stat, clock ticks)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """(kernel name, CPU seconds) of each live thread of PID by thread id. The run time
+    in /proc/PID/task/*/schedstat is in ns; stat's user and system ticks (10 ms) would
+    round away the answering threads, each of which runs a few ms a minute."""
+    out: dict[int, tuple[str, float]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            stat = (task / "stat").read_text()
-        except OSError:
+            name = (task / "comm").read_text().strip()
+            ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
             continue  # the thread ended meanwhile
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[int(task.name)] = (name, ns / 1e9)
     return out
+
+
+def by_part(
+    start: dict[int, tuple[str, float]], end: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds between two thread_cpu() reads by part of the agent (THREAD_PARTS;
+    a thread of another name, such as the gRPC library's, stands as itself)."""
+    parts: dict[str, float] = {}
+    for tid, (name, cpu) in end.items():
+        part = THREAD_PARTS.get(name.rstrip("0123456789_"), name)
+        parts[part] = parts.get(part, 0.0) + cpu - start.get(tid, ("", 0.0))[1]
+    return parts
 
 
 def main() -> None:
@@ -107,6 +130,7 @@ def main() -> None:
     started = time.monotonic()
     try:
         ps = psutil.Process(proc.pid)
+        print(f"measured agent: pid {proc.pid}; load average {os.getloadavg()[0]:.2f}")
         print(f"warming up {args.warmup:g} s (registration, first windows)...")
         time.sleep(args.warmup)
         threads_start = thread_cpu(proc.pid)
@@ -141,13 +165,14 @@ def main() -> None:
             f"probe bursts run by the agent since start: {bursts} "
             f"(the default schedule asks about {due:.0f} in its {elapsed:.0f} s)"
         )
-        used = {n: threads_end[n] - threads_start.get(n, 0.0) for n in threads_end}
-        top = sorted(used.items(), key=lambda kv: -kv[1])[:6]
-        shown = ", ".join(f"{n} {100 * v / wall:.2f} %" for n, v in top if v > 0)
+        parts = by_part(threads_start, threads_end)
+        top = sorted(parts.items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{n} {100 * v / wall:.3f} %" for n, v in top if v > 0)
         print(
-            f"by long-lived thread: {shown}; threads that ended (probe sessions) "
-            f"{100 * (cpu - sum(used.values())) / wall:.2f} %"
+            f"by thread (user + kernel, from /proc): {shown}; threads that ended "
+            f"{100 * (cpu - sum(parts.values())) / wall:.3f} %"
         )
+        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         proc.terminate()
         proc.wait(timeout=20)
