@@ -92,13 +92,19 @@ def keepalive_for(spec: ProbeSpec) -> float:
     return min(MAX_KEEPALIVE_S, max(30.0, 3 * spec.interval_s))
 
 
+# A kept link whose last burst ran through in less than this is `quick`: its next burst
+# may run in the scheduling thread (Scheduler, INLINE_KINDS).
+QUICK_S = 0.1
+
+
 class _Kept:
-    __slots__ = ("dropped", "link", "lock")
+    __slots__ = ("dropped", "link", "lock", "quick")
 
     def __init__(self, link: Any) -> None:
         self.lock = threading.Lock()  # one burst at a time on a link
         self.link = link
         self.dropped = False  # no longer assigned: closed after the burst that holds it
+        self.quick = False
 
 
 class Links:
@@ -120,14 +126,31 @@ class Links:
             if kept is None:
                 kept = self._links[self.key(spec)] = _Kept(new())
         with kept.lock:
+            t0, through = time.monotonic(), False
             try:
-                return run(kept.link)
+                r = run(kept.link)
+                through = True
+                return r
             except LinkStale as e:
                 log.debug("link to %s (%s) was let go, set up again: %s", spec.dst, spec.kind, e)
-                return run(kept.link)
+                r = run(kept.link)
+                through = True
+                return r
             finally:
+                # a burst that ended short closed its link, so it is not open: a link
+                # that cannot say whether it is open is never quick
+                kept.quick = (
+                    through
+                    and time.monotonic() - t0 < QUICK_S
+                    and bool(getattr(kept.link, "is_open", False))
+                )
                 if kept.dropped:
                     kept.link.close()
+
+    def quick(self, spec: ProbeSpec) -> bool:
+        """SPEC's link is open and its last burst ran through within QUICK_S."""
+        kept = self._links.get(self.key(spec))
+        return kept is not None and kept.quick and not kept.dropped
 
     def __len__(self) -> int:
         return len(self._links)
@@ -240,6 +263,15 @@ def tcp_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
 # agent passes the table it runs to its Scheduler.
 TCP_RUNNERS: dict[str, Runner] = {"tcp_lat": tcp_pingpong, "tcp_bw": tcp_stream}
 
+# Kinds whose burst on a quick kept link (Links.quick) the scheduling thread runs itself
+# instead of waking a worker: a TCP burst on an open link is its exchanges (well under
+# a millisecond each on a healthy path) and a peer that stops answering ends it within
+# one step (ProbeContext.timeout), so it holds the next due burst back less than the
+# schedule's jitter moves it. Handing it over costs more CPU than the burst itself
+# (bench/agent_footprint.py). A burst that was slow or failed sends the next one to a
+# worker again. RDMA kinds always go to a worker: a UD burst waits for late answers.
+INLINE_KINDS = frozenset({"tcp_lat"})
+
 
 # --------------------------------------------------------------------------- scheduler
 
@@ -286,9 +318,12 @@ class Scheduler:
         workers: int = 4,
         budget: float = 20.0,
         runners: Mapping[str, Runner],
+        inline_kinds: frozenset[str] = INLINE_KINDS,
     ) -> None:
         self.ctx, self.sink, self.jitter = ctx, sink, jitter
         self.runners = dict(runners)
+        self.inline_kinds = inline_kinds
+        self.inline = 0  # bursts the scheduling thread ran itself
         self.budget = RateBudget(budget)
         self.slowdown = 1.0  # the agent's self-throttle: intervals stretch by this much
         self.bursts = 0
@@ -370,11 +405,20 @@ class Scheduler:
                         due.spec,
                     ),
                 )
+            spec = due.spec
+            if (
+                spec.kind in self.inline_kinds
+                and self.ctx.links.quick(spec)
+                and self._slots.acquire(blocking=False)
+            ):
+                self.inline += 1
+                self._run(spec)  # releases the slot
+                continue
             self._slots.acquire()
             if self._stop.is_set():
                 self._slots.release()
                 break
-            self._pool.submit(self._run, due.spec)
+            self._pool.submit(self._run, spec)
 
     def _run(self, spec: ProbeSpec) -> None:
         try:
