@@ -491,7 +491,7 @@ class Agent:
 
     def _checks_loop(self) -> None:
         assert self.checks is not None
-        self.checks.loop(self._stop)
+        self.checks.loop(self._stop, after=self._wake.set)  # the sender takes the verdicts
 
     def _send_checks(self) -> None:
         """Send the newest verdicts if the collector lacks them (one message, no spool)."""
@@ -561,7 +561,9 @@ class Agent:
                     self._replay()
                 self._send_checks()
                 if not self.spool.depth:
-                    self._wake.wait(1.0)
+                    # a window cut and a checks run wake this thread; only with shards
+                    # is there something to look at in between (the members)
+                    self._wake.wait(1.0 if self.handoff is not None else self.window_s)
                     self._wake.clear()
                     continue
                 ok = self._send_batch()

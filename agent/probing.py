@@ -380,12 +380,13 @@ class Scheduler:
         name_os_thread()
         while not self._stop.is_set():
             with self._cv:
+                # asleep until the next burst is due: set_targets() and stop() notify
                 if not self._heap:
-                    self._cv.wait(1.0)
+                    self._cv.wait()
                     continue
                 wait = self._heap[0].at - time.monotonic()
                 if wait > 0:
-                    self._cv.wait(min(wait, 1.0))
+                    self._cv.wait(wait)
                     continue
                 wait = self.budget.wait_time()
                 if wait > 0:
