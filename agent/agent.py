@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -208,8 +209,7 @@ class Agent:
                 devices=tuple(cfg.devices),
             )
         self.pressure = CpuPressure(Path(cfg.proc_root) / "pressure" / "cpu")
-        own = self._proc.cpu_times()
-        self._last_cpu = (time.monotonic(), own.user + own.system)
+        self._last_cpu = (time.monotonic(), _own_cpu_s())
         self.failure: str | None = None  # "thread: error" once a thread died
         self._failures_path = Path(cfg.spool_dir) / FAILURES_FILE
         self.thread_failures, last = _read_failures(self._failures_path)
@@ -336,8 +336,8 @@ class Agent:
         rate = (bursts - self._last_bursts) / max(now - self._last_cut, 1e-3)
         self._last_bursts, self._last_cut = bursts, now
         self.seq += 1
-        cpu = self._proc.cpu_times()
-        share, pressure = self._throttle(cpu.user + cpu.system, now)
+        cpu_s = _own_cpu_s()
+        share, pressure = self._throttle(cpu_s, now)
         report = pb.WindowReport(
             host=self.cfg.host,
             epoch=self.epoch,
@@ -347,7 +347,7 @@ class Agent:
             probes=self.aggregator.cut(),
             counters=self.changed((sample := self.sampler.sample()) + self.nixl.sample()),
             agent=pb.AgentStats(
-                cpu_seconds=cpu.user + cpu.system,
+                cpu_seconds=cpu_s,
                 rss_bytes=self._proc.memory_info().rss,
                 probes=bursts,
                 probe_rate=rate,
@@ -630,6 +630,13 @@ class Agent:
             return True
         log.warning("collector %s: %s", self.target, _rpc_reason(err))
         return False
+
+
+def _own_cpu_s() -> float:
+    """User + system CPU seconds of this process, every thread (one getrusage call, in
+    µs; psutil's cpu_times reads /proc in 10 ms ticks for about 70 times the cost)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _read_failures(path: Path) -> tuple[int, str | None]:

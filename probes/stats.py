@@ -208,10 +208,14 @@ class SlotTally:
         lo, hi = min(vals), max(vals)
         if lo < 0:
             raise ValueError(f"negative latency {lo} ns")
-        slots = self._slots
-        for v in vals:
-            k = slot_of(v)
-            slots[k] = slots.get(k, 0) + 1
+        slots, get = self._slots, self._slots.get
+        unit, half_mag, mask, half = _UNIT, _HALF_MAG, _MASK, _HALF
+        for v in vals:  # slot_of(v), inline: this runs for every exchange
+            if not LOWEST_NS <= v <= HIGHEST_NS:
+                v = min(max(v, LOWEST_NS), HIGHEST_NS)
+            b = (v | mask).bit_length() - unit - half_mag - 1
+            k = ((b + 1) << half_mag) + (v >> (b + unit)) - half
+            slots[k] = get(k, 0) + 1
         self.count += len(vals)
         self.sum_ns += sum(vals)
         if self.min_ns is None or lo < self.min_ns:
