@@ -437,4 +437,7 @@ class Scheduler:
         self.bursts += 1
         if outcome.error:
             log.debug("probe %s to %s: %s", spec.kind, spec.dst, outcome.error)
-        self.sink(spec, outcome)
+        try:
+            self.sink(spec, outcome)
+        except Exception:  # one bad outcome costs its burst, on a worker or inline alike
+            log.exception("outcome of probe %s to %s not taken", spec.kind, spec.dst)

@@ -220,6 +220,28 @@ def test_quick_kept_bursts_run_in_the_scheduling_thread(monkeypatch: pytest.Monk
     ctx.links.close()
 
 
+def test_a_sink_that_raises_never_stops_the_schedule() -> None:
+    class Kept:
+        is_open = True
+
+        def close(self) -> None:
+            pass
+
+    def burst(s: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+        ctx.links.burst(s, Kept, lambda link: None)
+        return ProbeOutcome("tcp", "pingpong", rtt_ns=[1000])
+
+    def sink(s: ProbeSpec, o: ProbeOutcome) -> None:
+        raise ValueError("bad outcome")
+
+    sched = Scheduler(ProbeContext(None, 1.0), sink, budget=1000, runners={"tcp_lat": burst})
+    sched.set_targets([spec(1, interval_s=0.01)])
+    sched.start()
+    _wait_until(lambda: sched.inline >= 3)
+    assert sched.running
+    sched.stop()
+
+
 def test_runner_crash_is_a_failed_burst() -> None:
     def broken(s: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
         raise RuntimeError("bug")
