@@ -19,6 +19,7 @@ probe in lockstep, and within a rate budget (bursts per second) shared by all ta
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import random
@@ -36,6 +37,7 @@ from fabricprobe.probes.links import TcpPingLink
 from fabricprobe.probes.measure import LatencyRound, LinkParams
 from fabricprobe.probes.stats import LatencySketch
 from fabricprobe.probes.tcp import MAX_CHUNK, run_throughput
+from fabricprobe.probes.threads import name_os_thread
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -91,13 +93,19 @@ def keepalive_for(spec: ProbeSpec) -> float:
     return min(MAX_KEEPALIVE_S, max(30.0, 3 * spec.interval_s))
 
 
+# A kept link whose last burst ran through in less than this is `quick`: its next burst
+# may run in the scheduling thread (Scheduler, INLINE_KINDS).
+QUICK_S = 0.1
+
+
 class _Kept:
-    __slots__ = ("dropped", "link", "lock")
+    __slots__ = ("dropped", "link", "lock", "quick")
 
     def __init__(self, link: Any) -> None:
         self.lock = threading.Lock()  # one burst at a time on a link
         self.link = link
         self.dropped = False  # no longer assigned: closed after the burst that holds it
+        self.quick = False
 
 
 class Links:
@@ -119,14 +127,31 @@ class Links:
             if kept is None:
                 kept = self._links[self.key(spec)] = _Kept(new())
         with kept.lock:
+            t0, through = time.monotonic(), False
             try:
-                return run(kept.link)
+                r = run(kept.link)
+                through = True
+                return r
             except LinkStale as e:
                 log.debug("link to %s (%s) was let go, set up again: %s", spec.dst, spec.kind, e)
-                return run(kept.link)
+                r = run(kept.link)
+                through = True
+                return r
             finally:
+                # a burst that ended short closed its link, so it is not open: a link
+                # that cannot say whether it is open is never quick
+                kept.quick = (
+                    through
+                    and time.monotonic() - t0 < QUICK_S
+                    and bool(getattr(kept.link, "is_open", False))
+                )
                 if kept.dropped:
                     kept.link.close()
+
+    def quick(self, spec: ProbeSpec) -> bool:
+        """SPEC's link is open and its last burst ran through within QUICK_S."""
+        kept = self._links.get(self.key(spec))
+        return kept is not None and kept.quick and not kept.dropped
 
     def __len__(self) -> int:
         return len(self._links)
@@ -239,15 +264,17 @@ def tcp_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
 # agent passes the table it runs to its Scheduler.
 TCP_RUNNERS: dict[str, Runner] = {"tcp_lat": tcp_pingpong, "tcp_bw": tcp_stream}
 
+# Kinds whose burst on a quick kept link (Links.quick) the scheduling thread runs itself
+# instead of waking a worker: a TCP burst on an open link is its exchanges (well under
+# a millisecond each on a healthy path) and a peer that stops answering ends it within
+# one step (ProbeContext.timeout), so it holds the next due burst back less than the
+# schedule's jitter moves it. Handing it over costs more CPU than the burst itself
+# (bench/agent_footprint.py). A burst that was slow or failed sends the next one to a
+# worker again. RDMA kinds always go to a worker: a UD burst waits for late answers.
+INLINE_KINDS = frozenset({"tcp_lat"})
+
 
 # --------------------------------------------------------------------------- scheduler
-
-
-@dataclass(order=True)
-class _Due:
-    at: float
-    n: int
-    spec: ProbeSpec = field(compare=False)
 
 
 class RateBudget:
@@ -285,41 +312,57 @@ class Scheduler:
         workers: int = 4,
         budget: float = 20.0,
         runners: Mapping[str, Runner],
+        inline_kinds: frozenset[str] = INLINE_KINDS,
     ) -> None:
         self.ctx, self.sink, self.jitter = ctx, sink, jitter
         self.runners = dict(runners)
+        self.inline_kinds = inline_kinds
+        self.inline = 0  # bursts the scheduling thread ran itself
         self.budget = RateBudget(budget)
         self.slowdown = 1.0  # the agent's self-throttle: intervals stretch by this much
         self.bursts = 0
-        self._heap: list[_Due] = []
+        # (due time, sequence number, spec): the sequence number keeps specs uncompared
+        self._heap: list[tuple[float, int, ProbeSpec]] = []
         self._n = 0
-        self._cv = threading.Condition()
+        self._free = workers  # probe slots: bursts running at once, inline or on a worker
+        # Guards the heap, the budget and the slots. The scheduling thread sleeps on
+        # the bell, a lock held while nobody rang it: set_targets(), stop() and a worker
+        # that frees a slot release it. Both are single C calls, where a Condition's
+        # wait and notify run a page of Python on every burst.
+        self._lock = threading.Lock()
+        self._bell = threading.Lock()
+        self._bell.acquire()
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe")
-        self._slots = threading.Semaphore(workers)
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="probe", initializer=name_os_thread
+        )
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+
+    def _ring(self) -> None:
+        with contextlib.suppress(RuntimeError):  # rung already: one ring wakes it once
+            self._bell.release()
 
     def set_targets(self, specs: Iterable[ProbeSpec], budget: float | None = None) -> None:
         """Replace the targets; each first runs at a random point of its interval."""
         now = time.monotonic()
-        with self._cv:
+        with self._lock:
             self._heap = []
             for spec in specs:
                 if spec.kind not in self.runners:
                     log.warning("no runner for probe kind %s (target %s)", spec.kind, spec.dst)
                     continue
                 self._n += 1
-                self._heap.append(_Due(now + random.uniform(0, spec.interval_s), self._n, spec))
+                self._heap.append((now + random.uniform(0, spec.interval_s), self._n, spec))
             heapq.heapify(self._heap)
             if budget:
                 self.budget = RateBudget(budget)
-            self._cv.notify()
-            kept = [d.spec for d in self._heap]
+            kept = [d[2] for d in self._heap]
+        self._ring()
         self.ctx.links.retain(kept)  # links to targets no longer assigned are closed
 
     def targets(self) -> list[ProbeSpec]:
-        with self._cv:
-            return [d.spec for d in self._heap]
+        with self._lock:
+            return [d[2] for d in self._heap]
 
     def start(self) -> None:
         self._thread.start()
@@ -331,48 +374,59 @@ class Scheduler:
 
     def stop(self) -> None:
         self._stop.set()
-        with self._cv:
-            self._cv.notify()
+        self._ring()
         if self._thread.is_alive():
             self._thread.join()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.ctx.links.close()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            with self._cv:
-                if not self._heap:
-                    self._cv.wait(1.0)
-                    continue
-                wait = self._heap[0].at - time.monotonic()
-                if wait > 0:
-                    self._cv.wait(min(wait, 1.0))
-                    continue
-                wait = self.budget.wait_time()
-                if wait > 0:
-                    self._cv.wait(wait)
-                    continue
-                due = heapq.heappop(self._heap)
-                spread = 1.0 + random.uniform(-self.jitter, self.jitter)
-                self._n += 1
-                heapq.heappush(
-                    self._heap,
-                    _Due(
-                        max(
-                            due.at + due.spec.interval_s * spread * self.slowdown,
-                            time.monotonic(),
-                        ),
-                        self._n,
-                        due.spec,
-                    ),
-                )
-            self._slots.acquire()
-            if self._stop.is_set():
-                self._slots.release()
-                break
-            self._pool.submit(self._run, due.spec)
+    def _next(self) -> tuple[ProbeSpec | None, float | None]:
+        """The burst to start now (its slot taken, its next run scheduled), or None and
+        how long to sleep (None: until rung)."""
+        with self._lock:
+            if not self._heap or not self._free:
+                return None, None  # set_targets() or a freed slot rings
+            at, _, spec = self._heap[0]
+            now = time.monotonic()
+            if at > now:
+                return None, at - now
+            wait = self.budget.wait_time()
+            if wait > 0:
+                return None, wait
+            spread = 1.0 + random.uniform(-self.jitter, self.jitter)
+            self._n += 1
+            nxt = max(at + spec.interval_s * spread * self.slowdown, now)
+            heapq.heapreplace(self._heap, (nxt, self._n, spec))
+            self._free -= 1
+            return spec, 0.0
 
-    def _run(self, spec: ProbeSpec) -> None:
+    def _loop(self) -> None:
+        name_os_thread()
+        while not self._stop.is_set():
+            spec, wait = self._next()
+            if spec is None:
+                # asleep until the next burst is due, or until rung
+                if wait is None:
+                    self._bell.acquire()
+                else:
+                    self._bell.acquire(timeout=wait)
+                continue
+            if spec.kind in self.inline_kinds and self.ctx.links.quick(spec):
+                self.inline += 1
+                self._run(spec, ring=False)  # this thread looks at the heap next anyway
+                continue
+            if self._stop.is_set():
+                self._release(ring=False)
+                break
+            self._pool.submit(self._run, spec)
+
+    def _release(self, ring: bool) -> None:
+        with self._lock:
+            self._free += 1
+        if ring:
+            self._ring()
+
+    def _run(self, spec: ProbeSpec, ring: bool = True) -> None:
         try:
             outcome = self.runners[spec.kind](spec, self.ctx)
         except Exception as e:  # a runner bug must not kill the scheduler
@@ -384,8 +438,11 @@ class Scheduler:
                 error=str(e),
             )
         finally:
-            self._slots.release()
+            self._release(ring)
         self.bursts += 1
         if outcome.error:
             log.debug("probe %s to %s: %s", spec.kind, spec.dst, outcome.error)
-        self.sink(spec, outcome)
+        try:
+            self.sink(spec, outcome)
+        except Exception:  # one bad outcome costs its burst, on a worker or inline alike
+            log.exception("outcome of probe %s to %s not taken", spec.kind, spec.dst)

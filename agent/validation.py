@@ -131,12 +131,15 @@ class ValidationSchedule:
         )
         return msg
 
-    def loop(self, stop: threading.Event) -> None:
-        """Run until STOP is set; a failing run is logged and counted, the loop goes on."""
+    def loop(self, stop: threading.Event, after: Callable[[], None] | None = None) -> None:
+        """Run until STOP is set, calling AFTER once a run made a new report pending; a
+        failing run is logged and counted, the loop goes on."""
         delay = self.first_delay()
         while not stop.wait(delay):
             try:
                 self.run_once()
+                if after is not None:
+                    after()
             except Exception as e:  # one bad run must not end the schedule
                 with self.lock:
                     self.failures += 1

@@ -8,15 +8,17 @@ from dataclasses import dataclass, field
 from fabricprobe.agent.probing import ProbeOutcome, ProbeSpec
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.probes.stats import SlotTally
 
 PathKey = tuple[str, str, str, int]  # dst, transport, op, size
 
 
 @dataclass
 class _PathWindow:
-    rtt: LatencySketch = field(default_factory=LatencySketch)
-    prober: LatencySketch = field(default_factory=lambda: LatencySketch("delay"))  # RDMA
+    # sparse tallies, not LatencySketches: a path's window holds a burst or two, and a
+    # histogram per path and window was most of the cost of taking a burst in
+    rtt: SlotTally = field(default_factory=SlotTally)
+    prober: SlotTally = field(default_factory=lambda: SlotTally("delay"))  # RDMA
     bytes_moved: int = 0
     busy_seconds: float = 0.0
     failures: int = 0

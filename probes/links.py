@@ -115,6 +115,11 @@ class Link:
     def peer(self) -> str:
         return self.params.peer
 
+    @property
+    def is_open(self) -> bool:
+        """The session is set up: the next round needs no setup."""
+        return False
+
     def __enter__(self) -> Self:
         return self
 
@@ -137,6 +142,10 @@ class RdmaLink(Link):
         choice = pick_engine(params.engine)
         self.engine, self.engine_reason = choice.name, choice.reason
         self._open: tuple[ControlClient, Any, Any] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._open is not None
 
     def close(self) -> None:
         self._open = None
@@ -231,6 +240,10 @@ class TcpPingLink(Link):
             raise
         self._data = data
         return data
+
+    @property
+    def is_open(self) -> bool:
+        return self._data is not None
 
     def close(self) -> None:
         self._data = None

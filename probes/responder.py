@@ -65,6 +65,7 @@ from fabricprobe.probes.control import (
 )
 from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
 from fabricprobe.probes.fleet import NONCE_BYTES, FleetToken, canonical_ip
+from fabricprobe.probes.threads import name_os_thread
 
 log = logging.getLogger("fabricprobe.responder")
 
@@ -207,7 +208,7 @@ class Responder:
                 self.refusals["busy" if pending >= self.max_sessions else "source"] += 1
                 conn.close()
                 return
-            t = threading.Thread(target=self._run_session, args=(conn, peer, src))
+            t = threading.Thread(target=self._run_session, args=(conn, peer, src), name="answer")
             self._threads[t] = conn
             self._pending_by_src[src] += 1
         t.start()
@@ -232,6 +233,7 @@ class Responder:
             t.join()
 
     def _run_session(self, conn: socket.socket, peer: tuple[str, int], src: str) -> None:
+        name_os_thread()
         started = time.monotonic()
         me = threading.current_thread()
         channel = Channel(conn, self.idle_timeout)

@@ -157,6 +157,96 @@ class LatencySketch:
         return indices, [counts[i - lo] for i in indices]
 
 
+def _slot_constants() -> tuple[int, int, int, int]:
+    """(unit magnitude, sub-bucket half-count magnitude, sub-bucket mask, half count) of
+    the histogram every LatencySketch holds, read off one."""
+    h = HdrHistogram(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
+    return (
+        h.unit_magnitude,
+        h.sub_bucket_half_count_magnitude,
+        h.sub_bucket_mask,
+        h.sub_bucket_half_count,
+    )
+
+
+_UNIT, _HALF_MAG, _MASK, _HALF = _slot_constants()
+
+
+def slot_of(value_ns: int) -> int:
+    """The histogram slot (counts index) a LatencySketch records VALUE_NS in, clamped into
+    its range as record() clamps: HdrHistogram's index arithmetic with int.bit_length
+    for the leading-zero count."""
+    v = min(max(value_ns, LOWEST_NS), HIGHEST_NS)
+    bucket = (v | _MASK).bit_length() - _UNIT - (_HALF_MAG + 1)
+    return ((bucket + 1) << _HALF_MAG) + (v >> (bucket + _UNIT)) - _HALF
+
+
+class SlotTally:
+    """A write-only LatencySketch in the sparse form it travels in (slot -> count, with
+    the exact count, loss, sum, min and max): what an agent's window builds from its
+    bursts and sends. It records and merges as LatencySketch does and `slots()` gives
+    the same answer, so core.sketchwire.to_wire encodes both alike; it holds a few
+    dict entries where a LatencySketch allocates and zeroes a 31 KiB histogram, which
+    a window cost once per path."""
+
+    __slots__ = ("_slots", "count", "kind", "lost", "max_ns", "min_ns", "sum_ns")
+
+    def __init__(self, kind: Kind = "rtt") -> None:
+        self.kind: Kind = kind
+        self._slots: dict[int, int] = {}
+        self.count = 0
+        self.lost = 0
+        self.min_ns: int | None = None
+        self.max_ns: int | None = None
+        self.sum_ns = 0
+
+    def record_many(self, values_ns: Iterable[int]) -> None:
+        """LatencySketch.record_many: each value into its slot, the exact figures once."""
+        vals = [int(v) for v in values_ns]
+        if not vals:
+            return
+        lo, hi = min(vals), max(vals)
+        if lo < 0:
+            raise ValueError(f"negative latency {lo} ns")
+        slots, get = self._slots, self._slots.get
+        unit, half_mag, mask, half = _UNIT, _HALF_MAG, _MASK, _HALF
+        for v in vals:  # slot_of(v), inline: this runs for every exchange
+            if not LOWEST_NS <= v <= HIGHEST_NS:
+                v = min(max(v, LOWEST_NS), HIGHEST_NS)
+            b = (v | mask).bit_length() - unit - half_mag - 1
+            k = ((b + 1) << half_mag) + (v >> (b + unit)) - half
+            slots[k] = get(k, 0) + 1
+        self.count += len(vals)
+        self.sum_ns += sum(vals)
+        if self.min_ns is None or lo < self.min_ns:
+            self.min_ns = lo
+        if self.max_ns is None or hi > self.max_ns:
+            self.max_ns = hi
+
+    def record_lost(self, n: int = 1) -> None:
+        self.lost += n
+
+    def merge(self, other: LatencySketch | SlotTally) -> None:
+        """Fold OTHER in, as LatencySketch.merge does (same kind only)."""
+        if other.kind != self.kind:
+            raise ValueError(f"cannot merge a {other.kind} sketch into a {self.kind} sketch")
+        slots = self._slots
+        for k, n in zip(*other.slots(), strict=True):
+            slots[k] = slots.get(k, 0) + n
+        self.count += other.count
+        self.lost += other.lost
+        self.sum_ns += other.sum_ns
+        if other.min_ns is not None and (self.min_ns is None or other.min_ns < self.min_ns):
+            self.min_ns = other.min_ns
+        if other.max_ns is not None and (self.max_ns is None or other.max_ns > self.max_ns):
+            self.max_ns = other.max_ns
+
+    def slots(self) -> tuple[list[int], list[int]]:
+        """(indices, counts) of the non-empty slots, indices ascending (LatencySketch.slots)."""
+        items = sorted(self._slots.items())
+        return [k for k, _ in items], [n for _, n in items]
+
+
 @dataclass(frozen=True)
 class LatencySummary:
     """Percentiles in microseconds; `kind` says whether they are RTT or one-way (RTT/2)."""

@@ -21,7 +21,13 @@ from hdrh.histogram import HdrHistogram
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.probes.errors import ParseError
-from fabricprobe.probes.stats import HIGHEST_NS, LOWEST_NS, SIGNIFICANT_DIGITS, LatencySketch
+from fabricprobe.probes.stats import (
+    HIGHEST_NS,
+    LOWEST_NS,
+    SIGNIFICANT_DIGITS,
+    LatencySketch,
+    SlotTally,
+)
 
 _TEMPLATE = HdrHistogram(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
 MAX_SLOTS = _TEMPLATE.counts_len
@@ -100,7 +106,7 @@ class MergedSketch:
         return self.lost / total if total else 0.0
 
 
-def to_wire(sk: LatencySketch) -> pb.Sketch:
+def to_wire(sk: LatencySketch | SlotTally) -> pb.Sketch:
     """SK as a Sketch message (what an agent sends)."""
     slots, counts = sk.slots()
     msg = pb.Sketch(kind=sk.kind, count=sk.count, lost=sk.lost, sum_ns=sk.sum_ns)

@@ -160,6 +160,88 @@ def test_scheduler_runs_targets_within_budget_and_skips_unknown_kinds() -> None:
     assert 3 <= len(seen) <= 8  # ~5 bursts/s (plus the first token), not 10 x 100/s
 
 
+def test_quick_kept_bursts_run_in_the_scheduling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tcp_lat burst on an open kept link whose last burst ran through quickly runs in
+    the scheduling thread (no worker woken); the first burst (setup), one that was slow
+    and one that failed go to a worker, and so do other kinds."""
+    from fabricprobe.agent import probing
+
+    monkeypatch.setattr(probing, "QUICK_S", 0.05)
+    ran: list[tuple[str, str]] = []
+    slow = {"b": True}
+
+    class Kept:
+        is_open = True
+
+        def close(self) -> None:
+            pass
+
+    def burst(s: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+        def run(link: Kept) -> None:
+            ran.append((s.dst, threading.current_thread().name))
+            if s.dst == "b" and slow["b"]:
+                slow["b"] = False
+                time.sleep(0.08)  # over QUICK_S once: the next one goes to a worker
+
+        ctx.links.burst(s, Kept, run)
+        return ProbeOutcome("tcp", "pingpong", rtt_ns=[1000])
+
+    agg = WindowAggregator()
+    sched = Scheduler(
+        ProbeContext(None, 1.0),
+        agg.add,
+        budget=1000,
+        runners={"tcp_lat": burst, "other": burst},
+    )
+    a, b = spec(1, dst="a", interval_s=0.04), spec(1, dst="b", interval_s=0.04, address="x")
+    sched.set_targets([a, b, spec(1, dst="c", kind="other", interval_s=0.04, address="y")])
+    sched.start()
+    _wait_until(lambda: sum(d == "b" for d, _ in ran) >= 8 and sum(d == "a" for d, _ in ran) >= 8)
+    sched.stop()
+    where = {d: [t.rstrip("0123456789").rstrip("_") for e, t in ran if e == d] for d in "abc"}
+    for d in "ab":  # a worker sets the link up (b's bursts overlap while one is slow)
+        assert where[d][0] == "probe" and where[d][-3:] == ["scheduler"] * 3, where
+    assert where["b"].count("probe") >= 2  # the one after the slow burst too
+    assert set(where["c"]) == {"probe"}
+    assert sched.inline == where["a"].count("scheduler") + where["b"].count("scheduler")
+    assert agg.bursts == len(ran)
+
+    # over a real responder: a link whose peer went away is not quick any more
+    ctx = ProbeContext("127.0.0.1", 0.5)
+    r = Responder("127.0.0.1", 0, sessions=probe_sessions(), auth=None, grace=0.05)
+    with r:
+        s = spec(r.port)
+        assert not ctx.links.quick(s)
+        assert not tcp_pingpong(s, ctx).failed and ctx.links.quick(s)
+    _wait_until(lambda: r.active_sessions() == 0)
+    out = tcp_pingpong(s, ctx)
+    assert out.failed or out.error
+    assert not ctx.links.quick(s)
+    ctx.links.close()
+
+
+def test_a_sink_that_raises_never_stops_the_schedule() -> None:
+    class Kept:
+        is_open = True
+
+        def close(self) -> None:
+            pass
+
+    def burst(s: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+        ctx.links.burst(s, Kept, lambda link: None)
+        return ProbeOutcome("tcp", "pingpong", rtt_ns=[1000])
+
+    def sink(s: ProbeSpec, o: ProbeOutcome) -> None:
+        raise ValueError("bad outcome")
+
+    sched = Scheduler(ProbeContext(None, 1.0), sink, budget=1000, runners={"tcp_lat": burst})
+    sched.set_targets([spec(1, interval_s=0.01)])
+    sched.start()
+    _wait_until(lambda: sched.inline >= 3)
+    assert sched.running
+    sched.stop()
+
+
 def test_runner_crash_is_a_failed_burst() -> None:
     def broken(s: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
         raise RuntimeError("bug")

@@ -21,6 +21,7 @@ import importlib
 import ipaddress
 import os
 import random
+import sys
 import threading
 from array import array
 from errno import EINTR
@@ -95,10 +96,16 @@ def status_name(status: int) -> str:
     return WC_STATUS[status] if 0 <= status < len(WC_STATUS) else str(status)
 
 
+_MODULE = "fabricprobe.probes.rdma.native._fastpath"
+
+
 def load() -> Any:
     """The compiled cffi module (untyped: Any), or NativeError saying how to build it."""
+    loaded = sys.modules.get(_MODULE)  # every probe burst asks: skip the import machinery
+    if loaded is not None:
+        return loaded
     try:
-        return importlib.import_module("fabricprobe.probes.rdma.native._fastpath")
+        return importlib.import_module(_MODULE)
     except ImportError as err:
         raise NativeError(
             f"the native engine is not built ({err}); run scripts/build-native.sh"
