@@ -5,7 +5,7 @@
 - `rank_paths`: paths ranked by the KV-transfer time they explain, i.e. time spent
   beyond what the same bytes took on the rest of the fleet, and whether the fabric
   accounts for it (the path's probe tail RTT is above the fleet's too), or shows a
-  fault whatever its transfers did (its RTT floor, or its congestion counters).
+  fault whatever its transfers did (its probes' RTT floor stands out).
 - `communication_bound`: KV-transfer time and queueing rising together over time
   while compute (prefill + decode per token) stays flat.
 - `goodput`: tokens per second from requests that met their TTFT and inter-token
@@ -102,8 +102,9 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     is the hosts', not the network's.
 
     fabric_fault is the evidence host noise cannot make, with or without slow transfers:
-    the path's RTT floor (the `rtt_min_s` ratio and rise) or congestion counters the
-    others do not show. On a busy sender a path's added latency can hide inside the
+    the path's RTT floor (the `rtt_min_s` ratio and rise). Counters are no such evidence
+    (a busy receiver's slow drain moves retransmits and pauses too, and they are per
+    device, shared by every path of the host). On a busy sender a path's added latency can hide inside the
     sender's own stalls (its transfers come out no slower than the others'), while its
     probes' quietest exchange still carries it. Paths go in order of the fabric's blame:
     fabric-bound first, then faulty ones, each by the time they explain."""
@@ -199,7 +200,7 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     evidence = per["rtt_evidence"].astype(bool) | per["congested"]
     per["fabric_bound"] = (slow & evidence).astype(bool)
     judged = per["transfers"] >= cfg.min_transfers
-    per["fabric_fault"] = ((per["floor_rise"] | per["congested"]) & judged).astype(bool)
+    per["fabric_fault"] = (per["floor_rise"] & judged).astype(bool)
     per["host_bound"] = (per["host_share"].fillna(0) >= 0.5) & ~per["fabric_bound"]
     per = per.sort_values(
         ["fabric_bound", "fabric_fault", "explained_s"], ascending=False

@@ -70,8 +70,8 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
         ),
         "fault": GaugeMetricFamily(
             P + "path_fabric_fault",
-            "1 when the path's RTT floor or congestion counters stand out from the other "
-            "paths' (evidence host noise cannot make), whether or not its transfers were slow.",
+            "1 when the path's probe RTT floor stands out from the other paths' (evidence "
+            "host noise cannot make), whether or not its transfers were slow.",
             labels=PATH,
         ),
         "host_bound": GaugeMetricFamily(

@@ -576,9 +576,9 @@ REQUESTS = Dashboard(
                     ),
                     "bool",
                     description="Bound: its KV transfers are slow and its probes or congestion "
-                    "counters say why. Fault: its RTT floor or congestion counters stand out "
-                    "(host noise cannot raise a floor), even where busy senders hide it in "
-                    "their transfers' time.",
+                    "counters say why. Fault: its probes' RTT floor stands out (host noise "
+                    "cannot raise a floor), even where busy senders hide it in their "
+                    "transfers' time.",
                 ),
                 Panel(
                     "Host-bound paths, and the hosts' delay in their RTT",

@@ -165,11 +165,12 @@ def test_a_raised_rtt_floor_is_a_fault_and_ranks_first_when_transfers_hide_it() 
     assert out.iloc[0]["explained_s"] <= out["explained_s"].max()
 
 
-def test_congestion_without_slow_transfers_is_a_fault_too() -> None:
+def test_counters_alone_are_no_fault() -> None:
+    """Counters are per device, and a busy receiver moves them too: without slow transfers
+    they flag nothing (in the busy lane a host shared with the delayed path showed them)."""
     kv = kv_frame({("h0", "h1"): (0.010, 100e-6), ("h0", "h2"): (0.010, 105e-6),
                    ("h1", "h2"): (0.011, 110e-6)})  # fmt: skip
     kv.loc[kv["dst"] == "h2", "src_pfc_pause_per_s"] = 500.0
     kv.loc[(kv["src"] == "h1"), "src_pfc_pause_per_s"] = 0.0
-    out = rank_paths(kv).set_index(["src", "dst"])
-    assert out.loc[("h0", "h2"), "fabric_fault"] and not out.loc[("h0", "h2"), "fabric_bound"]
-    assert not out.loc[("h0", "h1"), "fabric_fault"]
+    out = rank_paths(kv)
+    assert not out["fabric_fault"].any() and not out["fabric_bound"].any()

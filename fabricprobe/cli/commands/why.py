@@ -74,8 +74,8 @@ def _us(v: Any) -> str:
 
 
 def _bound(r: dict[str, Any]) -> str:
-    """FABRIC: slow, and the fabric says why; FAULT: the fabric stands out though its
-    transfers did not (HOST beside it: they ran on busy hosts); HOST; no."""
+    """FABRIC: slow, and the fabric says why; FAULT: its probes' floor stands out though
+    its transfers did not (HOST beside it: they ran on busy hosts); HOST; no."""
     if r.get("fabric_bound"):
         return "FABRIC"
     if r.get("fabric_fault"):
