@@ -104,10 +104,11 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     fabric_fault is the evidence host noise cannot make, with or without slow transfers:
     the path's RTT floor (the `rtt_min_s` ratio and rise). Counters are no such evidence
     (a busy receiver's slow drain moves retransmits and pauses too, and they are per
-    device, shared by every path of the host). On a busy sender a path's added latency can hide inside the
-    sender's own stalls (its transfers come out no slower than the others'), while its
-    probes' quietest exchange still carries it. Paths go in order of the fabric's blame:
-    fabric-bound first, then faulty ones, each by the time they explain."""
+    device, shared by every path of the host). On a busy sender a path's added latency
+    can hide inside the sender's own stalls (its transfers come out no slower than the
+    others'), while its probes' quietest exchange still carries it. Paths go in order of
+    the fabric's blame: fabric-bound first, then faulty ones, each by the time they
+    explain."""
     cols = [
         "src",
         "dst",
