@@ -30,6 +30,9 @@ class AnalysisConfig:
     window_s: float = 60.0  # analysis window (bins for correlation and goodput)
     kv_ratio: float = 1.25  # path KV s/byte over the fleet's reference to count as slow
     rtt_ratio: float = 1.5  # path probe RTT over the fleet's to count as fabric evidence
+    # path RTT floor over the fleet's to count as a fault on its own (no slow transfers
+    # to back it): a doubled floor, where a route or a device adds latency to every exchange
+    fault_ratio: float = 2.0
     # which probe RTT statistics may give that evidence (any of them): the minimum rises
     # with added path latency (a longer route, a delaying device) and is immune to the
     # prober's own scheduling noise; the tail rises first under congestion
@@ -102,9 +105,10 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     is the hosts', not the network's.
 
     fabric_fault is the evidence host noise cannot make, with or without slow transfers:
-    the path's RTT floor (the `rtt_min_s` ratio and rise). Counters are no such evidence
-    (a busy receiver's slow drain moves retransmits and pauses too, and they are per
-    device, shared by every path of the host). On a busy sender a path's added latency
+    the path's RTT floor at `fault_ratio` times the other judged paths' and HOST_FLOOR_S
+    over it (any path's: noise cannot raise a floor, so none is left out). Counters are
+    no such evidence (a busy receiver's slow drain moves retransmits and pauses too, and
+    they are per device, shared by every path of the host). On a busy sender a path's added latency
     can hide inside the sender's own stalls (its transfers come out no slower than the
     others'), while its probes' quietest exchange still carries it. Paths go in order of
     the fabric's blame: fabric-bound first, then faulty ones, each by the time they
@@ -166,7 +170,13 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         base = quiet if quiet.sum() >= 2 else judged
         ref_bpb = _leave_one_out_median(g["s_per_byte"].where(base))
         ratios, rises = [], []
-        floor_rise = pd.Series(False, index=g.index)
+        # a floor needs no quiet reference (host noise cannot raise it): every judged
+        # path's, so that one path dropped as host-bound does not leave a lone reference
+        floors = g["rtt_min_s"]
+        ref_floor = _leave_one_out_median(floors.where(judged))
+        floor_rise = (
+            (floors / ref_floor >= cfg.fault_ratio) & (floors - ref_floor > HOST_FLOOR_S) & judged
+        ).fillna(False)
         host = g["host_delay_s"].fillna(0.0).clip(lower=HOST_FLOOR_S)
         for stat in cfg.rtt_evidence:
             col = g[net_of.get(stat, stat)]
@@ -177,15 +187,13 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
             # only ever adds delay) leaves alone, so it needs only to clear the floor
             room = HOST_FLOOR_S if stat == "rtt_min_s" else host
             rises.append((col / ref_stat >= cfg.rtt_ratio) & (col - ref_stat > room))
-            if stat == "rtt_min_s":
-                floor_rise = rises[-1].fillna(False).astype(bool) & judged
         ref_cong = _leave_one_out_median(g["congestion_per_s"].where(base))
         g["kv_ratio"] = g["s_per_byte"] / ref_bpb
         g["rtt_ratio"] = pd.concat(ratios, axis=1).max(axis=1) if ratios else np.nan
         g["rtt_evidence"] = pd.concat(rises, axis=1).any(axis=1) if rises else False
         g["ref_s_per_byte"] = ref_bpb
         g["congested"] = (g["congestion_per_s"].fillna(0) > 0) & (ref_cong.fillna(0) == 0)
-        g["floor_rise"] = floor_rise
+        g["floor_rise"] = floor_rise.astype(bool)
         parts.append(g)
     per = pd.concat(parts)
     ref = per["ref_s_per_byte"]
