@@ -24,19 +24,59 @@ PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 Kind = Literal["rtt", "one_way", "delay"]  # delay: a host delay inside an RTT (UD)
 
 
-class LatencySketch:
-    """Mergeable latency distribution (ns) with exact count, min, max, sum and loss."""
+class _Exact:
+    """The exact figures a distribution keeps beside its slots: count, loss, sum, min and
+    max, and its kind (RTT and one-way never mix)."""
 
-    __slots__ = ("_hist", "count", "kind", "lost", "max_ns", "min_ns", "sum_ns")
+    __slots__ = ("count", "kind", "lost", "max_ns", "min_ns", "sum_ns")
 
-    def __init__(self, kind: Kind = "rtt") -> None:
+    def __init__(self, kind: Kind) -> None:
         self.kind: Kind = kind
-        self._hist = HdrHistogram(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
         self.count = 0
         self.lost = 0
         self.min_ns: int | None = None
         self.max_ns: int | None = None
         self.sum_ns = 0
+
+    def _batch(self, values_ns: Iterable[int]) -> list[int]:
+        """VALUES_NS as ints, their exact figures taken in (empty: nothing)."""
+        vals = [int(v) for v in values_ns]
+        if not vals:
+            return vals
+        lo, hi = min(vals), max(vals)
+        if lo < 0:
+            raise ValueError(f"negative latency {lo} ns")
+        self.count += len(vals)
+        self.sum_ns += sum(vals)
+        if self.min_ns is None or lo < self.min_ns:
+            self.min_ns = lo
+        if self.max_ns is None or hi > self.max_ns:
+            self.max_ns = hi
+        return vals
+
+    def _merge_exact(self, other: _Exact) -> None:
+        if other.kind != self.kind:
+            raise ValueError(f"cannot merge a {other.kind} sketch into a {self.kind} sketch")
+        self.count += other.count
+        self.lost += other.lost
+        self.sum_ns += other.sum_ns
+        if other.min_ns is not None and (self.min_ns is None or other.min_ns < self.min_ns):
+            self.min_ns = other.min_ns
+        if other.max_ns is not None and (self.max_ns is None or other.max_ns > self.max_ns):
+            self.max_ns = other.max_ns
+
+    def record_lost(self, n: int = 1) -> None:
+        self.lost += n
+
+
+class LatencySketch(_Exact):
+    """Mergeable latency distribution (ns) with exact count, min, max, sum and loss."""
+
+    __slots__ = ("_hist",)
+
+    def __init__(self, kind: Kind = "rtt") -> None:
+        super().__init__(kind)
+        self._hist = HdrHistogram(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
 
     def record(self, value_ns: int) -> None:
         """Add one sample; values are clamped into the histogram's range, min/max stay exact."""
@@ -53,38 +93,15 @@ class LatencySketch:
 
     def record_many(self, values_ns: Iterable[int]) -> None:
         """record() of each value, with the exact figures updated once for the batch."""
-        vals = [int(v) for v in values_ns]
-        if not vals:
-            return
-        lo, hi = min(vals), max(vals)
-        if lo < 0:
-            raise ValueError(f"negative latency {lo} ns")
         put = self._hist.record_value
-        for v in vals:
+        for v in self._batch(values_ns):
             put(v if LOWEST_NS <= v <= HIGHEST_NS else min(max(v, LOWEST_NS), HIGHEST_NS))
-        self.count += len(vals)
-        self.sum_ns += sum(vals)
-        if self.min_ns is None or lo < self.min_ns:
-            self.min_ns = lo
-        if self.max_ns is None or hi > self.max_ns:
-            self.max_ns = hi
-
-    def record_lost(self, n: int = 1) -> None:
-        self.lost += n
 
     def merge(self, other: LatencySketch) -> None:
         """Fold OTHER into this sketch (same kind only: RTT and one-way never mix)."""
-        if other.kind != self.kind:
-            raise ValueError(f"cannot merge a {other.kind} sketch into a {self.kind} sketch")
+        self._merge_exact(other)
         if other.count:
             self._hist.add(other._hist)
-        self.count += other.count
-        self.lost += other.lost
-        self.sum_ns += other.sum_ns
-        if other.min_ns is not None and (self.min_ns is None or other.min_ns < self.min_ns):
-            self.min_ns = other.min_ns
-        if other.max_ns is not None and (self.max_ns is None or other.max_ns > self.max_ns):
-            self.max_ns = other.max_ns
 
     def percentile_ns(self, p: float) -> int | None:
         """Value at percentile P (0-100), clamped into [min, max]; None when empty."""
@@ -181,7 +198,7 @@ def slot_of(value_ns: int) -> int:
     return ((bucket + 1) << _HALF_MAG) + (v >> (bucket + _UNIT)) - _HALF
 
 
-class SlotTally:
+class SlotTally(_Exact):
     """A write-only LatencySketch in the sparse form it travels in (slot -> count, with
     the exact count, loss, sum, min and max): what an agent's window builds from its
     bursts and sends. It records and merges as LatencySketch does and `slots()` gives
@@ -189,25 +206,15 @@ class SlotTally:
     dict entries where a LatencySketch allocates and zeroes a 31 KiB histogram, which
     a window cost once per path."""
 
-    __slots__ = ("_slots", "count", "kind", "lost", "max_ns", "min_ns", "sum_ns")
+    __slots__ = ("_slots",)
 
     def __init__(self, kind: Kind = "rtt") -> None:
-        self.kind: Kind = kind
+        super().__init__(kind)
         self._slots: dict[int, int] = {}
-        self.count = 0
-        self.lost = 0
-        self.min_ns: int | None = None
-        self.max_ns: int | None = None
-        self.sum_ns = 0
 
     def record_many(self, values_ns: Iterable[int]) -> None:
         """LatencySketch.record_many: each value into its slot, the exact figures once."""
-        vals = [int(v) for v in values_ns]
-        if not vals:
-            return
-        lo, hi = min(vals), max(vals)
-        if lo < 0:
-            raise ValueError(f"negative latency {lo} ns")
+        vals = self._batch(values_ns)
         slots, get = self._slots, self._slots.get
         unit, half_mag, mask, half = _UNIT, _HALF_MAG, _MASK, _HALF
         for v in vals:  # slot_of(v), inline: this runs for every exchange
@@ -216,30 +223,13 @@ class SlotTally:
             b = (v | mask).bit_length() - unit - half_mag - 1
             k = ((b + 1) << half_mag) + (v >> (b + unit)) - half
             slots[k] = get(k, 0) + 1
-        self.count += len(vals)
-        self.sum_ns += sum(vals)
-        if self.min_ns is None or lo < self.min_ns:
-            self.min_ns = lo
-        if self.max_ns is None or hi > self.max_ns:
-            self.max_ns = hi
-
-    def record_lost(self, n: int = 1) -> None:
-        self.lost += n
 
     def merge(self, other: LatencySketch | SlotTally) -> None:
         """Fold OTHER in, as LatencySketch.merge does (same kind only)."""
-        if other.kind != self.kind:
-            raise ValueError(f"cannot merge a {other.kind} sketch into a {self.kind} sketch")
+        self._merge_exact(other)
         slots = self._slots
         for k, n in zip(*other.slots(), strict=True):
             slots[k] = slots.get(k, 0) + n
-        self.count += other.count
-        self.lost += other.lost
-        self.sum_ns += other.sum_ns
-        if other.min_ns is not None and (self.min_ns is None or other.min_ns < self.min_ns):
-            self.min_ns = other.min_ns
-        if other.max_ns is not None and (self.max_ns is None or other.max_ns > self.max_ns):
-            self.max_ns = other.max_ns
 
     def slots(self) -> tuple[list[int], list[int]]:
         """(indices, counts) of the non-empty slots, indices ascending (LatencySketch.slots)."""
