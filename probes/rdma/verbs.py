@@ -57,17 +57,23 @@ PAUSE_S = 50e-6
 class Spin:
     """One wait's clock: `expired()` after an empty poll says whether DEADLINE has passed,
     pausing first once the wait is older than SPIN_S. Creating one reads no clock: a wait
-    answered at the first poll (inside a timed exchange) costs nothing more than before."""
+    answered at the first poll (inside a timed exchange) costs nothing more than before.
+    `last` is the clock read before the newest empty poll (0: none, the first poll found
+    the queue empty with no read before it): an answer a later poll finds came after it.
+    A read just after the poll that found nothing would not bound that: a preemption
+    between the two can hold the answer's arrival."""
 
-    __slots__ = ("deadline", "last", "pause_from")
+    __slots__ = ("deadline", "last", "next", "pause_from")
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self.pause_from: float | None = None  # set at the first empty poll
-        self.last = 0.0  # the newest clock read, just after an empty poll (0: none yet)
+        self.last = 0.0
+        self.next = 0.0  # the newest clock read: it comes before the next poll
 
     def expired(self) -> bool:
-        now = self.last = time.monotonic()
+        now = time.monotonic()
+        self.last, self.next = self.next, now
         if now > self.deadline:
             return True
         if self.pause_from is None:
