@@ -161,6 +161,10 @@ def engine(
         "OTEL_RESOURCE_ATTRIBUTES": f"host.name={NAMES[host]}",
         "OTEL_SERVICE_NAME": "vllm-" + ("prefill" if host == PREFILL else "decode"),
         "OTEL_BSP_SCHEDULE_DELAY": "200",  # the SDK's batch delay (default 5 s)
+        # the exporter's deadline for a batch, retries included (seconds in this SDK;
+        # default 10): on a loaded machine the first export, with its connection, took
+        # longer, and the batch (the first two requests' prefill spans) was dropped
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "60",
         # Each engine binds its OpenMP threads to every CPU by default, so two engines on
         # a small machine spin-wait against each other (requests then took minutes): give
         # each engine its own CPU, and let idle OpenMP threads sleep.
