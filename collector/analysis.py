@@ -108,11 +108,11 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     the path's RTT floor at `fault_ratio` times the other judged paths' and HOST_FLOOR_S
     over it (any path's: noise cannot raise a floor, so none is left out). Counters are
     no such evidence (a busy receiver's slow drain moves retransmits and pauses too, and
-    they are per device, shared by every path of the host). On a busy sender a path's added latency
-    can hide inside the sender's own stalls (its transfers come out no slower than the
-    others'), while its probes' quietest exchange still carries it. Paths go in order of
-    the fabric's blame: fabric-bound first, then faulty ones, each by the time they
-    explain."""
+    they are per device, shared by every path of the host). On a busy sender a path's
+    added latency can hide inside the sender's own stalls (its transfers come out no
+    slower than the others'), while its probes' quietest exchange still carries it.
+    Paths go in order of the fabric's blame: fabric-bound first, then faulty ones, each
+    by the time they explain."""
     cols = [
         "src",
         "dst",
@@ -208,8 +208,7 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     slow = (per["kv_ratio"] >= cfg.kv_ratio) & (per["transfers"] >= cfg.min_transfers)
     evidence = per["rtt_evidence"].astype(bool) | per["congested"]
     per["fabric_bound"] = (slow & evidence).astype(bool)
-    judged = per["transfers"] >= cfg.min_transfers
-    per["fabric_fault"] = (per["floor_rise"] & judged).astype(bool)
+    per["fabric_fault"] = per["floor_rise"]  # judged paths only, as it was built
     per["host_bound"] = (per["host_share"].fillna(0) >= 0.5) & ~per["fabric_bound"]
     per = per.sort_values(
         ["fabric_bound", "fabric_fault", "explained_s"], ascending=False

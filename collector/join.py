@@ -206,8 +206,8 @@ def split_kv(kv: pd.DataFrame) -> pd.DataFrame:
 # quietest window is this host's stack and scheduling delay for a prober and a
 # responder both, so a path's share is half of each end's. RDMA probes measure their
 # prober's delay themselves, on the path (software-timed: UD from the last empty poll of
-# the receive CQ to the poll that found the answer, probes/rdma/ud.py; RC from the wait's
-# last clock read after an empty poll, probes/rdma/rc.py): where a path's windows carry
+# the receive CQ to the poll that found the answer, probes/rdma/ud.py; RC from a clock
+# read the wait took before its answer came, probes/rdma/rc.py): where a path's windows carry
 # it, what it takes beyond the path's quietest prober delay is the prober end's estimate
 # in full, in place of half the prober's reference; the responder end keeps half its
 # reference (a UD RTT has the responder's processing taken out already, but not the time

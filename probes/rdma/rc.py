@@ -77,9 +77,9 @@ def _marker(i: int) -> int:
 # ------------------------------------------------------------------------- the loops
 # Both sides run the same loops; `first` says who starts a round trip. The prober passes
 # SAMPLES (a preallocated array) and gets one RTT in ns per round trip, and OWN (another)
-# the prober's own delay in it: how late it can have seen the answer, the time from the
-# wait's last clock read after an empty poll to the clock read after the answer (or the
-# whole RTT when the answer came before any such read), its own pauses and any time the
+# the prober's own delay in it: how late it can have seen the answer, the time from a
+# clock read before the wait's last empty poll to the clock read after the answer (or
+# the whole RTT when the wait made no such read), its own pauses and any time the
 # thread was descheduled while the answer waited. Neither loop times its post (a
 # doorbell on hardware; in soft-RoCE it runs the emulated NIC's send work, and often the
 # far end's receive in the same softirq: no host figure there). The Python loop reads

@@ -356,8 +356,8 @@ class RcEndpoint(VerbsEndpoint):
 
         Returns how many arrived (fewer than WANT only at the deadline). An error
         completion raises PeerError: usually a peer that vanished (retries exceeded).
-        `last_empty` keeps the wait's last clock read after an empty poll (monotonic s,
-        0 when the first poll found them)."""
+        `last_empty` keeps the wait's clock read before its last empty poll (Spin.last:
+        monotonic s, 0 when there was none)."""
         got = 0
         spin = self._spin = Spin(deadline)
         while got < want:

@@ -338,8 +338,8 @@ def lat(
         if own is not None and own.count:
             console.print(
                 f"prober delay p50 {own.p50_us:,.3f} µs, p99 {own.p99_us:,.3f} µs (still in "
-                "each RTT: how late this host can have seen each answer, from the wait's "
-                "last clock read after an empty poll)",
+                "each RTT: how late this host can have seen each answer, from a clock read "
+                "before the wait's last empty poll)",
                 highlight=False,
             )
         if with_tcp:

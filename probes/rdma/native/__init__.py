@@ -367,7 +367,8 @@ class NativeRcEndpoint(_NativeEndpoint):
     ) -> int:
         """SEND/RECV ping-pong of TOTAL round trips; FIRST starts (the prober) and writes
         each RTT in ns into OUT, and into PROBER how late it can have seen each answer
-        (fastpath.c pingpong: from the wait's last clock read after an empty poll).
+        (fastpath.c pingpong: from the wait's newest clock read, taken every 64 empty
+        polls, to the answer).
         Returns round trips done (fewer only at a deadline)."""
         step_ns = self._check_loop(size, total, step_s)
         with self._busy:
