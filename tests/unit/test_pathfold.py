@@ -1,5 +1,5 @@
 """The ranking figures folded as reports arrive (collector/pathfold.py) give the selection a
-walk over every path gives (DetailSelector.select), over random reports: peers that come
+walk over every path gives (tests/support/detailwalk.py), over random reports: peers that come
 and go, replays, losses, tail regressions, paths and hosts forgotten, named pairs, time
 passing past the freshness horizon."""
 
@@ -10,13 +10,13 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabricprobe.collector import detail
 from fabricprobe.collector.detail import DetailConfig, DetailSelector, Selection
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.probes.stats import LatencySketch
+from tests.support.detailwalk import WalkSelector
 
 S = 1_000_000_000
 HOSTS = [f"h{i}" for i in range(6)]
@@ -75,13 +75,9 @@ def same(a: Selection, b: Selection) -> None:
 )
 @given(steps=st.lists(step, min_size=1, max_size=40), k=st.integers(0, 3))
 def test_folded_selection_equals_the_walk_over_every_path(steps: list, k: int) -> None:
-    # the walk reads each path's ToR labels afresh (its minute's cache off), as the folds
-    # follow a registration or a forgotten host at once
-    cache_ns, detail.TOR_CACHE_NS = detail.TOR_CACHE_NS, -1
-    try:
-        run(steps, k)
-    finally:
-        detail.TOR_CACHE_NS = cache_ns
+    # the walk reads each path's ToR labels afresh, as the folds follow a registration
+    # or a forgotten host at once
+    run(steps, k)
 
 
 def run(steps: list, k: int) -> None:
@@ -93,7 +89,7 @@ def run(steps: list, k: int) -> None:
     cfg = DetailConfig(worst_k=k, max_paths=4, max_hosts=3, max_tor_pairs=3, hold_s=20.0)
     plan = {"far-1": "t9"}  # the fleet's plan knows one host registered elsewhere
     folded = FabricCollector(store, detail=DetailSelector(cfg), topology=plan.get)
-    walk = DetailSelector(cfg)
+    walk = WalkSelector(cfg)
     for kind, arg in steps:
         if kind == "report":
             now[0] += arg["advance_s"] * S
