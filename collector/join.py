@@ -212,11 +212,22 @@ def split_kv(kv: pd.DataFrame) -> pd.DataFrame:
 # in full, in place of half the prober's reference; the responder end keeps half its
 # reference (a UD RTT has the responder's processing taken out already, but not the time
 # its loop took to see the probe). A window is host-bound when the estimate is at least
-# HOST_SHARE of what the path's RTT rose above its own floor.
+# HOST_SHARE of what the path's RTT rose above its own floor at its median, or when the
+# prober's own delay, measured on the path, is that share of its p99's rise (a prober
+# spinning on a shared CPU sees most answers at once and loses a slice now and then:
+# its tail is the host's while its median is the path's). A reference's tail is no
+# such measure: a quiet host's loopback TCP has tens of µs of it, an RDMA path's p99 a
+# few.
 HOST_SHARE = 0.5
 HOST_FLOOR_S = 20e-6  # host delay below this is noise of the reference itself
 HOST_FIELDS = ["host_delay_s", "rtt_p50_net_s", "rtt_p99_net_s", "host_bound"]
 PROBER_FIELDS = ["prober_delay_min_s", "prober_delay_p50_s", "prober_delay_p99_s"]
+
+
+def _dominates(delay: float, rise: float) -> bool:
+    """Whether the hosts' DELAY accounts for a rise of RISE above the path's floor (and is
+    more than the reference's own noise)."""
+    return bool(delay >= HOST_FLOOR_S and delay >= HOST_SHARE * rise)
 
 
 def _windows_over(
@@ -336,9 +347,11 @@ def join_fabric(
         # half its reference
         prober, own50, own99 = _prober_excess(paths, w)
         ends = []
+        measured99 = np.nan  # the prober's own tail, where it measured it on the path
         for h in (row.src, row.dst):
             if h == prober and not np.isnan(own50):
                 ends.append((own50, own99))
+                measured99 = own99
             else:
                 e = _host_excess(paths, h, row.start_ns, row.end_ns, slack, horizon)
                 ends.append((e[0] / 2, e[1] / 2))
@@ -347,6 +360,7 @@ def join_fabric(
         delay99 = sum(e[1] for e in known) if known else np.nan
         floor = float(pw["rtt_min_s"].min()) if len(pw) else np.nan
         rise = p50[-1] - floor
+        rise99 = p99[-1] - floor
         host_cols["host_delay_s"].append(delay)
         host_cols["rtt_p50_net_s"].append(
             max(rmin[-1], p50[-1] - delay) if known and len(w) else p50[-1]
@@ -355,7 +369,7 @@ def join_fabric(
             max(rmin[-1], p99[-1] - delay99) if known and len(w) else p99[-1]
         )
         host_cols["host_bound"].append(
-            float(delay >= HOST_FLOOR_S and delay >= HOST_SHARE * rise)
+            float(_dominates(delay, rise) or _dominates(measured99, rise99))
             if known and len(w) and not np.isnan(rise)
             else np.nan
         )

@@ -594,8 +594,9 @@ REQUESTS = Dashboard(
                     ),
                     "none",
                     description="Host-bound: its transfers ran mostly in windows where its hosts' "
-                    "own delay (their reference probes) made most of its RTT rise: the hosts "
-                    "are busy, the network is not to blame.",
+                    "own delay (the prober's, measured in its probes, or the hosts' reference "
+                    "probes) made most of its RTT's rise, at the median or in the tail: the "
+                    "hosts are busy, the network is not to blame.",
                 ),
                 Panel(
                     "KV time vs probe tail RTT (rank correlation)",

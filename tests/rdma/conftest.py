@@ -7,6 +7,8 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +55,28 @@ def start_responder(
     for h in hosts:
         wait_listening(h.ip, port, timeout=120)
     return proc
+
+
+@contextmanager
+def receive_work_on(cpu: int) -> Iterator[None]:
+    """Every packet the lane's netdevs (fp*, the hosts' ends and their bridge ports)
+    receive is handled on CPU (receive packet steering), then put back as it was.
+
+    All lane hosts share one kernel, and a veth hands each packet to the receiving side
+    on the CPU that sent it: without this, the far end's emulated NIC (rxe's receive
+    work, which also answers RC requests) runs in softirq on the sender's CPU, and on a
+    busy sender it queues behind the busy processes in ksoftirqd. That is a busy far
+    end, which a busy prober host with a hardware NIC does not have."""
+    queues = sorted(Path("/sys/class/net").glob("fp*/queues/rx-*/rps_cpus"))
+    assert queues, "no lane netdevs (fp*) with receive queues"
+    before = {q: q.read_text().strip() for q in queues}
+    try:
+        for q in queues:
+            q.write_text(f"{1 << cpu:x}\n")
+        yield
+    finally:
+        for q, mask in before.items():
+            q.write_text(mask + "\n")
 
 
 RESOURCE = re.compile(r"(\w+) (\d+)")

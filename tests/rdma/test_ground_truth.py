@@ -16,7 +16,7 @@ Busy: three spinning processes share one CPU with the probers and the KV senders
 says where everything else runs). Host noise then swamps the transfers and the probes'
 tails; the probes' floor, which it cannot raise, must still single out the delayed path
 in 8 of 9 rounds with no untouched path flagged, and the probers' measured delay must
-call untouched paths host-bound in some rounds. The seconds from the
+call untouched paths host-bound in 7 of 9 rounds. The seconds from the
 delay's start to the analysis that flags it are printed (the time to detect; one
 analysis a round here, where a collector analyses every window).
 """
@@ -53,7 +53,7 @@ from fabricprobe.workload.pipeline import (
 )
 from fabricprobe.workload.spans import SpanSender
 from fabricprobe.workload.transfer import KvChannel
-from tests.rdma.conftest import LaneHost, start_responder
+from tests.rdma.conftest import LaneHost, receive_work_on, start_responder
 
 PORT = 4797
 DELAYS = ("2ms", "5ms", "10ms")
@@ -138,11 +138,12 @@ HOGS = 3  # busy processes beside the probers in the loaded run
 class Load:
     """Where the run's parts go. Quiet: anywhere. Busy: HOGS spinning processes share one
     CPU with the probers and the KV senders (this process's threads while they probe and
-    send), and the other CPU is left to the responders, the emulated NIC's receive work,
-    the collector and the analysis. All lane hosts share one kernel: a CPU of their own
-    is what makes the far ends and the collector other machines, as they are in a
-    fleet. (The senders' rxe work runs in their own context, on the busy CPU: soft-RoCE
-    charges the NIC's part of a transfer to its sender, as a hardware NIC does not.)"""
+    send), and the other CPU is left to the responders, the emulated NIC's receive work
+    (steered there: receive_work_on), the collector and the analysis. All lane hosts
+    share one kernel: a CPU of their own is what makes the far ends and the collector
+    other machines, as they are in a fleet. (The senders' rxe send work runs in their own
+    context, on the busy CPU: soft-RoCE charges the NIC's part of a post to its sender, as
+    a hardware NIC does not.)"""
 
     busy: int | None = None
     free: int | None = None
@@ -163,7 +164,8 @@ class Load:
         ]
         os.sched_setaffinity(0, {load.free})  # threads started from here on inherit it
         try:
-            yield load
+            with receive_work_on(load.free):
+                yield load
         finally:
             os.sched_setaffinity(0, set(cpus))
             for h in load.hogs:
@@ -313,9 +315,9 @@ def _ground_truth(lane_hosts: list[LaneHost], load: Load) -> None:
         # the probers' own delay, measured in each exchange, names the rest host-bound
         assert hits >= n - 1, f"busy: the delayed path was found in only {hits} of {n} rounds"
         assert false_flags == 0, f"busy: {false_flags} untouched paths flagged"
-        # (3 to 5 of 9 rounds in the runs measured so far, and as many in the quiet run
-        # on a loaded machine: a test of the flag's presence, not of its rate)
-        assert host_rounds >= 2, f"busy: host-bound paths in only {host_rounds} rounds"
+        # a prober sharing its CPU loses slices in every probe pass: its windows' tails
+        # are its own delay (collector/join.py), in 9 of 9 rounds in the runs measured
+        assert host_rounds >= n - 2, f"busy: host-bound paths in only {host_rounds} rounds"
         return
     # Under QEMU's software emulation a sender's stall can slow a clean path's transfers
     # for a whole round, and a delay's effect on a transfer can drown in one: the test

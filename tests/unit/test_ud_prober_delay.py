@@ -2,7 +2,8 @@
 carries it as a `prober_delay` sketch, the collector's store holds it to what it can be
 and keeps the newest window's p50, the history hands it to the join, and the join takes
 a path's own prober delay as its prober end's host delay (the reference otherwise), so
-that a UD window whose prober delay dominates comes back host-bound."""
+that a UD window whose prober delay dominates its median or its tail comes back
+host-bound."""
 
 from __future__ import annotations
 
@@ -135,6 +136,19 @@ def test_a_ud_window_whose_prober_delay_dominates_is_host_bound() -> None:
     # without the prober's own figure the quiet references would call it the network's
     row = _join([*refs, quiet, ud(10 * S, 30 * S, 85, 1090, 3000, None)])
     assert row["host_delay_s"] == pytest.approx(5 * US) and row["host_bound"] == 0.0
+
+
+def test_a_window_whose_tail_is_the_probers_delay_is_host_bound() -> None:
+    # a prober spinning on a shared CPU: its median exchange is the path's, and now and
+    # then it loses a slice (the p99 rises by 3 ms, its own delay's p99 with it)
+    refs = [ref(h, s * S, e * S, 30, 35) for h in "ab" for s, e in ((0, 10), (10, 30))]
+    quiet = ud(0, 10 * S, 80, 90, 120, QUIET_OWN)
+    row = _join([*refs, quiet, ud(10 * S, 30 * S, 80, 95, 3080, (3, 4, 2900))])
+    assert row["host_delay_s"] == pytest.approx((4 - 3 + 2.5) * US)  # the median's figure
+    assert row["host_bound"] == 1.0  # 2897 µs of the tail's 3000 µs rise
+    # the same tail with a prober that saw every answer at once is the path's own
+    row = _join([*refs, quiet, ud(10 * S, 30 * S, 80, 95, 3080, (3, 4, 9))])
+    assert row["host_bound"] == 0.0
 
 
 def test_a_ud_path_the_network_delays_is_not_host_bound() -> None:
