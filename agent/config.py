@@ -196,3 +196,5 @@ class AgentConfig:
             raise ConfigError("cert_file and key_file go together")
         if bool(self.etcd_cert_file) != bool(self.etcd_key_file):
             raise ConfigError("etcd_cert_file and etcd_key_file go together")
+        if self.etcd_cert_file and not self.etcd_ca_file:
+            raise ConfigError("etcd_cert_file needs etcd_ca_file (a client certificate is https)")

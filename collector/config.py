@@ -270,6 +270,8 @@ class CollectorSettings:
             raise ConfigError("etcd needs shard_name (unique among the shards)")
         if bool(self.etcd_cert_file) != bool(self.etcd_key_file):
             raise ConfigError("etcd_cert_file and etcd_key_file go together")
+        if self.etcd_cert_file and not self.etcd_ca_file:
+            raise ConfigError("etcd_cert_file needs etcd_ca_file (a client certificate is https)")
         host = self.listen.rpartition(":")[0].strip("[]")
         if not self.advertise and host in ("", "0.0.0.0", "::"):
             raise ConfigError("listening on every address: give advertise (HOST:PORT for agents)")

@@ -151,6 +151,11 @@ class Etcd:
             )
             for h, p in endpoints
         ]
+        for c in self._clients:
+            # etcd is reached directly and trusts only CA_FILE: a requests session that
+            # trusts the environment lets REQUESTS_CA_BUNDLE (set on many hosts) stand in
+            # for the CA given, and HTTP(S)_PROXY route the fleet's membership elsewhere
+            c.session.trust_env = False
         self.errors = 0
         self._lock = threading.Lock()  # one client serves several threads
 

@@ -34,7 +34,7 @@ from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import emit_request
 from tests.integration.test_loopback_fleet import FIXTURES, free_port, wait_for
 from tests.support.fleet import open_responder
-from tests.unit.test_collector_tls import _issue, _openssl
+from tests.support.pki import issue, make_ca
 
 HOSTS = {"host-2": "127.0.0.2", "host-3": "127.0.0.3", "host-4": "127.0.0.4"}
 TOR = {"host-2": "tor-a", "host-3": "tor-a", "host-4": "tor-b"}
@@ -43,11 +43,10 @@ TOR = {"host-2": "tor-a", "host-3": "tor-a", "host-4": "tor-b"}
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-             "ca.pem", "-days", "2", "-subj", "/CN=report test CA", cwd=d)  # fmt: skip
-    _issue(d, "collector", "/CN=collector", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    make_ca(d, subject="/CN=report test CA")
+    issue(d, "collector", "/CN=collector", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     for name in [*HOSTS, "reader", "engine"]:
-        _issue(d, name, f"/CN={name}", f"subjectAltName=DNS:{name}\n")
+        issue(d, name, f"/CN={name}", f"subjectAltName=DNS:{name}\n")
     return d
 
 

@@ -14,7 +14,6 @@ every dashboard query still returns data.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from fabricprobe.collector.shard import ShardConfig
 from fabricprobe.core import shards
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.shards import Etcd, Member, b64, owner_of
+from tests.support.etcd import running_etcd
 from tests.support.feeds import fixture_checks, live_feed, rising_ethtool
 from tests.support.fleet import (
     FIXTURES,
@@ -58,35 +58,8 @@ AGENT_METRICS = {h: free_port(h) for h in HOSTS}
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[int]:
     """A one-member etcd on loopback with its data in TMP_PATH; yields its client port."""
-    assert shutil.which("etcd"), "etcd is not installed (Debian's etcd-server; scripts/setup.sh)"
-    client, peer = free_port(), free_port()
-    log = (tmp_path / "etcd.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            "etcd",
-            "--name=t",
-            f"--data-dir={tmp_path / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{client}",
-            f"--advertise-client-urls=http://127.0.0.1:{client}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=t=http://127.0.0.1:{peer}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-    def healthy() -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{client}/health", timeout=2) as r:
-            return b"true" in r.read()
-
-    try:
-        wait_for(healthy, 30, "etcd to start")
-        yield client
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+    with running_etcd(tmp_path) as port:
+        yield port
 
 
 def shard_server(name: str, etcd_port: int) -> CollectorServer:

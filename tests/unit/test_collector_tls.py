@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,72 +15,19 @@ from fabricprobe.agent.config import AgentConfig
 from fabricprobe.collector.auth import MutualTls
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from tests.support.pki import issue, make_ca
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _issue(d: Path, name: str, subject: str, ext: str) -> None:
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        f"{name}.key",
-        "-subj",
-        subject,
-        "-out",
-        f"{name}.csr",
-        cwd=d,
-    )
-    (d / f"{name}.ext").write_text(ext)
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        f"{name}.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-out",
-        f"{name}.pem",
-        "-extfile",
-        f"{name}.ext",
-        cwd=d,
-    )
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=fabricprobe test CA",
-        cwd=d,
-    )
-    _issue(d, "collector", "/CN=collector", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    make_ca(d)
+    issue(d, "collector", "/CN=collector", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     for host in ("h1", "h2", "reader"):
-        _issue(d, host, f"/CN={host}", f"subjectAltName=DNS:{host}\n")
-    _issue(d, "h3", "/CN=h3", "subjectAltName=DNS:h3,IP:10.20.30.40\n")
+        issue(d, host, f"/CN={host}", f"subjectAltName=DNS:{host}\n")
+    issue(d, "h3", "/CN=h3", "subjectAltName=DNS:h3,IP:10.20.30.40\n")
     return d
 
 

@@ -7,7 +7,6 @@ import base64
 import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import urllib.error
@@ -22,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from fabricprobe.collector.exposition import ScrapeStats, load_web_config, serve_metrics
+from tests.support.pki import issue, make_ca
 
 
 class Slow:
@@ -96,22 +96,13 @@ def test_handler_threads_are_bounded() -> None:
         server.server_close()
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("openssl") is None:
         pytest.fail("openssl is needed (scripts/setup.sh installs it)")
     d = tmp_path_factory.mktemp("webpki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-             "ca.pem", "-days", "2", "-subj", "/CN=test CA", cwd=d)  # fmt: skip
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "m.key", "-subj", "/CN=m",
-             "-out", "m.csr", cwd=d)  # fmt: skip
-    (d / "m.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    _openssl("x509", "-req", "-in", "m.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-days", "2",
-             "-CAcreateserial", "-out", "m.pem", "-extfile", "m.ext", cwd=d)  # fmt: skip
+    make_ca(d, subject="/CN=test CA")
+    issue(d, "m", "/CN=m", "subjectAltName=IP:127.0.0.1\n")
     return d
 
 

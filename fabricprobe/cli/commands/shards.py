@@ -19,10 +19,22 @@ from fabricprobe.core.shards import DEFAULT_PREFIX, Etcd, EtcdError, owner_of, p
 Examples:
   probe shards --etcd etcd-1:2379,etcd-2:2379
   probe shards --etcd etcd-1:2379 --host gpu-node-17        # which shard owns it
-  probe shards --etcd etcd-1:2379 --file-sd /etc/prometheus/fabricprobe-shards.json""",
+  probe shards --etcd etcd-1:2379 --file-sd /etc/prometheus/fabricprobe-shards.json
+  probe shards --etcd etcd-1:2379 --ca-file etcd-ca.pem --cert-file me.pem --key-file me.key""",
 )
 @click.option("--etcd", "endpoints", required=True, metavar="HOST:PORT,...", help="etcd endpoints.")
 @click.option("--prefix", default=DEFAULT_PREFIX, show_default=True, help="Key prefix in etcd.")
+@click.option(
+    "--ca-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="CA of etcd's certificate: speak https.",
+)
+@click.option(
+    "--cert-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Client certificate for etcd (PEM).",
+)
+@click.option("--key-file", type=click.Path(exists=True, dir_okay=False), help="Its key (PEM).")
 @click.option("--host", "hosts", multiple=True, metavar="NAME", help="Print the shard owning NAME.")
 @click.option(
     "--file-sd",
@@ -31,11 +43,28 @@ Examples:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def shards(
-    endpoints: str, prefix: str, hosts: tuple[str, ...], file_sd: str | None, as_json: bool
+    endpoints: str,
+    prefix: str,
+    ca_file: str | None,
+    cert_file: str | None,
+    key_file: str | None,
+    hosts: tuple[str, ...],
+    file_sd: str | None,
+    as_json: bool,
 ) -> None:
     """List the collector shards live in etcd."""
+    if bool(cert_file) != bool(key_file):
+        fail("--cert-file and --key-file go together")
+    if cert_file and not ca_file:
+        fail("--cert-file needs --ca-file (a client certificate goes over https only)")
     try:
-        client = Etcd(parse_endpoints(endpoints), prefix=prefix)
+        client = Etcd(
+            parse_endpoints(endpoints),
+            prefix=prefix,
+            ca_file=ca_file or "",
+            cert_file=cert_file or "",
+            key_file=key_file or "",
+        )
         members, bad = client.members(serializable=True)
     except ValueError as e:
         fail(f"--etcd: {e}")
