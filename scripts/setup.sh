@@ -4,7 +4,7 @@
 #   * Debian packages for the soft-RoCE VM lane, perftest/sockperf/qperf (lane/install.sh)
 #   * promtool (Debian's prometheus package) for checking the metrics exposition
 #   * chromium, headless, for checking what `probe report` shows
-#   * etcd (etcd-server) for the collector shards' test
+#   * etcd (etcd-server) for the collector shards' tests, openssl for their certificates
 #   * helm and systemd-analyze for the deploy checks (scripts/install-deploy-tools.sh)
 #   * the native engine of the probes (scripts/build-native.sh)
 #   * .venv: the project (editable) with its dev extras, seeing Debian's pyverbs
@@ -29,6 +29,10 @@ fi
 # starts one on loopback.
 if ! command -v etcd >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+fi
+# openssl makes the tests' throwaway certificates (tests/support/pki.py).
+if ! command -v openssl >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssl >/dev/null
 fi
 # helm and systemd-analyze for the deploy checks (tests/unit/test_deploy.py).
 bash scripts/install-deploy-tools.sh
