@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +15,6 @@ from fabricprobe.collector.auth import MutualTls
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from tests.support.pki import issue, make_ca
-
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
 
 @pytest.fixture(scope="module")
