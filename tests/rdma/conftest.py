@@ -57,24 +57,46 @@ def start_responder(
     return proc
 
 
-@contextmanager
-def receive_work_on(cpu: int) -> Iterator[None]:
-    """Every packet the lane's netdevs (fp*, the hosts' ends and their bridge ports)
-    receive is handled on CPU (receive packet steering), then put back as it was.
+def _softirq_threads() -> list[int]:
+    """The kernel's per-CPU softirq threads (ksoftirqd/N)."""
+    out = []
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().startswith("ksoftirqd/"):
+                out.append(int(comm.parent.name))
+        except OSError:
+            continue
+    return out
 
-    All lane hosts share one kernel, and a veth hands each packet to the receiving side
-    on the CPU that sent it: without this, the far end's emulated NIC (rxe's receive
-    work, which also answers RC requests) runs in softirq on the sender's CPU, and on a
-    busy sender it queues behind the busy processes in ksoftirqd. That is a busy far
-    end, which a busy prober host with a hardware NIC does not have."""
+
+@contextmanager
+def nic_work_apart(cpu: int) -> Iterator[None]:
+    """The emulated NIC's work kept apart from busy processes, then put back as it was:
+    every packet the lane's netdevs (fp*, the hosts' ends and their bridge ports) receive
+    is handled on CPU (receive packet steering), and the softirq threads run ahead of
+    ordinary processes (SCHED_FIFO).
+
+    All lane hosts share one kernel, and soft-RoCE does a NIC's work in the kernel's
+    softirqs: a veth hands each packet to the far end's rxe on the CPU that sent it, and
+    the sender's CPU must run its own softirq to pass a steered packet on. On a busy CPU
+    that work is deferred to ksoftirqd, which then queues behind the busy processes: the
+    far end and the wire become busy too, which a busy prober host with a hardware NIC
+    does not make them. (The send work inside a prober's post stays on its CPU: soft-RoCE
+    runs it in the poster's context.)"""
     queues = sorted(Path("/sys/class/net").glob("fp*/queues/rx-*/rps_cpus"))
     assert queues, "no lane netdevs (fp*) with receive queues"
     before = {q: q.read_text().strip() for q in queues}
+    threads = _softirq_threads()
+    assert threads, "no ksoftirqd threads"
     try:
         for q in queues:
             q.write_text(f"{1 << cpu:x}\n")
+        for pid in threads:
+            os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(10))
         yield
     finally:
+        for pid in threads:
+            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
         for q, mask in before.items():
             q.write_text(mask + "\n")
 

@@ -53,7 +53,7 @@ from fabricprobe.workload.pipeline import (
 )
 from fabricprobe.workload.spans import SpanSender
 from fabricprobe.workload.transfer import KvChannel
-from tests.rdma.conftest import LaneHost, receive_work_on, start_responder
+from tests.rdma.conftest import LaneHost, nic_work_apart, start_responder
 
 PORT = 4797
 DELAYS = ("2ms", "5ms", "10ms")
@@ -139,7 +139,8 @@ class Load:
     """Where the run's parts go. Quiet: anywhere. Busy: HOGS spinning processes share one
     CPU with the probers and the KV senders (this process's threads while they probe and
     send), and the other CPU is left to the responders, the emulated NIC's receive work
-    (steered there: receive_work_on), the collector and the analysis. All lane hosts
+    (steered there, its softirqs ahead of the busy processes: nic_work_apart), the
+    collector and the analysis. All lane hosts
     share one kernel: a CPU of their own is what makes the far ends and the collector
     other machines, as they are in a fleet. (The senders' rxe send work runs in their own
     context, on the busy CPU: soft-RoCE charges the NIC's part of a post to its sender, as
@@ -164,7 +165,7 @@ class Load:
         ]
         os.sched_setaffinity(0, {load.free})  # threads started from here on inherit it
         try:
-            with receive_work_on(load.free):
+            with nic_work_apart(load.free):
                 yield load
         finally:
             os.sched_setaffinity(0, set(cpus))

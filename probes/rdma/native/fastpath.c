@@ -520,11 +520,13 @@ static int drain(fp_ep *ep, int64_t step_ns)
 /* The ping-pong both latency loops share. FIRST posts and waits for the answer; the other
  * side waits and answers. A SEND is answered by a receive completion; a WRITE by the marker
  * i % 255 + 1 landing in the last byte of the receive half (perftest's write_lat method).
- * RTT_NS (may be NULL) gets each round trip in ns, PROBER_NS (may be NULL) how late the
- * prober can have seen its answer: the time from the wait's last clock read after an
- * empty poll (read every CLOCK_EVERY polls: no clock read is added to the wait) to the
- * one after the answer, or the whole RTT when the wait read none. A thread descheduled
- * while its answer came, or pausing in a long wait, has that time in it. */
+ * RTT_NS (may be NULL) gets each round trip in ns, from the clock read just before the
+ * post (the wait for room in the send queue comes before it) to the one after the answer.
+ * PROBER_NS (may be NULL) gets how late the prober can have seen its answer: the time
+ * from the wait's last clock read after an empty poll (read every CLOCK_EVERY polls: no
+ * clock read is added to the wait) to the one after the answer, or the whole RTT when
+ * the wait read none. A thread descheduled while its answer came, or pausing in a long
+ * wait, has that time in it. */
 static int64_t pingpong(fp_ep *ep, struct ibv_send_wr *wr, uint32_t size, int64_t total,
                         int first, int64_t step_ns, int64_t *rtt_ns, int64_t *prober_ns)
 {
@@ -539,7 +541,11 @@ static int64_t pingpong(fp_ep *ep, struct ibv_send_wr *wr, uint32_t size, int64_
             (!first && wait_answer(ep, write, in_mark, mark, deadline, NULL) <= 0))
             return i;
         *out_mark = mark;
-        if (wait_send(ep, ep->depth - 1, deadline) <= 0 || post_send(ep, wr, signaled))
+        if (wait_send(ep, ep->depth - 1, deadline) <= 0)
+            return i;
+        if (first) /* the RTT starts at the post, as perftest's: room in the SQ is not it */
+            t0 = now_ns();
+        if (post_send(ep, wr, signaled))
             return i;
         if (first && wait_answer(ep, write, in_mark, mark, deadline, &seen) <= 0)
             return i;
