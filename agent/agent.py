@@ -505,6 +505,12 @@ class Agent:
                 log.error("collector refused the checks: %s", _rpc_reason(e))
                 self.checks.sent_ok(msg)
                 return
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                # the collector restarted and forgot us: register again (the verdicts
+                # stay pending), as a refused report does
+                self.registered = False
+                if self.handoff is not None:
+                    self.handoff.restarted()
             raise
         self.checks.sent_ok(msg)
 
@@ -553,6 +559,7 @@ class Agent:
     def _send_loop(self) -> None:
         backoff = 0.2
         while not self._stop.is_set():
+            was_registered = self.registered
             try:
                 self._follow_shard()
                 if not self.registered:
@@ -572,6 +579,10 @@ class Agent:
             except grpc.RpcError as e:
                 log.warning("collector %s: %s", self.target, _rpc_reason(e))
                 ok = False
+            if not ok and was_registered and not self.registered:
+                # a collector that forgot us answers: register again soon, not after the
+                # backoff its outage grew
+                backoff = 0.2
             if not ok and self.handoff is not None:
                 self.handoff.soon()  # the shard may be gone: read the members again
             if ok:

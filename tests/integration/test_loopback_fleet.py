@@ -161,6 +161,37 @@ def test_collector_restart_loses_no_window(tmp_path: Path) -> None:
     assert agent.spool.depth == 0
 
 
+def test_checks_refused_by_a_collector_that_forgot_the_host_make_it_register_again(
+    tmp_path: Path,
+) -> None:
+    """The collector restarts while check verdicts wait to go: its refusal of them (the
+    host is not registered there) makes the agent register again, soon, and send them."""
+    first = CollectorServer(server_config())
+    first.start()
+    port = first.port
+    cfg = loopback_agent_config(
+        tmp_path, HOSTS[0], port, validate_interval_s=3600.0, validate_first_s=0.0
+    )
+    agent = Agent(cfg)
+    agent.start()
+    second: CollectorServer | None = None
+    try:
+        checks = agent.checks
+        assert checks is not None
+        wait_for(lambda: checks.sent >= 1, 30, "the first verdicts sent")
+        first.stop(0)
+        second = CollectorServer(server_config(port))
+        second.start()
+        checks.resend()  # verdicts wait while the new collector has never heard of us
+        wait_for(lambda: cfg.host in second.drift.hosts, 10, "the verdicts at the new collector")
+        assert checks.sent >= 2
+    finally:
+        agent.close()
+        first.stop(0)
+        if second is not None:
+            second.stop(0)
+
+
 def test_real_processes_and_sigterm(tmp_path: Path) -> None:
     api, metrics = free_port(), free_port()
     probe = [sys.executable, "-m", "fabricprobe"]
