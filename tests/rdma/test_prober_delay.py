@@ -2,9 +2,9 @@
 reported for every answered probe, small on a quiet lane, never more than the RTT it sits
 in, and it follows real host delay: with busy processes on the prober's CPU (UD) or the
 prober stopped for a known share of the time (RC) the RTT rises and the prober's delay
-takes most of the rise. The responder keeps the other CPU then,
-and the emulated NIC's work is kept apart from the busy processes (nic_work_apart), as a
-far host's and a hardware NIC's would be."""
+takes most of the rise. The responder keeps the other CPU then, and the emulated NIC's
+work is kept apart from the busy processes (nic_work_apart), as a far host's and a
+hardware NIC's would be."""
 
 from __future__ import annotations
 
@@ -208,10 +208,10 @@ def test_rc_rounds_carry_the_probers_delay_and_it_follows_a_paused_prober(
 
     A stop, not busy processes: in soft-RoCE a busy CPU also slows the emulated NIC and,
     through the machine's cores that the VM's vCPUs share, the far end; the RTT without
-    the prober's delay then rises with it (by 0.8-1.6 ms of mean in the runs measured),
+    the prober's delay then rises with it (its p90 by 0.8-1.6 ms in the runs measured),
     which is not the prober's and which a hardware NIC does not have. A stop leaves the
-    CPU free, and lands where the loop runs in user space: in its wait, or between
-    exchanges."""
+    CPU free, and lands where the loop runs in user space: in its wait, before its post,
+    or between exchanges."""
     _pin(responder.pid, {1})
     mine = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {0})
