@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from hdrh.histogram import HdrHistogram
 
@@ -22,6 +22,33 @@ SIGNIFICANT_DIGITS = 2
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 
 Kind = Literal["rtt", "one_way", "delay"]  # delay: a host delay inside an RTT (UD)
+
+
+class ExactFigures(Protocol):
+    """What a distribution keeps exactly beside its slots (LatencySketch, SlotTally and
+    the collector's MergedSketch)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    count: int
+    lost: int
+    sum_ns: int
+    min_ns: int | None
+    max_ns: int | None
+
+
+def merge_exact(into: ExactFigures, other: ExactFigures) -> None:
+    """Fold OTHER's exact figures into INTO's (same kind only: RTT and one-way never mix)."""
+    if other.kind != into.kind:
+        raise ValueError(f"cannot merge a {other.kind} sketch into a {into.kind} sketch")
+    into.count += other.count
+    into.lost += other.lost
+    into.sum_ns += other.sum_ns
+    if other.min_ns is not None and (into.min_ns is None or other.min_ns < into.min_ns):
+        into.min_ns = other.min_ns
+    if other.max_ns is not None and (into.max_ns is None or other.max_ns > into.max_ns):
+        into.max_ns = other.max_ns
 
 
 class _Exact:
@@ -53,17 +80,6 @@ class _Exact:
         if self.max_ns is None or hi > self.max_ns:
             self.max_ns = hi
         return vals
-
-    def _merge_exact(self, other: _Exact) -> None:
-        if other.kind != self.kind:
-            raise ValueError(f"cannot merge a {other.kind} sketch into a {self.kind} sketch")
-        self.count += other.count
-        self.lost += other.lost
-        self.sum_ns += other.sum_ns
-        if other.min_ns is not None and (self.min_ns is None or other.min_ns < self.min_ns):
-            self.min_ns = other.min_ns
-        if other.max_ns is not None and (self.max_ns is None or other.max_ns > self.max_ns):
-            self.max_ns = other.max_ns
 
     def record_lost(self, n: int = 1) -> None:
         self.lost += n
@@ -99,7 +115,7 @@ class LatencySketch(_Exact):
 
     def merge(self, other: LatencySketch) -> None:
         """Fold OTHER into this sketch (same kind only: RTT and one-way never mix)."""
-        self._merge_exact(other)
+        merge_exact(self, other)
         if other.count:
             self._hist.add(other._hist)
 
@@ -226,7 +242,7 @@ class SlotTally(_Exact):
 
     def merge(self, other: LatencySketch | SlotTally) -> None:
         """Fold OTHER in, as LatencySketch.merge does (same kind only)."""
-        self._merge_exact(other)
+        merge_exact(self, other)
         slots = self._slots
         for k, n in zip(*other.slots(), strict=True):
             slots[k] = slots.get(k, 0) + n

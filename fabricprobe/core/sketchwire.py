@@ -27,6 +27,7 @@ from fabricprobe.probes.stats import (
     SIGNIFICANT_DIGITS,
     LatencySketch,
     SlotTally,
+    merge_exact,
 )
 
 _TEMPLATE = HdrHistogram(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
@@ -54,15 +55,7 @@ class MergedSketch:
     slots: dict[int, int] = field(default_factory=dict)
 
     def merge(self, sk: MergedSketch) -> None:
-        if sk.kind != self.kind:
-            raise ValueError(f"cannot merge a {sk.kind} sketch into a {self.kind} sketch")
-        self.count += sk.count
-        self.lost += sk.lost
-        self.sum_ns += sk.sum_ns
-        if sk.min_ns is not None and (self.min_ns is None or sk.min_ns < self.min_ns):
-            self.min_ns = sk.min_ns
-        if sk.max_ns is not None and (self.max_ns is None or sk.max_ns > self.max_ns):
-            self.max_ns = sk.max_ns
+        merge_exact(self, sk)
         slots = self.slots
         for i, n in sk.slots.items():
             slots[i] = slots.get(i, 0) + n
