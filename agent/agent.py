@@ -506,13 +506,18 @@ class Agent:
                 self.checks.sent_ok(msg)
                 return
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                # the collector restarted and forgot us: register again (the verdicts
-                # stay pending), as a refused report does
-                self.registered = False
-                if self.handoff is not None:
-                    self.handoff.restarted()
+                self._forgotten()  # the verdicts stay pending
             raise
         self.checks.sent_ok(msg)
+
+    def _forgotten(self) -> None:
+        """The collector restarted and forgot this host: register again, replay what the
+        old one had taken (a shard's handoff) and send the newest verdicts again."""
+        self.registered = False
+        if self.handoff is not None:
+            self.handoff.restarted()
+        if self.checks is not None:
+            self.checks.resend()
 
     @property
     def handoffs(self) -> int:
@@ -628,11 +633,7 @@ class Agent:
             return True
         code = err.code()
         if code == grpc.StatusCode.FAILED_PRECONDITION:
-            self.registered = False  # the collector restarted and forgot us
-            if self.handoff is not None:
-                self.handoff.restarted()
-            if self.checks is not None:
-                self.checks.resend()
+            self._forgotten()
         elif code == grpc.StatusCode.INVALID_ARGUMENT and len(acks) < len(keys):
             bad = keys[len(acks)]
             self.spool.ack(bad)  # it will never be taken: do not block the ones behind it
