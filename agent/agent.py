@@ -22,14 +22,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import resource
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-import psutil
 
 from fabricprobe.agent.client import CollectorClient, channel_credentials
 from fabricprobe.agent.config import AgentConfig
@@ -41,6 +39,7 @@ from fabricprobe.agent.nixl import NixlReader
 from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler
 from fabricprobe.agent.probing import Runner as ProbeRunner
 from fabricprobe.agent.rdma_runners import all_runners
+from fabricprobe.agent.selfload import Readers, SelfLoad
 from fabricprobe.agent.spool import Spool, SpoolCorrupt, SpoolKey, decode_window
 from fabricprobe.agent.validation import ValidationSchedule
 from fabricprobe.agent.window import WindowAggregator
@@ -69,7 +68,6 @@ MAX_PER_SOURCE = 8
 MAX_SESSION_MEMORY = 32 << 20
 MAX_BACKOFF_S = 10.0
 REFERENCE_EXCHANGES = 10  # per host-reference burst: two bursts a window
-MAX_SLOWDOWN = 4.0  # the self-throttle stretches probe intervals at most this much
 EX_SOFTWARE = 70  # sysexits.h: an internal error; the exit status when a thread died
 FAILURES_FILE = "thread-failures.json"
 
@@ -111,10 +109,12 @@ class Agent:
         clock: Callable[[], int] = time.time_ns,
         sessions: SessionTable | None = None,
         runners: Mapping[str, ProbeRunner] | None = None,
+        readers: Readers | None = None,
     ) -> None:
         """SESSIONS (kind -> handler) are what the responder serves, the probes' own by
         default; RUNNERS (kind -> runner) what the scheduler runs, TCP and RDMA where
-        pyverbs loads by default."""
+        pyverbs loads by default; READERS where the agent's figures about itself come
+        from (this process's by default)."""
         cfg.validate()
         self.cfg = cfg
         self.clock = clock
@@ -184,9 +184,6 @@ class Agent:
         self.rejected = 0
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._proc = psutil.Process()
-        self._last_bursts = 0
-        self._last_cut = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._window_start = clock()
         self.last_report: pb.WindowReport | None = None  # the newest window, for /metrics
@@ -208,8 +205,12 @@ class Agent:
                 policy_file=cfg.validate_policy,
                 devices=tuple(cfg.devices),
             )
-        self.pressure = CpuPressure(Path(cfg.proc_root) / "pressure" / "cpu")
-        self._last_cpu = (time.monotonic(), _own_cpu_s())
+        self.load = SelfLoad(
+            CpuPressure(Path(cfg.proc_root) / "pressure" / "cpu"),
+            cpu_budget=cfg.cpu_budget,
+            pressure_limit=cfg.pressure_limit,
+            readers=readers,
+        )
         self.failure: str | None = None  # "thread: error" once a thread died
         self._failures_path = Path(cfg.spool_dir) / FAILURES_FILE
         self.thread_failures, last = _read_failures(self._failures_path)
@@ -331,13 +332,9 @@ class Agent:
     def cut_window(self) -> SpoolKey:
         """Close the current window into a report and spool it."""
         end = self.clock()
-        now = time.monotonic()
         bursts = self.aggregator.bursts
-        rate = (bursts - self._last_bursts) / max(now - self._last_cut, 1e-3)
-        self._last_bursts, self._last_cut = bursts, now
         self.seq += 1
-        cpu_s = _own_cpu_s()
-        share, pressure = self._throttle(cpu_s, now)
+        load, self.scheduler.slowdown = self.load.window(bursts, self.scheduler.slowdown)
         report = pb.WindowReport(
             host=self.cfg.host,
             epoch=self.epoch,
@@ -347,10 +344,10 @@ class Agent:
             probes=self.aggregator.cut(),
             counters=self.changed((sample := self.sampler.sample()) + self.nixl.sample()),
             agent=pb.AgentStats(
-                cpu_seconds=cpu_s,
-                rss_bytes=self._proc.memory_info().rss,
+                cpu_seconds=load.cpu_s,
+                rss_bytes=load.rss_bytes,
                 probes=bursts,
-                probe_rate=rate,
+                probe_rate=load.probe_rate,
                 spool_depth=self.spool.depth,
                 spool_bytes=self.spool.size_bytes,
                 spool_dropped=self.spool.dropped,
@@ -363,8 +360,8 @@ class Agent:
                 sessions_refused=self.responder.refused,
                 sessions_refused_by_reason=dict(self.responder.refusals),
                 self_throttle=self.scheduler.slowdown,
-                cpu_share=share,
-                cpu_pressure=-1.0 if pressure is None else pressure,
+                cpu_share=load.share,
+                cpu_pressure=-1.0 if load.pressure is None else load.pressure,
             ),
             assignment_generation=self.generation,
         )
@@ -465,29 +462,6 @@ class Agent:
             count=REFERENCE_EXCHANGES,
             interval_s=max(1.0, self.window_s / 2),
         )
-
-    def _throttle(self, cpu_s: float, now: float) -> tuple[float, float | None]:
-        """Update the self-throttle from the CPU the agent used since the last window and
-        the host's CPU pressure: stretch the probe intervals by 1.5x (up to 4x) while over
-        budget, ease back by the same step once under it. Returns (cpu share, pressure)."""
-        elapsed = max(now - self._last_cpu[0], 1e-3)
-        share = max(0.0, (cpu_s - self._last_cpu[1]) / elapsed)
-        self._last_cpu = (now, cpu_s)
-        pressure = self.pressure.sample(now)
-        over = share > self.cfg.cpu_budget or (
-            pressure is not None and pressure > self.cfg.pressure_limit
-        )
-        s = self.scheduler.slowdown
-        s = min(MAX_SLOWDOWN, s * 1.5) if over else max(1.0, s / 1.5)
-        if s != self.scheduler.slowdown:
-            log.info(
-                "self-throttle %.2fx (agent %.2f%% of a core, CPU pressure %s)",
-                s,
-                share * 100,
-                "unknown" if pressure is None else f"{pressure:.0%}",
-            )
-        self.scheduler.slowdown = s
-        return share, pressure
 
     def _checks_loop(self) -> None:
         assert self.checks is not None
@@ -642,13 +616,6 @@ class Agent:
             return True
         log.warning("collector %s: %s", self.target, _rpc_reason(err))
         return False
-
-
-def _own_cpu_s() -> float:
-    """User + system CPU seconds of this process, every thread (one getrusage call, in
-    µs; psutil's cpu_times reads /proc in 10 ms ticks for about 70 times the cost)."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _read_failures(path: Path) -> tuple[int, str | None]:

@@ -106,7 +106,7 @@ def loopback_agent_config(tmp: Path, address: str, collector_port: int, **kw: An
         "window_s": 1.0,
         "probe_timeout": 3.0,  # a loaded CI machine must not turn into loss
         # in-process agents share the test's process: its CPU time is not the agent's, so
-        # the self-throttle (agent._throttle) would answer the harness, not the agent
+        # the self-throttle (agent.selfload) would answer the harness, not the agent
         "cpu_budget": 4.0,
         "pressure_limit": 1.0,
     }

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fabricprobe.agent.agent import MAX_SLOWDOWN, Agent
+from fabricprobe.agent.agent import Agent
+from fabricprobe.agent.selfload import MAX_SLOWDOWN, Readers
 from fabricprobe.probes.errors import ParseError
 from fabricprobe.probes.hostload import CpuPressure, parse_pressure
 from tests.support.fleet import loopback_agent_config
@@ -51,10 +52,26 @@ def test_pressure_parser_raises_only_its_error(text: str) -> None:
         assert parse_pressure(text) >= 0
 
 
+class FakeSelf:
+    """The agent's own CPU seconds and monotonic clock, as the test says they are."""
+
+    def __init__(self) -> None:
+        self.cpu, self.now = 0.0, 100.0
+
+    def readers(self) -> Readers:
+        return Readers(
+            cpu_s=lambda: self.cpu, rss_bytes=lambda: 50 << 20, monotonic=lambda: self.now
+        )
+
+
 def test_the_agent_throttles_itself_and_eases_back(tmp_path: Path) -> None:
+    """Every figure the agent has of itself comes from the readers given: the test
+    process's own CPU time and the machine's uptime play no part (CI on a machine booted
+    minutes ago once saw the pytest process's 113 CPU-s over a short monotonic clock)."""
     psi = tmp_path / "proc" / "pressure" / "cpu"
     psi.parent.mkdir(parents=True)
     psi.write_text(PSI.format(some=0))
+    me = FakeSelf()
     agent = Agent(
         loopback_agent_config(
             tmp_path,
@@ -64,31 +81,38 @@ def test_the_agent_throttles_itself_and_eases_back(tmp_path: Path) -> None:
             validate_interval_s=0,
             cpu_budget=0.01,  # the defaults, which the loopback fleet's agents lift
             pressure_limit=0.5,
-        )
+        ),
+        readers=me.readers(),
     )
-    try:
-        cpu, now, waited = 0.0, 100.0, 0
-        agent._last_cpu = (now, cpu)
-        agent.pressure.sample(now)
+    waited = 0
+    agent.load.pressure.sample(me.now)
 
-        def window(agent_cpu_s: float, waited_s: float) -> float:
-            nonlocal cpu, now, waited
-            cpu, now, waited = cpu + agent_cpu_s, now + 10.0, waited + int(waited_s * 1e6)
-            psi.write_text(PSI.format(some=waited))
-            agent._throttle(cpu, now)
-            return agent.scheduler.slowdown
-
-        assert window(0.01, 0.0) == 1.0  # 0.1 % of a core on a quiet host
-        steps = [window(0.5, 0.0) for _ in range(6)]  # 5 % of a core: over the 1 % budget
-        assert steps[0] == 1.5 and steps[-1] == MAX_SLOWDOWN  # stretched, never stopped
-        assert window(0.01, 8.0) == MAX_SLOWDOWN  # the host is busy (80 % pressure)
-        eased = [window(0.01, 0.0) for _ in range(6)]
-        assert eased[0] < MAX_SLOWDOWN and eased[-1] == 1.0
-        report = agent.last_report
-        assert report is None  # nothing cut: the figures go out with the next window
-        key = agent.cut_window()
-        assert key.seq == 1
+    def window(agent_cpu_s: float, waited_s: float) -> tuple[float, float]:
+        nonlocal waited
+        me.cpu, me.now, waited = me.cpu + agent_cpu_s, me.now + 10.0, waited + int(waited_s * 1e6)
+        psi.write_text(PSI.format(some=waited))
+        agent.cut_window()
         a = agent.last_report.agent  # type: ignore[union-attr]
-        assert a.self_throttle == 1.0 and a.cpu_pressure >= 0
+        assert a.cpu_share == pytest.approx(agent_cpu_s / 10.0)
+        assert a.cpu_seconds == me.cpu and a.rss_bytes == 50 << 20
+        return agent.scheduler.slowdown, a.self_throttle
+
+    try:
+        assert window(0.01, 0.0) == (1.0, 1.0)  # 0.1 % of a core on a quiet host
+        steps = [window(0.5, 0.0)[0] for _ in range(6)]  # 5 % of a core: over the 1 % budget
+        assert steps[0] == 1.5 and steps[-1] == MAX_SLOWDOWN  # stretched, never stopped
+        assert window(0.01, 8.0)[0] == MAX_SLOWDOWN  # the host is busy (80 % pressure)
+        assert agent.last_report.agent.cpu_pressure == pytest.approx(0.8)  # type: ignore[union-attr]
+        eased = [window(0.01, 0.0)[0] for _ in range(6)]
+        assert eased[0] < MAX_SLOWDOWN and eased[-1] == 1.0
+        assert agent.seq == 14
     finally:
         agent.close(flush_timeout=0)
+
+
+def test_the_agents_own_readers_hold_real_figures() -> None:
+    """The default readers read this process: CPU seconds that only grow, a real RSS."""
+    r = Readers()
+    c0 = r.cpu_s()
+    sum(i * i for i in range(200_000))
+    assert r.cpu_s() >= c0 > 0 and r.rss_bytes() > 1 << 20 and r.monotonic() > 0
