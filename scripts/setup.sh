@@ -5,6 +5,7 @@
 #   * promtool (Debian's prometheus package) for checking the metrics exposition
 #   * chromium, headless, for checking what `probe report` shows
 #   * etcd (etcd-server) for the collector shards' tests, openssl for their certificates
+#   * victoria-metrics (with vmalert), the long-term store the dashboards are tested on
 #   * helm and systemd-analyze for the deploy checks (scripts/install-deploy-tools.sh)
 #   * the native engine of the probes (scripts/build-native.sh)
 #   * .venv: the project (editable) with its dev extras, seeing Debian's pyverbs
@@ -29,6 +30,11 @@ fi
 # starts one on loopback.
 if ! command -v etcd >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+fi
+# VictoriaMetrics (Debian's 1.79, with vmalert) as the long-term store the dashboards and
+# rules are held to (tests/integration/test_victoriametrics.py).
+if ! command -v victoria-metrics >/dev/null || ! command -v vmalert >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends victoria-metrics >/dev/null
 fi
 # openssl makes the tests' throwaway certificates (tests/support/pki.py).
 if ! command -v openssl >/dev/null; then

@@ -76,9 +76,11 @@ def running_prometheus(
     *,
     interval_s: float = 3.0,
     native: bool = False,
+    remote_write: dict[str, Any] | None = None,
 ) -> Iterator[Prom]:
     """Prometheus scraping COLLECTORS and AGENTS (HOST:PORT each) with the project's rules;
-    NATIVE: started with native histograms on, so that it scrapes protobuf."""
+    NATIVE: started with native histograms on, so that it scrapes protobuf; REMOTE_WRITE:
+    one remote_write entry (a long-term store it sends every sample and rule result to)."""
     port = free_port()
     config = tmp / "prometheus.yml"
     every = f"{interval_s:g}s"
@@ -90,6 +92,7 @@ def running_prometheus(
         f"    static_configs: [{{targets: {list(collectors)}}}]\n"
         "  - job_name: fabricprobe-agent\n"
         f"    static_configs: [{{targets: {list(agents)}}}]\n"
+        + (f"remote_write: [{json.dumps(remote_write)}]\n" if remote_write else "")
     )
     log = (tmp / "prometheus.log").open("wb")
     proc = subprocess.Popen(
