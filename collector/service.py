@@ -528,8 +528,8 @@ class CollectorServer:
             self._otlp_http = serve_otlp_http(ohost, oport, self.attribution.ingest)
             self.otlp_http_port = int(self._otlp_http.server_address[1])
         if self.shard is not None:
-            self.attribution.ingest.router = self.shard.route
-            self.shard.local = self.attribution.ingest.export_local
+            self.attribution.ingest.router = self.shard.spans.route
+            self.shard.spans.local = self.attribution.ingest.export_local
             self.attribution.fleet = self.shard.fleet_addresses
             sc = self.shard.cfg
             api = sc.advertise_api or f"{host}:{self.port}"

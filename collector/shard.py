@@ -15,17 +15,8 @@ records and registrations as it is made; the fleet is read in full again every
 new watch is in place the shard polls the store's revision every `refresh_s` and reads
 in full when it moved.
 
-Spans reach the shard that owns their path (see `route`), the owner of the path's source
-(the prefill host of a KV transfer), one trace at a time: a trace with a
-`fabricprobe.src.host` goes to that host's owner; an engine trace (vLLM, SGLang, Dynamo,
-llm-d spans) goes first to the shard that owns its trace id, which gathers its sides
-until one says where the path starts and then sends them all to that host's owner
-(collector/spanpath.py; each side alone goes by its own host after `span_hold_s`);
-other spans go to the owner of the host their resource names, matched as the
-attribution matches them. A trace that names no known host stays where it arrived.
-Forwarding is a bounded queue drained by one thread, with a drop counter; a request
-sent to a path's owner carries the resource attribute `fabricprobe.forwarded` and is
-never forwarded again (one sent to a trace's owner carries `fabricprobe.relayed`).
+Spans reach the shard that owns their path through `spans`, its SpanRouter
+(collector/spanroute.py).
 
 A shard takes any host that registers or reports to it (agents choose their owner; a
 refusal would only strand a host whose view of the members lags), and lets go of a host
@@ -37,26 +28,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fabricprobe.collector.assign import HostSpec, Planner
-from fabricprobe.collector.engines import Fragment
 from fabricprobe.collector.linking import HostDirectory, MatchConfig
-from fabricprobe.collector.otlp import BatchRefused, resource_attributes
-from fabricprobe.collector.spanpath import ROUTE_RESULTS, Item, PathRelay, engine_fragment
+from fabricprobe.collector.spanroute import Forwarder, SpanRouter
 from fabricprobe.collector.store import MAX_HOSTS, HostState, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.shards import (
@@ -74,13 +58,6 @@ from fabricprobe.core.shards import (
 log = logging.getLogger("fabricprobe.collector.shard")
 
 MAX_REGISTRATION = 64 << 10  # bytes of one host's registration in etcd
-MAX_FORWARD_QUEUE = 256  # OTLP requests waiting to be forwarded; beyond it they are dropped
-FORWARD_TIMEOUT_S = 5.0
-FORWARDED = "fabricprobe.forwarded"  # resource attribute of a forwarded request
-RELAYED = "fabricprobe.relayed"  # ... of one sent to the shard that gathers its traces
-Group = tuple[int, int, int]  # (batch, resource, scope) of a span
-SRC_HOST = "fabricprobe.src.host"
-FORWARD_RESULTS = ("sent", "queue_full", "failed")
 
 
 @dataclass(frozen=True)
@@ -117,7 +94,7 @@ Admit = Callable[[pb.HostInfo], HostSpec]  # checks a registration, returns its 
 
 
 class Shard:
-    """This collector's membership, its view of the fleet, and span routing."""
+    """This collector's membership and its view of the fleet; `spans` routes spans."""
 
     def __init__(
         self,
@@ -166,14 +143,9 @@ class Shard:
         self._thread: threading.Thread | None = None
         self._beat: threading.Thread | None = None
         self._grant_lock = threading.Lock()
-        self.forwarder = Forwarder(cfg)
         self._fleet_version = 0
         self._directory: tuple[int, HostDirectory] | None = None
-        self._batches = 0
-        self.routed = dict.fromkeys(ROUTE_RESULTS, 0)  # spans, by how their shard was found
-        # where spans this shard keeps after gathering them go (TraceIngest.export_local)
-        self.local: Callable[[Any], object] | None = None
-        self.relay = PathRelay(self._emit, self.directory, store.clock, hold_s=cfg.span_hold_s)
+        self.spans = SpanRouter(self, Forwarder(cfg), store.clock, hold_s=cfg.span_hold_s)
         # counted for /metrics (ShardCollector)
         self.leases_lost = 0
         self.records_unreadable = 0  # member or host records in etcd, at the last read
@@ -186,7 +158,7 @@ class Shard:
         self.member = member
         self._grant()
         self.sync(force=True)
-        self.forwarder.start()
+        self.spans.forwarder.start()
         self._thread = threading.Thread(target=self._loop, name="shard", daemon=True)
         self._thread.start()
         self._beat = threading.Thread(target=self._beat_loop, name="shard-beat", daemon=True)
@@ -221,7 +193,7 @@ class Shard:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.cfg.refresh_s):
-            self.relay.expire()
+            self.spans.relay.expire()
             try:
                 if not self._watching:
                     self.sync()
@@ -348,7 +320,7 @@ class Shard:
         for t in (self._thread, self._beat, self._watcher):
             if t is not None:
                 t.join(timeout=5)
-        self.forwarder.stop()
+        self.spans.forwarder.stop()
         if self._lease:
 
             def revoke(c: Any) -> None:
@@ -488,11 +460,14 @@ class Shard:
             except EtcdError as e:
                 log.warning("shard %s: %s", self.member.name, e)
 
-    # -- ownership and spans ------------------------------------------------------------
+    # -- ownership ------------------------------------------------------------------
+
+    def current_members(self) -> tuple[Member, ...]:
+        with self.lock:
+            return self.members
 
     def owner(self, host: str) -> Member | None:
-        with self.lock:
-            return owner_of(host, self.members)
+        return owner_of(host, self.current_members())
 
     def hosts_owned(self) -> int:
         with self.lock:
@@ -512,215 +487,6 @@ class Shard:
                 hosts = [(h, list(i.addresses)) for h, i in self.fleet.items()]
                 self._directory = (self._fleet_version, HostDirectory(hosts, self.match))
             return self._directory[1]
-
-    def route(self, request: ts_pb.ExportTraceServiceRequest) -> tuple[Any, int]:
-        """(the part of REQUEST this shard keeps, spans handed on: forwarded, or gathered
-        under their trace until their path is known)."""
-        with self.lock:
-            members = self.members
-        if len(members) < 2:
-            return request, 0
-        self.relay.expire()
-        relayed = False
-        for rs in request.resource_spans:
-            for a in rs.resource.attributes:
-                if a.key == FORWARDED:
-                    return request, 0  # forwarded once already: kept wherever it landed
-                relayed = relayed or a.key == RELAYED
-        traces: dict[bytes, list[tuple[Any, Any, Any, Fragment | None, Group]]] = {}
-        with self.lock:
-            self._batches += 1
-            batch = self._batches
-        for i, rs in enumerate(request.resource_spans):
-            res = resource_attributes(rs)
-            for j, ss in enumerate(rs.scope_spans):
-                for span in ss.spans:
-                    frag = engine_fragment(span, res, ss.scope.name)
-                    traces.setdefault(bytes(span.trace_id), []).append(
-                        (rs, ss, span, frag, (batch, i, j))
-                    )
-        keep: list[Item] = []
-        out: dict[Member, list[Item]] = {}  # to the shards that gather these traces
-        final: dict[Member, list[Item]] = {}  # to the shards that own these paths
-        gathered = 0
-        directory: HostDirectory | None = None
-        for tid, spans in traces.items():
-            items = [_item(rs, ss, span, frag, g) for rs, ss, span, frag, g in spans]
-            src = next(
-                (
-                    a.value.string_value
-                    for _, _, span, _, _ in spans
-                    for a in span.attributes
-                    if a.key == SRC_HOST and a.value.string_value
-                ),
-                None,
-            )
-            frags = [f for _, _, _, f, _ in spans if f is not None]
-            if src is None and frags:
-                key = owner_of("trace:" + tid.hex(), members)
-                if relayed or key is None or key == self.member:
-                    self.relay.add(tid, items, frags)
-                else:  # to the shard that gathers this trace
-                    out.setdefault(key, []).extend(items)
-                gathered += len(items)
-                continue
-            if src is None:
-                if directory is None:
-                    directory = self.directory()
-                hints = [(k, v) for k, v in _resource_hints(spans[0][0]) if v]
-                src = directory.resolve(hints)[0]
-                result = "resource"
-            else:
-                result = "src_host"
-            m = owner_of(src, members) if src is not None else None
-            if m is None or m == self.member:
-                keep += items
-            else:
-                self._count(result, len(items))
-                final.setdefault(m, []).extend(items)
-                gathered += len(items)
-        for mark, by in ((FORWARDED, final), (RELAYED, out)):
-            for m, got in by.items():
-                self.forwarder.put(m, _request(got, mark, self.member.name), len(got))
-        if not out and gathered == 0:
-            return request, 0
-        return _request(keep), gathered
-
-    def _emit(self, host: str | None, items: list[Item], result: str) -> None:
-        """Where the relay decided ITEMS go: the owner of HOST, or here."""
-        if not items:
-            return
-        self._count(result, len(items))
-        with self.lock:
-            m = owner_of(host, self.members) if host is not None else None
-        if m is None or m == self.member:
-            if self.local is not None:
-                try:
-                    self.local(_request(items))
-                except BatchRefused as e:
-                    log.warning("spans gathered here refused: %s", e)
-            return
-        self.forwarder.put(m, _request(items, FORWARDED, self.member.name), len(items))
-
-    def _count(self, result: str, n: int) -> None:
-        with self.lock:
-            self.routed[result] += n
-
-
-def _resource_hints(rs: Any) -> list[tuple[str, str]]:
-    return [(a.key, a.value.string_value) for a in rs.resource.attributes]
-
-
-def _item(rs: Any, ss: Any, span: Any, frag: Fragment | None, group: Group) -> Item:
-    hints = frag.hosts if frag else ()
-    return Item(rs.resource, rs.schema_url, ss.scope, ss.schema_url, span, hints, group)
-
-
-def _request(items: list[Item], mark: str = "", sender: str = "") -> Any:
-    """ITEMS as one OTLP request, grouped by their resource and scope as they came; MARK
-    (with SENDER) is added to every resource."""
-    req = ts_pb.ExportTraceServiceRequest()
-    resources: dict[tuple[int, int], Any] = {}
-    scopes: dict[Group, Any] = {}
-    for it in items:
-        rid = it.group[:2]
-        new_rs = resources.get(rid)
-        if new_rs is None:
-            new_rs = resources[rid] = req.resource_spans.add()
-            new_rs.resource.CopyFrom(it.resource)
-            new_rs.schema_url = it.schema_url
-            if mark:
-                attr = new_rs.resource.attributes.add()
-                attr.key, attr.value.string_value = mark, sender
-        new_ss = scopes.get(it.group)
-        if new_ss is None:
-            new_ss = scopes[it.group] = new_rs.scope_spans.add()
-            new_ss.scope.CopyFrom(it.scope)
-            new_ss.schema_url = it.scope_url
-        new_ss.spans.append(it.span)
-    return req
-
-
-def _read(path: str) -> bytes:
-    return Path(path).read_bytes()
-
-
-class Forwarder:
-    """OTLP requests for other shards: a bounded queue and one sending thread."""
-
-    def __init__(self, cfg: ShardConfig, max_queue: int = MAX_FORWARD_QUEUE) -> None:
-        self.cfg = cfg
-        self.queue: queue.Queue[tuple[Member, Any, int] | None] = queue.Queue(maxsize=max_queue)
-        self.spans = dict.fromkeys(FORWARD_RESULTS, 0)
-        self.lock = threading.Lock()
-        self._channels: dict[Member, tuple[grpc.Channel, Any]] = {}
-        self._thread: threading.Thread | None = None
-        token = Path(cfg.token_file).read_text().strip() if cfg.token_file else ""
-        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self.creds = None
-        if cfg.ca_file:
-            self.creds = grpc.ssl_channel_credentials(
-                root_certificates=_read(cfg.ca_file),
-                private_key=_read(cfg.key_file) if cfg.key_file else None,
-                certificate_chain=_read(cfg.cert_file) if cfg.cert_file else None,
-            )
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="forward", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        with contextlib.suppress(queue.Full):
-            self.queue.put_nowait(None)
-        for ch, _ in list(self._channels.values()):
-            ch.close()
-
-    def put(self, member: Member, request: Any, spans: int) -> None:
-        try:
-            self.queue.put_nowait((member, request, spans))
-        except queue.Full:
-            self._count("queue_full", spans)
-
-    def _count(self, result: str, n: int) -> None:
-        with self.lock:
-            self.spans[result] += n
-
-    def _stub(self, member: Member) -> Any:
-        held = self._channels.get(member)
-        if held is None:
-            for old in [m for m in self._channels if m.name == member.name]:
-                self._channels.pop(old)[0].close()  # the shard came back elsewhere
-            while len(self._channels) >= MAX_MEMBERS:  # shards come and go: oldest out
-                self._channels.pop(next(iter(self._channels)))[0].close()
-            opts = (
-                [("grpc.ssl_target_name_override", self.cfg.server_name)]
-                if self.cfg.server_name
-                else []
-            )
-            target = member.otlp_target
-            ch = (
-                grpc.secure_channel(target, self.creds, options=opts)
-                if self.creds is not None
-                else grpc.insecure_channel(target)
-            )
-            held = self._channels[member] = (ch, ts_grpc.TraceServiceStub(ch))
-        return held[1]
-
-    def _loop(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            member, request, n = item
-            try:
-                self._stub(member).Export(
-                    request, timeout=FORWARD_TIMEOUT_S, metadata=self.metadata
-                )
-            except grpc.RpcError as e:
-                self._count("failed", n)
-                log.warning("forwarding %d spans to shard %s: %s", n, member.name, e.code())
-                continue
-            self._count("sent", n)
 
 
 class ShardCollector:
@@ -778,8 +544,8 @@ class ShardCollector:
             "Spans sent on to the shard owning their path, by result.",
             labels=["result"],
         )
-        with s.forwarder.lock:
-            for result, n in s.forwarder.spans.items():
+        with s.spans.forwarder.lock:
+            for result, n in s.spans.forwarder.spans.items():
                 fwd.add_metric([result], n)
         out.append(fwd)
         routed = CounterMetricFamily(
@@ -789,8 +555,8 @@ class ShardCollector:
             " host its resource names.",
             labels=["by"],
         )
-        with s.lock:
-            for by, n in s.routed.items():
+        with s.spans.lock:
+            for by, n in s.spans.routed.items():
                 routed.add_metric([by], n)
         out.append(routed)
         out.append(
@@ -798,7 +564,7 @@ class ShardCollector:
                 "fabricprobe_shard_spans_waiting",
                 "Engine spans waiting on this shard for the side of their trace that names"
                 " their path.",
-                s.relay.held,
+                s.spans.relay.held,
             )
         )
         return out

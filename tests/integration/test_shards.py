@@ -228,7 +228,7 @@ def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
                     30,
                     "spans forwarded to the path's owner and joined there",
                 )
-                assert entry.shard is not None and entry.shard.forwarder.spans["sent"] > 0
+                assert entry.shard is not None and entry.shard.spans.forwarder.spans["sent"] > 0
                 assert not has_series(
                     scrape(entry), "fabricprobe_kv_transfer_seconds_count", src=names[0]
                 ), "the shard the spans entered joined them itself"
@@ -578,11 +578,11 @@ def test_the_two_sides_of_disaggregated_engines_meet_on_their_paths_owner(etcd: 
             "the lone decode side on its own host's owner",
         )
         routed = {
-            by: sum(s.shard.routed[by] for s in servers if s.shard is not None)
+            by: sum(s.shard.spans.routed[by] for s in servers if s.shard is not None)
             for by in ("path", "unpaired")
         }
         assert routed["unpaired"] == 1 and routed["path"] > 0, routed
-        assert all(s.shard is not None and s.shard.relay.held == 0 for s in servers)
+        assert all(s.shard is not None and s.shard.spans.relay.held == 0 for s in servers)
         print(f"\n{sum(map(len, want.values()))} requests joined across 2 shards in {took:.2f} s")
     finally:
         for s in servers:

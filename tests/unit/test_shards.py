@@ -16,7 +16,8 @@ from fabricprobe.agent.spool import SpoolKey
 from fabricprobe.collector.assign import Planner
 from fabricprobe.collector.auth import TokenAuth, read_token_file
 from fabricprobe.collector.service import admit
-from fabricprobe.collector.shard import FORWARDED, Forwarder, Shard, ShardCollector, ShardConfig
+from fabricprobe.collector.shard import Shard, ShardCollector, ShardConfig
+from fabricprobe.collector.spanroute import FORWARDED, Forwarder
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.shards import EtcdError, Member, owner_of, parse_endpoints, parse_member
@@ -175,13 +176,13 @@ def test_spans_go_to_the_owner_of_their_path_by_trace() -> None:
     three = traced(3, span("prefill", t, t + S), resource={"host.name": f"10.0.0.{host[-1]}"})
     for r in (one, two, three):
         req.resource_spans.extend(r.resource_spans)  # type: ignore[attr-defined]
-    keep, sent = s.route(req)
+    keep, sent = s.spans.route(req)
     assert sent == 3
     kept = [
         sp.trace_id[0] for rs in keep.resource_spans for ss in rs.scope_spans for sp in ss.spans
     ]
     assert kept == [2]
-    dest, fwd, n = s.forwarder.queue.get_nowait()  # type: ignore[misc]
+    dest, fwd, n = s.spans.forwarder.queue.get_nowait()  # type: ignore[misc]
     assert dest == far and n == 3
     got = {sp.trace_id[0] for rs in fwd.resource_spans for ss in rs.scope_spans for sp in ss.spans}
     assert got == {1, 3}
@@ -190,7 +191,7 @@ def test_spans_go_to_the_owner_of_their_path_by_trace() -> None:
         for rs in fwd.resource_spans
     )
     # what arrives forwarded is never forwarded again (two shards with views apart)
-    again, sent = shard_with(members, far).route(fwd)
+    again, sent = shard_with(members, far).spans.route(fwd)
     assert sent == 0 and again is fwd
 
 
