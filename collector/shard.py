@@ -40,6 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from fabricprobe.collector.assign import HostSpec, Planner
 from fabricprobe.collector.linking import HostDirectory, MatchConfig
+from fabricprobe.collector.shardlease import Leases
 from fabricprobe.collector.spanroute import Forwarder, SpanRouter
 from fabricprobe.collector.store import MAX_HOSTS, HostState, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -121,17 +122,19 @@ class Shard:
             )
 
         self.etcd = etcd or client()
-        # the keepalives go on their own thread and client: a long read of the fleet must
-        # never hold them past the lease's TTL
-        self.beat_etcd = etcd or client()
+        self.leases = Leases(
+            self.etcd,
+            etcd or client(),
+            prefix=cfg.prefix,
+            ttl_s=cfg.ttl_s,
+            forget_after=forget_after,
+        )
         self.member = Member(cfg.name, cfg.advertise_api)
         self.lock = threading.Lock()
         self.members: tuple[Member, ...] = ()
         self.fleet: dict[str, pb.HostInfo] = {}  # every registration in etcd, by host
         self.fleet_leases: dict[str, int] = {}
         self._revision = -1
-        self._lease = 0  # holds the member record
-        self._reg_lease = 0  # holds this shard's hosts' registrations
         self._stop = threading.Event()
         self._sync_lock = threading.RLock()  # a full read and a watch's changes, one at a time
         self._watching = False
@@ -142,12 +145,9 @@ class Shard:
         self._watcher: threading.Thread | None = None
         self._thread: threading.Thread | None = None
         self._beat: threading.Thread | None = None
-        self._grant_lock = threading.Lock()
         self._fleet_version = 0
         self._directory: tuple[int, HostDirectory] | None = None
         self.spans = SpanRouter(self, Forwarder(cfg), store.clock, hold_s=cfg.span_hold_s)
-        # counted for /metrics (ShardCollector)
-        self.leases_lost = 0
         self.records_unreadable = 0  # member or host records in etcd, at the last read
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -156,7 +156,7 @@ class Shard:
         """Join as MEMBER: its record under a fresh lease, the fleet read once, then a
         thread that keeps both up to date. Raises EtcdError when etcd cannot be reached."""
         self.member = member
-        self._grant()
+        self.leases.grant(member)
         self.sync(force=True)
         self.spans.forwarder.start()
         self._thread = threading.Thread(target=self._loop, name="shard", daemon=True)
@@ -166,30 +166,6 @@ class Shard:
         self._watcher = threading.Thread(target=self._watch_loop, name="shard-watch", daemon=True)
         self._watcher.start()
         log.info("shard %s joined: api=%s members=%d", member.name, member.api, len(self.members))
-
-    def _grant(self, etcd: Etcd | None = None) -> None:
-        etcd = etcd or self.etcd
-        ttl = max(2, int(self.cfg.ttl_s))
-
-        def grant(c: Any, ttl: int = ttl) -> int:
-            return int(c.post(c.get_url("/lease/grant"), json={"TTL": ttl, "ID": 0})["ID"])
-
-        with self._grant_lock:
-            self._lease = int(etcd.call("lease grant", grant))
-            if not self._reg_lease:
-                long_ttl = max(ttl * 2, int(self.forget_after))
-                self._reg_lease = int(etcd.call("lease grant", lambda c: grant(c, long_ttl)))
-            self._put(f"shards/{self.member.name}", self.member.record(), self._lease, etcd)
-
-    def _put(self, sub: str, value: bytes, lease: int, etcd: Etcd | None = None) -> None:
-        key = self.cfg.prefix + sub
-
-        def put(c: Any) -> None:
-            c.post(
-                c.get_url("/kv/put"), json={"key": b64(key), "value": b64(value), "lease": lease}
-            )
-
-        (etcd or self.etcd).call(f"put {key}", put)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.cfg.refresh_s):
@@ -206,7 +182,8 @@ class Shard:
     def _beat_loop(self) -> None:
         while not self._stop.wait(max(2, self.cfg.ttl_s) / 3):
             try:
-                self._keepalive()
+                if self.leases.keepalive(self.member):
+                    self._revision = -1  # the next sync reads all, republish() puts ours back
             except EtcdError as e:
                 log.warning("shard %s: %s", self.member.name, e)
 
@@ -321,34 +298,7 @@ class Shard:
             if t is not None:
                 t.join(timeout=5)
         self.spans.forwarder.stop()
-        if self._lease:
-
-            def revoke(c: Any) -> None:
-                c.post(c.get_url("/lease/revoke"), json={"ID": self._lease})
-
-            try:
-                self.etcd.call("lease revoke", revoke)
-            except EtcdError as e:
-                log.warning("shard %s: %s", self.member.name, e)
-
-    # -- etcd ---------------------------------------------------------------------------
-
-    def _keepalive(self) -> None:
-        for lease in (self._lease, self._reg_lease):
-
-            def refresh(c: Any, lease: int = lease) -> int:
-                doc = c.post(c.get_url("/lease/keepalive"), json={"ID": lease})
-                return int(doc["result"].get("TTL", -1))
-
-            if self.beat_etcd.call("keepalive", refresh) <= 0:
-                # the lease ran out (a pause longer than the TTL): join again
-                self.leases_lost += 1
-                log.warning("shard %s: lease %x ran out; joining again", self.member.name, lease)
-                if lease == self._reg_lease:
-                    self._reg_lease = 0
-                self._grant(self.beat_etcd)
-                self._revision = -1  # the next sync reads all, republish() puts ours back
-                return
+        self.leases.revoke(self.member)
 
     def sync(self, *, force: bool = False) -> bool:
         """Re-read members and registrations if etcd changed; True when it did."""
@@ -404,10 +354,11 @@ class Shard:
     def publish(self, info: pb.HostInfo) -> None:
         """Put INFO's registration in etcd under this shard's long lease (a failure is
         counted; the next round retries it)."""
-        if not self._reg_lease:
+        lease = self.leases.registrations
+        if not lease:
             return  # not joined yet: republish() puts it once the lease is there
         try:
-            self._put(f"hosts/{info.host}", info.SerializeToString(), self._reg_lease)
+            self.leases.put(f"hosts/{info.host}", info.SerializeToString(), lease)
         except EtcdError as e:
             log.warning(
                 "shard %s: registration of %s not published: %s", self.member.name, info.host, e
@@ -415,7 +366,7 @@ class Shard:
             return
         with self.lock:
             self.fleet[info.host] = info
-            self.fleet_leases[info.host] = self._reg_lease
+            self.fleet_leases[info.host] = lease
             self._fleet_version += 1
 
     def republish(self) -> None:
@@ -432,7 +383,7 @@ class Shard:
         registration in etcd is under another shard's lease) and silent here for QUIET_S
         seconds. Called with the store locked."""
         with self.lock:
-            leases, mine = dict(self.fleet_leases), self._reg_lease
+            leases, mine = dict(self.fleet_leases), self.leases.registrations
         now = self.store.clock()
 
         def pick(name: str, state: HostState) -> bool:
@@ -450,7 +401,12 @@ class Shard:
             key = b64(f"{self.cfg.prefix}hosts/{host}")
             txn = {
                 "compare": [
-                    {"key": key, "target": "LEASE", "result": "EQUAL", "lease": self._reg_lease}
+                    {
+                        "key": key,
+                        "target": "LEASE",
+                        "result": "EQUAL",
+                        "lease": self.leases.registrations,
+                    }
                 ],
                 "success": [{"request_delete_range": {"key": key}}],
                 "failure": [],
@@ -521,7 +477,7 @@ class ShardCollector:
             CounterMetricFamily(
                 "fabricprobe_shard_etcd_errors",
                 "etcd calls that failed.",
-                s.etcd.errors + (s.beat_etcd.errors if s.beat_etcd is not s.etcd else 0),
+                s.etcd.errors + (b.errors if (b := s.leases.beat_etcd) is not s.etcd else 0),
             ),
             CounterMetricFamily(
                 "fabricprobe_shard_etcd_watch_restarts",
@@ -531,7 +487,7 @@ class ShardCollector:
             CounterMetricFamily(
                 "fabricprobe_shard_leases_lost",
                 "Times this shard's lease ran out and it joined again.",
-                s.leases_lost,
+                s.leases.lost,
             ),
             GaugeMetricFamily(
                 "fabricprobe_shard_records_unreadable",

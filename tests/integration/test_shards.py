@@ -381,13 +381,13 @@ def test_a_shard_whose_leases_ran_out_joins_again_with_its_hosts(etcd: int) -> N
         server.api.register(pb.HostInfo(host="gpu-9", addresses=["127.0.0.9"]))
         client = Etcd((("127.0.0.1", etcd),))
         assert [k for k, _, _ in client.read_prefix("hosts/", 10)] == [b"/fabricprobe/hosts/gpu-9"]
-        for lease in (shard._lease, shard._reg_lease):
+        for lease in (shard.leases.member_lease, shard.leases.registrations):
             body = {"ID": lease}
             client.call("revoke", lambda c, b=body: c.post(c.get_url("/lease/revoke"), json=b))
         assert client.members()[0] == [] and client.read_prefix("hosts/", 10) == []
         wait_for(
             lambda: (
-                shard.leases_lost >= 1
+                shard.leases.lost >= 1
                 and [m.name for m in client.members()[0]] == ["shard-p"]
                 and len(client.read_prefix("hosts/", 10)) == 1
             ),

@@ -248,7 +248,7 @@ def test_a_shard_lets_go_of_hosts_that_registered_with_another_shard() -> None:
     now = [1_000 * S]
     s = shard_with([A, B], A)
     s.store = WindowStore(clock=lambda: now[0])
-    s._reg_lease = 7
+    s.leases.registrations = 7
     hosts = [f"gpu-{i}" for i in range(6)]
     for h in hosts:
         s.store.register(pb.HostInfo(host=h, addresses=["10.0.0.1"]))
