@@ -29,18 +29,18 @@ from pathlib import Path
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
-from fabricprobe.agent.client import CollectorClient, channel_credentials
+from fabricprobe.agent.client import CollectorClient
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
 from fabricprobe.agent.exporter import MetricsServer
-from fabricprobe.agent.handoff import Handoff
 from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
 from fabricprobe.agent.nixl import NixlReader
-from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler
+from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler, Sink
 from fabricprobe.agent.probing import Runner as ProbeRunner
 from fabricprobe.agent.rdma_runners import all_runners
 from fabricprobe.agent.selfload import Readers, SelfLoad
-from fabricprobe.agent.spool import Spool, SpoolCorrupt, SpoolKey, decode_window
+from fabricprobe.agent.sender import Sender
+from fabricprobe.agent.spool import Spool, SpoolKey
 from fabricprobe.agent.validation import ValidationSchedule
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -51,11 +51,11 @@ from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.hostload import CpuPressure
 from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.sessions import probe_sessions
+from fabricprobe.probes.sysfs import RdmaDevice
 from fabricprobe.probes.threads import name_os_thread
 
 log = logging.getLogger("fabricprobe.agent")
 
-SEND_BATCH = 64
 # Sessions the agent's responder runs at once: up to 64 probing peers with three kept
 # links each (TCP, RC and UD; fabricprobe.agent.probing.Links), and room for one-shot sessions. An
 # idle link holds a thread blocked on a socket (and, for RDMA, a QP); beyond this a
@@ -66,7 +66,6 @@ MAX_PER_SOURCE = 8
 # What all sessions together may hold: deploy/ gives the agent 128 MiB in all, and a
 # peer's one-shot tcp_bw alone could ask for 64 MiB of stream buffers.
 MAX_SESSION_MEMORY = 32 << 20
-MAX_BACKOFF_S = 10.0
 REFERENCE_EXCHANGES = 10  # per host-reference burst: two bursts a window
 EX_SOFTWARE = 70  # sysexits.h: an internal error; the exit status when a thread died
 FAILURES_FILE = "thread-failures.json"
@@ -82,23 +81,11 @@ def _probe_token(cfg: AgentConfig) -> FleetToken | None:
         raise ConfigError(f"probe_token_file: {e}") from None
 
 
-def build_client(cfg: AgentConfig, target: str = "") -> CollectorClient:
-    """A client of TARGET (`collector` by default) with the credentials the
-    configuration asks for."""
-    token = None
-    if cfg.token_file:
-        with open(cfg.token_file) as f:
-            token = f.read().strip()
-    creds = None
-    if cfg.ca_file:
-        creds = channel_credentials(cfg.ca_file, cfg.cert_file, cfg.key_file)
-    return CollectorClient(
-        target or cfg.collector, credentials=creds, token=token, server_name=cfg.server_name
-    )
-
-
 class Agent:
-    """One host's agent (see the module docstring)."""
+    """One host's agent (see the module docstring). SESSIONS (kind -> handler) are what
+    the responder serves, the probes' own by default; RUNNERS (kind -> runner) what the
+    scheduler runs, TCP and RDMA where pyverbs loads by default; READERS where the agent's
+    figures about itself come from (this process's by default)."""
 
     def __init__(
         self,
@@ -111,115 +98,39 @@ class Agent:
         runners: Mapping[str, ProbeRunner] | None = None,
         readers: Readers | None = None,
     ) -> None:
-        """SESSIONS (kind -> handler) are what the responder serves, the probes' own by
-        default; RUNNERS (kind -> runner) what the scheduler runs, TCP and RDMA where
-        pyverbs loads by default; READERS where the agent's figures about itself come
-        from (this process's by default)."""
         cfg.validate()
-        self.cfg = cfg
-        self.clock = clock
-        self.epoch = clock()
-        self.seq = 0
+        self.cfg, self.clock = cfg, clock
+        self.epoch = self._window_start = clock()
+        self.seq = self.generation = 0
         self.window_s = cfg.window_s
         self.spool = Spool(
             cfg.spool_dir, max_windows=cfg.spool_max_windows, max_bytes=cfg.spool_max_bytes
         )
-        self.devices = [
-            d for d in discover_devices(cfg.sysfs_root) if not cfg.devices or d.name in cfg.devices
-        ]
-        self.sampler = CounterSampler(
-            cfg.sysfs_root, self.devices, netdevs_of(self.devices), ethtool_runner, cfg.ethtool
-        )
+        self.devices = [d for d in discover_devices(cfg.sysfs_root) if _wanted(cfg, d)]
+        self.sampler = _sampler(cfg, self.devices, ethtool_runner)
         self.nixl = NixlReader(list(cfg.nixl_metrics), timeout=min(1.0, cfg.window_s / 4))
         listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
         token = _probe_token(cfg)
-        self.responder = Responder(
-            listen_host,
-            listen_port,
-            sessions=probe_sessions() if sessions is None else sessions,
-            auth=token,
-            max_sessions=MAX_SESSIONS,
-            max_per_source=MAX_PER_SOURCE,
-            max_memory_bytes=MAX_SESSION_MEMORY,
-            max_keepalive_s=cfg.probe_max_keepalive_s,
-            idle_timeout=10.0,
-        )
+        self.responder = _responder(cfg, listen_host, listen_port, sessions, token)
         self.runners = dict(all_runners() if runners is None else runners)
-        specific = listen_host not in ("0.0.0.0", "::")
-        self.addresses = list(cfg.addresses) or (
-            [listen_host] if specific else discover_addresses(self.devices)
-        )
-        self.source = self.addresses[0] if (cfg.addresses or specific) and self.addresses else None
+        self.addresses, self.source = _addresses(cfg, listen_host, self.devices)
         self.changed = ChangeFilter(cfg.counters_keyframe_every)
         self.aggregator = WindowAggregator()
-        self.scheduler = Scheduler(
-            ProbeContext(
-                bind=self.source,
-                timeout=cfg.probe_timeout,
-                sysfs_root=cfg.sysfs_root,
-                token=token,
-            ),
-            self.aggregator.add,
-            jitter=cfg.jitter,
-            workers=cfg.probe_workers,
-            runners=self.runners,
-        )
-        self.client = client or build_client(cfg)
-        self.target = cfg.collector  # the collector (shard) reports go to
-        self.handoff: Handoff | None = None
-        if cfg.etcd:
-            self.handoff = Handoff(
-                cfg.host,
-                cfg.etcd,
-                prefix=cfg.etcd_prefix,
-                refresh_s=cfg.etcd_refresh_s,
-                keep_s=cfg.handoff_keep_s,
-                ca_file=cfg.etcd_ca_file,
-                cert_file=cfg.etcd_cert_file,
-                key_file=cfg.etcd_key_file,
-            )
-        self.generation = 0
-        self.registered = False
-        self.acked = 0
-        self.rejected = 0
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        self.scheduler = _scheduler(cfg, self.source, token, self.aggregator.add, self.runners)
+        self.checks = _checks(cfg, ethtool_runner)
+        self.load = _self_load(cfg, readers)
+        self.sender = Sender(cfg, self, client)
+        self._stop, self._wake = threading.Event(), threading.Event()
         self._threads: list[threading.Thread] = []
-        self._window_start = clock()
         self.last_report: pb.WindowReport | None = None  # the newest window, for /metrics
         self.latest_counters: list[pb.CounterReading] = []  # every counter, last read
-        self.last_ack_unix_s = 0.0
-        self.metrics: MetricsServer | None = None
-        if cfg.metrics_listen:
-            mhost, mport = parse_hostport(cfg.metrics_listen, 9795, allow_port_zero=True)
-            self.metrics = MetricsServer(self, mhost, mport)
-        self.checks: ValidationSchedule | None = None
-        if cfg.validate_interval_s > 0:
-            self.checks = ValidationSchedule(
-                cfg.host,
-                sysfs_root=cfg.sysfs_root,
-                runner=ethtool_runner,
-                interval_s=cfg.validate_interval_s,
-                jitter=cfg.jitter,
-                first_within_s=cfg.validate_first_s,
-                policy_file=cfg.validate_policy,
-                devices=tuple(cfg.devices),
-            )
-        self.load = SelfLoad(
-            CpuPressure(Path(cfg.proc_root) / "pressure" / "cpu"),
-            cpu_budget=cfg.cpu_budget,
-            pressure_limit=cfg.pressure_limit,
-            readers=readers,
-        )
-        self.failure: str | None = None  # "thread: error" once a thread died
-        self._failures_path = Path(cfg.spool_dir) / FAILURES_FILE
-        self.thread_failures, last = _read_failures(self._failures_path)
-        if last:
-            log.warning(
-                "a previous agent process ended on a thread failure (%d so far): %s",
-                self.thread_failures,
-                last,
-            )
+        self.metrics = _metrics(cfg, self) if cfg.metrics_listen else None
+        self.failures = FailureLog(Path(cfg.spool_dir) / FAILURES_FILE)
+
+    @property
+    def failure(self) -> str | None:
+        """ "thread: error" once one of the agent's threads died, else None."""
+        return self.failures.failure
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -237,7 +148,7 @@ class Agent:
             for name, fn in (
                 ("responder", self.responder.serve_forever),
                 ("windows", self._window_loop),
-                ("sender", self._send_loop),
+                ("sender", lambda: self.sender.loop(self._stop, self._wake)),
                 *([("checks", self._checks_loop)] if self.checks is not None else []),
             )
         ]
@@ -264,11 +175,7 @@ class Agent:
 
     def _thread_died(self, name: str, e: BaseException) -> None:
         """Record that thread NAME ended on E and stop the agent (see the module docstring)."""
-        if self.failure is None:
-            self.failure = f"{name}: {type(e).__name__}: {e}"
-        self.thread_failures += 1
-        log.critical("agent thread %s died, stopping the agent: %s", name, self.failure)
-        _write_failures(self._failures_path, self.thread_failures, self.failure)
+        self.failures.died(name, e)
         self.stop()
 
     def stop(self) -> None:
@@ -291,9 +198,9 @@ class Agent:
         except Exception as e:  # the process is ending anyway: flush what is spooled
             log.error("last window not cut: %s", e)
         deadline = time.monotonic() + flush_timeout
-        while self.spool.depth and self.registered and time.monotonic() < deadline:
+        while self.spool.depth and self.sender.registered and time.monotonic() < deadline:
             try:
-                if not self._send_batch():
+                if not self.sender.send_batch():
                     break
             except grpc.RpcError:
                 break  # the spool keeps what is left for the next start
@@ -305,9 +212,12 @@ class Agent:
             self._threads[0].join()
         if self.metrics is not None:
             self.metrics.stop()
-        self.client.close()
+        self.sender.client.close()
         log.info(
-            "agent stopped host=%s acked=%d spooled=%d", self.cfg.host, self.acked, self.spool.depth
+            "agent stopped host=%s acked=%d spooled=%d",
+            self.cfg.host,
+            self.sender.acked,
+            self.spool.depth,
         )
 
     def run(self) -> None:
@@ -354,7 +264,7 @@ class Agent:
                 spool_write_failures=self.spool.write_failures,
                 spool_quarantined=self.spool.quarantined,
                 spool_memory_windows=self.spool.in_memory,
-                thread_failures=self.thread_failures,
+                thread_failures=self.failures.count,
                 links=len(self.scheduler.ctx.links),
                 sessions=self.responder.active_sessions(),
                 sessions_refused=self.responder.refused,
@@ -406,20 +316,6 @@ class Agent:
         """Kinds this host can run and answer: RDMA ones only with an RDMA device."""
         return sorted(k for k in self.runners if self.devices or not k.startswith("rdma"))
 
-    def register(self) -> None:
-        resp = self.client.register(self.host_info())
-        if resp.report_interval_ms:
-            self.window_s = resp.report_interval_ms / 1000.0
-        self.apply(resp.assignments)
-        self.registered = True
-        log.info(
-            "registered host=%s generation=%d targets=%d window_s=%g",
-            self.cfg.host,
-            self.generation,
-            len(resp.assignments.targets),
-            self.window_s,
-        )
-
     def apply(self, a: pb.Assignments) -> None:
         specs = [
             ProbeSpec(
@@ -463,159 +359,116 @@ class Agent:
             interval_s=max(1.0, self.window_s / 2),
         )
 
+    def counters_anew(self) -> None:
+        """Every counter in the next two windows: a new shard has their rates at once."""
+        self.changed.force(2)
+
     def _checks_loop(self) -> None:
         assert self.checks is not None
         self.checks.loop(self._stop, after=self._wake.set)  # the sender takes the verdicts
 
-    def _send_checks(self) -> None:
-        """Send the newest verdicts if the collector lacks them (one message, no spool)."""
-        if self.checks is None or (msg := self.checks.take_pending()) is None:
-            return
-        try:
-            self.client.report_checks(msg)
-        except grpc.RpcError as e:
-            if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED):
-                # the collector will never take this one: say so once and drop it
-                log.error("collector refused the checks: %s", _rpc_reason(e))
-                self.checks.sent_ok(msg)
-                return
-            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                self._forgotten()  # the verdicts stay pending
-            raise
-        self.checks.sent_ok(msg)
 
-    def _forgotten(self) -> None:
-        """The collector restarted and forgot this host: register again, replay what the
-        old one had taken (a shard's handoff) and send the newest verdicts again."""
-        self.registered = False
-        if self.handoff is not None:
-            self.handoff.restarted()
-        if self.checks is not None:
-            self.checks.resend()
+def _wanted(cfg: AgentConfig, device: RdmaDevice) -> bool:
+    """Whether the agent uses DEVICE: any, or those the configuration names."""
+    return not cfg.devices or device.name in cfg.devices
 
-    @property
-    def handoffs(self) -> int:
-        return self.handoff.handoffs if self.handoff is not None else 0
 
-    @property
-    def replayed(self) -> int:
-        return self.handoff.replayed if self.handoff is not None else 0
+def _sampler(cfg: AgentConfig, devices: list[RdmaDevice], runner: Runner) -> CounterSampler:
+    return CounterSampler(cfg.sysfs_root, devices, netdevs_of(devices), runner, cfg.ethtool)
 
-    def _follow_shard(self) -> None:
-        """Move to the shard that owns this host now, if that changed (agent/handoff.py)."""
-        if self.handoff is None:
-            return
-        owner = self.handoff.check()
-        if owner is None or owner.api == self.target:
-            return
-        log.info("reporting to shard %s at %s", owner.name, owner.api)
-        old, self.client = self.client, build_client(self.cfg, owner.api)
-        old.close()
-        self.target = owner.api
-        self.registered = False
-        self.changed.force(2)  # every counter twice: the new shard has their rates at once
-        if self.checks is not None:
-            self.checks.resend()  # and the newest check verdicts
 
-    def _replay(self) -> None:
-        """Windows the old shard acknowledged, to the new one (before anything newer)."""
-        assert self.handoff is not None
-        todo = self.handoff.to_replay
-        while todo:
-            batch = todo[:SEND_BATCH]
-            acks, err = self.client.send(pb.WindowReport.FromString(d) for _, d in batch)
-            self.handoff.replayed += len(acks)
-            del todo[: len(acks)]
-            if err is None:
-                continue
-            if err.code() == grpc.StatusCode.INVALID_ARGUMENT and todo:
-                del todo[0]  # never taken anywhere: do not hold the others up
-                continue
-            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                self.registered = False  # the shard forgot us meanwhile: register again
-            raise err
+def _scheduler(
+    cfg: AgentConfig,
+    source: str | None,
+    token: FleetToken | None,
+    sink: Sink,
+    runners: Mapping[str, ProbeRunner],
+) -> Scheduler:
+    context = ProbeContext(source, cfg.probe_timeout, cfg.sysfs_root, token=token)
+    return Scheduler(context, sink, jitter=cfg.jitter, workers=cfg.probe_workers, runners=runners)
 
-    def _send_loop(self) -> None:
-        backoff = 0.2
-        while not self._stop.is_set():
-            was_registered = self.registered
-            try:
-                self._follow_shard()
-                if not self.registered:
-                    self.register()
-                if self.handoff is not None and self.handoff.to_replay:
-                    self._replay()
-                self._send_checks()
-                if not self.spool.depth:
-                    # a window cut and a checks run wake this thread; only with shards
-                    # is there something to look at in between (the members)
-                    self._wake.wait(1.0 if self.handoff is not None else self.window_s)
-                    self._wake.clear()
-                    continue
-                ok = self._send_batch()
-                if ok and not self.spool.depth:
-                    self.client.release()  # idle until the next window: see CollectorClient
-            except grpc.RpcError as e:
-                log.warning("collector %s: %s", self.target, _rpc_reason(e))
-                ok = False
-            if not ok and was_registered and not self.registered:
-                # a collector that forgot us answers: register again soon, not after the
-                # backoff its outage grew
-                backoff = 0.2
-            if not ok and self.handoff is not None:
-                self.handoff.soon()  # the shard may be gone: read the members again
-            if ok:
-                backoff = 0.2
-            else:
-                # with shards, the members are read again at least every etcd_refresh_s
-                # while sends fail: a dead shard's lease runs out within a few seconds
-                wait = backoff if self.handoff is None else min(backoff, self.cfg.etcd_refresh_s)
-                self._stop.wait(wait)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    def _send_batch(self) -> bool:
-        """Send up to SEND_BATCH spooled windows; False when the collector cut us short."""
-        keys: list[SpoolKey] = []
-        reports: list[pb.WindowReport] = []
-        payloads: dict[SpoolKey, bytes] = {}
-        for key in self.spool.pending(SEND_BATCH):
-            data = self.spool.read(key)
-            if data is None:
-                continue
-            try:
-                reports.append(decode_window(data, key))
-            except SpoolCorrupt as e:
-                self.spool.quarantine(key, str(e))
-                log.error("spooled window %s quarantined: %s", key.filename, e)
-                continue
-            keys.append(key)
-            payloads[key] = data
-        if not reports:
-            return True
-        acks, err = self.client.send(reports)
-        for ack in acks:
-            acked = SpoolKey(ack.epoch, ack.seq)
-            self.spool.ack(acked)
-            self.acked += 1
-            if self.handoff is not None and acked in payloads:
-                self.handoff.acked(acked, payloads[acked])
-        if acks:
-            self.last_ack_unix_s = time.time()
-        if acks and max(a.assignment_generation for a in acks) > self.generation:
-            self.apply(self.client.assignments(self.cfg.host, self.generation))
-        if err is None:
-            return True
-        code = err.code()
-        if code == grpc.StatusCode.FAILED_PRECONDITION:
-            self._forgotten()
-        elif code == grpc.StatusCode.INVALID_ARGUMENT and len(acks) < len(keys):
-            bad = keys[len(acks)]
-            self.spool.ack(bad)  # it will never be taken: do not block the ones behind it
-            self.rejected += 1
-            log.error("collector refused window %s: %s", bad, _rpc_reason(err))
-            return True
-        log.warning("collector %s: %s", self.target, _rpc_reason(err))
-        return False
+def _self_load(cfg: AgentConfig, readers: Readers | None) -> SelfLoad:
+    pressure = CpuPressure(Path(cfg.proc_root) / "pressure" / "cpu")
+    return SelfLoad(
+        pressure, cpu_budget=cfg.cpu_budget, pressure_limit=cfg.pressure_limit, readers=readers
+    )
+
+
+def _metrics(cfg: AgentConfig, agent: Agent) -> MetricsServer:
+    """The agent's own /metrics, as node_exporter's."""
+    host, port = parse_hostport(cfg.metrics_listen, 9795, allow_port_zero=True)
+    return MetricsServer(agent, host, port)
+
+
+def _responder(
+    cfg: AgentConfig,
+    host: str,
+    port: int,
+    sessions: SessionTable | None,
+    token: FleetToken | None,
+) -> Responder:
+    return Responder(
+        host,
+        port,
+        sessions=probe_sessions() if sessions is None else sessions,
+        auth=token,
+        max_sessions=MAX_SESSIONS,
+        max_per_source=MAX_PER_SOURCE,
+        max_memory_bytes=MAX_SESSION_MEMORY,
+        max_keepalive_s=cfg.probe_max_keepalive_s,
+        idle_timeout=10.0,
+    )
+
+
+def _addresses(
+    cfg: AgentConfig, listen_host: str, devices: list[RdmaDevice]
+) -> tuple[list[str], str | None]:
+    """The addresses the agent registers, and the one its probes leave from (None: the
+    kernel's choice): those configured, else the one it listens on, else its devices'."""
+    specific = listen_host not in ("0.0.0.0", "::")
+    addresses = list(cfg.addresses) or ([listen_host] if specific else discover_addresses(devices))
+    source = addresses[0] if (cfg.addresses or specific) and addresses else None
+    return addresses, source
+
+
+def _checks(cfg: AgentConfig, runner: Runner) -> ValidationSchedule | None:
+    """Scheduled `probe validate` runs, None when turned off."""
+    if cfg.validate_interval_s <= 0:
+        return None
+    return ValidationSchedule(
+        cfg.host,
+        sysfs_root=cfg.sysfs_root,
+        runner=runner,
+        interval_s=cfg.validate_interval_s,
+        jitter=cfg.jitter,
+        first_within_s=cfg.validate_first_s,
+        policy_file=cfg.validate_policy,
+        devices=tuple(cfg.devices),
+    )
+
+
+class FailureLog:
+    """How many agent processes ended on a thread failure, kept in the spool directory so
+    that a crash loop shows on the collector's /metrics (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.failure: str | None = None  # this process's, once a thread died
+        self.count, last = _read_failures(path)
+        if last:
+            log.warning(
+                "a previous agent process ended on a thread failure (%d so far): %s",
+                self.count,
+                last,
+            )
+
+    def died(self, name: str, e: BaseException) -> None:
+        if self.failure is None:
+            self.failure = f"{name}: {type(e).__name__}: {e}"
+        self.count += 1
+        log.critical("agent thread %s died, stopping the agent: %s", name, self.failure)
+        _write_failures(self.path, self.count, self.failure)
 
 
 def _read_failures(path: Path) -> tuple[int, str | None]:
@@ -638,10 +491,3 @@ def _write_failures(path: Path, count: int, last: str) -> None:
         os.replace(tmp, path)
     except OSError as e:
         log.error("cannot record the thread failure in %s: %s", path, e)
-
-
-def _rpc_reason(e: grpc.RpcError) -> str:
-    try:
-        return f"{e.code().name}: {e.details()}"
-    except Exception:
-        return str(e)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
+from fabricprobe.agent.config import AgentConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
@@ -125,3 +126,18 @@ class CollectorClient:
 
     def close(self) -> None:
         self.release()
+
+
+def build_client(cfg: AgentConfig, target: str = "") -> CollectorClient:
+    """A client of TARGET (`collector` by default) with the credentials the
+    configuration asks for."""
+    token = None
+    if cfg.token_file:
+        with open(cfg.token_file) as f:
+            token = f.read().strip()
+    creds = None
+    if cfg.ca_file:
+        creds = channel_credentials(cfg.ca_file, cfg.cert_file, cfg.key_file)
+    return CollectorClient(
+        target or cfg.collector, credentials=creds, token=token, server_name=cfg.server_name
+    )

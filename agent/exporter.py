@@ -88,14 +88,8 @@ TOOLS = ("ethtool",)  # tools the agent runs to read counters
 NOT_COUNTERS = {"lifespan"}
 
 
-class AgentView(Protocol):
-    """What the exporter reads of a running agent (fabricprobe.agent.agent.Agent)."""
-
-    @property
-    def last_report(self) -> pb.WindowReport | None: ...
-
-    @property
-    def latest_counters(self) -> list[pb.CounterReading]: ...
+class SenderView(Protocol):
+    """What the exporter reads of the agent's sender (fabricprobe.agent.sender.Sender)."""
 
     @property
     def acked(self) -> int: ...
@@ -111,6 +105,19 @@ class AgentView(Protocol):
 
     @property
     def registered(self) -> bool: ...
+
+
+class AgentView(Protocol):
+    """What the exporter reads of a running agent (fabricprobe.agent.agent.Agent)."""
+
+    @property
+    def last_report(self) -> pb.WindowReport | None: ...
+
+    @property
+    def latest_counters(self) -> list[pb.CounterReading]: ...
+
+    @property
+    def sender(self) -> SenderView: ...
 
     @property
     def tools_missing(self) -> set[str]: ...
@@ -191,23 +198,23 @@ def probe_families(report: pb.WindowReport, f: _Families) -> None:
 
 def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Families) -> None:
     up = f.gauge("agent_registered", "1 while the collector has this agent registered.", [])
-    up.add_metric([], 1.0 if agent.registered else 0.0)
+    up.add_metric([], 1.0 if agent.sender.registered else 0.0)
     acked = f.counter("agent_reports_acked", "Windows the collector acknowledged.", [])
-    acked.add_metric([], float(agent.acked))
+    acked.add_metric([], float(agent.sender.acked))
     moves = f.counter(
         "agent_shard_handoffs", "Times this host moved to another collector shard.", []
     )
-    moves.add_metric([], float(agent.handoffs))
+    moves.add_metric([], float(agent.sender.handoffs))
     replayed = f.counter(
         "agent_windows_replayed",
         "Acknowledged windows sent again to a new shard after the old one died.",
         [],
     )
-    replayed.add_metric([], float(agent.replayed))
+    replayed.add_metric([], float(agent.sender.replayed))
     last = f.gauge(
         "agent_last_ack_timestamp_seconds", "When the collector last acknowledged a window.", []
     )
-    last.add_metric([], agent.last_ack_unix_s)
+    last.add_metric([], agent.sender.last_ack_unix_s)
     tools = f.gauge(
         "agent_tool_missing",
         "1 when a tool the agent reads counters with is not installed (its counters are absent).",

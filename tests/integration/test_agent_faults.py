@@ -106,13 +106,13 @@ def test_full_disk_keeps_reporting_and_spooling_resumes(
             monkeypatch.setattr(spool_mod, "_write_file", refusing)
         agent.start()
         try:
-            wait_for(lambda: agent.acked >= 1, what="a first window acknowledged")
+            wait_for(lambda: agent.sender.acked >= 1, what="a first window acknowledged")
             filler = _fill(disk) if real else None
             full["on"] = True
             seq_full = agent.seq
-            acked_full = agent.acked
+            acked_full = agent.sender.acked
             wait_for(
-                lambda: agent.spool.write_failures >= 3 and agent.acked >= acked_full + 3,
+                lambda: agent.spool.write_failures >= 3 and agent.sender.acked >= acked_full + 3,
                 what="windows acknowledged while the disk is full",
             )
             failures = agent.spool.write_failures
@@ -170,7 +170,7 @@ def test_corrupt_spool_files_are_quarantined(tmp_path: Path, figures: Figures) -
             lambda: second.spool.quarantined == 3 and second.spool.depth == 0,
             what="corrupt files quarantined and the rest sent",
         )
-        wait_for(lambda: second.acked >= good + 1, what="windows after the corrupt ones")
+        wait_for(lambda: second.sender.acked >= good + 1, what="windows after the corrupt ones")
     finally:
         second.close()  # must not raise on the corrupt files
         taken = _taken(server, host=cfg.host)

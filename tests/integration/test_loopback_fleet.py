@@ -137,7 +137,7 @@ def test_collector_restart_loses_no_window(tmp_path: Path) -> None:
     agent.start()
     second: CollectorServer | None = None
     try:
-        wait_for(lambda: agent.acked >= 2, what="first windows acknowledged")
+        wait_for(lambda: agent.sender.acked >= 2, what="first windows acknowledged")
         first.stop(0)
         seq_at_outage = agent.seq
         wait_for(lambda: agent.spool.depth >= 3, what="windows spooling during the outage")
@@ -281,7 +281,7 @@ def test_agent_restart_replays_its_spool(tmp_path: Path) -> None:
     second.start()
     try:
         wait_for(
-            lambda: second.spool.depth == 0 and second.acked >= old_seq,
+            lambda: second.spool.depth == 0 and second.sender.acked >= old_seq,
             what="the previous lifetime's windows replayed",
         )
         taken = server.store.seqs_taken(cfg.host)

@@ -240,9 +240,9 @@ def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
                 t_kill = time.monotonic()
                 # every window any shard acknowledged, as the agents know them
                 acked = {
-                    a.cfg.host: {k.seq for _, k, _ in a.handoff.kept}
+                    a.cfg.host: {k.seq for _, k, _ in a.sender.handoff.kept}
                     for a in agents
-                    if a.handoff is not None
+                    if a.sender.handoff is not None
                 }
                 assert all(acked[n] for n in moved)
                 wait_for(
@@ -270,12 +270,14 @@ def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
                     assert not gaps, f"{n}: windows {sorted(gaps)} missing"
                 for a in agents:
                     if a.cfg.host in moved:
-                        assert a.handoffs == 1 and a.replayed >= len(acked[a.cfg.host])
+                        assert a.sender.handoffs == 1 and a.sender.replayed >= len(
+                            acked[a.cfg.host]
+                        )
                 print(
                     f"\nshard SIGKILLed: {len(moved)} host(s) moved in {took:.2f} s"
                     f" (window {WINDOW_S:g} s, lease {TTL_S} s);"
                     f" {sum(len(acked[n]) for n in moved)} windows it had acknowledged,"
-                    f" {sum(a.replayed for a in agents)} replayed, none lost"
+                    f" {sum(a.sender.replayed for a in agents)} replayed, none lost"
                 )
 
                 # spans now reach the new owner of host-2's path

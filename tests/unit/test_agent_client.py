@@ -49,14 +49,14 @@ def test_an_agent_lets_the_channel_go_between_windows(
     agent.start()
     try:
         deadline = time.monotonic() + 20
-        while agent.acked < 2 and time.monotonic() < deadline:
+        while agent.sender.acked < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert agent.acked >= 2, "the agent's windows did not reach the collector"
+        assert agent.sender.acked >= 2, "the agent's windows did not reach the collector"
         # each sent window ends with the channel released; the next opens a new one
-        assert agent.client.opened >= 2
+        assert agent.sender.client.opened >= 2
         deadline = time.monotonic() + 5
-        while agent.client.connected and time.monotonic() < deadline:
+        while agent.sender.client.connected and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not agent.client.connected
+        assert not agent.sender.client.connected
     finally:
         agent.close(flush_timeout=0.5)

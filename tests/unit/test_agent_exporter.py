@@ -62,7 +62,7 @@ def test_a_running_agent_serves_its_host_figures(tmp_path: Path) -> None:
     try:
         assert agent.metrics is not None
         deadline = time.monotonic() + 20
-        while not agent.acked and time.monotonic() < deadline:
+        while not agent.sender.acked and time.monotonic() < deadline:
             time.sleep(0.1)
         text = get(agent.metrics.port)
     finally:

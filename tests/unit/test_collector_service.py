@@ -158,10 +158,10 @@ def test_agent_with_its_token_file(server: CollectorServer, tmp_path: Path) -> N
     try:
         agent.cut_window()
         for _ in range(100):
-            if agent.acked:
+            if agent.sender.acked:
                 break
             agent.wait(0.05)
-        assert agent.acked >= 1 and server.store.hosts["h2"].reports >= 1
+        assert agent.sender.acked >= 1 and server.store.hosts["h2"].reports >= 1
     finally:
         agent.close()
 

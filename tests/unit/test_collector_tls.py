@@ -93,10 +93,10 @@ def test_agent_over_mutual_tls(pki: Path, server: CollectorServer, tmp_path: Pat
     try:
         agent.cut_window()
         deadline = 50
-        while agent.acked < 1 and deadline:
+        while agent.sender.acked < 1 and deadline:
             agent.wait(0.1)
             deadline -= 1
-        assert agent.acked >= 1 and "h2" in server.store.hosts
+        assert agent.sender.acked >= 1 and "h2" in server.store.hosts
     finally:
         agent.close()
 
