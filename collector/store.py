@@ -126,6 +126,38 @@ class CounterTrack:
     resets: int = 0
     touched_ns: int = 0
 
+    def advance(self, value: int, width: int, end_ns: int, order: tuple[int, int]) -> float | None:
+        """Take a newer reading: the increase since the last one goes into the total (a
+        32-bit counter that went down wrapped if it could have travelled that far at a
+        speed it has shown, else it was reset, as a 64-bit one always was); the new rate,
+        or None when the agent's clock stepped back (no rate from it)."""
+        dt = (end_ns - self.last_ns) / 1e9
+        if value >= self.last_value:  # the common case, without the wrap/reset analysis
+            delta = value - self.last_value
+        elif self.width == 32 and width == 32 and dt > 0:
+            travelled = (1 << 32) - self.last_value + value
+            fastest = (
+                max(MIN_WRAP_RATE, WRAP_RATE_FACTOR * self.peak_rate)
+                if self.peak_rate > 0
+                else FIRST_WRAP_RATE
+            )
+            if travelled <= fastest * dt:
+                delta = travelled
+                self.wraps += 1
+            else:
+                delta = value
+                self.resets += 1
+        else:
+            delta = value  # a 64-bit counter never wraps in practice: it was reset
+            self.resets += 1
+        self.total += delta
+        self.last_value, self.order, self.width, self.last_ns = value, order, width, end_ns
+        if dt <= 0:
+            return None
+        self.rate = delta / dt
+        self.peak_rate = max(self.peak_rate, self.rate)
+        return self.rate
+
 
 @dataclass
 class HostState:
@@ -146,6 +178,23 @@ class HostState:
     newest: tuple[int, int] = (0, 0)  # (lifetime, seq) of the newest report taken
     paths: int = 0
     counters: int = 0
+
+    def lifetime(self, epoch: int) -> int | None:
+        """EPOCH's lifetime number (a new lifetime gets the next one), or None
+        for a lifetime retired to make room for newer ones."""
+        held = self.seen.get(epoch)
+        if held is not None:
+            return held[0]
+        if epoch in self.retired:
+            return None
+        self.lifetimes += 1
+        self.seen[epoch] = (self.lifetimes, _SeqSet())
+        while len(self.seen) > MAX_EPOCHS:  # the lifetime heard of first goes
+            old, _ = self.seen.popitem(last=False)
+            self.retired[old] = None
+            while len(self.retired) > MAX_RETIRED:
+                self.retired.popitem(last=False)
+        return self.lifetimes
 
 
 class _SeqSet:
@@ -313,7 +362,7 @@ class WindowStore:
     def take(self, report: pb.WindowReport) -> TakeResult:
         """Merge one report. Raises ReportError for a malformed one (nothing is merged)."""
         try:
-            sketches, probers = self._validate(report)
+            sketches, probers = validate_report(report)
         except ReportError:
             with self.lock:
                 self.rejected_total += 1
@@ -331,7 +380,7 @@ class WindowStore:
                     f"window ends {ahead:,.0f} s after the collector's clock"
                     f" (tolerance {self.future_tolerance_ns / 1e9:g} s): check the agent's clock"
                 )
-            lifetime = self._lifetime(state, report.epoch)
+            lifetime = state.lifetime(report.epoch)
             if lifetime is None:  # a lifetime older than the ones kept: taken long ago
                 self.dropped["stale_epoch"] += 1
                 state.duplicates += 1
@@ -378,62 +427,6 @@ class WindowStore:
             for listener in self.listeners:
                 listener.report_taken(end, windows, rates, delays)
             return TakeResult(False, len(report.probes), len(report.counters))
-
-    def _lifetime(self, state: HostState, epoch: int) -> int | None:
-        """EPOCH's lifetime number for STATE (a new lifetime gets the next one), or None
-        for a lifetime retired to make room for newer ones."""
-        held = state.seen.get(epoch)
-        if held is not None:
-            return held[0]
-        if epoch in state.retired:
-            return None
-        state.lifetimes += 1
-        state.seen[epoch] = (state.lifetimes, _SeqSet())
-        while len(state.seen) > MAX_EPOCHS:  # the lifetime heard of first goes
-            old, _ = state.seen.popitem(last=False)
-            state.retired[old] = None
-            while len(state.retired) > MAX_RETIRED:
-                state.retired.popitem(last=False)
-        return state.lifetimes
-
-    def _validate(
-        self, report: pb.WindowReport
-    ) -> tuple[list[MergedSketch | None], list[MergedSketch | None]]:
-        """Each probe window's RTT sketch and prober-delay sketch (None where absent)."""
-        if not report.host:
-            raise ReportError("report without a host name")
-        if report.seq < 1:
-            raise ReportError("seq must start at 1")
-        if report.window_end_unix_ns < report.window_start_unix_ns:
-            raise ReportError("window ends before it starts")
-        sketches: list[MergedSketch | None] = []
-        probers: list[MergedSketch | None] = []
-        for w in report.probes:
-            if not w.dst or len(w.dst) > MAX_NAME or w.transport not in ("tcp", "rdma"):
-                raise ReportError(f"bad probe window dst={w.dst!r} transport={w.transport!r}")
-            if not w.op or len(w.op) > 32:
-                raise ReportError(f"bad probe op {w.op!r}")
-            rtt = None
-            if w.HasField("rtt"):
-                try:
-                    rtt = from_wire(w.rtt)
-                except ParseError as e:
-                    raise ReportError(f"probe window to {w.dst}: {e}") from None
-                if rtt.kind == "delay":
-                    raise ReportError(f"probe window to {w.dst}: an RTT sketch of kind delay")
-            sketches.append(rtt)
-            probers.append(_prober_delay(w, rtt) if w.HasField("prober_delay") else None)
-        kinds, widths = COUNTER_KINDS, _WIDTHS
-        for c in report.counters:
-            name = c.name
-            if c.kind not in kinds or not name or len(name) > MAX_NAME or c.width not in widths:
-                raise ReportError(
-                    f"bad counter kind={c.kind!r} name={name[:40]!r} width={c.width}"
-                    " (kinds rdma, pfc, netdev, nixl; width 32 or 64)"
-                )
-            if len(c.device) > MAX_DEVICE or len(c.netdev) > MAX_DEVICE:
-                raise ReportError(f"counter {name[:40]!r}: device name over {MAX_DEVICE}")
-        return sketches, probers
 
     def _merge_probe(
         self,
@@ -512,34 +505,10 @@ class WindowStore:
             self.dropped["stale_reading"] += 1
             return None  # a replayed older reading: the totals already passed it
         track.touched_ns = now
-        dt = (end_ns - track.last_ns) / 1e9
-        if value >= track.last_value:  # the common case, without the wrap/reset analysis
-            delta = value - track.last_value
-        elif track.width == 32 and c.width == 32 and dt > 0:
-            travelled = (1 << 32) - track.last_value + value
-            fastest = (
-                max(MIN_WRAP_RATE, WRAP_RATE_FACTOR * track.peak_rate)
-                if track.peak_rate > 0
-                else FIRST_WRAP_RATE
-            )
-            if travelled <= fastest * dt:
-                delta = travelled
-                track.wraps += 1
-            else:
-                delta = value
-                track.resets += 1
-        else:
-            delta = value  # a 64-bit counter never wraps in practice: it was reset
-            track.resets += 1
-        track.total += delta
-        track.last_value, track.order, track.width = value, order, c.width
-        if dt <= 0:  # the agent's clock stepped back: the increase counts, no rate from it
+        rate = track.advance(value, c.width, end_ns, order)
+        if rate is None:  # the agent's clock stepped back: the increase counts, no rate
             self.dropped["clock_step"] += 1
-            track.last_ns = end_ns
             return None
-        rate = track.rate = delta / dt
-        track.peak_rate = max(track.peak_rate, rate)
-        track.last_ns = end_ns
         return key, rate
 
     # -- reading ------------------------------------------------------------------------
@@ -623,11 +592,6 @@ class WindowStore:
             got = {k for p in pairs for k in self._pair_paths.get(p, ()) if k in self.paths}
             return sorted(got, key=lambda k: self.paths[k].seq)
 
-    def copy_paths(self, keys: Iterable[PathKey]) -> dict[PathKey, PathStats]:
-        """Copies of the paths of KEYS still held (the ones the export shows in full)."""
-        with self.lock:
-            return {k: st.copy() for k in keys if (st := self.paths.get(k)) is not None}
-
     def fleet_sketches(self) -> dict[tuple[str, str, int], MergedSketch]:
         with self.lock:
             return {cls: merged(sk) for cls, sk in self.fleet.items()}
@@ -670,6 +634,47 @@ class WindowStore:
             return {
                 e: set(range(1, s.floor + 1)) | set(s.above) for e, (_, s) in state.seen.items()
             }
+
+
+def validate_report(
+    report: pb.WindowReport,
+) -> tuple[list[MergedSketch | None], list[MergedSketch | None]]:
+    """Each probe window's RTT sketch and prober-delay sketch (None where absent), parsed;
+    ReportError for a report the store cannot take (nothing of it is merged)."""
+    if not report.host:
+        raise ReportError("report without a host name")
+    if report.seq < 1:
+        raise ReportError("seq must start at 1")
+    if report.window_end_unix_ns < report.window_start_unix_ns:
+        raise ReportError("window ends before it starts")
+    sketches: list[MergedSketch | None] = []
+    probers: list[MergedSketch | None] = []
+    for w in report.probes:
+        if not w.dst or len(w.dst) > MAX_NAME or w.transport not in ("tcp", "rdma"):
+            raise ReportError(f"bad probe window dst={w.dst!r} transport={w.transport!r}")
+        if not w.op or len(w.op) > 32:
+            raise ReportError(f"bad probe op {w.op!r}")
+        rtt = None
+        if w.HasField("rtt"):
+            try:
+                rtt = from_wire(w.rtt)
+            except ParseError as e:
+                raise ReportError(f"probe window to {w.dst}: {e}") from None
+            if rtt.kind == "delay":
+                raise ReportError(f"probe window to {w.dst}: an RTT sketch of kind delay")
+        sketches.append(rtt)
+        probers.append(_prober_delay(w, rtt) if w.HasField("prober_delay") else None)
+    kinds, widths = COUNTER_KINDS, _WIDTHS
+    for c in report.counters:
+        name = c.name
+        if c.kind not in kinds or not name or len(name) > MAX_NAME or c.width not in widths:
+            raise ReportError(
+                f"bad counter kind={c.kind!r} name={name[:40]!r} width={c.width}"
+                " (kinds rdma, pfc, netdev, nixl; width 32 or 64)"
+            )
+        if len(c.device) > MAX_DEVICE or len(c.netdev) > MAX_DEVICE:
+            raise ReportError(f"counter {name[:40]!r}: device name over {MAX_DEVICE}")
+    return sketches, probers
 
 
 P99_EWMA_ALPHA = 0.1  # weight of a new window in a path's running p99
