@@ -45,7 +45,8 @@ from fabricprobe.agent.validation import ValidationSchedule
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.errors import ConfigError
-from fabricprobe.probes.control import SessionTable, parse_hostport
+from fabricprobe.core.hostport import parse_hostport
+from fabricprobe.probes.control import SessionTable
 from fabricprobe.probes.ethtool import Runner, run_command
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.hostload import CpuPressure

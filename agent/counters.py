@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.errors import NotSupported, ParseError, ProbeError, ToolMissing
 from fabricprobe.probes.counters import PortCounters, counter_width, read_port_counters
-from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError, ToolMissing
 from fabricprobe.probes.ethtool import (
     PfcStats,
     Runner,

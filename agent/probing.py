@@ -30,12 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from fabricprobe.core.errors import ProbeError
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import MAX_KEEPALIVE_S, LinkStale
-from fabricprobe.probes.errors import ProbeError
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.links import TcpPingLink
 from fabricprobe.probes.measure import LatencyRound, LinkParams
-from fabricprobe.probes.stats import LatencySketch
 from fabricprobe.probes.tcp import MAX_CHUNK, run_throughput
 from fabricprobe.probes.threads import name_os_thread
 

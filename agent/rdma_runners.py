@@ -29,8 +29,8 @@ from fabricprobe.agent.probing import (
     kept_burst,
     link_params,
 )
-from fabricprobe.probes.errors import ProbeError
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.errors import ProbeError
+from fabricprobe.core.stats import LatencySketch
 
 log = logging.getLogger("fabricprobe.agent")
 

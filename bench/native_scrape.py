@@ -32,7 +32,7 @@ from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.nativehist import bucket_bounds, to_native
 from fabricprobe.core.promproto import decode, encode
 from fabricprobe.core.sketchwire import from_wire, to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 
 
 def draw(rng: random.Random, samples: int) -> list[int]:

@@ -46,11 +46,11 @@ import psutil
 
 from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.collector.assign import PlanConfig
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import decode_payload, encode_message, wait_listening
 from fabricprobe.probes.measure import LatencyRound, LinkParams
 from fabricprobe.probes.rdma.rc import RcPingLink, rc_latency
 from fabricprobe.probes.rdma.ud import UdLink, ud_probe
-from fabricprobe.probes.stats import LatencySketch
 
 PORT = 4798
 KEEP_S = 120.0

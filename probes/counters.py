@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.sysfs import read_small
 
 # Files in hw_counters/ that are not counters.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError, ToolMissing
+from fabricprobe.core.errors import NotSupported, ParseError, ProbeError, ToolMissing
 from fabricprobe.probes.sysfs import read_optional
 
 HEADER = "NIC statistics:"

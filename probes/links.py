@@ -31,10 +31,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Self
 
-from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, Deadline, LinkStale
-from fabricprobe.probes.errors import NotSupported, PeerError
+from fabricprobe.core.deadline import Deadline
+from fabricprobe.core.errors import NotSupported, PeerError
+from fabricprobe.core.stats import LatencySketch
+from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, LinkStale
 from fabricprobe.probes.measure import ENGINES, LatencyResult, LatencyRound, LinkParams
-from fabricprobe.probes.stats import LatencySketch
 from fabricprobe.probes.tcp import (
     Stopped,
     open_data_connection,

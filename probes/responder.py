@@ -46,11 +46,11 @@ import time
 from collections import Counter
 from typing import Any
 
+from fabricprobe.core.errors import REFUSAL_REASONS, ParseError, PeerError, ProbeError
+from fabricprobe.core.hostport import DEFAULT_PORT, format_hostport
 from fabricprobe.probes.control import (
-    DEFAULT_PORT,
     MAX_KEEPALIVE_S,
     PROTOCOL_VERSION,
-    REFUSAL_REASONS,
     Channel,
     MemoryBudget,
     Message,
@@ -58,12 +58,10 @@ from fabricprobe.probes.control import (
     Refused,
     Session,
     SessionTable,
-    format_hostport,
     require_dict,
     require_str,
     session_table,
 )
-from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
 from fabricprobe.probes.fleet import NONCE_BYTES, FleetToken, canonical_ip
 from fabricprobe.probes.threads import name_os_thread
 

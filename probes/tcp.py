@@ -39,23 +39,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fabricprobe.core.deadline import Deadline, Timeout, as_deadline
+from fabricprobe.core.errors import NotSupported, PeerError, ProbeError
+from fabricprobe.core.stats import LatencySketch, LatencySummary
 from fabricprobe.probes.control import (
     DEFAULT_TIMEOUT_S,
     ControlClient,
-    Deadline,
     ProtocolError,
     Session,
     SessionHandler,
-    Timeout,
-    as_deadline,
     optional_float,
     optional_int,
     require_int,
     require_str,
 )
-from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError
 from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
-from fabricprobe.probes.stats import LatencySketch, LatencySummary
 
 MIN_SIZE = 1
 MAX_SIZE = 1 << 20  # 1 MiB

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fabricprobe.core.deadline import Deadline
+from fabricprobe.core.errors import PeerError, ProbeError
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import (
     ControlClient,
-    Deadline,
     ProtocolError,
     RdmaEndpoint,
     Session,
@@ -37,7 +39,6 @@ from fabricprobe.probes.control import (
     require_int,
     require_str,
 )
-from fabricprobe.probes.errors import PeerError, ProbeError
 from fabricprobe.probes.links import SETUP_TIMEOUT_S, RdmaLink, pick_engine
 from fabricprobe.probes.measure import (
     ENGINES,
@@ -47,7 +48,6 @@ from fabricprobe.probes.measure import (
     LinkParams,
 )
 from fabricprobe.probes.rdma.verbs import RcEndpoint, Spin, device_for_address
-from fabricprobe.probes.stats import LatencySketch
 
 LAT_OPS = ("send", "write")
 BW_OPS = ("write", "send")

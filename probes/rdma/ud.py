@@ -59,9 +59,11 @@ from pyverbs.pyverbs_error import PyverbsRDMAError
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
+from fabricprobe.core.deadline import Deadline
+from fabricprobe.core.errors import PeerError, ProbeError
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import (
     ControlClient,
-    Deadline,
     RdmaEndpoint,
     Session,
     SessionHandler,
@@ -69,7 +71,6 @@ from fabricprobe.probes.control import (
     require_dict,
     require_int,
 )
-from fabricprobe.probes.errors import PeerError, ProbeError
 from fabricprobe.probes.links import RdmaLink, pick_engine
 from fabricprobe.probes.measure import LatencyResult, LatencyRound, LinkParams
 from fabricprobe.probes.rdma.rc import RESPONDER_SYSFS_ROOT, local_device, source_address
@@ -81,7 +82,6 @@ from fabricprobe.probes.rdma.verbs import (
     gid_to_ipv6,
     ipv6_to_gid,
 )
-from fabricprobe.probes.stats import LatencySketch
 
 QKEY = 0x1F1F1F1F
 GRH_BYTES = 40  # every UD receive buffer starts with room for the global routing header

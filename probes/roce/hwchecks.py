@@ -16,7 +16,7 @@ from itertools import takewhile
 from pathlib import Path
 from typing import TypeVar
 
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.roce.checks import Target, _soft_skip, _unavailable
 from fabricprobe.probes.roce.host import HostView, ToolRun
 from fabricprobe.probes.roce.hwtools import (

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 
 PRIOS = range(8)
 

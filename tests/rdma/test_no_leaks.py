@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.core.errors import ProbeError
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.rc import RcPingLink, rc_latency
 from fabricprobe.probes.rdma.ud import UdLink, ud_probe

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import fabricprobe.probes.counters as counters_mod
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.counters import (
     RETRANSMIT_COUNTERS,
     CounterDelta,
@@ -20,7 +21,6 @@ from fabricprobe.probes.counters import (
     parse_counter,
     read_port_counters,
 )
-from fabricprobe.probes.errors import ParseError
 
 SYS = Path(__file__).resolve().parents[1] / "fixtures" / "sys"
 

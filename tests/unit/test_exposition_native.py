@@ -34,7 +34,7 @@ from fabricprobe.core.promproto import (
     wants_protobuf,
 )
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, slot_value_ns, to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 from tests.support.agentview import agent_view
 
 # What Prometheus 2.42 sends: with --enable-feature=native-histograms, and without.

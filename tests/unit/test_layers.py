@@ -2,8 +2,9 @@
 agent and the collector never import each other, and no two modules import each other.
 
     0  fabricprobe              (the version)
-    1  fabricprobe.probes       (measurement)
-    2  fabricprobe.core         (the contract: API, sketch codec, settings, config errors, logging)
+    1  fabricprobe.core         (the ground floor: deadlines, host:port, errors, sketches and
+                                 their codec, the API, settings, logging)
+    2  fabricprobe.probes       (measurement)
     3  fabricprobe.agent | fabricprobe.collector | fabricprobe.workload   (apart)
     4  fabricprobe.grafana
     5  fabricprobe.cli          (the `probe` command)
@@ -22,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fabricprobe"
 FLOORS = {
     "fabricprobe": 0,
-    "fabricprobe.probes": 1,
-    "fabricprobe.core": 2,
+    "fabricprobe.core": 1,
+    "fabricprobe.probes": 2,
     "fabricprobe.agent": 3,
     "fabricprobe.collector": 3,
     "fabricprobe.workload": 3,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from fabricprobe.core.errors import NotSupported
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes import links
-from fabricprobe.probes.errors import NotSupported
 from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
 from fabricprobe.probes.rdma import native
-from fabricprobe.probes.stats import LatencySketch
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fabricprobe.probes.errors import PeerError, ProbeError
+from fabricprobe.core.errors import PeerError, ProbeError
 from fabricprobe.probes.rdma import native
 from fabricprobe.probes.rdma.native import (
     WC_STATUS,

@@ -12,6 +12,7 @@ from contextlib import ExitStack
 
 import pytest
 
+from fabricprobe.core.errors import PeerError
 from fabricprobe.probes import tcp
 from fabricprobe.probes.control import (
     ControlClient,
@@ -21,7 +22,6 @@ from fabricprobe.probes.control import (
     check_endpoint_peer,
     session_table,
 )
-from fabricprobe.probes.errors import PeerError
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.responder import Responder

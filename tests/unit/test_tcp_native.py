@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fabricprobe.core.errors import NotSupported
 from fabricprobe.probes import tcp
-from fabricprobe.probes.errors import NotSupported
 from fabricprobe.probes.links import TcpPingLink
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma import native

@@ -10,14 +10,10 @@ import click
 
 from fabricprobe.cli.options import OneLineCommand, fail, log_format_option, log_level_option
 from fabricprobe.cli.sessions import served_sessions
+from fabricprobe.core.errors import ProbeError
+from fabricprobe.core.hostport import DEFAULT_PORT, format_hostport, parse_hostport
 from fabricprobe.core.logs import setup_logging
-from fabricprobe.probes.control import (
-    DEFAULT_PORT,
-    MAX_KEEPALIVE_S,
-    format_hostport,
-    parse_hostport,
-)
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.probes.control import MAX_KEEPALIVE_S
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.responder import Responder, log
 

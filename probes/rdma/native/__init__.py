@@ -27,8 +27,8 @@ from array import array
 from errno import EINTR
 from typing import Any, Self
 
+from fabricprobe.core.errors import NotSupported, PeerError, ProbeError
 from fabricprobe.probes.control import IB_MTUS, RdmaEndpoint
-from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError
 
 PORT = 1
 BW_OPS = ("write", "send")
