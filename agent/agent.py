@@ -50,8 +50,8 @@ from fabricprobe.probes.control import SessionTable
 from fabricprobe.probes.ethtool import Runner, run_command
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.hostload import CpuPressure
+from fabricprobe.probes.rdma.sessions import probe_sessions
 from fabricprobe.probes.responder import Responder
-from fabricprobe.probes.sessions import probe_sessions
 from fabricprobe.probes.threads import name_os_thread
 
 log = logging.getLogger("fabricprobe.agent")

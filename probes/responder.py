@@ -26,7 +26,7 @@ One listening socket; each accepted control connection gets its own thread, up t
 `max_sessions` at once (beyond that a prober is refused with `error busy` at once,
 never queued). Each session runs the handler its kind has in the table the responder
 was built with (`sessions`: kind -> handler, see fabricprobe.probes.control;
-fabricprobe.probes.sessions has the probes' own); every read has the idle timeout as
+fabricprobe.probes.rdma.sessions has the probes' own); every read has the idle timeout as
 its deadline, and whatever the handler acquired is released when the session ends, on
 every path. `stop()` is safe from a signal handler: it stops accepting, lets running
 sessions finish for a grace period, then aborts the rest (their sockets are shut down,

@@ -32,8 +32,8 @@ from fabricprobe.core.errors import ProbeError
 from fabricprobe.probes import tcp as tcp_lib
 from fabricprobe.probes.control import wait_listening
 from fabricprobe.probes.counters import counter_deltas, read_port_counters
-from fabricprobe.probes.links import pick_engine
 from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.rdma.links import pick_engine
 from fabricprobe.probes.sysfs import read_device
 
 DEMO_PORT = 4793

@@ -39,7 +39,7 @@ from fabricprobe.probes.control import (
     require_int,
     require_str,
 )
-from fabricprobe.probes.links import SETUP_TIMEOUT_S, RdmaLink, pick_engine
+from fabricprobe.probes.links import SETUP_TIMEOUT_S
 from fabricprobe.probes.measure import (
     ENGINES,
     BandwidthResult,
@@ -47,6 +47,7 @@ from fabricprobe.probes.measure import (
     LatencyRound,
     LinkParams,
 )
+from fabricprobe.probes.rdma.links import RdmaLink, pick_engine
 from fabricprobe.probes.rdma.verbs import RcEndpoint, Spin, device_for_address
 
 LAT_OPS = ("send", "write")
@@ -190,7 +191,7 @@ def loop_overhead_ns(engine: str = "pyverbs", rounds: int = 2000) -> int:
     two clock reads (and, in Python, the store into the sample array). Reported beside
     every figure."""
     if engine == "native":
-        from fabricprobe.probes.rdma.native import clock_overhead_ns
+        from fabricprobe.probes.native_loop import clock_overhead_ns
 
         return clock_overhead_ns()
     clock = time.perf_counter_ns

@@ -71,8 +71,8 @@ from fabricprobe.probes.control import (
     require_dict,
     require_int,
 )
-from fabricprobe.probes.links import RdmaLink, pick_engine
 from fabricprobe.probes.measure import LatencyResult, LatencyRound, LinkParams
+from fabricprobe.probes.rdma.links import RdmaLink, pick_engine
 from fabricprobe.probes.rdma.rc import RESPONDER_SYSFS_ROOT, local_device, source_address
 from fabricprobe.probes.rdma.verbs import (
     PORT,

@@ -24,8 +24,8 @@ from fabricprobe.core.sketchwire import from_wire
 from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import ControlClient
 from fabricprobe.probes.measure import LatencyRound, LinkParams
+from fabricprobe.probes.rdma.sessions import probe_sessions
 from fabricprobe.probes.responder import Responder
-from fabricprobe.probes.sessions import probe_sessions
 from fabricprobe.probes.tcp import open_data_connection
 
 

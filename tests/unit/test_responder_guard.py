@@ -205,7 +205,7 @@ def test_an_rdma_endpoint_must_be_the_control_peer() -> None:
 @pytest.mark.parametrize("kind", ["rdma_ud", "rdma_rc_lat"])
 def test_rdma_sessions_naming_a_third_address_are_refused(kind: str) -> None:
     """Before any verbs resource: a UD reflector or an RC connection to a third host."""
-    from fabricprobe.probes.sessions import rdma_sessions
+    from fabricprobe.probes.rdma.sessions import rdma_sessions
 
     third = RdmaEndpoint(0x42, 7, "::ffff:192.0.2.99", 1, 0, 0, 0, 1024).as_dict()
     params: dict[str, object] = {"probes": 100, "endpoint": third}

@@ -60,11 +60,6 @@ int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, int64_t interval_
                     int64_t late_ns, uint32_t seq0, int64_t *net, int64_t *raw, int64_t *delay,
                     int64_t *prober);
 int64_t fp_ud_answer(fp_ep *ep, int64_t count, int64_t step_ns, int64_t idle_ns);
-int64_t fp_clock_overhead_ns(int rounds);
-int64_t fp_tcp_echo(int fd, uint8_t *buf, uint32_t size);
-int64_t fp_tcp_pingpong(int fd, uint8_t *sbuf, uint8_t *rbuf, uint32_t size, int64_t total,
-                        int64_t step_ns, int verify, uint32_t seq0, int64_t *rtt_ns,
-                        int *status);
 """
 
 
