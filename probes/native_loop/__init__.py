@@ -57,13 +57,18 @@ def load() -> Any:
     return load_extension(SOCKET_LOOP)
 
 
-def available() -> bool:
-    """True when the socket loop is built and imports here."""
+def loads(module: str) -> bool:
+    """True when the compiled MODULE is built and imports here."""
     try:
-        load()
+        load_extension(module)
     except NativeError:
         return False
     return True
+
+
+def available() -> bool:
+    """True when the socket loop is built and imports here."""
+    return loads(SOCKET_LOOP)
 
 
 def clock_overhead_ns() -> int:

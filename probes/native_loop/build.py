@@ -27,28 +27,43 @@ int64_t fp_tcp_pingpong(int fd, uint8_t *sbuf, uint8_t *rbuf, uint32_t size, int
 """
 
 
-def builder() -> Any:
-    """The cffi FFI builder for the extension (cffi has no type hints: Any)."""
+def ffi_builder(module: str, source: Path, cdef: str, libraries: list[str] | None = None) -> Any:
+    """A cffi FFI builder for MODULE compiled from SOURCE, of which Python sees CDEF (cffi
+    has no type hints: Any). The RDMA engine's build.py builds its extension with it too."""
     cffi = importlib.import_module("cffi")
     ffi = cffi.FFI()
-    ffi.cdef(CDEF)
+    ffi.cdef(cdef)
     ffi.set_source(
-        MODULE,
-        (HERE / "socketloop.c").read_text(),
+        module,
+        source.read_text(),
+        libraries=libraries or [],
         extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter"],
     )
     return ffi
 
 
-def build(dest: Path = HERE) -> Path:
-    """Compile in a scratch directory and copy the extension into DEST; returns its path."""
-    with tempfile.TemporaryDirectory(prefix="socketloop-build.") as tmp:
-        built = Path(builder().compile(tmpdir=tmp))
+def build_into(ffi: Any, module: str, dest: Path) -> Path:
+    """Compile FFI (the builder of MODULE) in a scratch directory and copy the extension
+    into DEST, replacing the one built before (the package build names it *.abi3.so);
+    returns its path."""
+    stem = module.rpartition(".")[2]
+    with tempfile.TemporaryDirectory(prefix=f"{stem}-build.") as tmp:
+        built = Path(ffi.compile(tmpdir=tmp))
         target = dest / built.name
-        for stale in dest.glob("_socketloop*.so"):  # the package build names it *.abi3.so
+        for stale in dest.glob(f"{stem}*.so"):
             stale.unlink()
         shutil.copy2(built, target)
     return target
+
+
+def builder() -> Any:
+    """The socket loop's builder (setup.py hands it to cffi's setuptools integration)."""
+    return ffi_builder(MODULE, HERE / "socketloop.c", CDEF)
+
+
+def build(dest: Path = HERE) -> Path:
+    """Compile the socket loop into DEST; returns the extension's path."""
+    return build_into(builder(), MODULE, dest)
 
 
 def main() -> int:

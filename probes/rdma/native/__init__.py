@@ -27,7 +27,7 @@ from typing import Any, Self
 
 from fabricprobe.core.errors import NotSupported, PeerError, ProbeError
 from fabricprobe.probes.control import IB_MTUS, RdmaEndpoint
-from fabricprobe.probes.native_loop import NativeError, load_extension
+from fabricprobe.probes.native_loop import NativeError, load_extension, loads
 
 PORT = 1
 BW_OPS = ("write", "send")
@@ -95,11 +95,7 @@ def load() -> Any:
 
 def available() -> bool:
     """True when the extension is built and imports (libibverbs loads) here."""
-    try:
-        load()
-    except NativeError:
-        return False
-    return True
+    return loads(_MODULE)
 
 
 class _NativeEndpoint:
