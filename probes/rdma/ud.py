@@ -72,7 +72,7 @@ from fabricprobe.probes.control import (
     require_dict,
     require_int,
 )
-from fabricprobe.probes.measure import LatencyResult, LatencyRound, LinkParams
+from fabricprobe.probes.measure import LatencyResult, LatencyRound
 from fabricprobe.probes.rdma.links import RdmaLink, pick_engine
 from fabricprobe.probes.rdma.rc import RESPONDER_SYSFS_ROOT, local_device, source_address
 from fabricprobe.probes.rdma.verbs import (
@@ -449,15 +449,6 @@ def _native_round(ep: Any, wr: Any, r: ProbeRound) -> str | None:
     r.delays.extend(got[2])
     r.prober.extend(got[3])
     return None
-
-
-def ud_probe(link: LinkParams, *, probes: int = 200, interval_s: float = 0.0) -> LatencyResult:
-    """Send PROBES UD probes (at most one per INTERVAL_S) in one session; network RTT.
-    Each probe waits LINK's step_s (default 0.5 s) for its ACKs."""
-    if not 1 <= probes <= MAX_PROBES:
-        raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
-    with UdLink(link) as kept:
-        return kept.run(probes, interval_s)
 
 
 def serve_ud(session: Session) -> dict[str, Any]:

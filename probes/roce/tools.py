@@ -37,15 +37,6 @@ class PfcConfig:
     source: str  # "dcb", "mlnx_qos", "lldptool"
 
 
-@dataclass(frozen=True)
-class DscpMap:
-    """DSCP -> priority classification, and whether the port trusts DSCP at all."""
-
-    trust: str | None  # "dscp", "pcp", or None when the tool does not say
-    dscp_prio: Mapping[int, int]  # only DSCPs the tool listed
-    source: str
-
-
 def _on_off(word: str) -> bool:
     if word in ("on", "1", "true"):
         return True
