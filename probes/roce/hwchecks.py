@@ -72,6 +72,16 @@ def _first(
     return None, ev, runs
 
 
+def _dcb_or_mlnx_qos(
+    view: HostView, nd: str, obj: str, dcb: Callable[[str], T], mlnx_qos: Callable[[str], T]
+) -> tuple[T | None, list[str], list[ToolRun]]:
+    """OBJ of netdev ND as `dcb OBJ show dev ND` gives it (iproute2), else as `mlnx_qos -i
+    ND` does (Mellanox's tool, for drivers dcb cannot speak to): see _first."""
+    return _first(
+        view, [(("dcb", obj, "show", "dev", nd), dcb), (("mlnx_qos", "-i", nd), mlnx_qos)]
+    )
+
+
 def _skip_unreadable(
     t: Target, check: str, title: str, what: str, ev: list[str], runs: list[ToolRun], fix: str
 ) -> CheckResult:
@@ -149,13 +159,7 @@ def check_ets(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResu
     """The RoCE priority's traffic class gets at least roce_bw_min_pct under ETS, and the
     CNP class is not starved."""
     title, check, nd = c
-    ets, ev, runs = _first(
-        view,
-        [
-            (("dcb", "ets", "show", "dev", nd), parse_dcb_ets),
-            (("mlnx_qos", "-i", nd), parse_mlnx_qos_ets),
-        ],
-    )
+    ets, ev, runs = _dcb_or_mlnx_qos(view, nd, "ets", parse_dcb_ets, parse_mlnx_qos_ets)
     if ets is None:
         return _skip_unreadable(
             t, check, title, "ETS configuration", ev, runs, "apt install iproute2"
@@ -255,13 +259,7 @@ TITLE_BUFFERS = "prio2buffer and receive buffer sizes"
 def check_buffers(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The RoCE priority has a receive buffer of its own, with room in it."""
     title, check, nd = c
-    buf, ev, runs = _first(
-        view,
-        [
-            (("dcb", "buffer", "show", "dev", nd), parse_dcb_buffer),
-            (("mlnx_qos", "-i", nd), parse_mlnx_qos_buffers),
-        ],
-    )
+    buf, ev, runs = _dcb_or_mlnx_qos(view, nd, "buffer", parse_dcb_buffer, parse_mlnx_qos_buffers)
     if buf is None:
         return _skip_unreadable(
             t, check, title, "receive buffer configuration", ev, runs, "apt install iproute2"
@@ -327,13 +325,7 @@ TITLE_DCBX = "DCBX mode and the APP TLV for UDP 4791"
 def check_dcbx(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """Who runs DCBX, and whether an APP entry maps RoCEv2 (UDP 4791) to the RoCE priority."""
     title, check, nd = c
-    mode, ev, runs = _first(
-        view,
-        [
-            (("dcb", "dcbx", "show", "dev", nd), parse_dcb_dcbx),
-            (("mlnx_qos", "-i", nd), parse_mlnx_qos_dcbx),
-        ],
-    )
+    mode, ev, runs = _dcb_or_mlnx_qos(view, nd, "dcbx", parse_dcb_dcbx, parse_mlnx_qos_dcbx)
     apps, ev2, runs2 = _first(
         view,
         [
