@@ -48,6 +48,7 @@ from fabricprobe.core.tomlpos import KeyPath, key_lines, line_of
 SECTIONS: dict[str, str] = {
     "agent": "probe agent",
     "collector": "probe collector",
+    "serve": "probe serve",
     "roce": "probe validate --policy",
     "thresholds": "probe validate --policy",
 }
