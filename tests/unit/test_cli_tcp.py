@@ -111,7 +111,7 @@ def test_serve_settings_come_from_the_file_the_environment_and_flags(tmp_path: P
     cfg = settings.load(ServeConfig, "serve", file=conf, env=env, flags={"max_memory_mib": 8})
     assert (cfg.max_sessions, cfg.idle_timeout_s, cfg.insecure) == (6, 5.0, True)
     assert cfg.max_memory_mib == 8 and cfg.listen == "0.0.0.0:4793" and cfg.token_file == ""
-    conf.write_text("[serve]\nlisten = \"127.0.0.1:0\"\nmax_sessions = 0\n")
+    conf.write_text('[serve]\nlisten = "127.0.0.1:0"\nmax_sessions = 0\n')
     code, _, err = run("serve", "--config", str(conf), "--insecure")
     assert code == 2 and "serve.toml:3" in err and "max_sessions" in err
     assert err.count("\n") == 1
