@@ -1,9 +1,10 @@
-"""Only what pyproject.toml cannot say: the native probe loop, compiled by cffi at build time.
+"""Only what pyproject.toml cannot say: the native probe loops, compiled by cffi at build time.
 
-`pip install` of the sdist or the wheel builds `fabricprobe.probes.rdma.native._fastpath`
+`pip install` of the sdist or the wheel builds `fabricprobe.probes.native_loop._socketloop`
+from socketloop.c (the TCP loops; libc only) and `fabricprobe.probes.rdma.native._fastpath`
 from fastpath.c against libibverbs (Debian/Ubuntu: libibverbs-dev; RHEL: rdma-core-devel).
-FABRICPROBE_NATIVE=0 builds without it; `probe lat` then says that the pyverbs engine ran
-and why.
+FABRICPROBE_NATIVE=0 builds neither; `probe lat` then says that the Python loop or the
+pyverbs engine ran, and why.
 """
 
 import os
@@ -11,4 +12,8 @@ import os
 from setuptools import setup
 
 native = os.environ.get("FABRICPROBE_NATIVE", "1") != "0"
-setup(cffi_modules=["fabricprobe/probes/rdma/native/build.py:builder"] if native else [])
+modules = [
+    "fabricprobe/probes/native_loop/build.py:builder",
+    "fabricprobe/probes/rdma/native/build.py:builder",
+]
+setup(cffi_modules=modules if native else [])

@@ -45,12 +45,13 @@ from fabricprobe.agent.validation import ValidationSchedule
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.errors import ConfigError
-from fabricprobe.probes.control import SessionTable, parse_hostport
+from fabricprobe.core.hostport import parse_hostport
+from fabricprobe.probes.control import SessionTable
 from fabricprobe.probes.ethtool import Runner, run_command
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.hostload import CpuPressure
+from fabricprobe.probes.rdma.sessions import probe_sessions
 from fabricprobe.probes.responder import Responder
-from fabricprobe.probes.sessions import probe_sessions
 from fabricprobe.probes.sysfs import RdmaDevice
 from fabricprobe.probes.threads import name_os_thread
 

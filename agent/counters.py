@@ -14,9 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.errors import NotSupported, ParseError, ProbeError, ToolMissing
 from fabricprobe.probes.counters import PortCounters, counter_width, read_port_counters
-from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError, ToolMissing
 from fabricprobe.probes.ethtool import (
+    NETDEV_COUNTERS,
+    PRIORITY_COUNTERS,
     PfcStats,
     Runner,
     parse_pfc_stats,
@@ -27,24 +29,10 @@ from fabricprobe.probes.sysfs import RdmaDevice
 
 log = logging.getLogger("fabricprobe.agent")
 
-PFC_FIELDS = (
-    "rx_pause",
-    "tx_pause",
-    "rx_pause_duration_us",
-    "tx_pause_duration_us",
-    "rx_pause_transitions",
-    "tx_pause_transitions",
-    "rx_discards",
-)
-NETDEV_FIELDS = (
-    "rx_discards_phy",
-    "rx_ecn_mark",
-    "tx_pause_storm_warning_events",
-    "tx_pause_storm_error_events",
-    "continuous_pause_events",
-    "rx_link_pause",
-    "tx_link_pause",
-)
+# What a report carries of probes.ethtool's counters: all of them but the XON frame counts
+# (ice), which no metric exports.
+PFC_FIELDS = tuple(n for n in PRIORITY_COUNTERS if n not in ("rx_xon", "tx_xon"))
+NETDEV_FIELDS = NETDEV_COUNTERS
 
 
 def port_readings(pc: PortCounters, driver: str | None) -> list[pb.CounterReading]:

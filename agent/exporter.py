@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.errors import REFUSAL_REASONS, ParseError
 from fabricprobe.core.promproto import (
     CONTENT_TYPE_PROTOBUF,
     SketchHistogramFamily,
@@ -49,8 +50,6 @@ from fabricprobe.core.promproto import (
     wants_protobuf,
 )
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
-from fabricprobe.probes.control import REFUSAL_REASONS
-from fabricprobe.probes.errors import ParseError
 
 log = logging.getLogger("fabricprobe.agent")
 

@@ -10,7 +10,7 @@ import psutil
 
 from fabricprobe import __version__
 from fabricprobe.core.api import fabricprobe_pb2 as pb
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.core.errors import ProbeError
 from fabricprobe.probes.sysfs import RdmaDevice, read_devices
 
 log = logging.getLogger("fabricprobe.agent")

@@ -30,12 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from fabricprobe.core.errors import ProbeError
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import MAX_KEEPALIVE_S, LinkStale
-from fabricprobe.probes.errors import ProbeError
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.links import TcpPingLink
 from fabricprobe.probes.measure import LatencyRound, LinkParams
-from fabricprobe.probes.stats import LatencySketch
 from fabricprobe.probes.tcp import MAX_CHUNK, run_throughput
 from fabricprobe.probes.threads import name_os_thread
 
@@ -207,14 +207,13 @@ def kept_burst(
     outcome: tuple[str, str],
     new: Callable[[], L],
     run: Callable[[L], LatencyRound],
-    failed: Callable[[Exception], ProbeOutcome],
 ) -> ProbeOutcome:
-    """One latency burst over SPEC's kept link (made by NEW), as OUTCOME's (transport,
-    op); a burst that cannot run at all is what FAILED makes of its error."""
+    """One latency burst over SPEC's kept link (made by NEW, run by RUN), as OUTCOME's
+    (transport, op); in a burst that cannot run at all every exchange counts as lost."""
     try:
         r = ctx.links.burst(spec, new, run)
     except (ProbeError, OSError, ValueError) as e:
-        return failed(e)
+        return ProbeOutcome(*outcome, lost=spec.count, failed=True, error=str(e))
     return ProbeOutcome(
         *outcome,
         rtt_ns=r.rtt_ns.tolist(),
@@ -234,7 +233,6 @@ def tcp_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
             link_params(spec, ctx), size=spec.size, keepalive_s=keepalive_for(spec)
         ),
         lambda link: link.round(spec.count),
-        lambda e: ProbeOutcome("tcp", "pingpong", lost=spec.count, failed=True, error=str(e)),
     )
 
 

@@ -29,20 +29,12 @@ from fabricprobe.agent.probing import (
     kept_burst,
     link_params,
 )
-from fabricprobe.probes.errors import ProbeError
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.errors import ProbeError
 
 log = logging.getLogger("fabricprobe.agent")
 
 # QP setup on both ends can take seconds on a loaded or emulated host.
 SETUP_TIMEOUT_S = 10.0
-
-
-def _failed_burst(op: str, count: int, err: Exception) -> ProbeOutcome:
-    """A burst that could not run: every exchange in it counts as lost."""
-    lost = LatencySketch("rtt")
-    lost.record_lost(count)
-    return ProbeOutcome("rdma", op, rtt=lost, failed=True, error=str(err))
 
 
 def rdma_runners() -> dict[str, Runner]:
@@ -67,7 +59,6 @@ def rdma_runners() -> dict[str, Runner]:
                 keepalive_s=keepalive_for(spec),
             ),
             lambda link: link.round(spec.count, warmup=1),
-            lambda e: _failed_burst("send", spec.count, e),
         )
 
     def rc_write_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
@@ -99,7 +90,6 @@ def rdma_runners() -> dict[str, Runner]:
                 link_params(spec, ctx, SETUP_TIMEOUT_S), keepalive_s=keepalive_for(spec)
             ),
             lambda link: link.round(spec.count, warmup=1),
-            lambda e: _failed_burst("ud", spec.count, e),
         )
 
     return {"rdma_rc_lat": rc_send_pingpong, "rdma_rc_bw": rc_write_stream, "rdma_ud": ud_probes}

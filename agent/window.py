@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from fabricprobe.agent.probing import ProbeOutcome, ProbeSpec
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
-from fabricprobe.probes.stats import SlotTally
+from fabricprobe.core.stats import SlotTally
 
 PathKey = tuple[str, str, str, int]  # dst, transport, op, size
 

@@ -42,7 +42,7 @@ from fabricprobe.collector.service import AgentApi, ApiConfig, CollectorServer, 
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 
 DEFAULT_INTERVAL_S = ApiConfig().report_interval_ms / 1000
 

@@ -75,7 +75,7 @@ def _shard(
     from fabricprobe.collector.service import CollectorServer, ServerConfig
     from fabricprobe.core.api import fabricprobe_pb2 as pb
     from fabricprobe.core.sketchwire import to_wire
-    from fabricprobe.probes.stats import LatencySketch
+    from fabricprobe.core.stats import LatencySketch
 
     me = psutil.Process()
     specs = fleet(args.hosts, args.per_tor)
@@ -210,8 +210,8 @@ def agent_endpoint_series(peers: int) -> int:
     from fabricprobe.agent.identity import discover_devices
     from fabricprobe.core.api import fabricprobe_pb2 as pb
     from fabricprobe.core.sketchwire import to_wire
+    from fabricprobe.core.stats import LatencySketch
     from fabricprobe.probes.ethtool import CommandResult
-    from fabricprobe.probes.stats import LatencySketch
 
     fixtures = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
     text = (fixtures / "ethtool" / "mlx5_core.txt").read_text()

@@ -22,7 +22,7 @@ import urllib.request
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 
 
 def fill(server: CollectorServer, agents: int, peers: int) -> None:

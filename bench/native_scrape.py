@@ -29,10 +29,10 @@ from fabricprobe.collector.exporter import RTT_BUCKETS_S
 from fabricprobe.collector.exposition import render
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
-from fabricprobe.core.nativehist import bucket_bounds, to_native
+from fabricprobe.core.nativehist import to_native
 from fabricprobe.core.promproto import decode, encode
 from fabricprobe.core.sketchwire import from_wire, to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 
 
 def draw(rng: random.Random, samples: int) -> list[int]:
@@ -96,6 +96,12 @@ def interpolate(buckets: list[tuple[float, float, int]], q: float) -> float:
             return lo + (hi - lo) * (rank - running) / n
         running += n
     return math.nan
+
+
+def bucket_bounds(index: int, schema: int) -> tuple[float, float]:
+    """(lower, upper] of native bucket INDEX at SCHEMA, in seconds."""
+    step = 2.0 ** (-schema)
+    return 2.0 ** ((index - 1) * step), 2.0 ** (index * step)
 
 
 def resolution(samples: int) -> None:

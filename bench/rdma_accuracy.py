@@ -35,7 +35,7 @@ from typing import Any
 from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.probes.control import wait_listening
 from fabricprobe.probes.measure import LinkParams
-from fabricprobe.probes.rdma import rc
+from fabricprobe.probes.rdma import native, rc
 
 LAT_TARGET = 1.10
 BW_TARGET = 0.90
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-tcp", action="store_true")
     args = ap.parse_args(argv)
     a, b = lane_hosts()[:2]
-    engines = ["pyverbs"] + (["native"] if rc.native_available() else [])
+    engines = ["pyverbs"] + (["native"] if native.available() else [])
     figures: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:

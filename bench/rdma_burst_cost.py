@@ -46,11 +46,11 @@ import psutil
 
 from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.collector.assign import PlanConfig
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import decode_payload, encode_message, wait_listening
 from fabricprobe.probes.measure import LatencyRound, LinkParams
 from fabricprobe.probes.rdma.rc import RcPingLink, rc_latency
-from fabricprobe.probes.rdma.ud import UdLink, ud_probe
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.probes.rdma.ud import UdLink
 
 PORT = 4798
 KEEP_S = 120.0
@@ -157,7 +157,11 @@ def main() -> None:
             return lambda: rc_latency(where(engine), op="send", size=64, iters=plan.count, warmup=1)
 
         def ud_once(engine: str) -> Callable[[], object]:
-            return lambda: ud_probe(where(engine), probes=plan.count)
+            def once() -> object:  # a session of its own for one round
+                with UdLink(where(engine)) as kept:
+                    return kept.run(plan.count)
+
+            return once
 
         kinds: list[tuple[str, Callable[[], object], Callable[[], object]]] = []
         for engine in ("native", "pyverbs"):

@@ -37,7 +37,6 @@ from typing import Generic, TypeVar
 
 from fabricprobe.collector.pathfold import Folded
 from fabricprobe.collector.store import PathKey
-from fabricprobe.core.sketchwire import MergedSketch
 
 PATH_REASONS = ("alert", "request", "worst", "held", "fill")
 HOST_REASONS = ("alert", "path", "held", "fill")
@@ -63,16 +62,6 @@ class DetailConfig:
             raise ValueError("detail bounds must be >= 0")
         if self.hold_s < 0 or self.fresh_s <= 0:
             raise ValueError("hold_s >= 0 and fresh_s > 0")
-
-
-def window_p99_ns(sk: MergedSketch) -> int | None:
-    """p99 of one window's sketch. Up to 50 exchanges (10 at the default plan) the p99
-    rank is the last one, so it is the window's exact max: no walk over the slots."""
-    if not sk.count:
-        return None
-    if sk.count <= 50:
-        return sk.max_ns
-    return sk.percentile_ns(99.0)
 
 
 K = TypeVar("K", bound=Hashable)

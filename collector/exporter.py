@@ -34,9 +34,9 @@ from fabricprobe.collector.exposition import ScrapeStats
 from fabricprobe.collector.pathfold import FoldConfig, PathFold
 from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
 from fabricprobe.collector.store import DROPS, PathStats, StoreSnapshot, WindowStore
+from fabricprobe.core.errors import REFUSAL_REASONS
 from fabricprobe.core.promproto import SketchHistogramFamily
 from fabricprobe.core.sketchwire import MergedSketch
-from fabricprobe.probes.control import REFUSAL_REASONS
 
 # RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
 # soft-RoCE loopback (tens of µs), a real RoCE fabric (a few µs) and a congested

@@ -20,8 +20,8 @@ from typing import Protocol
 
 from fabricprobe.collector.pathfold import PathFold
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.errors import ParseError
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
-from fabricprobe.probes.errors import ParseError
 
 PathKey = tuple[str, str, str, str, int]  # src, dst, transport, op, size
 # src, kind, device, port, netdev, priority, name

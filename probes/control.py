@@ -99,11 +99,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
+from fabricprobe.core.deadline import Deadline, Timeout, as_deadline
+from fabricprobe.core.errors import ParseError, PeerError, ProbeError
+from fabricprobe.core.hostport import DEFAULT_PORT, format_hostport
 from fabricprobe.probes.fleet import NONCE_BYTES, FleetToken
 
 PROTOCOL_VERSION = 1
-DEFAULT_PORT = 4793  # 18515 belongs to perftest; pick one that does not clash with it
 MAX_MESSAGE_BYTES = 64 * 1024
 DEFAULT_TIMEOUT_S = 5.0
 MAX_KEEPALIVE_S = 600.0  # the longest a responder holds a link's resources between rounds
@@ -119,16 +120,13 @@ class ProtocolError(PeerError, ParseError):
 
 class Refused(ProbeError):
     """The responder turns a request away for a reason it counts (`reason`: one of
-    REFUSAL_REASONS): it is full, the source holds its share, the memory budget is spent,
-    the prober did not prove it belongs to the fleet, or an RDMA endpoint is not the
-    control connection's peer."""
+    core.errors.REFUSAL_REASONS): it is full, the source holds its share, the memory
+    budget is spent, the prober did not prove it belongs to the fleet, or an RDMA endpoint
+    is not the control connection's peer."""
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-REFUSAL_REASONS = ("busy", "source", "memory", "hello", "unauthenticated", "address")
 
 
 class PeerUnreachable(PeerError):
@@ -147,39 +145,6 @@ class LinkStale(PeerError):
 
 
 # --------------------------------------------------------------------------- deadlines
-
-
-class Deadline:
-    """A point in time (monotonic) that a multi-step operation must finish by.
-
-    One Deadline is passed down through every step of a stage (connect, hello, the
-    fleet-token challenge, ready, the data connections), so the steps share the time
-    the caller gave instead of each taking a full timeout of its own. `seconds` is that
-    time, for messages ("... within 2 s")."""
-
-    __slots__ = ("_end", "seconds")
-
-    def __init__(self, seconds: float) -> None:
-        if not seconds > 0:
-            raise ValueError(f"deadline must be positive, got {seconds}")
-        self.seconds = seconds
-        self._end = time.monotonic() + seconds
-
-    def remaining(self) -> float:
-        """Seconds left, never below zero."""
-        return max(0.0, self._end - time.monotonic())
-
-    @property
-    def expired(self) -> bool:
-        return time.monotonic() >= self._end
-
-
-Timeout = float | Deadline  # seconds from now, or a deadline shared with earlier steps
-
-
-def as_deadline(t: Timeout) -> Deadline:
-    """T itself when it is a Deadline (time already spent counts), else one T s from now."""
-    return t if isinstance(t, Deadline) else Deadline(t)
 
 
 def _left(deadline: Deadline, what: str) -> float:
@@ -434,51 +399,7 @@ def _check_range(name: str, v: object, lo: int, hi: int) -> None:
         raise ValueError(f"{name}: expected an integer in {lo}..{hi}, got {v!r}")
 
 
-# --------------------------------------------------------------------------- addresses
-
-
-def parse_hostport(
-    text: str, default_port: int = DEFAULT_PORT, *, allow_port_zero: bool = False
-) -> tuple[str, int]:
-    """`host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address → (host, port).
-
-    Raises ValueError with a one-line reason for anything else. Port 0 (any free
-    port) is only accepted for addresses to listen on.
-    """
-    t = text.strip()
-    if not t:
-        raise ValueError("empty address")
-    host, port_text = t, ""
-    if t.startswith("["):
-        end = t.find("]")
-        if end < 0 or (len(t) > end + 1 and t[end + 1] != ":"):
-            raise ValueError(f"bad address {text!r}: expected [IPv6]:PORT")
-        host, port_text = t[1:end], t[end + 2 :]
-        if len(t) > end + 1 and not port_text:
-            raise ValueError(f"bad address {text!r}: empty port")
-    elif t.count(":") == 1:
-        host, port_text = t.split(":")
-        if not port_text:
-            raise ValueError(f"bad address {text!r}: empty port")
-    if not host or any(c.isspace() for c in host) or "/" in host:
-        raise ValueError(f"bad address {text!r}: expected HOST or HOST:PORT")
-    if ":" in host:
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"bad address {text!r}: not an IPv6 address") from None
-    port = default_port
-    if port_text:
-        lo = 0 if allow_port_zero else 1
-        if not port_text.isdecimal() or not lo <= int(port_text) < 65536:
-            raise ValueError(f"bad port in {text!r}: expected {lo}..65535")
-        port = int(port_text)
-    return host, port
-
-
-def format_hostport(host: str, port: int) -> str:
-    """The inverse of parse_hostport: `host:port`, with IPv6 hosts in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+# --------------------------------------------------------------------------- connections
 
 
 def wait_listening(host: str, port: int, timeout: float) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.sysfs import read_small
 
 # Files in hw_counters/ that are not counters.
@@ -315,24 +315,6 @@ def counter_delta(prev: int, cur: int, width: int = 64) -> CounterDelta:
         if wrapped < 2**31:
             return CounterDelta(wrapped, wrapped=True, reset=False)
     return CounterDelta(cur, wrapped=False, reset=True)
-
-
-@dataclass(frozen=True)
-class CounterRate:
-    """A per-second rate between two readings."""
-
-    rate: float  # increase per second
-    delta: int
-    wrapped: bool
-    reset: bool  # the device reset between readings: rate counts from 0 and may be low
-
-
-def counter_rate(prev: int, cur: int, dt: float, width: int = 64) -> CounterRate:
-    """Per-second rate of a counter read twice DT seconds apart (see `counter_delta`)."""
-    if dt <= 0:
-        raise ValueError(f"interval must be positive, got {dt}")
-    d = counter_delta(prev, cur, width)
-    return CounterRate(d.delta / dt, d.delta, d.wrapped, d.reset)
 
 
 def counter_deltas(

@@ -18,11 +18,11 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import MappingProxyType
 
-from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError, ToolMissing
+from fabricprobe.core.errors import NotSupported, ParseError, ProbeError, ToolMissing
 from fabricprobe.probes.sysfs import read_optional
 
 HEADER = "NIC statistics:"
@@ -116,6 +116,11 @@ class PfcStats:
         return self.scheme is not None
 
 
+# The counters' names as the dataclasses spell them (the agent reports them by these names).
+PRIORITY_COUNTERS = tuple(f.name for f in fields(PriorityPause) if f.name != "priority")
+NETDEV_COUNTERS = tuple(f.name for f in fields(PfcStats) if f.name not in ("scheme", "priorities"))
+
+
 # Per-priority names, one template per field, for each driver. {p} is the priority.
 _SCHEMES: dict[str, dict[str, tuple[str, ...]]] = {
     "mlx5": {
@@ -164,17 +169,7 @@ def parse_pfc_stats(stats: Mapping[str, int] | EthtoolStats) -> PfcStats:
                 priority=p,
                 **{
                     fld: _first(values, *(t.format(p=p) for t in templates.get(fld, ())))
-                    for fld in (
-                        "rx_pause",
-                        "tx_pause",
-                        "rx_pause_duration_us",
-                        "tx_pause_duration_us",
-                        "rx_pause_transitions",
-                        "tx_pause_transitions",
-                        "rx_xon",
-                        "tx_xon",
-                        "rx_discards",
-                    )
+                    for fld in PRIORITY_COUNTERS
                 },
             )
             for p in PRIORITIES

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 
 _TOTAL = re.compile(r"^some\b.*\btotal=(\d{1,20})\s*$", re.M)
 

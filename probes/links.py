@@ -7,9 +7,9 @@ is and how patiently to reach it) and a keepalive; `round()` returns a LatencyRo
 
 - `Link` is what all links share: the parameters, the keepalive, the rounds count, and
   a session lifetime on an ExitStack (`close()` releases everything; idempotent).
-- `RdmaLink` adds the `again`/`go` round protocol and the engine choice; RC and UD
-  links (fabricprobe.probes.rdma.rc / .ud, which need pyverbs) subclass it with their
-  session setup and their round.
+- `RdmaLink` (fabricprobe.probes.rdma.links) adds the `again`/`go` round protocol and
+  the engine choice; RC and UD links (fabricprobe.probes.rdma.rc / .ud, which need
+  pyverbs) subclass it with their session setup and their round.
 - `TcpPingLink` is a kept `tcp_lat` session: the responder echoes whatever arrives on
   the data connection, so its rounds need no `again`; a warm-up that fails on a kept
   link tells the responder let it go.
@@ -17,8 +17,6 @@ is and how patiently to reach it) and a keepalive; `round()` returns a LatencyRo
 A round that ends short closes the link (the next round opens a new session); a
 responder gone before a round starts raises LinkStale, and the caller may open a new
 link for the same round at once.
-
-`pick_engine` says which RDMA hot loop runs, and why.
 """
 
 from __future__ import annotations
@@ -28,13 +26,12 @@ import socket
 import time
 from array import array
 from contextlib import ExitStack
-from dataclasses import dataclass
-from typing import Any, Self
+from typing import Self
 
-from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, Deadline, LinkStale
-from fabricprobe.probes.errors import NotSupported, PeerError
-from fabricprobe.probes.measure import ENGINES, LatencyResult, LatencyRound, LinkParams
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.deadline import Deadline
+from fabricprobe.core.errors import PeerError
+from fabricprobe.probes.control import MAX_KEEPALIVE_S, ControlClient, LinkStale
+from fabricprobe.probes.measure import LatencyRound, LinkParams
 from fabricprobe.probes.tcp import (
     Stopped,
     open_data_connection,
@@ -46,49 +43,6 @@ from fabricprobe.probes.tcp import (
 # Building a QP on both sides and connecting it can take seconds on a loaded host (or
 # under emulation); an RDMA session's hello -> ready exchange gets this long by default.
 SETUP_TIMEOUT_S = 30.0
-
-
-# --------------------------------------------------------------------------- engines
-
-
-@dataclass(frozen=True)
-class EngineChoice:
-    """Which RDMA hot loop runs (`pyverbs` or `native`) and why, in one line."""
-
-    name: str
-    reason: str
-
-
-def native_status() -> tuple[bool, str]:
-    """(whether the compiled loops of probes/rdma/native load here, why not)."""
-    from fabricprobe.probes.rdma import native
-
-    try:
-        native.load()
-    except native.NativeError as e:
-        return False, str(e)
-    return True, ""
-
-
-def native_available() -> bool:
-    return native_status()[0]
-
-
-def pick_engine(requested: str) -> EngineChoice:
-    """`auto` takes the native loops when they are built and load, else pyverbs; an
-    explicit `native` that cannot load raises NotSupported."""
-    if requested not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {requested!r}")
-    if requested == "pyverbs":
-        return EngineChoice("pyverbs", "pyverbs: asked for")
-    built, why = native_status()
-    if requested == "native":
-        if not built:
-            raise NotSupported(f"the native engine is not built here: {why}")
-        return EngineChoice("native", "native: asked for; the compiled loop is built and loads")
-    if built:
-        return EngineChoice("native", "native: the compiled loop is built and loads")
-    return EngineChoice("pyverbs", f"pyverbs: the native loop does not load ({why})")
 
 
 # --------------------------------------------------------------------------- links
@@ -129,74 +83,6 @@ class Link:
     def close(self) -> None:
         """Release the session and everything it holds; safe to call again."""
         self._stack.close()
-
-
-class RdmaLink(Link):
-    """RC and UD links: the first round opens the session (`_setup`, with the round's
-    params in the hello); with a keepalive the responder then holds its end between
-    rounds and each later round is one `again`/`go` exchange away. The responder ends its
-    session when the control connection closes."""
-
-    def __init__(self, params: LinkParams, *, keepalive_s: float = 0.0) -> None:
-        super().__init__(params, keepalive_s=keepalive_s)
-        choice = pick_engine(params.engine)
-        self.engine, self.engine_reason = choice.name, choice.reason
-        self._open: tuple[ControlClient, Any, Any] | None = None
-
-    @property
-    def is_open(self) -> bool:
-        return self._open is not None
-
-    def close(self) -> None:
-        self._open = None
-        super().close()
-
-    def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
-        """Open the session for a first round of PARAMS on self._stack: (control, local
-        endpoint, what the rounds need of the peer)."""
-        raise NotImplementedError
-
-    def _begin(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
-        """The session ready for a round of PARAMS: opened with them, or asked again."""
-        try:
-            if self._open is not None:
-                self._open[0].again(params)
-            else:
-                self._open = self._setup({**params, "keepalive_s": self.keepalive_s})
-        except BaseException:
-            self.close()
-            raise
-        self.rounds += 1
-        return self._open
-
-    def _end(self, error: str | None, result: dict[str, Any]) -> None:
-        """After a round: one that ended short closes the link; an unkept one is done."""
-        if error is not None:
-            self.close()
-        elif not self.keepalive_s and self._open is not None:
-            self._open[0].done(result, timeout=self.done_timeout())
-            self.close()
-
-    def done_timeout(self) -> float:
-        """How long the closing handshake may take: a step, unless the responder needs
-        longer to see that the round is over."""
-        return self.step_s
-
-    def _result(self, r: LatencyRound, sketch: LatencySketch, **figures: Any) -> LatencyResult:
-        """Round R summarised in SKETCH, with what the link knows and FIGURES beside."""
-        return LatencyResult(
-            transport="rdma",
-            peer=self.peer,
-            port=self.params.port,
-            device=r.device,
-            summary=sketch.summary(),
-            duration_s=r.duration_s,
-            error=r.error,
-            sketch=sketch,
-            engine=self.engine,
-            engine_reason=self.engine_reason,
-            **figures,
-        )
 
 
 class TcpPingLink(Link):

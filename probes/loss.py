@@ -48,13 +48,6 @@ def _margin(ratio: float, n: float, z: float) -> float:
     return max(ratio - lo, hi - ratio)
 
 
-def margin_at(ratio: float, n: int, confidence: float = CONFIDENCE) -> float:
-    """How far the farther Wilson bound lies from RATIO measured over N exchanges."""
-    if n < 1 or not 0 <= ratio <= 1:
-        raise ValueError(f"ratio {ratio!r} over {n} exchanges: need 0..1 and n >= 1")
-    return _margin(ratio, n, z_for(confidence))
-
-
 def exchanges_for(ratio: float, margin: float = 0.01, confidence: float = CONFIDENCE) -> int:
     """The fewest exchanges whose Wilson interval at RATIO lies within ±MARGIN of it (for
     0.05 and ±1 point: 2,167, where the normal approximation says 1,825; for 0:

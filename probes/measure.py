@@ -16,9 +16,9 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabricprobe.probes.control import DEFAULT_PORT
+from fabricprobe.core.hostport import DEFAULT_PORT
+from fabricprobe.core.stats import LatencySketch, LatencySummary, one_way_from_rtt
 from fabricprobe.probes.fleet import FleetToken
-from fabricprobe.probes.stats import LatencySketch, LatencySummary, one_way_from_rtt
 
 ENGINES = ("auto", "pyverbs", "native")
 

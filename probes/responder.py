@@ -26,7 +26,7 @@ One listening socket; each accepted control connection gets its own thread, up t
 `max_sessions` at once (beyond that a prober is refused with `error busy` at once,
 never queued). Each session runs the handler its kind has in the table the responder
 was built with (`sessions`: kind -> handler, see fabricprobe.probes.control;
-fabricprobe.probes.sessions has the probes' own); every read has the idle timeout as
+fabricprobe.probes.rdma.sessions has the probes' own); every read has the idle timeout as
 its deadline, and whatever the handler acquired is released when the session ends, on
 every path. `stop()` is safe from a signal handler: it stops accepting, lets running
 sessions finish for a grace period, then aborts the rest (their sockets are shut down,
@@ -46,11 +46,11 @@ import time
 from collections import Counter
 from typing import Any
 
+from fabricprobe.core.errors import REFUSAL_REASONS, ParseError, PeerError, ProbeError
+from fabricprobe.core.hostport import DEFAULT_PORT, format_hostport
 from fabricprobe.probes.control import (
-    DEFAULT_PORT,
     MAX_KEEPALIVE_S,
     PROTOCOL_VERSION,
-    REFUSAL_REASONS,
     Channel,
     MemoryBudget,
     Message,
@@ -58,12 +58,10 @@ from fabricprobe.probes.control import (
     Refused,
     Session,
     SessionTable,
-    format_hostport,
     require_dict,
     require_str,
     session_table,
 )
-from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
 from fabricprobe.probes.fleet import NONCE_BYTES, FleetToken, canonical_ip
 from fabricprobe.probes.threads import name_os_thread
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.core.errors import ProbeError
 from fabricprobe.probes.sysfs import RdmaDevice, find_gid, read_device, read_devices, read_optional
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabricprobe.probes.errors import SysfsError
+from fabricprobe.core.errors import SysfsError
 
 # One bounded read per file: a few drivers return EAGAIN forever or huge blobs.
 _MAX_READ = 4096

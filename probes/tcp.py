@@ -9,8 +9,8 @@ stream from the same source address and sends the 16-byte token first, so a stra
 connection cannot join the session. Keeping data apart from control leaves the data
 connection a pure byte stream and the control connection free for `done`.
 
-Timing: the prober's exchanges run in the compiled loop of probes/rdma/native
-(`fp_tcp_pingpong`, the GIL released) when it is built, else in Python; the result's
+Timing: the prober's exchanges run in the compiled loop of probes/native_loop
+(`fp_tcp_pingpong`, the GIL released; libc only) when it is built, else in Python; the result's
 `engine` says which (`native` or `python`) and `engine_reason` why. Either way a sample
 is a monotonic clock read before the send to one after the last byte of the echo, the
 buffers are allocated before the loop, and the data socket is blocking with the
@@ -39,23 +39,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fabricprobe.core.deadline import Deadline, Timeout, as_deadline
+from fabricprobe.core.errors import NotSupported, PeerError, ProbeError
+from fabricprobe.core.stats import LatencySketch, LatencySummary
+from fabricprobe.probes import native_loop
 from fabricprobe.probes.control import (
     DEFAULT_TIMEOUT_S,
     ControlClient,
-    Deadline,
     ProtocolError,
     Session,
     SessionHandler,
-    Timeout,
-    as_deadline,
     optional_float,
     optional_int,
     require_int,
     require_str,
 )
-from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError
 from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
-from fabricprobe.probes.stats import LatencySketch, LatencySummary
 
 MIN_SIZE = 1
 MAX_SIZE = 1 << 20  # 1 MiB
@@ -160,12 +159,10 @@ class ClientLoop:
 
 @functools.cache
 def _native_status() -> str | None:
-    """None when the compiled loop (probes/rdma/native) loads here, else why not."""
+    """None when the compiled loop (probes/native_loop) loads here, else why not."""
     try:
-        from fabricprobe.probes.rdma import native
-
-        native.load()
-    except (ImportError, ProbeError) as e:  # not built, or libibverbs does not load
+        native_loop.load()
+    except ProbeError as e:  # not built, or built for another Python
         return str(e)
     return None
 
@@ -186,8 +183,8 @@ def pick_loop(requested: str = "auto") -> ClientLoop:
 
 
 _NATIVE_STOPS = {
-    1: "peer closed the data connection",  # native.TCP_CLOSED
-    3: "echo payload did not match what was sent",  # native.TCP_MISMATCH
+    native_loop.TCP_CLOSED: "peer closed the data connection",
+    native_loop.TCP_MISMATCH: "echo payload did not match what was sent",
 }
 
 
@@ -205,15 +202,13 @@ def run_exchanges(
     """N ping-pongs on SOCK by LOOP (`native` or `python`), RTTs in ns into
     SAMPLES[BASE:]; each exchange within TIMEOUT s. Any failure raises Stopped."""
     if loop == "native":
-        from fabricprobe.probes.rdma import native
-
         try:
-            done, status = native.tcp_pingpong(
+            done, status = native_loop.tcp_pingpong(
                 sock.fileno(), sbuf, rbuf, samples, base, n, timeout, verify
             )
-        except native.NativeError as e:
+        except native_loop.NativeError as e:
             raise Stopped(base, str(e)) from None
-        if status == native.TCP_TIMEOUT:
+        if status == native_loop.TCP_TIMEOUT:
             raise Stopped(base + done, TimeoutError(errno.ETIMEDOUT, "timed out"))
         if status in _NATIVE_STOPS:
             raise Stopped(base + done, _NATIVE_STOPS[status])
@@ -238,9 +233,7 @@ def measure_timer_overhead(n: int = 20_000, loop: str = "python") -> TimerOverhe
     holds nothing but its two clock reads between a sample's ends besides the system
     calls, so both of its figures are its clock pair's."""
     if loop == "native":
-        from fabricprobe.probes.rdma.native import clock_overhead_ns
-
-        pair = clock_overhead_ns()
+        pair = native_loop.clock_overhead_ns()
         return TimerOverhead(pair, pair)
     clock = time.perf_counter_ns
     pairs = array("q", bytes(8 * n))
@@ -638,12 +631,8 @@ def accept_streams(
 
 
 def _native_echo() -> Callable[[int, int], int] | None:
-    """The compiled echo loop (probes/rdma/native) when it is built, else None."""
-    try:
-        from fabricprobe.probes.rdma import native
-    except ImportError:
-        return None
-    return native.tcp_echo if native.available() else None
+    """The compiled echo loop (probes/native_loop) when it is built, else None."""
+    return native_loop.tcp_echo if native_loop.available() else None
 
 
 def _echo(conn: socket.socket, size: int, idle: float) -> int:

@@ -47,8 +47,9 @@ py=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
-# The probes' compiled hot loops (probes/rdma/native): libibverbs-dev + a C compiler. The
-# package build compiles them too (setup.py); this step brings the headers it needs.
+# The probes' compiled hot loops (probes/native_loop, probes/rdma/native): libibverbs-dev
+# and a C compiler. The package build compiles them too (setup.py); this step brings the
+# headers it needs.
 bash scripts/build-native.sh
 stamp=.venv/.fabricprobe-installed
 if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fabricprobe.cli.options import CollectorCredentials
-from fabricprobe.probes.control import format_hostport, parse_hostport
+from fabricprobe.core.hostport import format_hostport, parse_hostport
 
 
 def fleet_query(

@@ -13,7 +13,7 @@ import re
 import subprocess
 from collections.abc import Sequence
 
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.core.errors import ProbeError
 
 _BAND = "1:4"
 _HANDLE = "40:"

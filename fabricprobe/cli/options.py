@@ -11,8 +11,8 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from fabricprobe.core.hostport import DEFAULT_PORT, parse_hostport
 from fabricprobe.core.settings import Spec, config_var, env_var, specs
-from fabricprobe.probes.control import DEFAULT_PORT, parse_hostport
 from fabricprobe.probes.fleet import FleetToken
 
 sysfs_option = click.option(

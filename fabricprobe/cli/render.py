@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from fabricprobe.core.stats import LatencySummary, one_way_from_rtt
 from fabricprobe.probes.counters import CounterDelta
 from fabricprobe.probes.loss import LossEstimate
-from fabricprobe.probes.stats import LatencySummary, one_way_from_rtt
 from fabricprobe.probes.sysfs import RdmaDevice
 
 

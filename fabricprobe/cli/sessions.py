@@ -5,7 +5,7 @@ to any host that answers probes."""
 from __future__ import annotations
 
 from fabricprobe.probes.control import SessionHandler, session_table
-from fabricprobe.probes.sessions import probe_sessions
+from fabricprobe.probes.rdma.sessions import probe_sessions
 from fabricprobe.workload import transfer
 
 

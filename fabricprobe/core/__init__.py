@@ -1,5 +1,7 @@
-"""The contract floor, below both the agent and the collector: the agent API (proto and its
-generated code), the sketch codec, configuration errors, the settings declarations both
-daemons' configs are built from (settings.py, with tomlpos.py for the lines of a TOML
-file) and logging. It imports only `fabricprobe.probes` (the sketch it encodes, the
-address parser) and the standard library."""
+"""The ground floor, below the probes, the agent and the collector: deadlines
+(deadline.py), host:port text (hostport.py), the error types and refusal reasons
+(errors.py), the latency sketches (stats.py) and their wire codec (sketchwire.py), the
+agent API (proto and its generated code), the settings declarations both daemons'
+configs are built from (settings.py, with tomlpos.py for the lines of a TOML file) and
+logging. It imports nothing else of the package: only the standard library and
+third-party libraries."""

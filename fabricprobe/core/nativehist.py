@@ -60,12 +60,6 @@ def bucket_index(x: float, schema: int = SCHEMA) -> int:
     return (idx + (1 << -schema) - 1) >> -schema
 
 
-def bucket_bounds(index: int, schema: int = SCHEMA) -> tuple[float, float]:
-    """(lower, upper] of native bucket INDEX at SCHEMA, in seconds."""
-    step = 2.0 ** (-schema)
-    return 2.0 ** ((index - 1) * step), 2.0 ** (index * step)
-
-
 @dataclass(frozen=True)
 class NativeHistogram:
     """What a native histogram sample carries: exact count and sum, the zero bucket, and

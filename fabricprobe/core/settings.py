@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fabricprobe.core.errors import ConfigError
+from fabricprobe.core.hostport import parse_hostport
 from fabricprobe.core.tomlpos import KeyPath, key_lines, line_of
-from fabricprobe.probes.control import parse_hostport
 
 # Every table a fabricprobe TOML file may hold, and who reads it. One file may serve both
 # daemons (and hold the policy `probe validate --policy` reads); a section missing here is
@@ -48,6 +48,7 @@ from fabricprobe.probes.control import parse_hostport
 SECTIONS: dict[str, str] = {
     "agent": "probe agent",
     "collector": "probe collector",
+    "serve": "probe serve",
     "roce": "probe validate --policy",
     "thresholds": "probe validate --policy",
 }

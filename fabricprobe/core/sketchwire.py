@@ -20,8 +20,8 @@ from functools import lru_cache
 from hdrh.histogram import HdrHistogram
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
-from fabricprobe.probes.errors import ParseError
-from fabricprobe.probes.stats import (
+from fabricprobe.core.errors import ParseError
+from fabricprobe.core.stats import (
     HIGHEST_NS,
     LOWEST_NS,
     SIGNIFICANT_DIGITS,

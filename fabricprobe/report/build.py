@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from fabricprobe.probes.control import Deadline
+from fabricprobe.core.deadline import Deadline
 from fabricprobe.report import figures, frames
 from fabricprobe.report.page import Picture, Section, esc, number, page, para, table
 from fabricprobe.report.sources import HttpAuth, SourceError, fetch_metrics, prometheus_range

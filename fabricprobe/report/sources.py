@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fabricprobe.core.deadline import Deadline, Timeout, as_deadline
 from fabricprobe.core.errors import ConfigError
-from fabricprobe.probes.control import Deadline, Timeout, as_deadline
 
 MAX_BODY = 64 << 20  # bytes read from one HTTP answer
 

@@ -27,10 +27,11 @@ import struct
 import time
 from typing import Any, Protocol
 
+from fabricprobe.core.deadline import Deadline
+from fabricprobe.core.errors import PeerError, ProbeError
+from fabricprobe.core.hostport import DEFAULT_PORT
 from fabricprobe.probes.control import (
-    DEFAULT_PORT,
     ControlClient,
-    Deadline,
     RdmaEndpoint,
     Session,
     SessionHandler,
@@ -39,7 +40,6 @@ from fabricprobe.probes.control import (
     require_int,
     require_str,
 )
-from fabricprobe.probes.errors import PeerError, ProbeError
 from fabricprobe.probes.tcp import TOKEN_BYTES, accept_streams, data_listener, open_data_connection
 
 SESSION = "kv_sink"

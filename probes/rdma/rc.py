@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fabricprobe.core.deadline import Deadline
+from fabricprobe.core.errors import PeerError, ProbeError
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import (
     ControlClient,
-    Deadline,
     ProtocolError,
     RdmaEndpoint,
     Session,
@@ -37,8 +39,7 @@ from fabricprobe.probes.control import (
     require_int,
     require_str,
 )
-from fabricprobe.probes.errors import PeerError, ProbeError
-from fabricprobe.probes.links import SETUP_TIMEOUT_S, RdmaLink, pick_engine
+from fabricprobe.probes.links import SETUP_TIMEOUT_S
 from fabricprobe.probes.measure import (
     ENGINES,
     BandwidthResult,
@@ -46,8 +47,8 @@ from fabricprobe.probes.measure import (
     LatencyRound,
     LinkParams,
 )
+from fabricprobe.probes.rdma.links import RdmaLink, pick_engine
 from fabricprobe.probes.rdma.verbs import RcEndpoint, Spin, device_for_address
-from fabricprobe.probes.stats import LatencySketch
 
 LAT_OPS = ("send", "write")
 BW_OPS = ("write", "send")
@@ -95,16 +96,25 @@ class LoopOutcome:
     error: str | None = None
 
 
-def _send_pingpong(
-    ep: RcEndpoint,
-    size: int,
-    total: int,
-    first: bool,
-    step_s: float,
-    samples: array[int] | None,
-    progress: Progress | None = None,
-    own: array[int] | None = None,
-) -> LoopOutcome:
+@dataclass(frozen=True)
+class PingPong:
+    """One ping-pong loop: TOTAL round trips of SIZE-byte messages, FIRST when this side
+    sends first (the prober), each step within STEP_S; RTTs (ns) into SAMPLES and the
+    prober's own delay into OWN when given; PROGRESS(i, total) every 1,024 round trips
+    (the Python loops only: the compiled one runs to the end in C)."""
+
+    size: int
+    total: int
+    first: bool
+    step_s: float
+    samples: array[int] | None = None
+    own: array[int] | None = None
+    progress: Progress | None = None
+
+
+def _send_pingpong(ep: RcEndpoint, loop: PingPong) -> LoopOutcome:
+    size, total, first, step_s = loop.size, loop.total, loop.first, loop.step_s
+    samples, own, progress = loop.samples, loop.own, loop.progress
     send_cq, recv_cq = ep.send_cq, ep.recv_cq
     signaled, quiet = ep.send_wr(size, True), ep.send_wr(size, False)
     clock, mono, poll, post = time.perf_counter_ns, time.monotonic, ep.poll, ep.post
@@ -137,17 +147,9 @@ def _send_pingpong(
     return LoopOutcome(total)
 
 
-def _write_pingpong(
-    ep: RcEndpoint,
-    remote: RdmaEndpoint,
-    size: int,
-    total: int,
-    first: bool,
-    step_s: float,
-    samples: array[int] | None,
-    progress: Progress | None = None,
-    own: array[int] | None = None,
-) -> LoopOutcome:
+def _write_pingpong(ep: RcEndpoint, remote: RdmaEndpoint, loop: PingPong) -> LoopOutcome:
+    size, total, first, step_s = loop.size, loop.total, loop.first, loop.step_s
+    samples, own, progress = loop.samples, loop.own, loop.progress
     signaled, quiet = ep.write_wr(remote, size, True), ep.write_wr(remote, size, False)
     last = size - 1
     sbuf, rbuf = ep.send_buf, ep.recv_buf
@@ -190,7 +192,7 @@ def loop_overhead_ns(engine: str = "pyverbs", rounds: int = 2000) -> int:
     two clock reads (and, in Python, the store into the sample array). Reported beside
     every figure."""
     if engine == "native":
-        from fabricprobe.probes.rdma.native import clock_overhead_ns
+        from fabricprobe.probes.native_loop import clock_overhead_ns
 
         return clock_overhead_ns()
     clock = time.perf_counter_ns
@@ -236,23 +238,13 @@ def _endpoint(engine: str, device: str, size: int, gid_index: int, op: str, rece
     return ep
 
 
-def _pingpong(
-    engine: str,
-    ep: Any,
-    op: str,
-    remote: RdmaEndpoint,
-    size: int,
-    total: int,
-    first: bool,
-    step_s: float,
-    samples: array[int] | None,
-    progress: Progress | None = None,
-    own: array[int] | None = None,
-) -> LoopOutcome:
+def _pingpong(engine: str, ep: Any, op: str, remote: RdmaEndpoint, loop: PingPong) -> LoopOutcome:
     if engine == "pyverbs":
         if op == "send":
-            return _send_pingpong(ep, size, total, first, step_s, samples, progress, own)
-        return _write_pingpong(ep, remote, size, total, first, step_s, samples, progress, own)
+            return _send_pingpong(ep, loop)
+        return _write_pingpong(ep, remote, loop)
+    size, total, first, step_s = loop.size, loop.total, loop.first, loop.step_s
+    samples, own = loop.samples, loop.own
     try:  # the native loop runs to the end in C: no progress callbacks
         if op == "send":
             done = ep.send_pingpong(size, total, first, step_s, samples, own)
@@ -332,19 +324,8 @@ class RcPingLink(RdmaLink):
         _, ep, remote = self._begin({"iters": total})
         samples, own = array("q", bytes(8 * total)), array("q", bytes(8 * total))
         t0 = time.perf_counter()
-        out = _pingpong(
-            self.engine,
-            ep,
-            self.op,
-            remote,
-            self.size,
-            total,
-            True,
-            self.step_s,
-            samples,
-            progress,
-            own,
-        )
+        loop = PingPong(self.size, total, True, self.step_s, samples, own, progress)
+        out = _pingpong(self.engine, ep, self.op, remote, loop)
         duration = time.perf_counter() - t0
         error, dev = out.error, ep.device
         if out.done < total:
@@ -519,7 +500,7 @@ def serve_rc_latency(session: Session) -> dict[str, Any]:
     ep = _session_endpoint(session, engine, size, op, op == "send", remote)
     answered = 0
     while True:  # one round, or one per `again` of a kept link
-        out = _pingpong(engine, ep, op, remote, size, iters, False, step_s, None)
+        out = _pingpong(engine, ep, op, remote, PingPong(size, iters, False, step_s))
         answered += out.done
         if out.error is not None:
             break

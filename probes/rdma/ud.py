@@ -51,6 +51,7 @@ import select
 import struct
 import time
 from array import array
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyverbs.addr import AH, GID, AHAttr, GlobalRoute
@@ -59,9 +60,11 @@ from pyverbs.pyverbs_error import PyverbsRDMAError
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
+from fabricprobe.core.deadline import Deadline
+from fabricprobe.core.errors import PeerError, ProbeError
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import (
     ControlClient,
-    Deadline,
     RdmaEndpoint,
     Session,
     SessionHandler,
@@ -69,9 +72,8 @@ from fabricprobe.probes.control import (
     require_dict,
     require_int,
 )
-from fabricprobe.probes.errors import PeerError, ProbeError
-from fabricprobe.probes.links import RdmaLink, pick_engine
-from fabricprobe.probes.measure import LatencyResult, LatencyRound, LinkParams
+from fabricprobe.probes.measure import LatencyResult, LatencyRound
+from fabricprobe.probes.rdma.links import RdmaLink, pick_engine
 from fabricprobe.probes.rdma.rc import RESPONDER_SYSFS_ROOT, local_device, source_address
 from fabricprobe.probes.rdma.verbs import (
     PORT,
@@ -81,7 +83,6 @@ from fabricprobe.probes.rdma.verbs import (
     gid_to_ipv6,
     ipv6_to_gid,
 )
-from fabricprobe.probes.stats import LatencySketch
 
 QKEY = 0x1F1F1F1F
 GRH_BYTES = 40  # every UD receive buffer starts with room for the global routing header
@@ -284,30 +285,25 @@ class UdLink(RdmaLink):
         _, ep, wr = self._begin({"probes": total})
         step_s = self.step_s
         late = max(late, step_s)
-        net: list[int] = []
-        raw: list[int] = []
-        delays: list[int] = []
-        prober: list[int] = []
         base, self._seq = self._seq, (self._seq + total) & 0xFFFFFFFF
         t_start = time.perf_counter()
         run = _native_round if self.engine == "native" else _pyverbs_round
         # warm-up answers are not waited for: a late one is ignored by the measured round
-        error = run(ep, wr, warmup, 0.0, step_s, 0.0, base, [], [], [], []) if warmup else None
+        error = run(ep, wr, ProbeRound(warmup, 0.0, step_s, 0.0, base)) if warmup else None
+        got = ProbeRound(probes, interval_s, step_s, late, base + warmup)
         if error is None:
-            error = run(
-                ep, wr, probes, interval_s, step_s, late, base + warmup, net, raw, delays, prober
-            )
+            error = run(ep, wr, got)
         duration = time.perf_counter() - t_start
         self._end(error, {"probes": probes})
         return LatencyRound(
-            array("q", net),
-            probes - len(net),
+            array("q", got.net),
+            probes - len(got.net),
             error,
             ep.device,
             duration,
-            raw_ns=array("q", raw),
-            delays_ns=array("q", delays),
-            prober_ns=array("q", prober),
+            raw_ns=array("q", got.raw),
+            delays_ns=array("q", got.delays),
+            prober_ns=array("q", got.prober),
             hw_ts=ep.hw_ts,
         )
 
@@ -347,19 +343,25 @@ def _ud_endpoint(engine: str, device: str, gid_index: int) -> Any:
     return UdEndpoint(device, gid_index)
 
 
-def _pyverbs_round(
-    ep: Any,
-    wr: Any,
-    probes: int,
-    interval_s: float,
-    step_s: float,
-    late_s: float,
-    base: int,
-    net: list[int],
-    raw: list[int],
-    delays: list[int],
-    prober: list[int],
-) -> str | None:
+@dataclass(frozen=True)
+class ProbeRound:
+    """One UD round's loop: PROBES probes numbered from BASE, at most one per INTERVAL_S,
+    each waiting STEP_S for its ACKs, late ACKs taken for LATE_S after the last; the loop
+    appends each answered probe's network RTT, raw RTT, responder's delay and prober's
+    delay (ns) to NET, RAW, DELAYS and PROBER."""
+
+    probes: int
+    interval_s: float
+    step_s: float
+    late_s: float
+    base: int
+    net: list[int] = field(default_factory=list)
+    raw: list[int] = field(default_factory=list)
+    delays: list[int] = field(default_factory=list)
+    prober: list[int] = field(default_factory=list)
+
+
+def _pyverbs_round(ep: Any, wr: Any, r: ProbeRound) -> str | None:
     """A round probe by probe in Python, as the compiled loop runs it (fp_ud_probe): each
     probe waits STEP_S for its ACKs, the next goes no sooner than INTERVAL_S after it,
     late ACKs are taken on the way and for LATE_S after the last probe. Fills NET, RAW,
@@ -370,6 +372,7 @@ def _pyverbs_round(
     from t1 to seeing the send completion, when that came before the receive side began
     (a completion seen after the answer came says nothing of when the probe left). The
     two spans are disjoint, so the delay is never more than the RTT."""
+    probes, interval_s, step_s, late_s, base = r.probes, r.interval_s, r.step_s, r.late_s, r.base
     t1s: list[int] = []
     seens: list[int] = []
     t4s: list[int | None] = []
@@ -426,47 +429,26 @@ def _pyverbs_round(
             take(msg)
     for t1, t4, mine, delay in zip(t1s, t4s, own, got, strict=True):
         if t4 is not None and delay is not None and delay <= t4 - t1:
-            raw.append(t4 - t1)
-            net.append(t4 - t1 - delay)
-            delays.append(delay)
-            prober.append(mine)
+            r.raw.append(t4 - t1)
+            r.net.append(t4 - t1 - delay)
+            r.delays.append(delay)
+            r.prober.append(mine)
     return error
 
 
-def _native_round(
-    ep: Any,
-    wr: Any,
-    probes: int,
-    interval_s: float,
-    step_s: float,
-    late_s: float,
-    base: int,
-    net: list[int],
-    raw: list[int],
-    delays: list[int],
-    prober: list[int],
-) -> str | None:
+def _native_round(ep: Any, wr: Any, r: ProbeRound) -> str | None:
     """A round in the compiled loop, in one call (see _pyverbs_round); fills NET, RAW,
     DELAYS and PROBER (the receive side only: the loop does not wait for its sends);
     returns why it stopped short, or None."""
     try:
-        got = ep.probe(probes, step_s, base, interval_s, late_s)
+        got = ep.probe(r.probes, r.step_s, r.base, r.interval_s, r.late_s)
     except ProbeError as err:
         return str(err)
-    net += got[0]
-    raw += got[1]
-    delays += got[2]
-    prober += got[3]
+    r.net.extend(got[0])
+    r.raw.extend(got[1])
+    r.delays.extend(got[2])
+    r.prober.extend(got[3])
     return None
-
-
-def ud_probe(link: LinkParams, *, probes: int = 200, interval_s: float = 0.0) -> LatencyResult:
-    """Send PROBES UD probes (at most one per INTERVAL_S) in one session; network RTT.
-    Each probe waits LINK's step_s (default 0.5 s) for its ACKs."""
-    if not 1 <= probes <= MAX_PROBES:
-        raise ValueError(f"probes {probes} outside 1..{MAX_PROBES}")
-    with UdLink(link) as kept:
-        return kept.run(probes, interval_s)
 
 
 def serve_ud(session: Session) -> dict[str, Any]:

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+from fabricprobe.core.errors import NotSupported, PeerError, ProbeError, SysfsError
 from fabricprobe.probes.control import IB_MTUS, RdmaEndpoint
-from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError, SysfsError
 from fabricprobe.probes.sysfs import list_device_names
 
 try:  # Debian 12's rdma-core 44 names the module `enums`; newer releases `libibverbs_enums`

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.counters import counter_delta, counter_width
-from fabricprobe.probes.errors import ParseError
 from fabricprobe.probes.ethtool import EcnConfig
 from fabricprobe.probes.roce.host import CounterSample, HostView, ToolRun, is_soft
 from fabricprobe.probes.roce.policy import IB_MTUS, Policy

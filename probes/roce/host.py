@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.counters import PortCounters, read_port_counters
-from fabricprobe.probes.errors import ParseError
 from fabricprobe.probes.ethtool import (
     CommandResult,
     EcnConfig,

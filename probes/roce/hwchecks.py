@@ -9,14 +9,15 @@ a driver without the interface, no GPU) or needs root.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from itertools import takewhile
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.roce.checks import Target, _soft_skip, _unavailable
 from fabricprobe.probes.roce.host import HostView, ToolRun
 from fabricprobe.probes.roce.hwtools import (
@@ -71,6 +72,16 @@ def _first(
     return None, ev, runs
 
 
+def _dcb_or_mlnx_qos(
+    view: HostView, nd: str, obj: str, dcb: Callable[[str], T], mlnx_qos: Callable[[str], T]
+) -> tuple[T | None, list[str], list[ToolRun]]:
+    """OBJ of netdev ND as `dcb OBJ show dev ND` gives it (iproute2), else as `mlnx_qos -i
+    ND` does (Mellanox's tool, for drivers dcb cannot speak to): see _first."""
+    return _first(
+        view, [(("dcb", obj, "show", "dev", nd), dcb), (("mlnx_qos", "-i", nd), mlnx_qos)]
+    )
+
+
 def _skip_unreadable(
     t: Target, check: str, title: str, what: str, ev: list[str], runs: list[ToolRun], fix: str
 ) -> CheckResult:
@@ -104,29 +115,54 @@ def _worst(found: list[tuple[Status, str, str | None]]) -> tuple[Status, str, st
     return worst, msg, "; ".join(dict.fromkeys(fixes)) or None
 
 
+class _Check(NamedTuple):
+    """What the body of a NIC check is given besides the host: its title and name, and the
+    netdev it asks about ('' for a check that asks about none)."""
+
+    title: str
+    name: str
+    nd: str
+
+
+CheckBody = Callable[[HostView, Target, Policy, _Check], CheckResult]
+Check = Callable[[HostView, Target, Policy], CheckResult]
+
+
+def _nic_check(
+    name: str, title: str, *, soft: str, netdev: str | None = None
+) -> Callable[[CheckBody], Check]:
+    """The preamble every NIC check shares, once: SKIP on software RDMA (which has no SOFT:
+    no traffic classes, no PCIe link, ...) and, for a check that asks a tool about the
+    netdev, SKIP when the port has none (NETDEV names what it would have asked about)."""
+
+    def wrap(body: CheckBody) -> Check:
+        @functools.wraps(body)
+        def check(view: HostView, t: Target, policy: Policy) -> CheckResult:
+            if t.soft:
+                return _soft_skip(t, name, title, soft)
+            if netdev is not None and t.netdev is None:
+                return t.result(name, title, Status.SKIP, f"no netdev to ask about {netdev}")
+            return body(view, t, policy, _Check(title, name, t.netdev or ""))
+
+        return check
+
+    return wrap
+
+
 # --------------------------------------------------------------------------- ETS
 
 TITLE_ETS = "ETS: the RoCE traffic class's share"
 
 
-def check_ets(view: HostView, t: Target, policy: Policy) -> CheckResult:
+@_nic_check("ets", TITLE_ETS, soft="traffic classes", netdev="ETS")
+def check_ets(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The RoCE priority's traffic class gets at least roce_bw_min_pct under ETS, and the
     CNP class is not starved."""
-    if t.soft:
-        return _soft_skip(t, "ets", TITLE_ETS, "traffic classes")
-    if t.netdev is None:
-        return t.result("ets", TITLE_ETS, Status.SKIP, "no netdev to ask about ETS")
-    nd = t.netdev
-    ets, ev, runs = _first(
-        view,
-        [
-            (("dcb", "ets", "show", "dev", nd), parse_dcb_ets),
-            (("mlnx_qos", "-i", nd), parse_mlnx_qos_ets),
-        ],
-    )
+    title, check, nd = c
+    ets, ev, runs = _dcb_or_mlnx_qos(view, nd, "ets", parse_dcb_ets, parse_mlnx_qos_ets)
     if ets is None:
         return _skip_unreadable(
-            t, "ets", TITLE_ETS, "ETS configuration", ev, runs, "apt install iproute2"
+            t, check, title, "ETS configuration", ev, runs, "apt install iproute2"
         )
     return judge_ets(t, policy, ets, ev)
 
@@ -188,14 +224,10 @@ def judge_ets(t: Target, policy: Policy, ets: EtsConfig, ev: list[str]) -> Check
 TITLE_PAUSE_GLOBAL = "802.3x global pause off"
 
 
-def check_global_pause(view: HostView, t: Target, policy: Policy) -> CheckResult:
+@_nic_check("global_pause", TITLE_PAUSE_GLOBAL, soft="link pause", netdev="pause")
+def check_global_pause(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """Link-level pause must be off: it stops every priority, and PFC replaces it."""
-    title, check = TITLE_PAUSE_GLOBAL, "global_pause"
-    if t.soft:
-        return _soft_skip(t, check, title, "link pause")
-    if t.netdev is None:
-        return t.result(check, title, Status.SKIP, "no netdev to ask about pause")
-    nd = t.netdev
+    title, check, nd = c
     pp, ev, runs = _first(view, [(("ethtool", "-a", nd), parse_ethtool_pause)])
     if pp is None:
         return _skip_unreadable(
@@ -223,21 +255,11 @@ def check_global_pause(view: HostView, t: Target, policy: Policy) -> CheckResult
 TITLE_BUFFERS = "prio2buffer and receive buffer sizes"
 
 
-def check_buffers(view: HostView, t: Target, policy: Policy) -> CheckResult:
+@_nic_check("buffers", TITLE_BUFFERS, soft="receive buffers", netdev="buffers")
+def check_buffers(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The RoCE priority has a receive buffer of its own, with room in it."""
-    title, check = TITLE_BUFFERS, "buffers"
-    if t.soft:
-        return _soft_skip(t, check, title, "receive buffers")
-    if t.netdev is None:
-        return t.result(check, title, Status.SKIP, "no netdev to ask about buffers")
-    nd = t.netdev
-    buf, ev, runs = _first(
-        view,
-        [
-            (("dcb", "buffer", "show", "dev", nd), parse_dcb_buffer),
-            (("mlnx_qos", "-i", nd), parse_mlnx_qos_buffers),
-        ],
-    )
+    title, check, nd = c
+    buf, ev, runs = _dcb_or_mlnx_qos(view, nd, "buffer", parse_dcb_buffer, parse_mlnx_qos_buffers)
     if buf is None:
         return _skip_unreadable(
             t, check, title, "receive buffer configuration", ev, runs, "apt install iproute2"
@@ -299,21 +321,11 @@ def judge_buffers(t: Target, policy: Policy, buf: BufferConfig, ev: list[str]) -
 TITLE_DCBX = "DCBX mode and the APP TLV for UDP 4791"
 
 
-def check_dcbx(view: HostView, t: Target, policy: Policy) -> CheckResult:
+@_nic_check("dcbx", TITLE_DCBX, soft="DCBX", netdev="DCBX")
+def check_dcbx(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """Who runs DCBX, and whether an APP entry maps RoCEv2 (UDP 4791) to the RoCE priority."""
-    title, check = TITLE_DCBX, "dcbx"
-    if t.soft:
-        return _soft_skip(t, check, title, "DCBX")
-    if t.netdev is None:
-        return t.result(check, title, Status.SKIP, "no netdev to ask about DCBX")
-    nd = t.netdev
-    mode, ev, runs = _first(
-        view,
-        [
-            (("dcb", "dcbx", "show", "dev", nd), parse_dcb_dcbx),
-            (("mlnx_qos", "-i", nd), parse_mlnx_qos_dcbx),
-        ],
-    )
+    title, check, nd = c
+    mode, ev, runs = _dcb_or_mlnx_qos(view, nd, "dcbx", parse_dcb_dcbx, parse_mlnx_qos_dcbx)
     apps, ev2, runs2 = _first(
         view,
         [
@@ -408,14 +420,10 @@ def judge_dcbx(
 TITLE_LINK = "link speed and lanes"
 
 
-def check_link(view: HostView, t: Target, policy: Policy) -> CheckResult:
+@_nic_check("link", TITLE_LINK, soft="physical link", netdev="the link")
+def check_link(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The link runs at the expected speed (policy, else the port's fastest mode) and lanes."""
-    title, check = TITLE_LINK, "link"
-    if t.soft:
-        return _soft_skip(t, check, title, "physical link")
-    if t.netdev is None:
-        return t.result(check, title, Status.SKIP, "no netdev to ask about the link")
-    nd = t.netdev
+    title, check, nd = c
     info, ev, runs = _first(view, [(("ethtool", nd), parse_ethtool_link)])
     ev.append(
         f"{view.sysfs_root}/class/infiniband/{t.device.name}/ports/{t.port.number}/rate: "
@@ -473,14 +481,10 @@ def check_link(view: HostView, t: Target, policy: Policy) -> CheckResult:
 TITLE_FEC = "FEC mode and bit-error rates"
 
 
-def check_fec(view: HostView, t: Target, policy: Policy) -> CheckResult:
+@_nic_check("fec", TITLE_FEC, soft="FEC", netdev="FEC")
+def check_fec(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """FEC on where the speed needs it; pre-FEC BER within margin; no post-FEC errors."""
-    title, check = TITLE_FEC, "fec"
-    if t.soft:
-        return _soft_skip(t, check, title, "FEC")
-    if t.netdev is None:
-        return t.result(check, title, Status.SKIP, "no netdev to ask about FEC")
-    nd = t.netdev
+    title, check, nd = c
     fec, ev, runs = _first(view, [(("ethtool", "-I", "--show-fec", nd), parse_ethtool_fec)])
     ml, ev2, runs2 = _first(view, [(("mlxlink", "-d", t.device.name, "-c"), parse_mlxlink)])
     ev += ev2
@@ -566,11 +570,10 @@ def _pci_dir(view: HostView, t: Target) -> Path:
     return view.sysfs_root / "class" / "infiniband" / t.device.name / "device"
 
 
-def check_pcie(view: HostView, t: Target, policy: Policy) -> CheckResult:
+@_nic_check("pcie", TITLE_PCIE, soft="PCIe link")
+def check_pcie(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The NIC's PCIe link trained at its full width and speed."""
-    title, check = TITLE_PCIE, "pcie"
-    if t.soft:
-        return _soft_skip(t, check, title, "PCIe link")
+    title, check, _ = c
     d = _pci_dir(view, t)
     raw = {
         name: read_optional(d / name)
@@ -645,12 +648,11 @@ def find_gpus(view: HostView) -> list[tuple[str, str]]:
     return out
 
 
-def check_acs(view: HostView, t: Target, policy: Policy) -> CheckResult:
+@_nic_check("acs", TITLE_ACS, soft="PCIe path")
+def check_acs(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """PCIe switches between the NIC and a GPU must not redirect P2P (ACS), unless ATS
     lets translated requests go direct."""
-    title, check = TITLE_ACS, "acs"
-    if t.soft:
-        return _soft_skip(t, check, title, "PCIe path")
+    title, check, _ = c
     gpus = find_gpus(view)
     if not gpus:
         return t.result(
@@ -771,11 +773,10 @@ def _version(text: str) -> tuple[int, ...] | None:
     return tuple(int(x) for x in m.group(1).split(".")) if m else None
 
 
-def check_firmware(view: HostView, t: Target, policy: Policy) -> CheckResult:
+@_nic_check("firmware", TITLE_FIRMWARE, soft="firmware")
+def check_firmware(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """Report the firmware and driver; FAIL below the policy's firmware_min."""
-    title, check = TITLE_FIRMWARE, "firmware"
-    if t.soft:
-        return _soft_skip(t, check, title, "firmware")
+    title, check, _ = c
     ev = [f"{view.sysfs_root}/class/infiniband/{t.device.name}/fw_ver: {t.device.fw_ver}"]
     drv = None
     if t.netdev is not None:

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 
 PRIOS = range(8)
 MAX_TEXT = 1 << 20  # no tool prints this much about one port: refuse it rather than scan it

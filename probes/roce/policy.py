@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.core.errors import ProbeError
 
 IB_MTUS = (256, 512, 1024, 2048, 4096)
 # RoCEv2 headers on top of the IB payload: Ethernet 14 + IPv4 20 + UDP 8 + BTH 12, room

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 
 PRIOS = range(8)
 
@@ -35,15 +35,6 @@ class PfcConfig:
 
     enabled: frozenset[int]
     source: str  # "dcb", "mlnx_qos", "lldptool"
-
-
-@dataclass(frozen=True)
-class DscpMap:
-    """DSCP -> priority classification, and whether the port trusts DSCP at all."""
-
-    trust: str | None  # "dscp", "pcp", or None when the tool does not say
-    dscp_prio: Mapping[int, int]  # only DSCPs the tool listed
-    source: str
 
 
 def _on_off(word: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fabricprobe.probes.errors import SysfsError
+from fabricprobe.core.errors import SysfsError
 from fabricprobe.probes.roce.checks import PORT_CHECKS, Target, check_counters, check_device_port
 from fabricprobe.probes.roce.host import HostView
 from fabricprobe.probes.roce.hwchecks import HW_CHECKS

@@ -24,10 +24,11 @@ from fabricprobe.agent.spool import (
     decode_window,
     encode_record,
 )
+from fabricprobe.core.errors import ParseError
+from fabricprobe.core.hostport import parse_hostport
 from fabricprobe.probes import ethtool
-from fabricprobe.probes.control import ProtocolError, decode_payload, parse_hostport
+from fabricprobe.probes.control import ProtocolError, decode_payload
 from fabricprobe.probes.counters import parse_counter
-from fabricprobe.probes.errors import ParseError
 from fabricprobe.probes.hostload import parse_pressure
 from fabricprobe.probes.roce import hwtools, tools
 from fabricprobe.probes.roce import policy as roce_policy

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import MAX_SLOTS, to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 from tests.conftest import FuzzCounter
 
 N = 100

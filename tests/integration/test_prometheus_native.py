@@ -19,8 +19,8 @@ from fabricprobe.agent.exporter import MetricsServer as AgentMetricsServer
 from fabricprobe.collector.service import CollectorServer
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import from_wire, to_wire
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.grafana import build
-from fabricprobe.probes.stats import LatencySketch
 from tests.support.agentview import agent_view
 from tests.support.fleet import running_collector, wait_for
 from tests.support.prom import Prom, running_prometheus

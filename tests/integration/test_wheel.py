@@ -87,7 +87,8 @@ def test_wheel_installs_and_runs_outside_the_checkout(wheel: Path, tmp_path: Pat
     native = run(
         VENV / "bin" / "python",
         "-c",
-        "from fabricprobe.probes.rdma import native; print(native.available())",
+        "from fabricprobe.probes import native_loop; from fabricprobe.probes.rdma import native;"
+        " print(native_loop.available() and native.available())",
         cwd=tmp_path,
     )
     assert native.stdout.strip() == "True", native.stderr

@@ -10,11 +10,12 @@ import time
 
 import pytest
 
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.core.errors import ProbeError
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.rc import RcPingLink, rc_latency
-from fabricprobe.probes.rdma.ud import UdLink, ud_probe
+from fabricprobe.probes.rdma.ud import UdLink
 from tests.rdma.conftest import rdma_resources, start_responder
+from tests.support.ud import ud_probe
 
 PORT = 4795
 RUNS = int(os.environ.get("FABRICPROBE_LEAK_RUNS", "10000"))

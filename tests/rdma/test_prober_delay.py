@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fabricprobe.probes.measure import LatencyRound, LinkParams
-from fabricprobe.probes.rdma import native
+from fabricprobe.probes.native_loop import clock_overhead_ns
 from fabricprobe.probes.rdma.rc import RcPingLink
 from fabricprobe.probes.rdma.ud import UdLink
 from tests.rdma.conftest import nic_work_apart, start_responder
@@ -111,7 +111,7 @@ def _check(r: LatencyRound, engine: str, label: str) -> dict[str, float]:
 def test_the_probers_delay_is_reported_small_when_quiet_and_follows_a_busy_cpu(
     lane_hosts, responder, engine: str
 ) -> None:
-    print(f"\nclock read pair (native loop): {native.clock_overhead_ns()} ns")
+    print(f"\nclock read pair (native loop): {clock_overhead_ns()} ns")
     _pin(responder.pid, {1})  # the responder keeps its own CPU: only the prober is busy
     quiet = _check(_round(lane_hosts, engine), engine, "as the lane is")
     with busy_cpu(0, free=1):

@@ -11,12 +11,13 @@ import pytest
 
 from fabricprobe.agent.probing import Links, ProbeSpec
 from fabricprobe.cli import netem
+from fabricprobe.core.errors import PeerError
 from fabricprobe.probes.control import ControlClient, LinkStale
-from fabricprobe.probes.errors import PeerError
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.rc import RcPingLink, rc_bandwidth, rc_latency
-from fabricprobe.probes.rdma.ud import UdEndpoint, UdLink, ud_probe
+from fabricprobe.probes.rdma.ud import UdEndpoint, UdLink
 from tests.rdma.conftest import rdma_resources, start_responder
+from tests.support.ud import ud_probe
 
 PORT = 4793
 

@@ -13,8 +13,8 @@ from typing import Any
 from fabricprobe.collector.service import CollectorServer
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.ethtool import CommandResult
-from fabricprobe.probes.stats import LatencySketch
 from tests.support.fleet import FIXTURES
 
 RDMA_HOSTS = ("rdma-a", "rdma-b")

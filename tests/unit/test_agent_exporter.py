@@ -26,8 +26,8 @@ from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.promproto import CONTENT_TYPE_PROTOBUF, decode
 from fabricprobe.core.sketchwire import to_wire
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.ethtool import CommandResult
-from fabricprobe.probes.stats import LatencySketch
 from tests.support.agentview import agent_view
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from fabricprobe.collector.attribution_exporter import AttributionCollector
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 from tests.unit.spanmaker import S, batch, kv_span, span
 
 CATALOGUE = Path(__file__).resolve().parents[2] / "collector" / "metrics.toml"

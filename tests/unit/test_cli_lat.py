@@ -16,10 +16,10 @@ from fabricprobe.cli import main
 from fabricprobe.cli.commands import rdma as rdma_cmd
 from fabricprobe.cli.commands.rdma import PortWatch, retransmit_json
 from fabricprobe.cli.render import loss_estimate_lines, retransmit_lines
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.counters import CounterDelta
 from fabricprobe.probes.loss import LossEstimate
 from fabricprobe.probes.measure import LatencyResult
-from fabricprobe.probes.stats import LatencySketch
 
 SYS = Path(__file__).resolve().parents[1] / "fixtures" / "sys"
 

@@ -101,6 +101,22 @@ def test_serve_bad_listen_exits_2() -> None:
     assert code == 2 and err.count("\n") == 1
 
 
+def test_serve_settings_come_from_the_file_the_environment_and_flags(tmp_path: Path) -> None:
+    from fabricprobe.cli.commands.serve import ServeConfig
+    from fabricprobe.core import settings
+
+    conf = tmp_path / "serve.toml"
+    conf.write_text("[serve]\nmax_sessions = 4\nidle_timeout_s = 5\n")
+    env = {"FABRICPROBE_SERVE_MAX_SESSIONS": "6", "FABRICPROBE_SERVE_INSECURE": "yes"}
+    cfg = settings.load(ServeConfig, "serve", file=conf, env=env, flags={"max_memory_mib": 8})
+    assert (cfg.max_sessions, cfg.idle_timeout_s, cfg.insecure) == (6, 5.0, True)
+    assert cfg.max_memory_mib == 8 and cfg.listen == "0.0.0.0:4793" and cfg.token_file == ""
+    conf.write_text('[serve]\nlisten = "127.0.0.1:0"\nmax_sessions = 0\n')
+    code, _, err = run("serve", "--config", str(conf), "--insecure")
+    assert code == 2 and "serve.toml:3" in err and "max_sessions" in err
+    assert err.count("\n") == 1
+
+
 def test_serve_and_tcp_as_processes(tmp_path: Path) -> None:
     """The real thing: `probe serve` in one process, `probe tcp` in another, SIGTERM ends it."""
     proc, port, log = start_serve(tmp_path, "--idle-timeout", "5")

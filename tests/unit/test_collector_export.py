@@ -15,7 +15,7 @@ from fabricprobe.collector.rpcstats import RpcStats
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import from_wire, merged, to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 
 CATALOGUE = Path(__file__).resolve().parents[2] / "collector" / "metrics.toml"
 S = 1_000_000_000

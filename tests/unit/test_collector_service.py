@@ -16,7 +16,7 @@ from fabricprobe.collector.auth import GateConfig, TokenAuth, read_token_file
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 
 TOKENS = {"h1": "token-for-h1-0123456789", "h2": "token-for-h2-0123456789"}
 

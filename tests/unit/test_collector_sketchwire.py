@@ -7,6 +7,7 @@ import random
 import pytest
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.errors import ParseError
 from fabricprobe.core.sketchwire import (
     MAX_SLOTS,
     MergedSketch,
@@ -15,8 +16,7 @@ from fabricprobe.core.sketchwire import (
     slot_value_ns,
     to_wire,
 )
-from fabricprobe.probes.errors import ParseError
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 
 
 def random_sketch(rng: random.Random, kind: str = "rtt") -> LatencySketch:

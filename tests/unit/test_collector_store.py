@@ -7,7 +7,7 @@ import pytest
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 
 S = 1_000_000_000
 

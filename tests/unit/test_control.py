@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from fabricprobe.core.errors import ParseError, PeerError, ProbeError
+from fabricprobe.core.hostport import parse_hostport
 from fabricprobe.probes.control import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
@@ -22,12 +24,10 @@ from fabricprobe.probes.control import (
     RdmaEndpoint,
     Session,
     encode_message,
-    parse_hostport,
     require_float,
     require_int,
     session_table,
 )
-from fabricprobe.probes.errors import ParseError, PeerError, ProbeError
 from fabricprobe.probes.responder import Responder
 
 EP = {

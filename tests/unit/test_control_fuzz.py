@@ -12,15 +12,15 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fabricprobe.core.errors import PeerError
+from fabricprobe.core.hostport import parse_hostport
 from fabricprobe.probes.control import (
     MAX_MESSAGE_BYTES,
     Channel,
     ProtocolError,
     RdmaEndpoint,
     decode_payload,
-    parse_hostport,
 )
-from fabricprobe.probes.errors import PeerError
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 json_values = st.recursive(

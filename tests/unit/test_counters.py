@@ -9,18 +9,17 @@ from pathlib import Path
 import pytest
 
 import fabricprobe.probes.counters as counters_mod
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.counters import (
     RETRANSMIT_COUNTERS,
     CounterDelta,
     counter_delta,
     counter_deltas,
-    counter_rate,
     counter_width,
     hw_counter_changes,
     parse_counter,
     read_port_counters,
 )
-from fabricprobe.probes.errors import ParseError
 
 SYS = Path(__file__).resolve().parents[1] / "fixtures" / "sys"
 
@@ -179,15 +178,6 @@ def test_counter_delta(prev: int, cur: int, width: int, expected: CounterDelta) 
 def test_counter_delta_rejects(args: tuple[int, int, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         counter_delta(*args)
-
-
-def test_counter_rate() -> None:
-    r = counter_rate(2**32 - 100, 300, 2.0, width=32)
-    assert r.delta == 400 and r.rate == 200.0 and r.wrapped and not r.reset
-    reset = counter_rate(5000, 10, 0.5, width=64)
-    assert reset.reset and reset.rate == 20.0
-    with pytest.raises(ValueError, match="positive"):
-        counter_rate(1, 2, 0.0)
 
 
 def test_counter_deltas_leave_out_counters_missing_from_one_side() -> None:

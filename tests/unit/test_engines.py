@@ -202,7 +202,7 @@ def test_host_matching_rules() -> None:
 
 def test_kv_wait_split_by_the_paths_rtt_and_bandwidth_with_nixl_bytes() -> None:
     from fabricprobe.core.sketchwire import to_wire
-    from fabricprobe.probes.stats import LatencySketch
+    from fabricprobe.core.stats import LatencySketch
 
     store, a = fleet()
     t = NOW - 5 * S

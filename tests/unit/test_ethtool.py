@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fabricprobe.probes.errors import NotSupported, ParseError, ProbeError
+from fabricprobe.core.errors import NotSupported, ParseError, ProbeError
 from fabricprobe.probes.ethtool import (
     CommandResult,
     parse_ethtool_stats,

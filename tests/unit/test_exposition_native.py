@@ -22,7 +22,6 @@ from fabricprobe.core.api import prom_metrics_pb2 as mpb
 from fabricprobe.core.nativehist import (
     SCHEMA,
     ZERO_THRESHOLD_S,
-    bucket_bounds,
     bucket_index,
     to_native,
 )
@@ -34,8 +33,9 @@ from fabricprobe.core.promproto import (
     wants_protobuf,
 )
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, slot_value_ns, to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 from tests.support.agentview import agent_view
+from tests.support.nativehist import bucket_bounds
 
 # What Prometheus 2.42 sends: with --enable-feature=native-histograms, and without.
 ACCEPT_NATIVE = (

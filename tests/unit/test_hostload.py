@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.selfload import MAX_SLOWDOWN, Readers
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.hostload import CpuPressure, parse_pressure
 from tests.support.fleet import loopback_agent_config
 

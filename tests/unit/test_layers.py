@@ -1,9 +1,12 @@
 """The package's floors: every module imports only from its own floor or those below, the
-agent and the collector never import each other, and no two modules import each other.
+agent and the collector never import each other, no two modules import each other, and
+nothing in probes/ outside probes/rdma/ imports probes/rdma/ (the TCP probe runs on a
+host without libibverbs).
 
     0  fabricprobe              (the version)
-    1  fabricprobe.probes       (measurement)
-    2  fabricprobe.core         (the contract: API, sketch codec, settings, config errors, logging)
+    1  fabricprobe.core         (the ground floor: deadlines, host:port, errors, sketches and
+                                 their codec, the API, settings, logging)
+    2  fabricprobe.probes       (measurement)
     3  fabricprobe.agent | fabricprobe.collector | fabricprobe.workload   (apart)
     4  fabricprobe.grafana
     5  fabricprobe.cli          (the `probe` command)
@@ -22,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fabricprobe"
 FLOORS = {
     "fabricprobe": 0,
-    "fabricprobe.probes": 1,
-    "fabricprobe.core": 2,
+    "fabricprobe.core": 1,
+    "fabricprobe.probes": 2,
     "fabricprobe.agent": 3,
     "fabricprobe.collector": 3,
     "fabricprobe.workload": 3,
@@ -112,6 +115,22 @@ def test_nothing_imports_upward_or_sideways() -> None:
             elif FLOORS[theirs] == FLOORS[mine] and theirs != mine:
                 bad.append(f"{name} -> {target} ({mine} and {theirs} stay apart)")
     assert not bad, "\n".join(bad)
+
+
+def test_only_rdma_probes_import_rdma() -> None:
+    rdma = "fabricprobe.probes.rdma"
+    bad = [
+        f"{name} -> {target}"
+        for name, targets in graph().items()
+        if unit_of(name) == "fabricprobe.probes" and not _under(name, rdma)
+        for target in targets
+        if _under(target, rdma)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
 
 
 def test_no_two_modules_import_each_other() -> None:

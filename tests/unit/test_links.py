@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from fabricprobe.probes import links
-from fabricprobe.probes.errors import NotSupported
+from fabricprobe.core.errors import NotSupported
+from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
 from fabricprobe.probes.rdma import native
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.probes.rdma.links import EngineChoice, pick_engine
 
 
 @pytest.mark.parametrize(
@@ -28,21 +28,21 @@ def test_link_params_defaults_are_the_probes_own() -> None:
 
 
 def test_engine_choice_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert links.pick_engine("pyverbs") == links.EngineChoice("pyverbs", "pyverbs: asked for")
+    assert pick_engine("pyverbs") == EngineChoice("pyverbs", "pyverbs: asked for")
 
     def not_built() -> None:
         raise native.NativeError("the native engine is not built (no module)")
 
     monkeypatch.setattr(native, "load", not_built)
-    auto = links.pick_engine("auto")
+    auto = pick_engine("auto")
     assert auto.name == "pyverbs" and "not built (no module)" in auto.reason
     with pytest.raises(NotSupported, match="not built"):
-        links.pick_engine("native")
+        pick_engine("native")
     monkeypatch.setattr(native, "load", lambda: object())
-    assert links.pick_engine("auto").name == "native"
-    assert links.pick_engine("native").reason.startswith("native: ")
+    assert pick_engine("auto").name == "native"
+    assert pick_engine("native").reason.startswith("native: ")
     with pytest.raises(ValueError):
-        links.pick_engine("fast")
+        pick_engine("fast")
 
 
 def test_results_keep_each_transports_json() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fabricprobe.probes.loss import LossEstimate, exchanges_for, margin_at, wilson_interval, z_for
+from fabricprobe.probes.loss import LossEstimate, exchanges_for, wilson_interval, z_for
+from tests.support.wilson import margin_at
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 from tests.support.detailwalk import WalkSelector
 
 S = 1_000_000_000

@@ -19,7 +19,7 @@ from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, Ra
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import MergedSketch, to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = float(int(time.time()))  # file ages are judged against the files' real mtimes

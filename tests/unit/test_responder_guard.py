@@ -12,6 +12,7 @@ from contextlib import ExitStack
 
 import pytest
 
+from fabricprobe.core.errors import PeerError
 from fabricprobe.probes import tcp
 from fabricprobe.probes.control import (
     ControlClient,
@@ -21,7 +22,6 @@ from fabricprobe.probes.control import (
     check_endpoint_peer,
     session_table,
 )
-from fabricprobe.probes.errors import PeerError
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.responder import Responder
@@ -205,7 +205,7 @@ def test_an_rdma_endpoint_must_be_the_control_peer() -> None:
 @pytest.mark.parametrize("kind", ["rdma_ud", "rdma_rc_lat"])
 def test_rdma_sessions_naming_a_third_address_are_refused(kind: str) -> None:
     """Before any verbs resource: a UD reflector or an RC connection to a third host."""
-    from fabricprobe.probes.sessions import rdma_sessions
+    from fabricprobe.probes.rdma.sessions import rdma_sessions
 
     third = RdmaEndpoint(0x42, 7, "::ffff:192.0.2.99", 1, 0, 0, 0, 1024).as_dict()
     params: dict[str, object] = {"probes": 100, "endpoint": third}

@@ -59,7 +59,7 @@ UNKNOWN = [
     (
         '[agent]\nhost = "h1"\n[colector]\nbudget = 3\n',
         "agent.toml:3: unknown section [colector] (did you mean [collector]? "
-        "known: agent, collector, roce, thresholds)",
+        "known: agent, collector, serve, roce, thresholds)",
     ),
     (
         "# c\n\n[agent]\nwindo_s = 3\n",

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from fabricprobe.core.sketchwire import to_wire
-from fabricprobe.probes.stats import (
+from fabricprobe.core.stats import (
     HIGHEST_NS,
     LOWEST_NS,
     PERCENTILES,

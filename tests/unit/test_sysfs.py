@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fabricprobe.probes.errors import SysfsError
+from fabricprobe.core.errors import SysfsError
 from fabricprobe.probes.sysfs import Gid, find_gid, read_device, read_devices
 from tests.unit.sysfs_builder import add_rdma_device
 

@@ -17,11 +17,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fabricprobe.core.errors import NotSupported
 from fabricprobe.probes import tcp
-from fabricprobe.probes.errors import NotSupported
 from fabricprobe.probes.links import TcpPingLink
 from fabricprobe.probes.measure import LinkParams
-from fabricprobe.probes.rdma import native
+from fabricprobe.probes.native_loop import (
+    TCP_CLOSED,
+    TCP_MISMATCH,
+    TCP_TIMEOUT,
+    tcp_echo,
+    tcp_pingpong,
+)
 from fabricprobe.probes.responder import Responder
 from tests.support.silent_peers import SilentPeer
 
@@ -55,7 +61,7 @@ def _serve(peer: Peer, conn: socket.socket) -> None:
 
 
 def native_echo(conn: socket.socket) -> None:
-    native.tcp_echo(conn.fileno(), 64)
+    tcp_echo(conn.fileno(), 64)
 
 
 def messages(conn: socket.socket, size: int) -> Iterator[bytes]:
@@ -72,7 +78,7 @@ def run(
     sbuf, rbuf = bytearray(bytes(range(256)) * (size // 256 + 1))[:size], bytearray(size)
     out = array("q", bytes(8 * count))
     t0 = time.monotonic()
-    done, status = native.tcp_pingpong(sock.fileno(), sbuf, rbuf, out, 0, count, step_s)
+    done, status = tcp_pingpong(sock.fileno(), sbuf, rbuf, out, 0, count, step_s)
     return done, status, out, time.monotonic() - t0
 
 
@@ -98,7 +104,7 @@ def test_each_exchange_carries_its_own_first_byte() -> None:
 
     with connected(record) as sock:
         sbuf, rbuf, out = bytearray(8), bytearray(8), array("q", bytes(8 * 300))
-        assert native.tcp_pingpong(sock.fileno(), sbuf, rbuf, out, 0, 300, 2.0) == (300, 0)
+        assert tcp_pingpong(sock.fileno(), sbuf, rbuf, out, 0, 300, 2.0) == (300, 0)
     assert seen == [i & 0xFF for i in range(300)]
 
 
@@ -131,7 +137,7 @@ def test_a_wrong_echo_is_caught() -> None:
 
     with connected(lies_at_the_fourth) as sock:
         done, status, _, _ = run(sock, 10)
-    assert (done, status) == (3, native.TCP_MISMATCH)
+    assert (done, status) == (3, TCP_MISMATCH)
 
 
 def test_a_peer_that_closes_ends_the_loop() -> None:
@@ -143,7 +149,7 @@ def test_a_peer_that_closes_ends_the_loop() -> None:
 
     with connected(three_then_close) as sock:
         done, status, _, _ = run(sock, 10)
-    assert (done, status) == (3, native.TCP_CLOSED)
+    assert (done, status) == (3, TCP_CLOSED)
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["silent", "half-an-echo"])
@@ -163,7 +169,7 @@ def test_a_silent_peer_costs_one_step(half: bool) -> None:
     with connected(goes_silent) as sock:
         done, status, _, took = run(sock, 10, step_s=0.3)
         stop.set()
-    assert (done, status) == (2, native.TCP_TIMEOUT)
+    assert (done, status) == (2, TCP_TIMEOUT)
     assert 0.29 <= took < 2.0  # one 0.3 s step; generous for a loaded host
 
 
@@ -218,16 +224,14 @@ def test_bad_arguments_fail_before_any_io(bad: dict[str, object]) -> None:
         "step_s": 1.0,
     }
     with pytest.raises(ValueError):
-        native.tcp_pingpong(**{**args, **bad})  # type: ignore[arg-type]
+        tcp_pingpong(**{**args, **bad})  # type: ignore[arg-type]
 
 
 def test_a_closed_descriptor_is_an_error_not_a_crash() -> None:
     s = socket.socket()
     fd = s.fileno()
     s.close()
-    done, status = native.tcp_pingpong(
-        fd, bytearray(8), bytearray(8), array("q", bytes(8)), 0, 1, 1.0
-    )
+    done, status = tcp_pingpong(fd, bytearray(8), bytearray(8), array("q", bytes(8)), 0, 1, 1.0)
     assert done == 0 and status < 0
 
 

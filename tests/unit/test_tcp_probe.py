@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from fabricprobe.cli.commands.serve import open_serve_argv
+from fabricprobe.core.errors import PeerError
+from fabricprobe.core.stats import LatencySketch, one_way_from_rtt
 from fabricprobe.probes import tcp
 from fabricprobe.probes.control import ControlClient, Session
-from fabricprobe.probes.errors import PeerError
 from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
 from fabricprobe.probes.responder import Responder
-from fabricprobe.probes.stats import LatencySketch, one_way_from_rtt
 
 LOOPBACK = "127.0.0.1"
 

@@ -16,7 +16,7 @@ from fabricprobe.collector.join import join_fabric, stages_frame
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import from_wire, to_wire
-from fabricprobe.probes.stats import LatencySketch
+from fabricprobe.core.stats import LatencySketch
 from tests.unit.test_collector_store import Clock, S
 from tests.unit.test_host_delay import ref, transfers
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from fabricprobe.probes.rdma.ud import ACK1, ACK2, _pyverbs_round
+from fabricprobe.probes.rdma.ud import ACK1, ACK2, ProbeRound, _pyverbs_round
 
 BASE = 0xFFFFFFF0  # sequence numbers wrap inside the round
 DELAY_NS = 1000  # what the responder says its own delay was
@@ -95,26 +95,11 @@ def run(
     interval_s: float = 0.0,
     peer: ScriptedPeer | None = None,
 ) -> tuple[list[int], list[int], list[int], list[int], float, str | None]:
-    net: list[int] = []
-    raw: list[int] = []
-    delays: list[int] = []
-    prober: list[int] = []
+    r = ProbeRound(len(lags), interval_s, step_s, late_s, BASE)
     t0 = time.monotonic()
-    err = _pyverbs_round(
-        peer or ScriptedPeer(lags),
-        None,
-        len(lags),
-        interval_s,
-        step_s,
-        late_s,
-        BASE,
-        net,
-        raw,
-        delays,
-        prober,
-    )
-    assert len(prober) == len(net)
-    return net, raw, delays, prober, time.monotonic() - t0, err
+    err = _pyverbs_round(peer or ScriptedPeer(lags), None, r)
+    assert len(r.prober) == len(r.net)
+    return r.net, r.raw, r.delays, r.prober, time.monotonic() - t0, err
 
 
 def test_a_late_answer_is_delay_and_a_missing_one_is_loss() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.roce import Policy, Status, validate
 from fabricprobe.probes.roce import hwtools as hw
 from fabricprobe.probes.roce.checks import Target

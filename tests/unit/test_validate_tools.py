@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fabricprobe.probes.errors import ParseError
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.roce.tools import (
     dscp_value,
     parse_dcb_app,

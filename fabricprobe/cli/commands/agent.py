@@ -21,9 +21,8 @@ from fabricprobe.cli.options import (
 )
 from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.core import settings
-from fabricprobe.core.errors import ConfigError
+from fabricprobe.core.errors import ConfigError, ProbeError
 from fabricprobe.core.logs import setup_logging
-from fabricprobe.probes.errors import ProbeError
 
 log = logging.getLogger("fabricprobe.agent")
 

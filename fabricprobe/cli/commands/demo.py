@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 
 from fabricprobe.cli.options import OneLineCommand, fail, sysfs_option
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.core.errors import ProbeError
 
 
 @click.command(

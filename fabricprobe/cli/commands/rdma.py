@@ -30,6 +30,7 @@ from fabricprobe.cli.render import (
     progress_bar,
     retransmit_lines,
 )
+from fabricprobe.core.errors import ProbeError
 from fabricprobe.probes import tcp as tcp_lib
 from fabricprobe.probes.counters import (
     RETRANSMIT_COUNTERS,
@@ -38,7 +39,6 @@ from fabricprobe.probes.counters import (
     hw_counter_changes,
     read_port_counters,
 )
-from fabricprobe.probes.errors import ProbeError
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.loss import LossEstimate
 from fabricprobe.probes.measure import LinkParams

@@ -15,7 +15,7 @@ from fabricprobe.cli.options import (
     fail,
 )
 from fabricprobe.core.errors import ConfigError
-from fabricprobe.probes.control import format_hostport, parse_hostport
+from fabricprobe.core.hostport import format_hostport, parse_hostport
 
 
 @click.command(

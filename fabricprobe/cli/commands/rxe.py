@@ -9,8 +9,8 @@ from rich.console import Console
 
 from fabricprobe.cli.options import fail, json_option, print_json, sysfs_option
 from fabricprobe.cli.render import devices_table
+from fabricprobe.core.errors import ProbeError
 from fabricprobe.probes import rxe as rxe_lib
-from fabricprobe.probes.errors import ProbeError
 from fabricprobe.probes.sysfs import RdmaDevice, find_gid, read_devices
 
 

@@ -4,22 +4,74 @@ from __future__ import annotations
 
 import signal
 import sys
+from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 import click
 
-from fabricprobe.cli.options import OneLineCommand, fail, log_format_option, log_level_option
-from fabricprobe.cli.sessions import served_sessions
-from fabricprobe.core.logs import setup_logging
-from fabricprobe.probes.control import (
-    DEFAULT_PORT,
-    MAX_KEEPALIVE_S,
-    format_hostport,
-    parse_hostport,
+from fabricprobe.cli.options import (
+    OneLineCommand,
+    fail,
+    log_format_option,
+    log_level_option,
+    settings_epilog,
+    settings_options,
 )
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.cli.sessions import served_sessions
+from fabricprobe.core import settings
+from fabricprobe.core.errors import ConfigError, ProbeError
+from fabricprobe.core.hostport import DEFAULT_PORT, format_hostport, parse_hostport
+from fabricprobe.core.logs import setup_logging
+from fabricprobe.core.settings import LISTEN, setting
+from fabricprobe.probes.control import MAX_KEEPALIVE_S
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.responder import Responder, log
+
+
+@dataclass
+class ServeConfig:
+    """What `probe serve` is told: the [serve] table of --config, FABRICPROBE_SERVE_*
+    variables and flags, declared once (fabricprobe.core.settings)."""
+
+    listen: str = setting(
+        f"0.0.0.0:{DEFAULT_PORT}",
+        "Address and port to accept probe sessions on (port 0 picks a free one).",
+        check=LISTEN,
+    )
+    max_sessions: int = setting(
+        16, "Sessions served at once; more are refused with 'busy', never queued.", lo=1, hi=1024
+    )
+    idle_timeout_s: float = setting(
+        30.0, "Seconds a session may wait for its prober before it is ended.", lo=0.01, hi=3600
+    )
+    max_per_source: int = setting(
+        8,
+        "Sessions (and connections still in their hello) one source address may hold.",
+        lo=1,
+        hi=1024,
+    )
+    max_memory_mib: int = setting(
+        64,
+        "Memory all sessions together may hold (buffers, registered memory), in MiB.",
+        lo=1,
+        hi=65536,
+        flag="--max-memory",
+        metavar="MIB",
+    )
+    max_keepalive_s: float = setting(
+        MAX_KEEPALIVE_S,
+        "Longest a kept link is held between rounds, whatever the prober asks.",
+        lo=0,
+        hi=MAX_KEEPALIVE_S,
+    )
+    hello_timeout_s: float = setting(
+        2.0, "Seconds a new connection has to say (and prove) who it is.", lo=0.01, hi=60
+    )
+    token_file: str = setting(
+        "", "The fleet's probe token: only probers that hold it are served.", metavar="FILE"
+    )
+    insecure: bool = setting(False, "Serve anyone, without a token (a lab, loopback).")
 
 
 @click.command(
@@ -28,80 +80,13 @@ from fabricprobe.probes.responder import Responder, log
 Examples:
   probe serve --token-file /etc/fabricprobe/probe-token     # every address, port 4793
   probe serve --token-file T --listen 10.0.0.2:4793          # one host's address
-  probe serve --insecure --listen [::1]:5000 --max-sessions 4 --idle-timeout 10""",
+  probe serve --insecure --listen [::1]:5000 --max-sessions 4 --idle-timeout 10"""
+    + settings_epilog("serve", "max_sessions"),
 )
-@click.option(
-    "--listen",
-    default=f"0.0.0.0:{DEFAULT_PORT}",
-    show_default=True,
-    metavar="ADDR[:PORT]",
-    help="Address and port to accept probe sessions on (port 0 picks a free one).",
-)
-@click.option(
-    "--max-sessions",
-    type=click.IntRange(1, 1024),
-    default=16,
-    show_default=True,
-    help="Sessions served at once; more are refused with 'busy', never queued.",
-)
-@click.option(
-    "--idle-timeout",
-    type=click.FloatRange(0.01, 3600),
-    default=30.0,
-    show_default=True,
-    help="Seconds a session may wait for its prober before it is ended.",
-)
-@click.option(
-    "--max-per-source",
-    type=click.IntRange(1, 1024),
-    default=8,
-    show_default=True,
-    help="Sessions (and connections still in their hello) one source address may hold.",
-)
-@click.option(
-    "--max-memory",
-    type=click.IntRange(1, 65536),
-    default=64,
-    show_default=True,
-    metavar="MIB",
-    help="Memory all sessions together may hold (buffers, registered memory), in MiB.",
-)
-@click.option(
-    "--max-keepalive",
-    type=click.FloatRange(0, MAX_KEEPALIVE_S),
-    default=MAX_KEEPALIVE_S,
-    show_default=True,
-    help="Longest a kept link is held between rounds, whatever the prober asks.",
-)
-@click.option(
-    "--hello-timeout",
-    type=click.FloatRange(0.01, 60),
-    default=2.0,
-    show_default=True,
-    help="Seconds a new connection has to say (and prove) who it is.",
-)
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="The fleet's probe token: only probers that hold it are served.",
-)
-@click.option("--insecure", is_flag=True, help="Serve anyone, without a token (a lab, loopback).")
+@settings_options(ServeConfig, "serve")
 @log_level_option
 @log_format_option
-def serve(
-    listen: str,
-    max_sessions: int,
-    idle_timeout: float,
-    max_per_source: int,
-    max_memory: int,
-    max_keepalive: float,
-    hello_timeout: float,
-    token_file: str | None,
-    insecure: bool,
-    log_level: str,
-    log_format: str,
-) -> None:
+def serve(config_file: str | None, log_level: str, log_format: str, **flags: Any) -> None:
     """Answer probe sessions from peers until SIGINT or SIGTERM.
 
     With --token-file a prober must prove it holds the fleet's token (HMAC of a fresh
@@ -110,22 +95,25 @@ def serve(
     `--log-level warning` keeps only what went wrong.
     """
     try:
-        host, port = parse_hostport(listen, DEFAULT_PORT, allow_port_zero=True)
-    except ValueError as e:
-        fail(f"--listen: {e}")
-    auth = fleet_token(token_file, insecure)
+        cfg = settings.load(
+            ServeConfig, "serve", file=config_file, env=settings.environ(), flags=flags
+        )
+    except ConfigError as e:
+        fail(str(e))
+    host, port = parse_hostport(cfg.listen, DEFAULT_PORT, allow_port_zero=True)
+    auth = fleet_token(cfg.token_file or None, cfg.insecure)
     setup_logging(log_level, log_format)
     responder = Responder(
         host,
         port,
         sessions=served_sessions(),
         auth=auth,
-        max_sessions=max_sessions,
-        max_per_source=max_per_source,
-        max_memory_bytes=max_memory << 20,
-        max_keepalive_s=max_keepalive,
-        hello_timeout=hello_timeout,
-        idle_timeout=idle_timeout,
+        max_sessions=cfg.max_sessions,
+        max_per_source=cfg.max_per_source,
+        max_memory_bytes=cfg.max_memory_mib << 20,
+        max_keepalive_s=cfg.max_keepalive_s,
+        hello_timeout=cfg.hello_timeout_s,
+        idle_timeout=cfg.idle_timeout_s,
     )
     try:
         bound = responder.start()

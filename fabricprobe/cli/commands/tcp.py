@@ -23,9 +23,9 @@ from fabricprobe.cli.options import (
     token_file_option,
 )
 from fabricprobe.cli.render import latency_table, loss_line, progress_bar
+from fabricprobe.core.errors import PeerError
+from fabricprobe.core.hostport import format_hostport
 from fabricprobe.probes import tcp as tcp_lib
-from fabricprobe.probes.control import format_hostport
-from fabricprobe.probes.errors import PeerError
 from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
 
 DEFAULT_ITERS = 10_000

@@ -23,7 +23,7 @@ from fabricprobe.cli.options import (
     sysfs_option,
     timeout_option,
 )
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.core.errors import ProbeError
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.roce import (
     HostView,
@@ -66,8 +66,9 @@ def probe_measure(
     """
     bw_size, bw_outstanding = (4096, 4) if soft else (LIVE_RDMA_BW_SIZE, 16)
     try:
+        from fabricprobe.core.hostport import DEFAULT_PORT, parse_hostport
         from fabricprobe.probes import tcp as tcp_lib
-        from fabricprobe.probes.control import DEFAULT_PORT, PeerUnreachable, parse_hostport
+        from fabricprobe.probes.control import PeerUnreachable
     except ImportError as e:  # pragma: no cover - the library ships with the package
         return None, f"the TCP probe library is missing ({e})"
 

@@ -15,7 +15,7 @@ from fabricprobe.cli.options import (
     fail,
     print_json,
 )
-from fabricprobe.probes.control import format_hostport, parse_hostport
+from fabricprobe.core.hostport import format_hostport, parse_hostport
 
 EXIT_EMPTY = 3  # the collector answered, but has no request on a path to show
 

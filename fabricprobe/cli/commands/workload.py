@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fabricprobe.cli.options import OneLineCommand, fail, print_json
-from fabricprobe.probes.control import DEFAULT_PORT, parse_hostport
-from fabricprobe.probes.errors import ProbeError
+from fabricprobe.core.errors import ProbeError
+from fabricprobe.core.hostport import DEFAULT_PORT, parse_hostport
 from fabricprobe.workload.models import DTYPE_BYTES, PRESETS, ModelShape, model_shape
 from fabricprobe.workload.pipeline import Host, RequestResult, WorkloadConfig, run_pipeline
 from fabricprobe.workload.summary import summarise

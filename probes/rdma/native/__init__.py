@@ -10,25 +10,24 @@ for ud.py's UdEndpoint, with `probe` (a prober's round) and `answer` (a responde
 Each call runs one loop in C with the GIL released, so a responder and a prober can
 share a process as two threads.
 
-Build with scripts/build-native.sh; `available()` says whether the extension imports.
-Loops return the iterations completed (fewer at a per-step deadline); a completion error
-raises `CompletionError` (a PeerError) that carries the status name and `completed`.
+Build with scripts/build-native.sh; `available()` says whether the extension imports
+(the loader, its NativeError and the clock's cost are fabricprobe.probes.native_loop's,
+which the TCP probe uses without anything of this package). Loops return the iterations
+completed (fewer at a per-step deadline); a completion error raises `CompletionError` (a
+PeerError) that carries the status name and `completed`.
 """
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
-import os
 import random
-import sys
 import threading
 from array import array
-from errno import EINTR
 from typing import Any, Self
 
+from fabricprobe.core.errors import NotSupported, PeerError, ProbeError
 from fabricprobe.probes.control import IB_MTUS, RdmaEndpoint
-from fabricprobe.probes.errors import NotSupported, PeerError, ProbeError
+from fabricprobe.probes.native_loop import NativeError, load_extension, loads
 
 PORT = 1
 BW_OPS = ("write", "send")
@@ -62,16 +61,6 @@ WC_STATUS = (
 )
 
 
-class NativeError(ProbeError):
-    """A verbs call in the native engine failed; `errno` tells unsupported from broken.
-    `completed` counts the loop iterations done before it, when a loop failed."""
-
-    def __init__(self, message: str, errno: int | None = None, completed: int = 0) -> None:
-        super().__init__(message)
-        self.errno = errno
-        self.completed = completed
-
-
 class NativeUnsupported(NotSupported):
     """The device has no such feature (EOPNOTSUPP, EPROTONOSUPPORT, no RoCE v2 GID)."""
 
@@ -101,93 +90,12 @@ _MODULE = "fabricprobe.probes.rdma.native._fastpath"
 
 def load() -> Any:
     """The compiled cffi module (untyped: Any), or NativeError saying how to build it."""
-    loaded = sys.modules.get(_MODULE)  # every probe burst asks: skip the import machinery
-    if loaded is not None:
-        return loaded
-    try:
-        return importlib.import_module(_MODULE)
-    except ImportError as err:
-        raise NativeError(
-            f"the native engine is not built ({err}); run scripts/build-native.sh"
-        ) from err
+    return load_extension(_MODULE)
 
 
 def available() -> bool:
     """True when the extension is built and imports (libibverbs loads) here."""
-    try:
-        load()
-    except NativeError:
-        return False
-    return True
-
-
-def tcp_echo(fd: int, size: int) -> int:
-    """Echo SIZE-byte messages on the connected TCP socket FD until the peer closes;
-    returns how many. A receive timeout or a socket error raises OSError."""
-    mod = load()
-    done = int(mod.lib.fp_tcp_echo(fd, mod.ffi.new("uint8_t[]", size), size))
-    if done < 0:
-        raise OSError(-done, os.strerror(-done))
-    return done
-
-
-# fp_tcp_pingpong's reasons to stop early (fastpath.c), besides -errno
-TCP_CLOSED, TCP_TIMEOUT, TCP_MISMATCH = 1, 2, 3
-
-
-def tcp_pingpong(
-    fd: int,
-    sbuf: bytearray,
-    rbuf: bytearray,
-    out: array[int],
-    base: int,
-    count: int,
-    step_s: float,
-    verify: bool = True,
-) -> tuple[int, int]:
-    """COUNT ping-pongs of len(SBUF) bytes on the connected TCP socket FD, in C: RTTs in
-    ns into OUT[BASE:]. Returns (exchanges done, status): status 0 when all COUNT are
-    done, else TCP_CLOSED, TCP_TIMEOUT (an exchange passed STEP_S), TCP_MISMATCH or
-    -errno. Exchange i sends BASE + i in byte 0, so a stale echo fails VERIFY. A signal
-    ends the call after the exchange it came in (status -EINTR) and the loop goes on,
-    after Python has run its handlers (Ctrl-C raises here)."""
-    size = len(sbuf)
-    if not 1 <= size <= 1 << 30 or len(rbuf) != size:
-        raise ValueError(f"buffers of 1..1 GiB and equal size, not {size} and {len(rbuf)}")
-    if count < 0 or base < 0 or out.typecode != "q" or len(out) < base + count:
-        raise ValueError(f"out must be array('q') with room for {count} RTTs from {base}")
-    if not step_s > 0:
-        raise ValueError(f"step_s {step_s} must be > 0")
-    mod = load()
-    ffi, lib = mod.ffi, mod.lib
-    sp, rp = ffi.from_buffer("uint8_t[]", sbuf), ffi.from_buffer("uint8_t[]", rbuf)
-    rtt = ffi.from_buffer("int64_t[]", out)
-    status = ffi.new("int *")
-    step_ns = max(1000, int(step_s * 1e9))
-    done = 0
-    while True:
-        n = int(
-            lib.fp_tcp_pingpong(
-                fd,
-                sp,
-                rp,
-                size,
-                count - done,
-                step_ns,
-                int(verify),
-                base + done,
-                rtt + base + done,
-                status,
-            )
-        )
-        done += n
-        if status[0] != -EINTR or done >= count:
-            return done, (0 if status[0] == -EINTR else int(status[0]))
-
-
-def clock_overhead_ns() -> int:
-    """Median cost of the clock-read pair that brackets each native RTT sample."""
-    return int(load().lib.fp_clock_overhead_ns(1024))
+    return loads(_MODULE)
 
 
 class _NativeEndpoint:

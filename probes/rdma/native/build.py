@@ -11,10 +11,8 @@ directory so that only the finished `_fastpath*.so` lands beside this file.
 
 from __future__ import annotations
 
-import importlib
-import shutil
+import importlib.util
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -60,37 +58,28 @@ int64_t fp_ud_probe(fp_ep *ep, int64_t count, int64_t step_ns, int64_t interval_
                     int64_t late_ns, uint32_t seq0, int64_t *net, int64_t *raw, int64_t *delay,
                     int64_t *prober);
 int64_t fp_ud_answer(fp_ep *ep, int64_t count, int64_t step_ns, int64_t idle_ns);
-int64_t fp_clock_overhead_ns(int rounds);
-int64_t fp_tcp_echo(int fd, uint8_t *buf, uint32_t size);
-int64_t fp_tcp_pingpong(int fd, uint8_t *sbuf, uint8_t *rbuf, uint32_t size, int64_t total,
-                        int64_t step_ns, int verify, uint32_t seq0, int64_t *rtt_ns,
-                        int *status);
 """
+
+
+def _shared() -> Any:
+    """probes/native_loop/build.py, loaded by its path: cffi's setuptools integration and
+    scripts/build-native.sh run this file on its own, before the package is importable."""
+    path = HERE.parent.parent / "native_loop" / "build.py"
+    spec = importlib.util.spec_from_file_location("fabricprobe_native_loop_build", path)
+    assert spec is not None and spec.loader is not None, path
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def builder() -> Any:
     """The cffi FFI builder for the extension (cffi has no type hints: Any)."""
-    cffi = importlib.import_module("cffi")
-    ffi = cffi.FFI()
-    ffi.cdef(CDEF)
-    ffi.set_source(
-        MODULE,
-        (HERE / "fastpath.c").read_text(),
-        libraries=["ibverbs"],
-        extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter"],
-    )
-    return ffi
+    return _shared().ffi_builder(MODULE, HERE / "fastpath.c", CDEF, ["ibverbs"])
 
 
 def build(dest: Path = HERE) -> Path:
     """Compile in a scratch directory and copy the extension into DEST; returns its path."""
-    with tempfile.TemporaryDirectory(prefix="fastpath-build.") as tmp:
-        built = Path(builder().compile(tmpdir=tmp))
-        target = dest / built.name
-        for stale in dest.glob("_fastpath*.so"):  # the package build names it *.abi3.so
-            stale.unlink()
-        shutil.copy2(built, target)
-    return target
+    return Path(_shared().build_into(builder(), MODULE, dest))
 
 
 def main() -> int:
