@@ -34,17 +34,10 @@ from fabricprobe.collector.exposition import ScrapeStats
 from fabricprobe.collector.pathfold import FoldConfig, PathFold
 from fabricprobe.collector.rpcstats import RPC_BUCKETS_S, RpcStats
 from fabricprobe.collector.store import DROPS, PathStats, StoreSnapshot, WindowStore
+from fabricprobe.core.cumulative import RTT_BUCKETS_NS, RTT_BUCKETS_S, CumulativeSketch
 from fabricprobe.core.errors import REFUSAL_REASONS
 from fabricprobe.core.promproto import SketchHistogramFamily
 from fabricprobe.core.sketchwire import MergedSketch
-
-# RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
-# soft-RoCE loopback (tens of µs), a real RoCE fabric (a few µs) and a congested
-# TCP path (ms to s) each land in several buckets.
-RTT_BUCKETS_S: tuple[float, ...] = tuple(
-    m * 10.0**e for e in range(-6, 2) for m in (1.0, 2.0, 5.0) if m * 10.0**e <= 10.0
-)
-_RTT_BUCKETS_NS = [round(b * 1e9) for b in RTT_BUCKETS_S]
 
 PATH_LABELS = ["src", "dst", "transport", "op", "size"]
 PROBER_DELAY_HELP = (
@@ -97,9 +90,11 @@ FLEET_LABELS = ["transport", "op", "size"]
 TOR_LABELS = ["src_tor", "dst_tor", "transport"]
 
 
-def sketch_histogram(sketch: MergedSketch) -> tuple[list[tuple[str, float]], float]:
+def sketch_histogram(
+    sketch: MergedSketch | CumulativeSketch,
+) -> tuple[list[tuple[str, float]], float]:
     """Cumulative (le, count) buckets in seconds and the sum in seconds of SKETCH."""
-    cum = sketch.cumulative(_RTT_BUCKETS_NS)
+    cum = sketch.cumulative(RTT_BUCKETS_NS)
     out = [(le, float(n)) for le, n in zip(_RTT_LE, cum, strict=False)]
     out.append(("+Inf", float(sketch.count)))
     return out, sketch.sum_ns / 1e9

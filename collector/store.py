@@ -20,8 +20,9 @@ from typing import Protocol
 
 from fabricprobe.collector.pathfold import PathFold
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.cumulative import CumulativeSketch
 from fabricprobe.core.errors import ParseError
-from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
+from fabricprobe.core.sketchwire import MergedSketch, from_wire
 
 PathKey = tuple[str, str, str, str, int]  # src, dst, transport, op, size
 # src, kind, device, port, netdev, priority, name
@@ -77,7 +78,7 @@ class ReportError(ValueError):
 class PathStats:
     """Everything known about one probed path, over all windows seen."""
 
-    rtt: MergedSketch = field(default_factory=MergedSketch)  # all windows merged
+    rtt: CumulativeSketch = field(default_factory=CumulativeSketch)  # all windows, for export
     last_rtt: MergedSketch | None = None  # the newest window only
     last_end_ns: int = 0
     last_order: tuple[int, int] = (0, 0)  # (lifetime, seq) of the newest window
@@ -107,7 +108,7 @@ class PathStats:
     def copy(self) -> PathStats:
         """A copy that later merges into this one leave alone."""
         c = copy.copy(self)
-        c.rtt = merged(self.rtt)
+        c.rtt = self.rtt.copy()
         return c
 
 
@@ -272,7 +273,7 @@ class WindowStore:
         self._pair_paths: dict[tuple[str, str], list[PathKey]] = {}  # host_pair() -> paths
         # every window's RTT sketch merged per (transport, op, size): the fleet's
         # histograms, which grow with nothing but the plan's kinds and sizes
-        self.fleet: dict[tuple[str, str, int], MergedSketch] = {}
+        self.fleet: dict[tuple[str, str, int], CumulativeSketch] = {}
         # host_pair() -> collector clock when a request's KV transfer last named it
         self.named: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._path_seq = 0
@@ -463,7 +464,7 @@ class WindowStore:
                 cls = (w.transport, w.op, int(w.size))
                 fleet = self.fleet.get(cls)
                 if fleet is None and len(self.fleet) < MAX_FLEET_CLASSES:
-                    fleet = self.fleet[cls] = MergedSketch()
+                    fleet = self.fleet[cls] = CumulativeSketch()
                 if fleet is None:
                     self.dropped["class"] += 1
                 else:
@@ -592,9 +593,9 @@ class WindowStore:
             got = {k for p in pairs for k in self._pair_paths.get(p, ()) if k in self.paths}
             return sorted(got, key=lambda k: self.paths[k].seq)
 
-    def fleet_sketches(self) -> dict[tuple[str, str, int], MergedSketch]:
+    def fleet_sketches(self) -> dict[tuple[str, str, int], CumulativeSketch]:
         with self.lock:
-            return {cls: merged(sk) for cls, sk in self.fleet.items()}
+            return {cls: sk.copy() for cls, sk in self.fleet.items()}
 
     def name_pairs(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Note host pairs a request's KV transfer ran over (the export shows their paths

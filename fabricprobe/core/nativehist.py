@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -104,30 +105,13 @@ def slot_buckets(schema: int) -> tuple[int | None, ...]:
     return tuple(out)
 
 
-def to_native(sketch: MergedSketch, schema: int = SCHEMA) -> NativeHistogram:
-    """SKETCH as a native histogram of SCHEMA (see the module's note for the error)."""
+def native_buckets(sketch: MergedSketch, schema: int = SCHEMA) -> tuple[list[tuple[int, int]], int]:
+    """SKETCH's slots summed into native buckets of SCHEMA: ascending (index, count) of the
+    non-empty ones, and the zero bucket's count."""
     table = slot_buckets(schema)
-    offsets: list[int] = []
-    lengths: list[int] = []
-    deltas: list[int] = []
+    out: list[tuple[int, int]] = []
     zero = 0
     cur, acc = 0, 0  # the bucket being summed (slots ascend, so bucket indices do too)
-    prev, end = 0, 0  # the count of the bucket last written; the index after its span
-
-    def emit(idx: int, n: int) -> None:
-        nonlocal prev, end
-        gap = idx - end
-        if offsets and gap <= 2:  # the span goes on, over up to two empty buckets
-            for _ in range(gap):
-                deltas.append(-prev)
-                prev = 0
-            lengths[-1] += gap + 1
-        else:
-            offsets.append(gap if offsets else idx)
-            lengths.append(1)
-        deltas.append(n - prev)
-        prev, end = n, idx + 1
-
     for slot, n in sorted(sketch.slots.items()):
         if n <= 0:
             continue
@@ -142,16 +126,45 @@ def to_native(sketch: MergedSketch, schema: int = SCHEMA) -> NativeHistogram:
             acc += n
         else:
             if acc:
-                emit(cur, acc)
+                out.append((cur, acc))
             cur, acc = idx, n
     if acc:
-        emit(cur, acc)
+        out.append((cur, acc))
+    return out, zero
+
+
+def encode(
+    buckets: Iterable[tuple[int, int]], zero: int, count: int, sum_ns: int, schema: int = SCHEMA
+) -> NativeHistogram:
+    """A native histogram of ascending non-empty BUCKETS (index, count) and ZERO."""
+    offsets: list[int] = []
+    lengths: list[int] = []
+    deltas: list[int] = []
+    prev, end = 0, 0  # the count of the bucket last written; the index after its span
+    for idx, n in buckets:
+        gap = idx - end
+        if offsets and gap <= 2:  # the span goes on, over up to two empty buckets
+            for _ in range(gap):
+                deltas.append(-prev)
+                prev = 0
+            lengths[-1] += gap + 1
+        else:
+            offsets.append(gap if offsets else idx)
+            lengths.append(1)
+        deltas.append(n - prev)
+        prev, end = n, idx + 1
     return NativeHistogram(
         schema=schema,
-        count=sketch.count,
-        sum_s=sketch.sum_ns / 1e9,
+        count=count,
+        sum_s=sum_ns / 1e9,
         zero_threshold=ZERO_THRESHOLD_S,
         zero_count=zero,
         spans=tuple(zip(offsets, lengths, strict=True)),
         deltas=tuple(deltas),
     )
+
+
+def to_native(sketch: MergedSketch, schema: int = SCHEMA) -> NativeHistogram:
+    """SKETCH as a native histogram of SCHEMA (see the module's note for the error)."""
+    buckets, zero = native_buckets(sketch, schema)
+    return encode(buckets, zero, sketch.count, sketch.sum_ns, schema)

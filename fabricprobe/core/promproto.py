@@ -27,8 +27,11 @@ from typing import Any
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from fabricprobe.core.api import prom_metrics_pb2 as mpb
+from fabricprobe.core.cumulative import CumulativeSketch
 from fabricprobe.core.nativehist import SCHEMA, to_native
 from fabricprobe.core.sketchwire import MergedSketch
+
+Sketch = MergedSketch | CumulativeSketch
 
 PROTOBUF_TYPE = "application/vnd.google.protobuf"
 CONTENT_TYPE_PROTOBUF = (
@@ -82,14 +85,14 @@ class SketchHistogramFamily(HistogramMetricFamily):
         name: str,
         documentation: str,
         labels: Sequence[str],
-        classic: Callable[[MergedSketch], tuple[list[tuple[str, float]], float]] | None,
+        classic: Callable[[Sketch], tuple[list[tuple[str, float]], float]] | None,
         schema: int = SCHEMA,
     ) -> None:
         self._built: list[Any] = []
         self._pending = 0  # sketches whose classic samples are not built yet
         super().__init__(name, documentation, labels=labels)
         self.classic, self.schema = classic, schema
-        self.sketches: list[tuple[list[str], MergedSketch]] = []
+        self.sketches: list[tuple[list[str], Sketch]] = []
 
     @property
     def samples(self) -> list[Any]:
@@ -104,7 +107,7 @@ class SketchHistogramFamily(HistogramMetricFamily):
     def samples(self, value: list[Any]) -> None:
         self._built = value
 
-    def add_sketch(self, label_values: list[str], sketch: MergedSketch) -> None:
+    def add_sketch(self, label_values: list[str], sketch: Sketch) -> None:
         self.sketches.append((label_values, sketch))
         self._pending += 1
 
@@ -135,7 +138,11 @@ def _native(fam: SketchHistogramFamily) -> mpb.MetricFamily:
     out = mpb.MetricFamily(name=fam.name, help=fam.documentation, type=mpb.HISTOGRAM)
     names = fam._labelnames
     for values, sketch in fam.sketches:
-        nh = to_native(sketch, fam.schema)
+        nh = (
+            sketch.to_native(fam.schema)
+            if isinstance(sketch, CumulativeSketch)
+            else to_native(sketch, fam.schema)
+        )
         m = out.metric.add()
         _labels(m, dict(zip(names, values, strict=True)))
         h = m.histogram

@@ -82,7 +82,7 @@ class MergedSketch:
             out.append(max(lo, min(v, hi)))
         return out
 
-    def cumulative(self, bounds_ns: list[int]) -> list[int]:
+    def cumulative(self, bounds_ns: Sequence[int]) -> list[int]:
         """Counts at or below each bound (Prometheus `le` buckets), then the total."""
         per = [0] * (len(bounds_ns) + 1)
         for i, n in self.slots.items():

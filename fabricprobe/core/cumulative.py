@@ -1,0 +1,113 @@
+"""A path's RTT over all its windows, kept at the resolution the export serves and no finer.
+
+The collector exports each path's RTT as a Prometheus histogram, which counts from the
+path's first window on: classic `le` buckets (RTT_BUCKETS_S) and a native histogram of
+nativehist.SCHEMA. A merged HDR sketch would serve both, but its slot dictionary grows
+with every latency value the path ever showed (about 9 KiB at 300 slots, 36 KiB once the
+tail has spread over a thousand), for as long as the path lives: at 16,000 paths that is
+the collector's memory growing for hours. `CumulativeSketch` keeps instead what the two
+forms are computed from, folded in as each window arrives: per-bucket counts at the
+classic bounds (where the merged sketch's `cumulative()` would put each slot) and counts
+per native bucket (where `to_native()` would), in a dense array over the native buckets
+seen, 8 bytes a bucket. Both exports come out equal to those of the merged sketch;
+count, loss, sum, min and max stay exact. Percentiles are not kept: they come from the
+windows' own sketches.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections.abc import Iterator
+
+from fabricprobe.core.nativehist import SCHEMA, NativeHistogram, encode, native_buckets
+from fabricprobe.core.sketchwire import MergedSketch, slot_value_ns
+from fabricprobe.core.stats import Kind, merge_exact
+
+# RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
+# soft-RoCE loopback (tens of µs), a real RoCE fabric (a few µs) and a congested
+# TCP path (ms to s) each land in several buckets.
+RTT_BUCKETS_S: tuple[float, ...] = tuple(
+    m * 10.0**e for e in range(-6, 2) for m in (1.0, 2.0, 5.0) if m * 10.0**e <= 10.0
+)
+RTT_BUCKETS_NS: tuple[int, ...] = tuple(round(b * 1e9) for b in RTT_BUCKETS_S)
+
+
+class CumulativeSketch:
+    """Windows' sketches folded for export (see the module docstring)."""
+
+    __slots__ = (
+        "base", "classic", "count", "kind", "lost", "max_ns", "min_ns", "native", "sum_ns", "zero"
+    )  # fmt: skip
+
+    def __init__(self, kind: Kind = "rtt") -> None:
+        self.kind: Kind = kind
+        self.count = 0
+        self.lost = 0
+        self.min_ns: int | None = None
+        self.max_ns: int | None = None
+        self.sum_ns = 0
+        # counts per classic bucket: [i] at or below RTT_BUCKETS_NS[i], the last above all
+        self.classic = array("q", bytes(8 * (len(RTT_BUCKETS_NS) + 1)))
+        self.base = 0  # the native bucket index of native[0]
+        self.native = array("q")  # counts per native bucket from base on
+        self.zero = 0  # native zero bucket (0 ns)
+
+    def merge(self, sk: MergedSketch) -> None:
+        """Fold one window's sketch in (same kind)."""
+        merge_exact(self, sk)
+        classic = self.classic
+        for slot, n in sk.slots.items():
+            classic[bisect.bisect_left(RTT_BUCKETS_NS, slot_value_ns(slot))] += n
+        buckets, zero = native_buckets(sk, SCHEMA)
+        self.zero += zero
+        if not buckets:
+            return
+        lo, hi = buckets[0][0], buckets[-1][0]
+        native = self.native
+        if not native:
+            self.base = lo
+        if lo < self.base:  # room below: the array grows at its front
+            self.native = native = array("q", bytes(8 * (self.base - lo))) + native
+            self.base = lo
+        if hi - self.base >= len(native):
+            native.frombytes(bytes(8 * (hi - self.base + 1 - len(native))))
+        base = self.base
+        for idx, n in buckets:
+            native[idx - base] += n
+
+    def cumulative(self, bounds_ns: tuple[int, ...] = RTT_BUCKETS_NS) -> list[int]:
+        """Counts at or below each of the classic bounds, then the total (as
+        MergedSketch.cumulative gives them); only the bounds it was kept at."""
+        if tuple(bounds_ns) != RTT_BUCKETS_NS:
+            raise ValueError("a CumulativeSketch holds counts at RTT_BUCKETS_NS only")
+        out, running = [], 0
+        for n in self.classic:
+            running += n
+            out.append(running)
+        return out
+
+    def buckets(self) -> Iterator[tuple[int, int]]:
+        """Ascending (native bucket index, count) of the non-empty native buckets."""
+        base = self.base
+        return ((base + i, n) for i, n in enumerate(self.native) if n)
+
+    def to_native(self, schema: int = SCHEMA) -> NativeHistogram:
+        """As nativehist.to_native() gives the merged sketch; only at SCHEMA."""
+        if schema != SCHEMA:
+            raise ValueError(f"a CumulativeSketch holds native buckets at schema {SCHEMA} only")
+        return encode(self.buckets(), self.zero, self.count, self.sum_ns, schema)
+
+    @property
+    def loss_ratio(self) -> float:
+        total = self.count + self.lost
+        return self.lost / total if total else 0.0
+
+    def copy(self) -> CumulativeSketch:
+        """A copy that later merges into this one leave alone."""
+        c = CumulativeSketch(self.kind)
+        c.count, c.lost, c.sum_ns = self.count, self.lost, self.sum_ns
+        c.min_ns, c.max_ns = self.min_ns, self.max_ns
+        c.classic, c.base, c.native = array("q", self.classic), self.base, array("q", self.native)
+        c.zero = self.zero
+        return c
