@@ -53,6 +53,7 @@ from fabricprobe.collector.auth import (
     MutualTls,
     TokenAuth,
     read_token_file,
+    server_ssl,
 )
 from fabricprobe.collector.detail import DetailConfig
 from fabricprobe.collector.drift import MAX_WAIVERS, parse_waivers
@@ -75,6 +76,7 @@ from fabricprobe.core.settings import (
     setting,
 )
 from fabricprobe.core.shards import parse_endpoints
+from fabricprobe.core.web import Limits
 
 GATES = ("open", "any", "off")  # who may call health and reflection: anyone, the authenticated
 
@@ -190,8 +192,35 @@ class CollectorSettings:
         flag="--fleet-network",
         check=NETWORK,
     )
+    trust_local_registration: bool = setting(
+        False,
+        "Let a caller on this machine register any of its addresses (loopback fleets).",
+    )
     web_config: str = setting(
         "", "TLS and basic auth for /metrics (exporter-toolkit's web-config YAML).", check=FILE
+    )
+    # the HTTP servers' bounds (OTLP/HTTP and /metrics; fabricprobe.core.web.Limits)
+    http_header_timeout_s: float = setting(
+        10.0, "HTTP: seconds from a request's first byte to the end of its headers.", lo=0.1, hi=600
+    )
+    http_body_timeout_s: float = setting(
+        30.0, "HTTP: seconds a request's body may take after its headers.", lo=0.1, hi=3600
+    )
+    http_idle_timeout_s: float = setting(
+        15.0, "HTTP: seconds an idle keep-alive connection is kept.", lo=0.1, hi=3600
+    )
+    http_max_connections: int = setting(
+        512, "HTTP: connections open at once, per server.", lo=1, hi=100_000
+    )
+    http_connections_per_source: int = setting(
+        32, "HTTP: connections open at once from one address.", lo=1, hi=100_000
+    )
+    http_body_budget_bytes: int = setting(
+        64 << 20,
+        "HTTP: bytes of request bodies held at once.",
+        lo=1 << 16,
+        hi=1 << 40,
+        shown="64 MiB",
     )
     grace_s: float = setting(5.0, "Seconds calls may finish in at shutdown.", lo=0, hi=600)
     insecure: bool = setting(False, "Accept plain text, no identity.")
@@ -338,6 +367,7 @@ class CollectorSettings:
             otlp_http_listen=self.otlp_http_listen,
             match=self.match_config(),
             web_config=self.web_config,
+            http=self.http_limits(),
             workers=self.workers,
             grace=self.grace_s,
             stale_after=self.stale_after_s,
@@ -346,6 +376,7 @@ class CollectorSettings:
                 report_interval_ms=int(self.report_interval_s * 1000),
                 plan=plan,
                 fleet_networks=tuple(self._networks()),
+                trust_local_registration=self.trust_local_registration,
             ),
             gate=GateConfig(
                 rate=self.reports_per_second,
@@ -357,6 +388,20 @@ class CollectorSettings:
                 reflection=self.reflection,
             ),
         )
+
+    def http_limits(self) -> Limits:
+        """The bounds both HTTP servers keep (fabricprobe.core.web)."""
+        try:
+            return Limits(
+                header_s=self.http_header_timeout_s,
+                body_s=self.http_body_timeout_s,
+                idle_s=self.http_idle_timeout_s,
+                max_connections=self.http_max_connections,
+                per_source=self.http_connections_per_source,
+                body_budget=self.http_body_budget_bytes,
+            )
+        except ValueError as e:
+            raise ConfigError(f"http: {e}") from None
 
     def match_config(self) -> MatchConfig:
         """How engine spans' host attributes name agents' hosts (collector/linking.py)."""
@@ -405,14 +450,18 @@ class CollectorSettings:
                 )
             if self.token_file:
                 creds = None
+                http_tls = None
                 if all(tls):
                     with open(self.tls_key, "rb") as k, open(self.tls_cert, "rb") as c:
                         creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+                    http_tls = server_ssl(self.tls_cert, self.tls_key)
                 elif not self.insecure:
                     raise ConfigError(
                         "tokens over plain text: give tls_cert/tls_key, or insecure to accept it"
                     )
-                return TokenAuth(read_token_file(self.token_file), creds)
+                return TokenAuth(read_token_file(self.token_file), creds, http_tls)
+        except ssl.SSLError as e:  # before OSError, which it is a kind of
+            raise ConfigError(f"tls_cert/tls_key: {e}") from None
         except OSError as e:
             raise ConfigError(f"{e.filename}: {e.strerror}") from None
         except ValueError as e:
