@@ -216,11 +216,11 @@ class CollectorSettings:
         32, "HTTP: connections open at once from one address.", lo=1, hi=100_000
     )
     http_body_budget_bytes: int = setting(
-        64 << 20,
+        32 << 20,
         "HTTP: bytes of request bodies held at once.",
         lo=1 << 16,
         hi=1 << 40,
-        shown="64 MiB",
+        shown="32 MiB",
     )
     grace_s: float = setting(5.0, "Seconds calls may finish in at shutdown.", lo=0, hi=600)
     insecure: bool = setting(False, "Accept plain text, no identity.")

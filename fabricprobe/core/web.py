@@ -74,9 +74,10 @@ class Limits:
     idle_s: float = 15.0
     max_body: int = 16 << 20  # as sent (compressed or not); OTLP batches are a few MiB
     max_inflated: int = 16 << 20  # a gzip body once inflated (a zip bomb is refused)
-    # bytes of bodies held at once across all connections: 4 largest batches; with the
-    # per-source cap it keeps 64 held bodies of 16 MiB under ~100 MiB of memory
-    body_budget: int = 64 << 20
+    # bytes of bodies held at once across all connections (a finished body counts twice
+    # while its pieces are joined): one largest batch, or many of the usual few hundred
+    # KiB; 64 connections holding 16 MiB bodies then cost the process well under 100 MiB
+    body_budget: int = 32 << 20
     max_connections: int = 512  # in all: a socket costs a few KiB, not a thread
     per_source: int = 32  # from one address: one misbehaving host leaves room for the rest
     workers: int = 4  # threads that run handlers (render, decode): the CPU is the bound
@@ -385,7 +386,6 @@ class WebServer:
             "lingering_time": 0,  # an unread body is not waited for: the connection closes
             "max_line_size": 8190,
             "max_field_size": 8190,
-            "max_headers": 100,
             "access_log": None,
             # bodies come as sent: inflate() caps what gzip may grow to, aiohttp's would not
             "auto_decompress": False,
@@ -491,25 +491,31 @@ class WebServer:
         if encoding not in ("identity", "gzip"):
             raise Refused(415, "bad_request", f"Content-Encoding {encoding[:30]!r}: gzip or none")
         budget = _Budget(self._shared)
-        out = bytearray()
+        chunks: list[bytes] = []  # a list, not a growing buffer: no reallocation copies
+        size = 0
         try:
             try:
                 async with asyncio.timeout(lim.body_s):
                     async for chunk in request.content.iter_any():
-                        if len(out) + len(chunk) > lim.max_body:
+                        size += len(chunk)
+                        if size > lim.max_body:
                             raise Refused(413, "too_large", f"body over {lim.max_body} bytes")
                         if not budget.take(len(chunk)):
                             raise Refused(503, "memory", "too many bodies in flight; retry")
-                        out += chunk
+                        chunks.append(chunk)
             except TimeoutError:
                 self.stats.refuse("body_timeout")
                 if request.transport is not None:
                     request.transport.close()
                 raise asyncio.CancelledError from None
+            if not budget.take(size):  # the joined copy is held beside the pieces a moment
+                raise Refused(503, "memory", "too many bodies in flight; retry")
+            body = b"".join(chunks)
+            chunks.clear()
             if encoding == "gzip":
                 loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self._pool, inflate, bytes(out), lim.max_inflated)
-            return bytes(out)
+                return await loop.run_in_executor(self._pool, inflate, body, lim.max_inflated)
+            return body
         finally:
             budget.release()
 
