@@ -192,9 +192,8 @@ class CollectorSettings:
         flag="--fleet-network",
         check=NETWORK,
     )
-    trust_local_registration: bool = setting(
-        False,
-        "Let a caller on this machine register any of its addresses (loopback fleets).",
+    trust_loopback: bool = setting(
+        False, "Let callers on this machine register any of its addresses (loopback fleets)."
     )
     web_config: str = setting(
         "", "TLS and basic auth for /metrics (exporter-toolkit's web-config YAML).", check=FILE
@@ -212,10 +211,10 @@ class CollectorSettings:
     http_max_connections: int = setting(
         512, "HTTP: connections open at once, per server.", lo=1, hi=100_000
     )
-    http_connections_per_source: int = setting(
+    http_per_source: int = setting(
         32, "HTTP: connections open at once from one address.", lo=1, hi=100_000
     )
-    http_body_budget_bytes: int = setting(
+    http_body_budget: int = setting(
         32 << 20,
         "HTTP: bytes of request bodies held at once.",
         lo=1 << 16,
@@ -376,7 +375,7 @@ class CollectorSettings:
                 report_interval_ms=int(self.report_interval_s * 1000),
                 plan=plan,
                 fleet_networks=tuple(self._networks()),
-                trust_local_registration=self.trust_local_registration,
+                trust_local_registration=self.trust_loopback,
             ),
             gate=GateConfig(
                 rate=self.reports_per_second,
@@ -397,8 +396,8 @@ class CollectorSettings:
                 body_s=self.http_body_timeout_s,
                 idle_s=self.http_idle_timeout_s,
                 max_connections=self.http_max_connections,
-                per_source=self.http_connections_per_source,
-                body_budget=self.http_body_budget_bytes,
+                per_source=self.http_per_source,
+                body_budget=self.http_body_budget,
             )
         except ValueError as e:
             raise ConfigError(f"http: {e}") from None

@@ -267,7 +267,7 @@ def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
             metrics,
             "--insecure",
             # the demo's hosts share this machine and reach the collector on 127.0.0.1
-            "--trust-local-registration",
+            "--trust-loopback",
             "--report-interval",
             "3",
             "--probe-interval",

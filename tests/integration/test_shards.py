@@ -116,7 +116,7 @@ def shard_process(name: str, etcd_port: int, log: Path) -> Iterator[subprocess.P
         "fabricprobe",
         "collector",
         "--insecure",
-        "--trust-local-registration",  # the agents on 127.0.0.N call from 127.0.0.1
+        "--trust-loopback",  # the agents on 127.0.0.N call from 127.0.0.1
         "--listen=127.0.0.1:0",
         "--metrics-listen=127.0.0.1:0",
         f"--etcd=127.0.0.1:{etcd_port}",
