@@ -49,7 +49,8 @@ from fabricprobe.core.promproto import (
     wants_protobuf,
 )
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
-from fabricprobe.core.web import OPEN, Call, Limits, Reply, Route, WebServer
+from fabricprobe.core.web import OPEN, Call, Limits, Reply, Route, WebServer, WebStats
+from fabricprobe.core.web import REASONS as WEB_REASONS
 from fabricprobe.probes.control import REFUSAL_REASONS
 from fabricprobe.probes.errors import ParseError
 
@@ -383,6 +384,7 @@ class AgentCollector(Collector):
     def __init__(self, agent: AgentView) -> None:
         self.agent = agent
         self.rtt = RttTotals()
+        self.http: WebStats | None = None  # the /metrics server's own counts, once serving
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -421,6 +423,16 @@ class AgentCollector(Collector):
         yield from f.out.values()
         yield success
         yield took
+        if self.http is not None:
+            refused = CounterMetricFamily(
+                P + "agent_http_refused",
+                "Requests and connections the agent's /metrics server turned away, by reason.",
+                labels=["reason"],
+            )
+            by = self.http.snapshot()[0]
+            for reason in WEB_REASONS:
+                refused.add_metric([reason], float(by[reason]))
+            yield refused
 
 
 # Families a protobuf scrape leaves out: the native histogram agent_rtt_seconds holds them.
@@ -465,6 +477,7 @@ class MetricsServer:
         self.web = WebServer(
             host, port, [metrics_route(self.registry)], limits=limits, name="agent-metrics"
         )
+        self.collector.http = self.web.stats
         self.web.start()  # binds now: a port in use fails the agent's start
         self.port = int(self.web.server_address[1])
 

@@ -75,6 +75,7 @@ def test_a_running_agent_serves_its_host_figures(tmp_path: Path) -> None:
     assert 'fabricprobe_rdma_port_xmit_data_total{device="mlx5_0",port="1"}' in text
     assert 'fabricprobe_pfc_rx_pause_frames_total{netdev="' in text
     assert "fabricprobe_agent_registered 1.0" in text
+    assert 'fabricprobe_agent_http_refused_total{reason="header_timeout"} 0.0' in text
     assert "fabricprobe_agent_resident_memory_bytes" in text
     for part in AgentCollector.PARTS:
         assert f'fabricprobe_agent_scrape_part_success{{part="{part}"}} 1.0' in text
