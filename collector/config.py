@@ -17,6 +17,8 @@ Example file::
     kinds = ["tcp_lat", "rdma_rc_lat", "rdma_ud", "tcp_bw"]  # tcp_bw is off by default
     stale_after_s = 30.0
     otlp_http_listen = "0.0.0.0:4318"   # OTLP over HTTP beside the gRPC receiver
+    http_body_timeout_s = 30.0  # HTTP bounds (fabricprobe/core/web.py Limits)
+    http_per_source = 32        # connections from one address, per HTTP server
     host_attributes = ["host.name", "service.instance.id", "k8s.pod.ip", "server.address"]
     host_aliases = { "vllm-decode-0" = "gpu-node-17" }   # engine host value -> agent host
     host_rewrite = [["^(.*)-vllm-[0-9]+$", '\\1']]       # regex, replacement
