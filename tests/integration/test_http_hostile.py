@@ -253,6 +253,37 @@ def test_64_held_bodies_stay_bounded_and_are_closed_in_time(collector: Collector
     assert post(c.url, b"", "application/x-protobuf", INGEST_TOKEN)[0] == 200
 
 
+def test_64_bodies_without_a_token_are_refused_before_they_are_read(
+    collector: Collector,
+) -> None:
+    c = collector
+    base = c.rss()
+    socks = []
+    for i in range(64):
+        s = socket.create_connection(
+            ("127.0.0.1", c.otlp), timeout=5, source_address=(f"127.0.0.{2 + i % 4}", 0)
+        )
+        s.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            + f"Content-Length: {16 * MIB - 1}\r\n\r\n".encode()
+            + b"\0" * 65536
+        )
+        socks.append(s)
+    t0 = time.monotonic()
+    answers = []
+    for s in socks:
+        with s:
+            answers.append(s.recv(12))
+    took = time.monotonic() - t0
+    grew = (c.rss() - base) / MIB
+    print(
+        f"64 bodies without a token: {answers.count(b'HTTP/1.1 401')} answered 401 in"
+        f" {took:.2f} s, RSS +{grew:.0f} MiB"
+    )
+    assert answers == [b"HTTP/1.1 401"] * 64
+    assert grew < 50
+
+
 def test_half_sent_headers_are_closed_at_their_deadline(collector: Collector) -> None:
     c = collector
     time.sleep(1.1)  # the render cache
