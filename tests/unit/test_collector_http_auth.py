@@ -117,9 +117,14 @@ def test_client_certificates_on_otlp_http(pki: Path, server: CollectorServer) ->
     assert got["permission"] == 2
 
 
-def test_a_certificate_guard_needs_a_certificate() -> None:
-    auth = MutualTls.__new__(MutualTls)
-    auth.readers, auth.ingest = frozenset({"reader"}), frozenset({"otel-gw"})
+def test_a_certificate_guard_needs_a_certificate(pki: Path) -> None:
+    auth = MutualTls.from_files(
+        str(pki / "collector.pem"),
+        str(pki / "collector.key"),
+        str(pki / "ca.pem"),
+        readers=frozenset({"reader"}),
+        ingest=frozenset({"otel-gw"}),
+    )
     guard = http_guard(auth)
     with pytest.raises(Refused) as e:
         guard(caller(), INGEST)
