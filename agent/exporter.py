@@ -27,18 +27,18 @@ targets only (at the default plan, about 250): the collector tier keeps the flee
 
 from __future__ import annotations
 
+import gzip
 import logging
 import re
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from socketserver import ThreadingMixIn
-from typing import Any, Protocol
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -50,6 +50,8 @@ from fabricprobe.core.promproto import (
     wants_protobuf,
 )
 from fabricprobe.core.sketchwire import MergedSketch, from_wire, merged
+from fabricprobe.core.web import OPEN, Call, Limits, Reply, Route, WebServer, WebStats
+from fabricprobe.core.web import REASONS as WEB_REASONS
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -388,6 +390,7 @@ class AgentCollector(Collector):
     def __init__(self, agent: AgentView) -> None:
         self.agent = agent
         self.rtt = RttTotals()
+        self.http: WebStats | None = None  # the /metrics server's own counts, once serving
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -426,89 +429,70 @@ class AgentCollector(Collector):
         yield from f.out.values()
         yield success
         yield took
-
-
-class _QuietHandler(WSGIRequestHandler):
-    timeout = 5  # a client that stalls mid-request is dropped
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    """At most MAX_CLIENTS scrapes at once; more wait in the listen backlog."""
-
-    daemon_threads = True
-    MAX_CLIENTS = 4
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        self._slots = threading.BoundedSemaphore(self.MAX_CLIENTS)
-        super().__init__(*args, **kw)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        self._slots.acquire()
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+        if self.http is not None:
+            refused = CounterMetricFamily(
+                P + "agent_http_refused",
+                "Requests and connections the agent's /metrics server turned away, by reason.",
+                labels=["reason"],
+            )
+            by = self.http.snapshot()[0]
+            for reason in WEB_REASONS:
+                refused.add_metric([reason], float(by[reason]))
+            yield refused
 
 
 # Families a protobuf scrape leaves out: the native histogram agent_rtt_seconds holds them.
 TEXT_ONLY = frozenset({P + "agent_path_rtt_seconds"})
 
+# The agent's /metrics is scraped by one or two Prometheus servers: a small pool renders,
+# the rest of fabricprobe.core.web's limits (deadlines, connections per source) as given.
+SCRAPE_WORKERS = 2
+LIMITS = Limits(max_body=1 << 10, max_inflated=1 << 10, body_budget=1 << 16, workers=SCRAPE_WORKERS)
 
-def negotiating_app(registry: CollectorRegistry) -> Any:
-    """A WSGI app serving REGISTRY in protobuf (native histograms) to a client whose
-    Accept header prefers it, and as prometheus_client serves it to everyone else."""
-    text_app = make_wsgi_app(registry)
 
-    def app(environ: dict[str, Any], start_response: Any) -> Any:
-        if not wants_protobuf(environ.get("HTTP_ACCEPT", "")):
-            return text_app(environ, start_response)
-        if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
-            return text_app(environ, start_response)
-        body = encode(m for m in registry.collect() if m.name not in TEXT_ONLY)
-        start_response(
-            "200 OK",
-            [
-                ("Content-Type", CONTENT_TYPE_PROTOBUF),
-                ("Content-Length", str(len(body))),
-                ("Vary", "Accept"),
-            ],
-        )
-        return [body]
+def metrics_route(registry: CollectorRegistry) -> Route:
+    """GET /metrics (and /): protobuf with native histograms to a client whose Accept
+    header prefers it, else the text or OpenMetrics form prometheus_client negotiates;
+    gzipped when asked."""
 
-    return app
+    def handle(call: Call) -> Reply:
+        accept = call.headers.get("Accept", "")
+        if wants_protobuf(accept):
+            body = encode(m for m in registry.collect() if m.name not in TEXT_ONLY)
+            ctype = CONTENT_TYPE_PROTOBUF
+        else:
+            encoder, ctype = choose_encoder(accept)
+            body = encoder(registry)
+        headers = {"Vary": "Accept, Accept-Encoding"}
+        if "gzip" in call.headers.get("Accept-Encoding", ""):
+            body = gzip.compress(body, compresslevel=1)
+            headers["Content-Encoding"] = "gzip"
+        return Reply(200, body, ctype, headers)
+
+    return Route(("/metrics", "/"), ("GET",), OPEN, handle)
 
 
 class MetricsServer:
-    """/metrics of one agent on HOST:PORT (port 0 picks one), in a daemon thread."""
+    """/metrics of one agent on HOST:PORT (port 0 picks one), from its own thread and
+    event loop (fabricprobe.core.web)."""
 
-    def __init__(self, agent: AgentView, host: str, port: int) -> None:
+    def __init__(self, agent: AgentView, host: str, port: int, limits: Limits = LIMITS) -> None:
         self.registry = CollectorRegistry()
         self.collector = AgentCollector(agent)
         self.registry.register(self.collector)
-        app = negotiating_app(self.registry)
-        self.httpd = make_server(host, port, app, server_class=_Server, handler_class=_QuietHandler)
-        self.port = int(self.httpd.server_address[1])
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name="agent-metrics", daemon=True
+        self.web = WebServer(
+            host, port, [metrics_route(self.registry)], limits=limits, name="agent-metrics"
         )
+        self.collector.http = self.web.stats
+        self.web.start()  # binds now: a port in use fails the agent's start
+        self.port = int(self.web.server_address[1])
 
     def take(self, report: pb.WindowReport) -> None:
         """Fold a finished window into the RTT histograms (every window, scraped or not)."""
         self.collector.rtt.take(report)
 
     def start(self) -> None:
-        self._thread.start()
+        """Serving began in __init__ (kept for callers that start it apart)."""
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.web.shutdown()

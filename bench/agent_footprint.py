@@ -92,7 +92,11 @@ def main() -> None:
     logging.disable(logging.INFO)  # the peers' own log lines are not the figures
     plan = PlanConfig(budget=args.peers)  # default schedule otherwise
     server = CollectorServer(
-        ServerConfig(listen="127.0.0.1:0", metrics_listen="", api=ApiConfig(plan=plan))
+        ServerConfig(
+            listen="127.0.0.1:0",
+            metrics_listen="",
+            api=ApiConfig(plan=plan, trust_local_registration=True),  # peers on 127.0.0.N
+        )
     )
     server.start()
     tmp = Path(tempfile.mkdtemp(prefix="fabricprobe-bench-"))

@@ -17,6 +17,10 @@ sees it:
 4. on the agent API a host speaks only for itself: the host named in each request (each
    message of a stream) must be one the identity holds (PERMISSION_DENIED).
 
+HTTP surfaces (OTLP/HTTP, fabricprobe.core.web) ask the same authenticators through
+`http_guard`: the same token table, roles and certificate names; 401 for a missing or bad
+credential, 403 for a known identity without the route's role.
+
 Limits live in `Limits`: a bounded table of identities (least recently seen evicted,
 counted) with a token bucket and a stream count each.
 """
@@ -25,15 +29,18 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import ssl
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+
+from fabricprobe.core.web import Caller, Refused, cert_names
 
 TOKEN_HEADER = "authorization"
 HOST, INGEST, READER = "host", "ingest", "reader"
@@ -76,6 +83,14 @@ class Authenticator(Protocol):
 
     def from_context(self, context: grpc.ServicerContext) -> Identity: ...
 
+    def from_http(self, caller: Caller) -> Identity:
+        """The identity an HTTP request proves (raises AuthError)."""
+        ...
+
+    def http_ssl(self) -> ssl.SSLContext | None:
+        """TLS for the HTTP surfaces, as the gRPC port has it (None: plain text)."""
+        ...
+
 
 def identity_of(context: Any) -> Identity | None:
     """The identity the gate admitted CONTEXT's call as (unary calls)."""
@@ -107,6 +122,12 @@ class Insecure:
     def from_context(self, context: grpc.ServicerContext) -> Identity:
         src = peer_address(context)
         return Identity(f"addr:{src}", ROLES, any_host=True, source=src)
+
+    def from_http(self, caller: Caller) -> Identity:
+        return Identity(f"addr:{caller.source}", ROLES, any_host=True, source=caller.source)
+
+    def http_ssl(self) -> ssl.SSLContext | None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -156,12 +177,14 @@ class TokenAuth:
         self,
         tokens: dict[str, TokenEntry] | dict[str, str],
         credentials: grpc.ServerCredentials | None = None,
+        http_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.tokens: dict[bytes, TokenEntry] = {
             t.encode(): e if isinstance(e, TokenEntry) else TokenEntry(e, frozenset({HOST}))
             for t, e in tokens.items()
         }
         self.credentials = credentials
+        self.http_tls = http_tls
 
     def add_port(self, server: grpc.Server, address: str) -> int:
         if self.credentials is None:
@@ -187,6 +210,18 @@ class TokenAuth:
         found = self.from_metadata(context.invocation_metadata())
         assert found is not None
         return found
+
+    def from_http(self, caller: Caller) -> Identity:
+        header = caller.authorization.strip()
+        if header and not header.lower().startswith("bearer "):
+            raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "expected a bearer token")
+        token = "Bearer " + header[7:].strip() if header else ""
+        found = self.from_metadata([(TOKEN_HEADER, token)] if token else [])
+        assert found is not None
+        return replace(found, source=caller.source)
+
+    def http_ssl(self) -> ssl.SSLContext | None:
+        return self.http_tls
 
 
 def _san_names(context: grpc.ServicerContext) -> tuple[set[str], set[str]]:
@@ -223,6 +258,7 @@ class MutualTls:
             [(key, cert)], root_certificates=client_ca, require_client_auth=True
         )
         self.readers, self.ingest = readers, ingest
+        self.http_tls: ssl.SSLContext | None = None  # from_files sets it
 
     @classmethod
     def from_files(
@@ -234,13 +270,15 @@ class MutualTls:
         readers: frozenset[str] = frozenset(),
         ingest: frozenset[str] = frozenset(),
     ) -> MutualTls:
-        return cls(
+        made = cls(
             Path(cert).read_bytes(),
             Path(key).read_bytes(),
             Path(client_ca).read_bytes(),
             readers=readers,
             ingest=ingest,
         )
+        made.http_tls = server_ssl(cert, key, client_ca)
+        return made
 
     def add_port(self, server: grpc.Server, address: str) -> int:
         return int(server.add_secure_port(address, self.credentials))
@@ -250,6 +288,16 @@ class MutualTls:
 
     def from_context(self, context: grpc.ServicerContext) -> Identity:
         names, ips = _san_names(context)
+        return self._identity(names, ips, peer_address(context))
+
+    def from_http(self, caller: Caller) -> Identity:
+        names, ips = cert_names(caller.peercert)
+        return self._identity(names, ips, caller.source)
+
+    def http_ssl(self) -> ssl.SSLContext | None:
+        return self.http_tls
+
+    def _identity(self, names: set[str], ips: set[str], source: str) -> Identity:
         if not names and not ips:
             raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "no client certificate")
         roles = set()
@@ -265,8 +313,41 @@ class MutualTls:
             frozenset(roles),
             hosts,
             addresses=frozenset(ips),
-            source=peer_address(context),
+            source=source,
         )
+
+
+def server_ssl(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
+    """The HTTP surfaces' TLS, as the gRPC port's: CERT and KEY, and with CLIENT_CA a
+    client certificate it signed is required."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    if client_ca:
+        ctx.load_verify_locations(client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+_HTTP_STATUS = {grpc.StatusCode.UNAUTHENTICATED: (401, "unauthenticated")}
+
+
+def http_guard(auth: Authenticator) -> Callable[[Caller, str], Identity]:
+    """The guard of the HTTP surfaces (fabricprobe.core.web): AUTH's identity of the
+    caller, which must hold the route's role. 401 for no or a bad credential (with a
+    WWW-Authenticate challenge), 403 for a known identity without the role."""
+
+    def guard(caller: Caller, role: str) -> Identity:
+        try:
+            ident = auth.from_http(caller)
+        except AuthError as e:
+            status, reason = _HTTP_STATUS.get(e.code, (403, "permission"))
+            raise Refused(status, reason, str(e), {"WWW-Authenticate": "Bearer"}) from None
+        if role not in (ANY, OPEN) and role not in ident.roles:
+            raise Refused(403, "permission", f"{ident.name} lacks the {role} role")
+        return ident
+
+    return guard
 
 
 # -- limits -----------------------------------------------------------------------------

@@ -17,6 +17,8 @@ Example file::
     kinds = ["tcp_lat", "rdma_rc_lat", "rdma_ud", "tcp_bw"]  # tcp_bw is off by default
     stale_after_s = 30.0
     otlp_http_listen = "0.0.0.0:4318"   # OTLP over HTTP beside the gRPC receiver
+    http_body_timeout_s = 30.0  # HTTP bounds (fabricprobe/core/web.py Limits)
+    http_per_source = 32        # connections from one address, per HTTP server
     host_attributes = ["host.name", "service.instance.id", "k8s.pod.ip", "server.address"]
     host_aliases = { "vllm-decode-0" = "gpu-node-17" }   # engine host value -> agent host
     host_rewrite = [["^(.*)-vllm-[0-9]+$", '\\1']]       # regex, replacement
@@ -53,6 +55,7 @@ from fabricprobe.collector.auth import (
     MutualTls,
     TokenAuth,
     read_token_file,
+    server_ssl,
 )
 from fabricprobe.collector.detail import DetailConfig
 from fabricprobe.collector.drift import MAX_WAIVERS, parse_waivers
@@ -75,6 +78,7 @@ from fabricprobe.core.settings import (
     setting,
 )
 from fabricprobe.core.shards import parse_endpoints
+from fabricprobe.core.web import Limits
 
 GATES = ("open", "any", "off")  # who may call health and reflection: anyone, the authenticated
 
@@ -190,8 +194,34 @@ class CollectorSettings:
         flag="--fleet-network",
         check=NETWORK,
     )
+    trust_loopback: bool = setting(
+        False, "Let callers on this machine register any of its addresses (loopback fleets)."
+    )
     web_config: str = setting(
         "", "TLS and basic auth for /metrics (exporter-toolkit's web-config YAML).", check=FILE
+    )
+    # the HTTP servers' bounds (OTLP/HTTP and /metrics; fabricprobe.core.web.Limits)
+    http_header_timeout_s: float = setting(
+        10.0, "HTTP: seconds from a request's first byte to the end of its headers.", lo=0.1, hi=600
+    )
+    http_body_timeout_s: float = setting(
+        30.0, "HTTP: seconds a request's body may take after its headers.", lo=0.1, hi=3600
+    )
+    http_idle_timeout_s: float = setting(
+        15.0, "HTTP: seconds an idle keep-alive connection is kept.", lo=0.1, hi=3600
+    )
+    http_max_connections: int = setting(
+        512, "HTTP: connections open at once, per server.", lo=1, hi=100_000
+    )
+    http_per_source: int = setting(
+        32, "HTTP: connections open at once from one address.", lo=1, hi=100_000
+    )
+    http_body_budget: int = setting(
+        32 << 20,
+        "HTTP: bytes of request bodies held at once.",
+        lo=1 << 16,
+        hi=1 << 40,
+        shown="32 MiB",
     )
     grace_s: float = setting(5.0, "Seconds calls may finish in at shutdown.", lo=0, hi=600)
     insecure: bool = setting(False, "Accept plain text, no identity.")
@@ -338,6 +368,7 @@ class CollectorSettings:
             otlp_http_listen=self.otlp_http_listen,
             match=self.match_config(),
             web_config=self.web_config,
+            http=self.http_limits(),
             workers=self.workers,
             grace=self.grace_s,
             stale_after=self.stale_after_s,
@@ -346,6 +377,7 @@ class CollectorSettings:
                 report_interval_ms=int(self.report_interval_s * 1000),
                 plan=plan,
                 fleet_networks=tuple(self._networks()),
+                trust_local_registration=self.trust_loopback,
             ),
             gate=GateConfig(
                 rate=self.reports_per_second,
@@ -357,6 +389,20 @@ class CollectorSettings:
                 reflection=self.reflection,
             ),
         )
+
+    def http_limits(self) -> Limits:
+        """The bounds both HTTP servers keep (fabricprobe.core.web)."""
+        try:
+            return Limits(
+                header_s=self.http_header_timeout_s,
+                body_s=self.http_body_timeout_s,
+                idle_s=self.http_idle_timeout_s,
+                max_connections=self.http_max_connections,
+                per_source=self.http_per_source,
+                body_budget=self.http_body_budget,
+            )
+        except ValueError as e:
+            raise ConfigError(f"http: {e}") from None
 
     def match_config(self) -> MatchConfig:
         """How engine spans' host attributes name agents' hosts (collector/linking.py)."""
@@ -405,14 +451,18 @@ class CollectorSettings:
                 )
             if self.token_file:
                 creds = None
+                http_tls = None
                 if all(tls):
                     with open(self.tls_key, "rb") as k, open(self.tls_cert, "rb") as c:
                         creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+                    http_tls = server_ssl(self.tls_cert, self.tls_key)
                 elif not self.insecure:
                     raise ConfigError(
                         "tokens over plain text: give tls_cert/tls_key, or insecure to accept it"
                     )
-                return TokenAuth(read_token_file(self.token_file), creds)
+                return TokenAuth(read_token_file(self.token_file), creds, http_tls)
+        except ssl.SSLError as e:  # before OSError, which it is a kind of
+            raise ConfigError(f"tls_cert/tls_key: {e}") from None
         except OSError as e:
             raise ConfigError(f"{e.filename}: {e.strerror}") from None
         except ValueError as e:

@@ -38,6 +38,10 @@ from fabricprobe.core.cumulative import RTT_BUCKETS_NS, RTT_BUCKETS_S, Cumulativ
 from fabricprobe.core.errors import REFUSAL_REASONS
 from fabricprobe.core.promproto import SketchHistogramFamily
 from fabricprobe.core.sketchwire import MergedSketch
+from fabricprobe.core.web import REASONS as WEB_REASONS
+from fabricprobe.core.web import WebStats
+
+HTTP_LISTENERS = ("otlp", "metrics")  # the collector's HTTP servers (collector/service.py)
 
 PATH_LABELS = ["src", "dst", "transport", "op", "size"]
 PROBER_DELAY_HELP = (
@@ -122,11 +126,13 @@ class FabricCollector(Collector):
         scrapes: ScrapeStats | None = None,
         detail: DetailSelector | None = None,
         topology: Callable[[str], str | None] | None = None,
+        http: dict[str, WebStats] | None = None,
     ) -> None:
         self.store = store
         self.rpc = rpc or RpcStats()
         self.gate = gate
         self.scrapes = scrapes or ScrapeStats()
+        self.http = http or {}  # listener -> its HTTP server's counts (core/web.py)
         self.detail = detail or DetailSelector()
         self._topology = topology  # a host this collector does not hold (the fleet's plan)
         d = self.detail.cfg
@@ -251,6 +257,30 @@ class FabricCollector(Collector):
         )
         rendered.add_metric([], float(renders))
         yield rendered
+        yield from self._http_families()
+
+    def _http_families(self) -> Iterator[Metric]:
+        p = "fabricprobe_collector_"
+        refused = CounterMetricFamily(
+            p + "http_refused",
+            "Requests and connections the HTTP servers (OTLP/HTTP, /metrics) turned away, by"
+            " listener (otlp, metrics) and reason: unauthenticated, permission, busy, source,"
+            " memory, too_large, header_timeout, body_timeout, bad_request, not_found.",
+            labels=["listener", "reason"],
+        )
+        conns = GaugeMetricFamily(
+            p + "http_connections",
+            "Connections open to each HTTP server (otlp, metrics).",
+            labels=["listener"],
+        )
+        for listener in HTTP_LISTENERS:
+            stats = self.http.get(listener)
+            by, _, open_now = stats.snapshot() if stats else ({}, 0, 0)
+            for reason in WEB_REASONS:
+                refused.add_metric([listener, reason], float(by.get(reason, 0)))
+            conns.add_metric([listener], float(open_now))
+        yield refused
+        yield conns
 
     def _rpc_families(self) -> Iterator[Metric]:
         buckets, sums, codes = self.rpc.snapshot()

@@ -9,6 +9,9 @@ sample; `render()` writes the same bytes (a test holds it to generate_latest's o
 with one template per label-name tuple and each distinct label value escaped once.
 Measured by bench/collector_ingest.py at 1,000 agents: a whole scrape took 7.4 s of
 CPU with generate_latest and 4.7 s with render(), the rest being the families built.
+
+The server is fabricprobe.core.web's (no thread per connection, deadlines, connection
+caps per source), so one misbehaving client cannot starve Prometheus of its scrape.
 """
 
 from __future__ import annotations
@@ -20,13 +23,11 @@ import gzip
 import hashlib
 import os
 import re
-import socket
 import ssl
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -34,6 +35,18 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.utils import floatToGoString
 
 from fabricprobe.core.promproto import CONTENT_TYPE_PROTOBUF, encode, wants_protobuf
+from fabricprobe.core.web import (
+    OPEN,
+    Call,
+    Caller,
+    Guard,
+    Limits,
+    Refused,
+    Reply,
+    Route,
+    WebServer,
+    WebStats,
+)
 
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -366,87 +379,48 @@ class _Passwords:
         return True
 
 
-class _Handler(BaseHTTPRequestHandler):
-    cache: RenderCache
-    passwords: _Passwords | None
-    timeout = 10.0  # seconds a client may take to send its request (slow clients cut off)
+# web refusal reasons (fabricprobe.core.web) as the scrape counters have always named them
+_SCRAPE_REASONS = {
+    "busy": "busy",
+    "source": "busy",
+    "memory": "busy",
+    "unauthenticated": "unauthorized",
+    "permission": "unauthorized",
+    "not_found": "not_found",
+}
 
-    def setup(self) -> None:
-        super().setup()
-        if isinstance(self.connection, ssl.SSLSocket):
-            self.connection.do_handshake()  # here, on the handler's thread, with its timeout
 
-    def do_GET(self) -> None:
-        stats = self.cache.stats
-        if self.passwords is not None and not self.passwords.check(
-            self.headers.get("Authorization", "")
-        ):
-            stats.count("unauthorized")
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Basic realm="fabricprobe"')
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-            stats.count("not_found")
-            self.send_error(404, "only /metrics is served here")
-            return
-        want_gzip = "gzip" in self.headers.get("Accept-Encoding", "")
-        protobuf = wants_protobuf(self.headers.get("Accept", ""))
-        body = self.cache.get(want_gzip, protobuf)
-        self.send_response(200)
-        self.send_header(
-            "Content-Type", CONTENT_TYPE_PROTOBUF if protobuf else CONTENT_TYPE_PLAIN_0_0_4
-        )
-        self.send_header("Vary", "Accept, Accept-Encoding")  # the body depends on both
+def basic_auth_guard(passwords: _Passwords) -> Guard:
+    """The /metrics guard of a web config's basic_auth_users: 401 with a challenge."""
+
+    def guard(caller: Caller, role: str) -> str:
+        if not passwords.check(caller.authorization):
+            raise Refused(
+                401,
+                "unauthenticated",
+                "unauthorized",
+                {"WWW-Authenticate": 'Basic realm="fabricprobe"'},
+            )
+        return "basic"
+
+    return guard
+
+
+def metrics_route(cache: RenderCache, role: str = OPEN) -> Route:
+    """GET /metrics (and /) from CACHE, in text or protobuf, gzipped when asked."""
+
+    def handle(call: Call) -> Reply:
+        want_gzip = "gzip" in call.headers.get("Accept-Encoding", "")
+        protobuf = wants_protobuf(call.headers.get("Accept", ""))
+        body = cache.get(want_gzip, protobuf)
+        headers = {"Vary": "Accept, Accept-Encoding"}  # the body depends on both
         if want_gzip:
-            self.send_header("Content-Encoding", "gzip")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-        stats.count("served")
+            headers["Content-Encoding"] = "gzip"
+        cache.stats.count("served")
+        ctype = CONTENT_TYPE_PROTOBUF if protobuf else CONTENT_TYPE_PLAIN_0_0_4
+        return Reply(200, body, ctype, headers)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # scrapes are counted in the scrape-duration gauge, not logged
-
-
-class MetricsServer(ThreadingHTTPServer):
-    """A ThreadingHTTPServer that runs at most MAX_THREADS requests at once; a
-    connection beyond that is answered 503 at once and closed."""
-
-    daemon_threads = True
-    request_queue_size = 64  # the accept loop answers a busy server's extra connections fast
-    max_threads = 8
-    stats: ScrapeStats
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self._slots = threading.BoundedSemaphore(self.max_threads)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.stats.count("busy")
-            try:
-                if not isinstance(request, ssl.SSLSocket):  # no handshake on this thread
-                    request.settimeout(0.2)
-                    request.sendall(_BUSY)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that went away or failed its handshake: nothing to report
-
-
-_BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    return Route(("/metrics", "/"), ("GET",), role, handle)
 
 
 def serve_metrics(
@@ -456,32 +430,38 @@ def serve_metrics(
     *,
     web: WebConfig | None = None,
     stats: ScrapeStats | None = None,
-    max_threads: int = 8,
+    max_threads: int = 4,
     cache_s: float = 1.0,
-) -> MetricsServer:
-    """Serve REGISTRY on http(s)://HOST:PORT/metrics from a daemon thread; the caller
-    shuts it down (shutdown() and server_close())."""
+    limits: Limits | None = None,
+    web_stats: WebStats | None = None,
+) -> WebServer:
+    """Serve REGISTRY on http(s)://HOST:PORT/metrics (fabricprobe.core.web, with TLS and
+    basic auth as WEB asks); MAX_THREADS renders or password checks run at once. The
+    caller stops it (shutdown())."""
     web = web or WebConfig()
     stats = stats or ScrapeStats()
-    family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)[0][0]
-    server_class = type(
-        "BoundMetricsServer",
-        (MetricsServer,),
-        {"address_family": family, "max_threads": max_threads, "stats": stats},
+    lim = limits or Limits()
+    lim = replace(lim, workers=max(1, max_threads))
+    wstats = web_stats or WebStats()
+    prior = wstats.on_refused
+
+    def counted(reason: str) -> None:
+        if reason in _SCRAPE_REASONS:
+            stats.count(_SCRAPE_REASONS[reason])
+        if prior is not None:
+            prior(reason)
+
+    wstats.on_refused = counted
+    guard = basic_auth_guard(_Passwords(web.users)) if web.users else None
+    route = metrics_route(RenderCache(registry, cache_s, stats), "basic" if guard else OPEN)
+    server = WebServer(
+        host,
+        port,
+        [route],
+        guard=guard,
+        ssl_context=web.ssl_context(),
+        limits=lim,
+        stats=wstats,
+        name="metrics-http",
     )
-    handler = type(
-        "MetricsHandler",
-        (_Handler,),
-        {
-            "cache": RenderCache(registry, cache_s, stats),
-            "passwords": _Passwords(web.users) if web.users else None,
-        },
-    )
-    server = server_class((host, port), handler)
-    ctx = web.ssl_context()
-    if ctx is not None:
-        server.socket = ctx.wrap_socket(
-            server.socket, server_side=True, do_handshake_on_connect=False
-        )
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server
+    return server.start()

@@ -34,6 +34,7 @@ from fabricprobe.collector.auth import (
     GateConfig,
     Insecure,
     Policy,
+    http_guard,
     identity_of,
     peer_address,
 )
@@ -50,6 +51,7 @@ from fabricprobe.collector.store import HostState, ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 from fabricprobe.core.shards import Member
+from fabricprobe.core.web import Limits, WebStats
 
 log = logging.getLogger("fabricprobe.collector")
 
@@ -85,11 +87,15 @@ def check_addresses(
     owned: frozenset[str],
     source: str,
     networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...],
+    trust_local: bool = False,
 ) -> None:
     """Each address INFO registers must be the host's: the connection's SOURCE, an IP its
-    certificate names (OWNED), inside one of the fleet's NETWORKS, or, for a caller on
-    this machine (a loopback source), one of this machine's addresses. A name is taken
-    only when it is the host's own name. AddressRefused says which address failed."""
+    certificate names (OWNED), inside one of the fleet's NETWORKS, or, with TRUST_LOCAL
+    only, for a caller on this machine (a loopback source), one of this machine's
+    addresses. Off by default: any local process (a container sharing the host's
+    network, a compromised engine) could otherwise register this machine's addresses
+    for any host name its credential holds. A name is taken only when it is the host's
+    own name. AddressRefused says which address failed."""
     try:
         src = ipaddress.ip_address(source) if source else None
     except ValueError:
@@ -105,7 +111,8 @@ def check_addresses(
             ) from None
         if ip == src or str(ip) in owned or any(ip in n for n in networks):
             continue
-        if src is not None and src.is_loopback and (ip.is_loopback or _is_local(str(ip))):
+        local = src is not None and src.is_loopback
+        if trust_local and local and (ip.is_loopback or _is_local(str(ip))):
             continue
         raise AddressRefused(
             f"address {ip} is not this host's: not the connection's source ({source or '?'}),"
@@ -120,6 +127,9 @@ class ApiConfig:
     # networks every registered address may lie in, and the only ones probes are sent
     # to (empty: an address must be the caller's own, see check_addresses)
     fleet_networks: tuple[str, ...] = ()
+    # a caller on this machine (loopback source) may register this machine's addresses
+    # (loopback fleets in tests and labs); off: every address goes through the check
+    trust_local_registration: bool = False
 
 
 def host_spec(info: pb.HostInfo) -> HostSpec:
@@ -169,7 +179,7 @@ class AgentApi:
         always gives it) each address must be the host's (check_addresses)."""
         _check_host_info(info)
         if source is not None:
-            check_addresses(info, owned, source, self.networks)
+            check_addresses(info, owned, source, self.networks, self.cfg.trust_local_registration)
         self.store.register(info)
         self.planner.upsert(host_spec(info))
         if self.on_register is not None:
@@ -380,7 +390,8 @@ class ServerConfig:
     otlp_http_listen: str = ""  # OTLP over HTTP (POST /v1/traces); "" serves none
     match: MatchConfig = field(default_factory=MatchConfig)  # engine sides -> agent hosts
     web_config: str = ""  # TLS and basic auth for /metrics (collector/exposition.py)
-    metrics_threads: int = 8  # /metrics requests served at once
+    metrics_threads: int = 8  # /metrics renders (and password checks) run at once
+    http: Limits = field(default_factory=Limits)  # deadlines and caps of both HTTP servers
     metrics_cache_s: float = 1.0  # one render serves every GET within this
     workers: int = 64  # the gRPC worker pool; streams may hold at most half of it
     grace: float = 5.0
@@ -423,6 +434,7 @@ class CollectorServer:
         self.gate = Gate(self.auth, policy(gate_cfg), gate_cfg)
         self.registry = CollectorRegistry()
         self.scrapes = ScrapeStats()
+        self.http_stats = {"otlp": WebStats(), "metrics": WebStats()}  # by listener
         self.web = load_web_config(cfg.web_config) if cfg.web_config else WebConfig()
         self.detail = DetailSelector(cfg.detail)
         self.registry.register(
@@ -433,6 +445,7 @@ class CollectorServer:
                 self.scrapes,
                 detail=self.detail,
                 topology=self.planner.topology,  # peers this collector does not hold
+                http=self.http_stats,
             )
         )
         self.drift = DriftBook(
@@ -514,6 +527,8 @@ class CollectorServer:
                     stats=self.scrapes,
                     max_threads=self.cfg.metrics_threads,
                     cache_s=self.cfg.metrics_cache_s,
+                    limits=self.cfg.http,
+                    web_stats=self.http_stats["metrics"],
                 )
             except OSError as e:
                 server.stop(0)
@@ -525,7 +540,19 @@ class CollectorServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.cfg.otlp_http_listen:
             ohost, oport = split_hostport(self.cfg.otlp_http_listen)
-            self._otlp_http = serve_otlp_http(ohost, oport, self.attribution.ingest)
+            try:
+                self._otlp_http = serve_otlp_http(
+                    ohost,
+                    oport,
+                    self.attribution.ingest,
+                    guard=http_guard(self.auth),  # the gRPC port's tokens, roles, certificates
+                    ssl_context=self.auth.http_ssl(),
+                    limits=self.cfg.http,
+                    stats=self.http_stats["otlp"],
+                )
+            except OSError as e:
+                self.stop(0)
+                raise OSError(f"cannot serve OTLP/HTTP on {self.cfg.otlp_http_listen}: {e}") from e
             self.otlp_http_port = int(self._otlp_http.server_address[1])
         if self.shard is not None:
             self.attribution.ingest.router = self.shard.spans.route

@@ -266,6 +266,8 @@ def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
             "--metrics-listen",
             metrics,
             "--insecure",
+            # the demo's hosts share this machine and reach the collector on 127.0.0.1
+            "--trust-loopback",
             "--report-interval",
             "3",
             "--probe-interval",

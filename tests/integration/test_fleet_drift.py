@@ -49,6 +49,7 @@ def newer_firmware(root: Path) -> None:
 def test_the_one_host_unlike_its_tor_is_flagged(tmp_path: Path) -> None:
     cfg = fast_server_config(
         api=ApiConfig(
+            trust_local_registration=True,
             report_interval_ms=1000,
             plan=PlanConfig(interval_ms=1000, count=3, kinds=("tcp_lat",)),
             fleet_networks=("127.0.0.0/8",),

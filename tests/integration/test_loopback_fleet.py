@@ -204,6 +204,7 @@ def test_real_processes_and_sigterm(tmp_path: Path) -> None:
             "--metrics-listen",
             f"127.0.0.1:{metrics}",
             "--insecure",
+            "--trust-loopback",  # the agents on 127.0.0.N call from 127.0.0.1
             "--report-interval",
             "1",
             "--probe-interval",

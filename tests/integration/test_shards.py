@@ -66,6 +66,7 @@ def shard_server(name: str, etcd_port: int) -> CollectorServer:
     return CollectorServer(
         fast_server_config(
             api=ApiConfig(
+                trust_local_registration=True,
                 report_interval_ms=int(WINDOW_S * 1000),
                 plan=PlanConfig(interval_ms=300, count=5, budget=8),
             ),
@@ -115,6 +116,7 @@ def shard_process(name: str, etcd_port: int, log: Path) -> Iterator[subprocess.P
         "fabricprobe",
         "collector",
         "--insecure",
+        "--trust-loopback",  # the agents on 127.0.0.N call from 127.0.0.1
         "--listen=127.0.0.1:0",
         "--metrics-listen=127.0.0.1:0",
         f"--etcd=127.0.0.1:{etcd_port}",

@@ -231,7 +231,7 @@ def collector() -> Iterator[CollectorServer]:
             metrics_listen="127.0.0.1:0",
             otlp_http_listen="127.0.0.1:0",
             grace=0.5,
-            api=ApiConfig(report_interval_ms=1000, plan=plan),
+            api=ApiConfig(report_interval_ms=1000, plan=plan, trust_local_registration=True),
         )
     )
     server.start()

@@ -21,6 +21,7 @@ def test_lane_hosts_rdma_and_tcp_into_metrics(lane_hosts, tmp_path: Path) -> Non
             metrics_listen="127.0.0.1:0",
             grace=0.5,
             api=ApiConfig(
+                trust_local_registration=True,  # the lane's hosts call from 127.0.0.1
                 report_interval_ms=2000,
                 plan=PlanConfig(interval_ms=1000, count=20, budget=8),
             ),

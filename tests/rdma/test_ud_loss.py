@@ -144,6 +144,7 @@ def test_ud_loss_reads_the_injected_loss(lane_hosts: list[LaneHost], tmp_path: P
             metrics_listen="",
             grace=0.5,
             api=ApiConfig(
+                trust_local_registration=True,  # the lane's hosts call from 127.0.0.1
                 report_interval_ms=int(WINDOW_S * 1000),
                 plan=PlanConfig(
                     interval_ms=500, count=200, budget=1, kinds=("rdma_ud",), bursts_per_second=10

@@ -72,10 +72,15 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condit
 
 
 def fast_server_config(port: int = 0, **kw: Any) -> ServerConfig:
-    """A collector on 127.0.0.1 with 1 s windows and quick probe bursts."""
+    """A collector on 127.0.0.1 with 1 s windows and quick probe bursts, trusting
+    registrations from this machine (the loopback fleet's agents register 127.0.0.N)."""
     kw.setdefault(
         "api",
-        ApiConfig(report_interval_ms=1000, plan=PlanConfig(interval_ms=300, count=5, budget=8)),
+        ApiConfig(
+            report_interval_ms=1000,
+            plan=PlanConfig(interval_ms=300, count=5, budget=8),
+            trust_local_registration=True,  # agents on 127.0.0.N call from 127.0.0.1
+        ),
     )
     return ServerConfig(listen=f"127.0.0.1:{port}", metrics_listen="127.0.0.1:0", grace=0.5, **kw)
 

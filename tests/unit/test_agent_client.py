@@ -12,14 +12,18 @@ import pytest
 
 from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.client import CollectorClient
-from fabricprobe.collector.service import CollectorServer, ServerConfig
+from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from tests.support.fleet import loopback_agent_config
 
 
 @pytest.fixture
 def server() -> Iterator[CollectorServer]:
-    s = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""))
+    s = CollectorServer(
+        ServerConfig(
+            listen="127.0.0.1:0", metrics_listen="", api=ApiConfig(trust_local_registration=True)
+        )
+    )
     s.start()
     yield s
     s.stop(0)

@@ -12,7 +12,6 @@ import tomllib
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -20,13 +19,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import CounterSampler, netdevs_of
-from fabricprobe.agent.exporter import AgentCollector, negotiating_app
+from fabricprobe.agent.exporter import AgentCollector, metrics_route
 from fabricprobe.agent.identity import discover_devices
-from fabricprobe.collector.service import CollectorServer, ServerConfig
+from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.promproto import CONTENT_TYPE_PROTOBUF, decode
 from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.core.stats import LatencySketch
+from fabricprobe.core.web import Call
 from fabricprobe.probes.ethtool import CommandResult
 from tests.support.agentview import agent_view
 
@@ -45,7 +45,11 @@ def get(port: int) -> str:
 
 
 def test_a_running_agent_serves_its_host_figures(tmp_path: Path) -> None:
-    collector = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""))
+    collector = CollectorServer(
+        ServerConfig(
+            listen="127.0.0.1:0", metrics_listen="", api=ApiConfig(trust_local_registration=True)
+        )
+    )
     collector.start()
     cfg = AgentConfig(
         host="gpu-1",
@@ -71,6 +75,7 @@ def test_a_running_agent_serves_its_host_figures(tmp_path: Path) -> None:
     assert 'fabricprobe_rdma_port_xmit_data_total{device="mlx5_0",port="1"}' in text
     assert 'fabricprobe_pfc_rx_pause_frames_total{netdev="' in text
     assert "fabricprobe_agent_registered 1.0" in text
+    assert 'fabricprobe_agent_http_refused_total{reason="header_timeout"} 0.0' in text
     assert "fabricprobe_agent_resident_memory_bytes" in text
     for part in AgentCollector.PARTS:
         assert f'fabricprobe_agent_scrape_part_success{{part="{part}"}} 1.0' in text
@@ -113,14 +118,11 @@ def test_series_stay_within_the_per_host_budget() -> None:
     assert len(series) <= BUDGET, len(series)
     assert sum("agent_path_rtt_seconds{" in s for s in series) == 16 * 3 * 2
     # a protobuf scrape: one native histogram series per path in place of the gauges
-    got: list[Any] = []
-    body = b"".join(
-        negotiating_app(reg)(
-            {"HTTP_ACCEPT": CONTENT_TYPE_PROTOBUF, "PATH_INFO": "/metrics"},
-            lambda status, headers: got.append(status),
-        )
+    reply = metrics_route(reg).handler(
+        Call("GET", "/metrics", {}, {"Accept": CONTENT_TYPE_PROTOBUF}, b"", None)
     )
-    assert got == ["200 OK"]
+    assert reply.status == 200 and reply.content_type == CONTENT_TYPE_PROTOBUF
+    body = reply.body
     fams = {f.name: len(f.metric) for f in decode(body)}
     print(f"the same in protobuf: {sum(fams.values())} series")
     assert sum(fams.values()) <= BUDGET, sum(fams.values())

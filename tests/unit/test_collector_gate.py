@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_
 
 from fabricprobe.agent.client import CollectorClient
 from fabricprobe.collector.auth import GateConfig, Limits, TokenAuth, read_token_file
-from fabricprobe.collector.service import CollectorServer, ServerConfig
+from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
@@ -36,7 +36,12 @@ def start(tmp_path: Path, **gate: Any) -> CollectorServer:
     f = tmp_path / "tokens"
     f.write_text("".join(f"{n} {t} {r}\n" for n, (t, r) in TOKENS.items()))
     s = CollectorServer(
-        ServerConfig(listen="127.0.0.1:0", metrics_listen="", gate=GateConfig(**gate)),
+        ServerConfig(
+            listen="127.0.0.1:0",
+            metrics_listen="",
+            gate=GateConfig(**gate),
+            api=ApiConfig(trust_local_registration=True),
+        ),
         TokenAuth(read_token_file(f)),
     )
     s.start()

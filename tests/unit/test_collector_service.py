@@ -26,7 +26,12 @@ def server(tmp_path: Path) -> Iterator[CollectorServer]:
     f = tmp_path / "tokens"
     f.write_text("".join(f"{h} {t}\n" for h, t in TOKENS.items()) + "# comment\n")
     s = CollectorServer(
-        ServerConfig(listen="127.0.0.1:0", metrics_listen="", gate=GateConfig(burst=8)),
+        ServerConfig(
+            listen="127.0.0.1:0",
+            metrics_listen="",
+            gate=GateConfig(burst=8),
+            api=ApiConfig(trust_local_registration=True),
+        ),
         TokenAuth(read_token_file(f)),
     )
     s.start()

@@ -12,7 +12,7 @@ from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.client import CollectorClient, channel_credentials
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.collector.auth import MutualTls
-from fabricprobe.collector.service import CollectorServer, ServerConfig
+from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from tests.support.pki import issue, make_ca
 
@@ -36,7 +36,12 @@ def server(pki: Path) -> Iterator[CollectorServer]:
         str(pki / "ca.pem"),
         readers=frozenset({"reader"}),
     )
-    s = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""), auth)
+    s = CollectorServer(
+        ServerConfig(
+            listen="127.0.0.1:0", metrics_listen="", api=ApiConfig(trust_local_registration=True)
+        ),
+        auth,
+    )
     s.start()
     yield s
     s.stop(0)

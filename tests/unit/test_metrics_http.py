@@ -1,4 +1,4 @@
-"""/metrics served safely: one render for concurrent GETs, bounded handler threads, TLS
+"""/metrics served safely: one render for concurrent GETs, no thread per connection, TLS
 and basic auth from a web-config file. Real HTTP on 127.0.0.1."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from fabricprobe.collector.exposition import ScrapeStats, load_web_config, serve_metrics
+from fabricprobe.core.web import Limits
 from tests.support.pki import issue, make_ca
 
 
@@ -72,28 +73,42 @@ def test_concurrent_gets_share_one_render() -> None:
         server.server_close()
 
 
-def test_handler_threads_are_bounded() -> None:
+def test_silent_sockets_take_no_thread_and_one_source_is_capped() -> None:
+    """20 silent sockets from 127.0.0.2 against a cap of 8 per source: 12 are turned away
+    as busy, no thread is started for any, and a scrape from 127.0.0.1 is answered."""
     reg, _ = registry()
     stats = ScrapeStats()
-    server = serve_metrics("127.0.0.1", 0, reg, stats=stats, max_threads=4, cache_s=0.0)
+    before = threading.active_count()
+    server = serve_metrics(
+        "127.0.0.1",
+        0,
+        reg,
+        stats=stats,
+        max_threads=4,
+        cache_s=0.0,
+        limits=Limits(per_source=8, idle_s=5.0),
+    )
     port = server.server_address[1]
-    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    silent = [
+        socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0))
+        for _ in range(20)
+    ]
     try:
-        time.sleep(0.5)
-        busy = [  # the HTTP handler's own threads (other tests may leave sessions running)
-            t for t in threading.enumerate() if "process_request" in t.name and t.is_alive()
-        ]
-        assert stats.refused["busy"] >= 16
-        assert len(busy) <= 4 + 1
+        wait_until(lambda: stats.refused["busy"] >= 12)
+        assert stats.refused["busy"] == 12
+        assert threading.active_count() <= before + 1  # the server's own loop thread
+        assert get(f"http://127.0.0.1:{port}/metrics")[0] == 200
     finally:
         for s in silent:
             s.close()
-    time.sleep(0.3)
-    try:
-        assert get(f"http://127.0.0.1:{port}/metrics")[0] == 200
-    finally:
         server.shutdown()
-        server.server_close()
+
+
+def wait_until(cond: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")

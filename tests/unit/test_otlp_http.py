@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import urllib.error
@@ -10,10 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 from google.protobuf import json_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 
 from fabricprobe.collector.otlp import TraceIngest
-from fabricprobe.collector.otlp_http import serve_otlp_http
+from fabricprobe.collector.otlp_http import BadRequest, decode, serve_otlp_http
 from tests.unit.spanmaker import S, batch, kv_span, span
 
 Taken = list[tuple[list, list, list]]
@@ -75,3 +78,45 @@ def test_refusals(served: tuple[str, Taken]) -> None:
     assert post(url.replace("/v1/traces", "/v1/logs"), b"", "application/x-protobuf")[0] == 404
     empty = ts_pb.ExportTraceServiceRequest().SerializeToString()
     assert post(url, empty, "application/x-protobuf")[0] == 200
+
+
+def test_a_nesting_bomb_and_deep_messages_are_400_with_the_reason(
+    served: tuple[str, Taken],
+) -> None:
+    url, _ = served
+    code, out = post(url, b"[" * 100_000, "application/json")
+    assert code == 400 and b"nested too deeply" in out
+    deep = b'{"resourceSpans": [{"resource": {"attributes": [{"key": "k", "value": '
+    deep += b'{"kvlistValue": {"values": [{"key": "k", "value": ' * 300 + b"{}" + b"}]}}" * 300
+    deep += b"}]}}]}"
+    assert post(url, deep, "application/json")[0] == 400
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    doc=st.one_of(
+        json_values,
+        st.builds(lambda v: {"resourceSpans": v}, json_values),
+        st.builds(lambda v: {"resourceSpans": [{"scopeSpans": [{"spans": v}]}]}, json_values),
+    )
+)
+def test_any_json_is_a_request_or_a_bad_request(doc: object) -> None:
+    """decode() takes any JSON document or says why not (BadRequest, a 400): never
+    another exception, which would drop the connection without a reply."""
+    with contextlib.suppress(BadRequest):
+        decode(json.dumps(doc).encode(), "application/json")
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.binary(max_size=300))
+def test_any_bytes_are_a_request_or_a_bad_request(body: bytes) -> None:
+    for ctype in ("application/json", "application/x-protobuf"):
+        with contextlib.suppress(BadRequest):
+            decode(body, ctype)
