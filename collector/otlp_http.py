@@ -65,12 +65,16 @@ def decode(body: bytes, content_type: str) -> ts_pb.ExportTraceServiceRequest:
             data = json.loads(body or b"{}")
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRequest(f"not JSON: {e}") from None
+        except RecursionError:  # a body of brackets nests past the decoder's stack
+            raise BadRequest("not JSON: nested too deep") from None
         if not isinstance(data, dict):
             raise BadRequest("JSON body is not an object")
         try:
             json_format.ParseDict(_hex_ids(data), req, ignore_unknown_fields=True)
         except json_format.ParseError as e:
             raise BadRequest(f"not an ExportTraceServiceRequest: {str(e)[:200]}") from None
+        except RecursionError:  # nested within the decoder's stack but past _hex_ids'
+            raise BadRequest("not an ExportTraceServiceRequest: nested too deep") from None
         return req
     try:
         req.ParseFromString(body)

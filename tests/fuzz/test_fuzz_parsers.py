@@ -34,6 +34,8 @@ from fabricprobe.agent.spool import (
     decode_window,
     encode_record,
 )
+from fabricprobe.collector import otlp_http
+from fabricprobe.core.shards import parse_member
 from fabricprobe.probes import ethtool
 from fabricprobe.probes.control import ProtocolError, decode_payload, parse_hostport
 from fabricprobe.probes.counters import parse_counter
@@ -426,7 +428,7 @@ def _swap_hex(text: str, k: int, bad: str) -> str:
 # One operation per byte pair: (op, argument). Each is a class the attacker's fuzz found.
 def _mutate(text: str, data: bytes) -> str:
     for i in range(0, len(data) - 1, 2):
-        op, k = data[i] % 11, data[i + 1]
+        op, k = data[i] % 12, data[i + 1]
         if op == 0:
             text = _swap_number(text, k, "9" * (4301 + 7 * k))  # past int()'s limit
         elif op == 1:
@@ -449,6 +451,9 @@ def _mutate(text: str, data: bytes) -> str:
         elif op == 9:
             lines = text.splitlines(keepends=True)
             text = "".join(lines[: k % (len(lines) + 1)] + lines[k % (len(lines) + 1) + 1 :])
+        elif op == 10:
+            at = text.find("[", k * len(text) // 256)  # nest past Python's stack
+            text = text + "[" * 2000 if at < 0 else text[:at] + "[" * (1000 + 8 * k) + text[at:]
         else:
             at = k * len(text) // 256
             text = text[:at] + VOCAB[k % len(VOCAB)] + text[at:]
@@ -491,17 +496,39 @@ HOSTILE_TARGETS: list[tuple[str, Callable[[str], object], str]] = [
     ("sysfs.Gid.ipv4", lambda s: Gid(0, s.split("\n")[0], "RoCE v2", None).ipv4, ""),
     ("agent.nixl.parse_totals", parse_totals, "nixl/nixl_exporter_metrics.txt"),
     ("agent.nixl.parse_totals (vLLM)", parse_totals, "nixl/vllm_decode_metrics.txt"),
+    ("roce.policy.parse_policy", roce_policy.parse_policy, ""),
+    (
+        "collector.otlp_http.decode (JSON)",
+        lambda s: otlp_http.decode(s.encode(), otlp_http.JSON),
+        "",
+    ),
+    ("core.shards.parse_member", lambda s: parse_member(s.encode()), ""),
 ]
 _INLINE = {
     "hostload.parse_pressure": "some avg10=0.00 avg60=0.00 avg300=0.00 total=123456\n"
     "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
     "sysfs.parse_gid": _GID,
     "sysfs.Gid.ipv4": _GID[40:] + _GID[:40],
+    "roce.policy.parse_policy": "[roce]\npriority = 3\ndscp = 26\ncnp_priority = 6\n"
+    "cnp_dscp = 48\nmtu = 4096\n[thresholds]\npause_duration_warn_pct = 1.0\n"
+    "pause_frames_warn_per_s = [[[1000.0]]]\n",
+    "collector.otlp_http.decode (JSON)": '{"resourceSpans": [{"resource": {"attributes": '
+    '[{"key": "host.name", "value": {"stringValue": "h1"}}]}, "scopeSpans": [{"spans": '
+    '[{"traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174", '
+    '"name": "llm_request", "startTimeUnixNano": "1700000000000000000", '
+    '"endTimeUnixNano": 1700000000500000000, "attributes": [{"key": '
+    '"gen_ai.latency.e2e", "value": {"doubleValue": 0.5}}, {"key": "n", "value": '
+    '{"intValue": "12"}}, {"key": "l", "value": {"arrayValue": {"values": [[[1]]]}}}]}]}]}]}',
+    "core.shards.parse_member": '{"name": "s1", "api": "10.0.0.1:7070", "otlp": '
+    '"10.0.0.1:4317", "metrics": "10.0.0.1:9464", "x": [[[[1]]]]}',
 }
 _ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "sysfs.Gid.ipv4": (),
     "agent.nixl.parse_totals": (),
     "agent.nixl.parse_totals (vLLM)": (),
+    "roce.policy.parse_policy": (roce_policy.PolicyError,),
+    "collector.otlp_http.decode (JSON)": (otlp_http.BadRequest,),
+    "core.shards.parse_member": (ValueError,),
 }
 
 

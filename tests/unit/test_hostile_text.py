@@ -11,13 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.nixl import NixlReader, parse_totals
+from fabricprobe.collector import otlp_http
+from fabricprobe.core import settings
+from fabricprobe.core.errors import ConfigError
+from fabricprobe.core.settings import parse_toml
+from fabricprobe.core.shards import parse_member
 from fabricprobe.probes import ethtool
 from fabricprobe.probes.counters import parse_counter, read_port_counters
 from fabricprobe.probes.errors import ParseError
 from fabricprobe.probes.hostload import parse_pressure
 from fabricprobe.probes.numbers import U64_MAX, parse_uint, uint_or_none
 from fabricprobe.probes.roce import hwtools, tools
+from fabricprobe.probes.roce.policy import PolicyError, parse_policy
 from fabricprobe.probes.sysfs import Gid, parse_gid, read_device
 
 GIANT = "9" * 5000  # past int()'s 4,300-digit limit
@@ -282,3 +289,57 @@ def test_tool_output_that_is_not_utf8_is_read(tmp_path: Path) -> None:
     res = ethtool.run_command([str(script)], 5.0)
     stats = ethtool.parse_ethtool_stats(res.stdout)
     assert stats.get("tx") == 2 and stats.get("rx_\ufffd") == 1
+
+
+def _settings_file(text: str) -> object:
+    return parse_toml(text, "agent.toml")
+
+
+def _otlp_json(text: str) -> object:
+    return otlp_http.decode(text.encode(), otlp_http.JSON)
+
+
+def _member(text: str) -> object:
+    return parse_member(text.encode())
+
+
+ERRORS: dict[str, type[Exception]] = {
+    "policy": PolicyError,
+    "settings": ConfigError,
+    "otlp": otlp_http.BadRequest,
+    "member": ValueError,
+}
+
+
+# TOML and JSON readers: an integer of more than 4,300 digits, or nesting past Python's
+# stack, is the reader's own error (the decoders raise ValueError / RecursionError)
+NESTED: list[tuple[str, Callable[[str], object], str]] = [
+    ("policy", parse_policy, f"[roce]\npriority = {GIANT}\n"),
+    ("policy", parse_policy, "[roce]\npriority = " + "[" * 5000 + "\n"),
+    ("policy", parse_policy, "[roce]\npriority = " + "{a = " * 5000 + "\n"),
+    ("settings", _settings_file, f"[agent]\nwindow_s = {GIANT}\n"),
+    ("settings", _settings_file, "[agent]\nwindow_s = " + "[" * 5000 + "\n"),
+    ("otlp", _otlp_json, "[" * 50_000),
+    ("otlp", _otlp_json, '{"a": ' * 50_000),
+    ("otlp", _otlp_json, '{"resourceSpans": ' + "[" * 900 + "]" * 900 + "}"),
+    ("otlp", _otlp_json, f'{{"resourceSpans": [{{"x": {GIANT}}}]}}'),
+    ("member", _member, "[" * 1000),
+    ("member", _member, '{"name": ' + "[" * 1000),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "fn", "text"), NESTED, ids=[f"{r[0]}-{i}" for i, r in enumerate(NESTED)]
+)
+def test_toml_and_json_readers_refuse_deep_and_long_input(
+    kind: str, fn: Callable[[str], object], text: str
+) -> None:
+    with pytest.raises(ERRORS[kind]):
+        fn(text)
+
+
+def test_settings_value_of_deep_toml_is_a_value_error() -> None:
+    spec = next(s for s in settings.specs(AgentConfig) if s.is_many)
+    for text in ("[" * 5000, f"[{GIANT}]"):
+        with pytest.raises(ValueError, match="not a TOML array"):
+            settings.parse_text(spec, text)
