@@ -26,6 +26,7 @@ from fabricprobe.probes.numbers import U64_MAX, parse_uint, uint_or_none
 from fabricprobe.probes.roce import hwtools, tools
 from fabricprobe.probes.roce.policy import PolicyError, parse_policy
 from fabricprobe.probes.sysfs import Gid, parse_gid, read_device
+from fabricprobe.report import frames, sources
 
 GIANT = "9" * 5000  # past int()'s 4,300-digit limit
 OVER = str(2**64)  # one past the widest counter
@@ -343,3 +344,29 @@ def test_settings_value_of_deep_toml_is_a_value_error() -> None:
     for text in ("[" * 5000, f"[{GIANT}]"):
         with pytest.raises(ValueError, match="not a TOML array"):
             settings.parse_text(spec, text)
+
+
+@pytest.mark.parametrize(
+    "point", [{}, {"0": 1}, "ab", None, 5, [10**400, "1"], [1.0, 10**400], [1.0], []]
+)
+def test_prometheus_matrix_point_of_wrong_shape_is_skipped(point: object) -> None:
+    series = {"metric": {"src": "a"}, "values": [point, [2.0, "3"]]}
+    df = frames.range_frame([series])
+    assert list(df["t"]) == [2.0] and list(df["value"]) == [3.0]
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"a": ' * 100_000, b"9" * 5000])
+def test_prometheus_answer_nested_too_deep_is_a_source_error(
+    body: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sources, "http_get", lambda *a, **k: body)
+    with pytest.raises(sources.SourceError, match="not JSON"):
+        sources.prometheus_range(
+            "http://127.0.0.1:9",
+            "up",
+            start=0,
+            end=1,
+            step=1,
+            auth=sources.HttpAuth(),
+            timeout=1.0,
+        )
