@@ -17,6 +17,7 @@ def agent_view(**fields: Any) -> SimpleNamespace:
         last_ack_unix_s=0.0,
         registered=True,
         tools_missing=set(),
+        inputs_skipped={},
     )
     for name, value in fields.items():
         if not hasattr(view, name):

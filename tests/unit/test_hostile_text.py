@@ -6,12 +6,17 @@ and keep the rest."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from fabricprobe.agent.config import AgentConfig
+from fabricprobe.agent.counters import CounterSampler, netdevs_of
+from fabricprobe.agent.exporter import AgentCollector
+from fabricprobe.agent.identity import discover_devices
 from fabricprobe.agent.nixl import NixlReader, parse_totals
 from fabricprobe.collector import otlp_http
 from fabricprobe.core import settings
@@ -27,6 +32,7 @@ from fabricprobe.probes.roce import hwtools, tools
 from fabricprobe.probes.roce.policy import PolicyError, parse_policy
 from fabricprobe.probes.sysfs import Gid, parse_gid, read_device
 from fabricprobe.report import frames, sources
+from tests.support.agentview import agent_view
 
 GIANT = "9" * 5000  # past int()'s 4,300-digit limit
 OVER = str(2**64)  # one past the widest counter
@@ -370,3 +376,31 @@ def test_prometheus_answer_nested_too_deep_is_a_source_error(
             auth=sources.HttpAuth(),
             timeout=1.0,
         )
+
+
+def test_agent_counts_what_its_readers_skipped(tmp_path: Path) -> None:
+    """A bad counter file and bad ethtool lines cost only themselves, and show on the
+    agent's /metrics as fabricprobe_agent_inputs_skipped_total{source}."""
+    root = tmp_path / "sys"
+    shutil.copytree(FIX / "sys" / "mlx5", root, symlinks=True)
+    hw = root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "hw_counters"
+    (hw / "out_of_buffer").write_text(OVER + "\n")
+    text = (FIX / "ethtool" / "mlx5_core.txt").read_text()
+    text += f"     rx_giant: {GIANT}\n     tx_over: {OVER}\r\n"
+
+    def runner(argv: Sequence[str], timeout: float) -> ethtool.CommandResult:
+        return ethtool.CommandResult(0, text)
+
+    devices = discover_devices(str(root))
+    sampler = CounterSampler(str(root), devices, netdevs_of(devices), runner)
+    readings = sampler.sample()
+    assert not [r for r in readings if r.name == "out_of_buffer"]
+    assert [r for r in readings if r.name == "local_ack_timeout_err"]
+    assert [r for r in readings if r.kind == "pfc"]
+    assert (sampler.skipped_counters, sampler.skipped_lines) == (1, 2)
+    view = agent_view(inputs_skipped={"sysfs": 1, "ethtool": 2}, registered=False)
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(view))  # type: ignore[arg-type]
+    got = generate_latest(reg).decode()
+    assert 'fabricprobe_agent_inputs_skipped_total{source="ethtool"} 2.0' in got
+    assert 'fabricprobe_agent_inputs_skipped_total{source="nixl"} 0.0' in got
