@@ -19,6 +19,7 @@ from fabricprobe.agent.exporter import AgentCollector
 from fabricprobe.agent.identity import discover_devices
 from fabricprobe.agent.nixl import NixlReader, parse_totals
 from fabricprobe.collector import otlp_http
+from fabricprobe.collector.exposition import load_web_config
 from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.settings import parse_toml
@@ -29,6 +30,7 @@ from fabricprobe.probes.errors import ParseError
 from fabricprobe.probes.hostload import parse_pressure
 from fabricprobe.probes.numbers import U64_MAX, parse_uint, uint_or_none
 from fabricprobe.probes.roce import hwtools, tools
+from fabricprobe.probes.roce.host import HostView
 from fabricprobe.probes.roce.policy import PolicyError, parse_policy
 from fabricprobe.probes.sysfs import Gid, parse_gid, read_device
 from fabricprobe.report import frames, sources
@@ -404,3 +406,32 @@ def test_agent_counts_what_its_readers_skipped(tmp_path: Path) -> None:
     got = generate_latest(reg).decode()
     assert 'fabricprobe_agent_inputs_skipped_total{source="ethtool"} 2.0' in got
     assert 'fabricprobe_agent_inputs_skipped_total{source="nixl"} 0.0' in got
+
+
+@pytest.mark.parametrize("body", ["a: " + "[" * 5000, "a: " + "{b: " * 5000])
+def test_web_config_nested_too_deep_is_a_value_error(tmp_path: Path, body: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(body)
+    with pytest.raises(ValueError, match="nested too deep"):
+        load_web_config(str(path))
+
+
+@pytest.mark.parametrize(
+    ("mtu", "tos", "want"),
+    [
+        ("9000\n", "106\n", (9000, 106)),
+        (GIANT, GIANT, (None, None)),
+        ("\u0663", "256", (None, None)),
+    ],
+)
+def test_host_view_netdev_mtu_and_tos_bounded(
+    tmp_path: Path, mtu: str, tos: str, want: tuple[int | None, int | None]
+) -> None:
+    (tmp_path / "sys" / "class" / "net" / "eth0").mkdir(parents=True)
+    (tmp_path / "sys" / "class" / "net" / "eth0" / "mtu").write_text(mtu)
+    port = tmp_path / "cfg" / "rdma_cm" / "d0" / "ports" / "1"
+    port.mkdir(parents=True)
+    (port / "default_roce_tos").write_text(tos)
+    (port / "default_roce_mode").write_text("RoCE v2\n")
+    view = HostView(sysfs_root=tmp_path / "sys", configfs_root=tmp_path / "cfg")
+    assert (view.netdev_mtu("eth0"), view.rdma_cm("d0", 1).tos) == want
