@@ -592,3 +592,25 @@ def test_ip_addr_on_json_of_wrong_shapes(fuzz_inputs: FuzzCounter) -> None:
         )
 
     run()
+
+
+MIN_INPUTS = 100_000  # what a CI run of this module must try, over all its targets
+
+
+def test_the_run_tried_at_least_min_inputs(fuzz_inputs: FuzzCounter) -> None:
+    """Last in the module: a whole run of it tried MIN_INPUTS or more (hypothesis may stop
+    a target early; lowering N or BATCH too far fails here). Skipped when only some of
+    the module's targets ran (pytest -k)."""
+    targets = {t[0] for t in TEXT_PARSERS} | {f"{t[0]} [hostile]" for t in HOSTILE_TARGETS}
+    targets |= {
+        "roce.policy.parse_policy (typed tables)",
+        "control.decode_payload",
+        "agent.spool decode_record+decode_window",
+        "collector.drift DriftBook.take",
+        "roce.tools.parse_ip_addr [json shapes]",
+    }
+    counts = fuzz_inputs.counts()
+    if not targets <= counts.keys():
+        pytest.skip(f"{len(targets - counts.keys())} of the module's targets did not run")
+    tried = sum(counts[t] for t in targets)
+    assert tried >= MIN_INPUTS, f"{tried} inputs over {len(targets)} targets"
