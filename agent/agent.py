@@ -302,6 +302,15 @@ class Agent:
         """Counter tools found missing on the newest sample (their counters are absent)."""
         return set(self.sampler.tools_missing)
 
+    @property
+    def inputs_skipped(self) -> dict[str, int]:
+        """Outside input left out since start, by source (see exporter.SKIP_SOURCES)."""
+        return {
+            "sysfs": self.sampler.skipped_counters,
+            "ethtool": self.sampler.skipped_lines,
+            "nixl": self.nixl.skipped_lines,
+        }
+
     def host_info(self) -> pb.HostInfo:
         return host_info(
             self.cfg.host,

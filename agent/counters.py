@@ -95,6 +95,8 @@ class CounterSampler:
     runner: Runner = run_command
     ethtool: bool = True
     errors: int = 0
+    skipped_counters: int = 0  # counter files read but not counters (PortCounters.skipped)
+    skipped_lines: int = 0  # `ethtool -S` lines that were not `name: value` (EthtoolStats)
     # tools found missing on the newest sample (ethtool): retried every window, so
     # installing the tool heals it without a restart
     tools_missing: set[str] = field(default_factory=set)
@@ -110,6 +112,7 @@ class CounterSampler:
                 except (ProbeError, OSError) as e:
                     self._warn(f"{dev.name}/{port.number}", e)
                     continue
+                self.skipped_counters += len(pc.skipped)
                 out.extend(port_readings(pc, dev.driver))
         if self.ethtool:
             missing: set[str] = set()
@@ -134,6 +137,7 @@ class CounterSampler:
                 except (ProbeError, ParseError, OSError) as e:
                     self._warn(netdev, e)
                     continue
+                self.skipped_lines += len(stats.skipped)
                 out.extend(pfc_readings(netdev, parse_pfc_stats(stats)))
             if self.tools_missing - missing:
                 log.info("%s found again", ", ".join(sorted(self.tools_missing - missing)))

@@ -32,7 +32,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -85,6 +85,7 @@ PFC_FAMILIES = {  # reading name -> (family, help, scale)
     "rx_discards": ("pfc_rx_discards", "Packets dropped for lack of buffer per priority.", 1.0),
 }
 TOOLS = ("ethtool",)  # tools the agent runs to read counters
+SKIP_SOURCES = ("sysfs", "ethtool", "nixl")  # readers that skip and count a bad input
 # hw_counters entries that are settings, not counts
 NOT_COUNTERS = {"lifespan"}
 
@@ -122,6 +123,9 @@ class AgentView(Protocol):
 
     @property
     def tools_missing(self) -> set[str]: ...
+
+    @property
+    def inputs_skipped(self) -> Mapping[str, int]: ...
 
 
 @dataclass
@@ -224,6 +228,15 @@ def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Famili
     missing = agent.tools_missing
     for tool in TOOLS:
         tools.add_metric([tool], 1.0 if tool in missing else 0.0)
+    skipped = f.counter(
+        "agent_inputs_skipped",
+        "Outside input left out, the rest of its reading kept: sysfs counter files that held "
+        "no counter, ethtool -S lines, NIXL /metrics lines.",
+        ["source"],
+    )
+    counts = agent.inputs_skipped
+    for source in SKIP_SOURCES:  # a fixed set: no label value comes from outside
+        skipped.add_metric([source], float(counts.get(source, 0)))
     if report is None or not report.HasField("agent"):
         return
     a = report.agent

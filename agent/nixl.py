@@ -12,12 +12,16 @@ Both become the same five raw totals per source (`transfers`, `bytes`,
 `xfer_time_us`, `post_time_us`, `errors`; the reading's `device` names the source); the
 collector turns them into rates and joins them with the KV transfers of that host.
 A source that does not answer, or answers garbage, costs only its own readings this
-window (counted in `errors`, logged once).
+window (counted in `errors`, logged once). Within a page, each of these series' lines is
+parsed on its own, so a bad line costs only itself (counted in `skipped_lines`), as a
+Prometheus scrape of it would; a total past 2**64 - 1, the readings' width, is left out.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import re
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from urllib.parse import urlsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.probes.numbers import U64_MAX
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -68,20 +73,61 @@ def check_url(url: str) -> None:
         raise ValueError(f"{url!r}: expected http://HOST:PORT/metrics")
 
 
-def parse_totals(text: str) -> dict[str, float]:
+_SAMPLE_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+@dataclass(frozen=True)
+class NixlTotals:
+    """What one /metrics page said: the totals, and how many of its lines were unusable."""
+
+    values: dict[str, float]  # reading name -> total; absent when the page has no series
+    skipped: int = 0  # lines of these series that did not parse, or had no usable value
+
+
+def _sample(line: str) -> float | None:
+    """The value of one sample line, parsed alone; None when it is not a sample, or its
+    value is negative, NaN or infinite."""
+    try:
+        families = list(text_string_to_metric_families(line + "\n"))
+    except ValueError:  # the text format parser's error for a malformed line
+        return None
+    samples = [s for f in families for s in f.samples]
+    if len(samples) != 1 or not math.isfinite(samples[0].value) or samples[0].value < 0:
+        return None
+    return float(samples[0].value)
+
+
+def parse_totals(text: str) -> NixlTotals:
     """The five totals from one /metrics page (summed over its label sets); a reading
-    neither vLLM nor NIXL's exporter offers is absent, never 0."""
+    neither vLLM nor NIXL's exporter offers is absent, never 0.
+
+    Only the lines of the series above are parsed, each on its own, and one bad line of
+    theirs is skipped and counted; other series' lines are only checked to start with a
+    metric name (a line that does not is counted too: a page of those is not /metrics).
+    """
     out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            m = VLLM_SAMPLES.get(s.name) or NIXL_SAMPLES.get(s.name)
-            if m is None:
-                continue
-            name, scale = m
-            if s.value != s.value or s.value < 0:
-                continue
-            out[name] = out.get(name, 0.0) + s.value * scale
-    return out
+    skipped = 0
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE_NAME.match(line)
+        if m is None:
+            skipped += 1
+            continue
+        known = VLLM_SAMPLES.get(m.group(0)) or NIXL_SAMPLES.get(m.group(0))
+        if known is None:
+            continue
+        value = _sample(line)
+        if value is None:
+            skipped += 1
+            continue
+        name, scale = known
+        out[name] = out.get(name, 0.0) + value * scale
+    for name in [n for n, v in out.items() if v > U64_MAX]:
+        del out[name]  # past the readings' 64 bits: no counter of a real engine gets there
+        skipped += 1
+    return NixlTotals(out, skipped)
 
 
 @dataclass
@@ -92,6 +138,7 @@ class NixlReader:
     timeout: float = 1.0
     fetch: Fetch = fetch_url
     errors: int = 0
+    skipped_lines: int = 0
     _warned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -109,12 +156,14 @@ class NixlReader:
         out: list[pb.CounterReading] = []
         for url in self.urls:
             try:
-                totals = parse_totals(self.fetch(url, self.timeout).decode("utf-8", "replace"))
+                page = parse_totals(self.fetch(url, self.timeout).decode("utf-8", "replace"))
             except (OSError, ValueError) as e:
-                self.errors += 1
-                if url not in self._warned:
-                    self._warned.add(url)
-                    log.warning("NIXL telemetry of %s not read: %s", url, e)
+                self._failed(url, str(e))
+                continue
+            self.skipped_lines += page.skipped
+            totals = page.values
+            if page.skipped and not totals:
+                self._failed(url, f"{page.skipped} bad lines and no NIXL series")
                 continue
             src = self.source_name(url)
             for name in READINGS:
@@ -130,3 +179,9 @@ class NixlReader:
                         )
                     )
         return out
+
+    def _failed(self, url: str, why: str) -> None:
+        self.errors += 1
+        if url not in self._warned:
+            self._warned.add(url)
+            log.warning("NIXL telemetry of %s not read: %s", url, why)

@@ -235,6 +235,7 @@ def agent_endpoint_series(peers: int) -> int:
         handoffs=0,
         replayed=0,
         tools_missing=set(),
+        inputs_skipped={},
     )
     reg = CollectorRegistry()
     reg.register(AgentCollector(view))

@@ -283,6 +283,8 @@ def load_web_config(path: str) -> WebConfig:
             data = yaml.safe_load(f) or {}
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not YAML: {e}") from None
+    except RecursionError:  # flow collections nested past the loader's stack
+        raise ValueError(f"{path}: not YAML: nested too deep") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping")
     unknown = set(data) - {"tls_server_config", "basic_auth_users", "http_server_config"}

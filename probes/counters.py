@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from fabricprobe.core.errors import ParseError
+from fabricprobe.probes.numbers import parse_uint
 from fabricprobe.probes.sysfs import read_small
 
 # Files in hw_counters/ that are not counters.
@@ -214,11 +215,15 @@ class PortCounters:
 
 
 def parse_counter(text: str) -> int:
-    """Parse one sysfs counter file: a non-negative decimal integer."""
-    s = text.strip()
-    if not s.isdecimal():  # rejects "", "-1", "N/A (no PMA)", "0x10", and "²" (isdigit would not)
-        raise ParseError(f"not a counter: {s[:40]!r}")
-    return int(s)
+    """Parse one sysfs counter file: a decimal integer in 0..2**64 - 1.
+
+    ParseError for anything else ("", "-1", "N/A (no PMA)", "0x10", "²", a value over 64
+    bits); the directory reader skips such a file and names it in `skipped`.
+    """
+    try:
+        return parse_uint(text, "counter")
+    except ParseError as e:
+        raise ParseError(f"not a counter: {e}") from None
 
 
 def _errno_class(e: OSError) -> str:

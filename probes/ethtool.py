@@ -23,6 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from fabricprobe.core.errors import NotSupported, ParseError, ProbeError, ToolMissing
+from fabricprobe.probes.numbers import parse_uint, uint_or_none
 from fabricprobe.probes.sysfs import read_optional
 
 HEADER = "NIC statistics:"
@@ -45,8 +46,9 @@ def parse_ethtool_stats(text: str, *, strict: bool = False) -> EthtoolStats:
     """Parse `ethtool -S` output (pure).
 
     Raises ParseError when the text is not ethtool statistics at all. A single bad line
-    (no `name: value`, a value that is not a non-negative integer, a repeated name) is
-    skipped with a message, or raises ParseError when STRICT.
+    (no `name: value`, a value that is not a non-negative integer or is over 2**64 - 1,
+    which no driver's counter reaches, a repeated name) is skipped with a message, or
+    raises ParseError when STRICT. Any line end (LF, CRLF, CR) is taken.
     """
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.strip() == HEADER), None)
@@ -61,20 +63,24 @@ def parse_ethtool_stats(text: str, *, strict: bool = False) -> EthtoolStats:
         # rpartition: bnxt_en ring counters are named "[0]: rx_ucast_packets".
         name, sep, raw = line.strip().rpartition(":")
         name, raw = name.strip(), raw.strip()
-        problem = None
+        problem = value = None
         if not sep or not name:
             problem = f"line {lineno}: not 'name: value': {line.strip()[:60]!r}"
-        elif not raw.isdecimal():
-            kind = "negative" if raw.startswith("-") else "not an integer"
-            problem = f"line {lineno}: {name}: value {raw[:30]!r} is {kind}"
+        elif raw.startswith("-"):
+            problem = f"line {lineno}: {name[:60]}: value {raw[:30]!r} is negative"
         elif name in values:
-            problem = f"line {lineno}: {name}: repeated, keeping the first value"
-        if problem is not None:
+            problem = f"line {lineno}: {name[:60]}: repeated, keeping the first value"
+        else:
+            try:
+                value = parse_uint(raw, f"line {lineno}: {name[:60]}: value")
+            except ParseError as e:
+                problem = str(e)
+        if value is None:
             if strict:
                 raise ParseError(problem)
-            skipped.append(problem)
+            skipped.append(str(problem))
             continue
-        values[name] = int(raw)
+        values[name] = value
     return EthtoolStats(MappingProxyType(values), tuple(skipped))
 
 
@@ -207,6 +213,7 @@ def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
         list(argv),
         capture_output=True,
         text=True,
+        errors="replace",  # a tool's bytes are not always UTF-8 (a driver's own names)
         timeout=timeout,
         check=False,
         env={"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -262,17 +269,17 @@ def _read_enable_dir(directory: Path) -> dict[int, bool]:
     if not directory.is_dir():
         return out
     for entry in directory.iterdir():
-        if not entry.name.isdecimal():
+        prio = uint_or_none(entry.name, 7)
+        if prio is None:
             continue
         text = read_optional(entry)
         if text is not None and text.strip() in ("0", "1"):
-            out[int(entry.name)] = text.strip() == "1"
+            out[prio] = text.strip() == "1"
     return out
 
 
 def _read_int(path: Path) -> int | None:
-    text = read_optional(path)
-    return int(text) if text is not None and text.strip().isdecimal() else None
+    return uint_or_none(read_optional(path), 255)  # cnp_dscp (0..63), cnp_802p_prio (0..7)
 
 
 def read_ecn_config(sysfs_root: Path | str, netdev: str) -> EcnConfig | None:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fabricprobe.core.errors import ParseError
+from fabricprobe.probes.numbers import parse_uint
 
-_TOTAL = re.compile(r"^some\b.*\btotal=(\d{1,20})\s*$", re.M)
+_TOTAL = re.compile(r"^some\b.*\btotal=([0-9]{1,20})\s*$", re.M)
 
 
 def parse_pressure(text: str) -> int:
@@ -25,7 +26,7 @@ def parse_pressure(text: str) -> int:
     m = _TOTAL.search(text)
     if m is None:
         raise ParseError("no 'some ... total=N' line in the pressure file")
-    return int(m.group(1))
+    return parse_uint(m.group(1), "pressure total")
 
 
 @dataclass

@@ -29,7 +29,9 @@ class RxeError(ProbeError):
 
 def run_command(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     """Run a short system command with a deadline; output captured as text."""
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, errors="replace", timeout=30, check=False
+    )
 
 
 @dataclass(frozen=True)

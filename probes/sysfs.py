@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabricprobe.core.errors import SysfsError
+from fabricprobe.core.errors import ParseError, SysfsError
+from fabricprobe.probes.numbers import uint_or_none
 
 # One bounded read per file: a few drivers return EAGAIN forever or huge blobs.
 _MAX_READ = 4096
@@ -26,6 +27,19 @@ _ABSENT_ERRNOS = {
     errno.EAGAIN,
 }
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+_HEX = frozenset("0123456789abcdefABCDEF")
+MAX_INDEX = 1 << 16  # GID table and port numbers: the kernel's are far smaller
+
+
+def parse_gid(text: str) -> bytes:
+    """A GID as sysfs prints it (8 colon-separated groups of 4 hex digits) -> 16 bytes.
+
+    ParseError for anything else: the text comes from a driver, or from a peer.
+    """
+    groups = text.strip().split(":")
+    if len(groups) != 8 or not all(len(g) == 4 and _HEX.issuperset(g) for g in groups):
+        raise ParseError(f"not a GID (8 groups of 4 hex digits): {text.strip()[:60]!r}")
+    return bytes.fromhex("".join(groups))
 
 
 def read_small(path: Path) -> str:
@@ -68,12 +82,15 @@ class Gid:
 
     @property
     def ipv4(self) -> str | None:
-        """The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), else None."""
-        parts = self.gid.split(":")
-        if len(parts) != 8 or parts[:6] != ["0000"] * 5 + ["ffff"]:
+        """The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), else None (an IPv6
+        GID, or text that is not a GID at all)."""
+        try:
+            raw = parse_gid(self.gid)
+        except ParseError:
             return None
-        raw = bytes.fromhex(parts[6] + parts[7])
-        return ".".join(str(b) for b in raw)
+        if raw[:12] != bytes(10) + b"\xff\xff":
+            return None
+        return ".".join(str(b) for b in raw[12:])
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,7 @@ class Port:
     link_layer: str | None  # ports/N/link_layer: "Ethernet" or "InfiniBand"
     rate: str | None  # ports/N/rate, e.g. "100 Gb/sec (4X EDR)"
     gids: tuple[Gid, ...]
+    skipped: tuple[str, ...] = ()  # one message per gids/I file that held no GID
 
     def netdevs(self) -> tuple[str, ...]:
         return tuple(sorted({g.netdev for g in self.gids if g.netdev}))
@@ -110,35 +128,42 @@ def _after_colon(text: str | None) -> str | None:
     return text.split(":", 1)[1].strip() if ":" in text else text
 
 
-def _read_gids(port_dir: Path) -> tuple[Gid, ...]:
+def _read_gids(port_dir: Path) -> tuple[tuple[Gid, ...], tuple[str, ...]]:
+    """The port's GIDs in index order, and a message for each entry that was not a GID
+    (skipped, as a bad counter file is)."""
     gids_dir = port_dir / "gids"
     if not gids_dir.is_dir():
-        return ()
+        return (), ()
+    indexed = ((uint_or_none(p.name, MAX_INDEX), p) for p in gids_dir.iterdir())
     out = []
-    for entry in sorted(
-        gids_dir.iterdir(), key=lambda p: int(p.name) if p.name.isdecimal() else -1
-    ):
-        if not entry.name.isdecimal():
-            continue
+    skipped = []
+    for index, entry in sorted((i, p) for i, p in indexed if i is not None):
         gid = read_optional(entry)
         if not gid or gid == ZERO_GID:
             continue
+        try:
+            parse_gid(gid)
+        except ParseError as e:
+            skipped.append(f"gids/{index}: {e}")
+            continue
         gtype = read_optional(port_dir / "gid_attrs" / "types" / entry.name)
         ndev = read_optional(port_dir / "gid_attrs" / "ndevs" / entry.name)
-        out.append(Gid(index=int(entry.name), gid=gid, type=gtype, netdev=ndev))
-    return tuple(out)
+        out.append(Gid(index=index, gid=gid, type=gtype, netdev=ndev))
+    return tuple(out), tuple(skipped)
 
 
 def read_port(device_dir: Path, number: int) -> Port:
     """Read /sys/class/infiniband/DEV/ports/N (state is required, the rest optional)."""
     pdir = device_dir / "ports" / str(number)
+    gids, skipped = _read_gids(pdir)
     return Port(
         number=number,
         state=_after_colon(read_required(pdir / "state")) or "",
         phys_state=_after_colon(read_optional(pdir / "phys_state")),
         link_layer=read_optional(pdir / "link_layer"),
         rate=read_optional(pdir / "rate"),
-        gids=_read_gids(pdir),
+        gids=gids,
+        skipped=skipped,
     )
 
 
@@ -150,7 +175,9 @@ def read_device(sysfs_root: Path | str, name: str) -> RdmaDevice:
     ports_dir = ddir / "ports"
     if not ports_dir.is_dir():
         raise SysfsError(f"cannot read {ports_dir}: no ports directory")
-    numbers = sorted(int(p.name) for p in ports_dir.iterdir() if p.name.isdecimal())
+    numbers = sorted(
+        n for n in (uint_or_none(p.name, MAX_INDEX) for p in ports_dir.iterdir()) if n is not None
+    )
     driver_link = ddir / "device" / "driver"
     driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else None
     node_type = read_optional(ddir / "node_type")

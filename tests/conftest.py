@@ -25,6 +25,10 @@ class FuzzCounter:
     def crashed(self, target: str) -> None:
         _CRASHES[target] += 1
 
+    def counts(self) -> dict[str, int]:
+        """Inputs tried so far this session, per target."""
+        return dict(_FUZZ)
+
 
 class Figures:
     def record(self, test: str, **values: Any) -> None:

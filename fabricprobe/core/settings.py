@@ -327,7 +327,7 @@ def parse_text(spec: Spec, text: str) -> Any:
     if spec.is_many and t[:1] in ("[", "{"):
         try:
             doc = tomllib.loads("v = " + t)
-        except tomllib.TOMLDecodeError:
+        except (ValueError, RecursionError):  # TOMLDecodeError, an over-long int, deep nesting
             raise ValueError(f"{_show(text)} is not a TOML array or inline table") from None
         if set(doc) != {"v"}:
             raise ValueError(f"{_show(text)} is not one TOML value")
@@ -418,6 +418,10 @@ def parse_toml(text: str, name: str) -> TomlFile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{name}: not valid TOML: {e}") from None
+    except ValueError as e:  # tomllib's int() of an integer of more than 4,300 digits
+        raise ConfigError(f"{name}: a number too long to read: {str(e)[:80]}") from None
+    except RecursionError:  # arrays or inline tables nested past Python's stack
+        raise ConfigError(f"{name}: nested too deep to read") from None
     doc = TomlFile(name, data, key_lines(text))
     known = list(SECTIONS)
     for section, table in data.items():

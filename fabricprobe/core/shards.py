@@ -72,6 +72,8 @@ def parse_member(data: bytes) -> Member:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"not JSON: {e}") from None
+    except RecursionError:  # 1,024 bytes nest deeper than the decoder recurses
+        raise ValueError("not JSON: nested too deep") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     name = doc.get("name")

@@ -447,9 +447,11 @@ def range_frame(result: Any, keys: Sequence[str] = ("src", "dst", "transport")) 
             continue
         labels = {k: str(metric.get(k, "")) for k in keys}
         for point in values:
+            if not isinstance(point, list | tuple) or len(point) < 2:
+                continue
             try:
                 t, v = float(point[0]), float(point[1])
-            except (TypeError, ValueError, IndexError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: an int past 1e308
                 continue
             if math.isfinite(t) and math.isfinite(v):
                 rows.append({**labels, "t": t, "value": v})

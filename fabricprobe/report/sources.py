@@ -147,7 +147,7 @@ def prometheus_range(
     body = http_get(url, auth, timeout=timeout, accept="application/json")
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the decoder's stack
         raise SourceError(f"{base}: the answer is not JSON") from None
     if not isinstance(doc, dict) or doc.get("status") != "success":
         err = doc.get("error") if isinstance(doc, dict) else None

@@ -27,6 +27,7 @@ from fabricprobe.probes.ethtool import (
     read_ecn_config,
     run_command,
 )
+from fabricprobe.probes.numbers import U32_MAX, uint_or_none
 from fabricprobe.probes.roce.tools import NetdevAddrs, parse_ip_addr
 from fabricprobe.probes.sysfs import RdmaDevice, list_device_names, read_device, read_optional
 
@@ -161,8 +162,7 @@ class HostView:
 
     def netdev_mtu(self, ifname: str) -> int | None:
         """SYSFS/class/net/IF/mtu."""
-        text = read_optional(self.netdev_dir(ifname) / "mtu")
-        return int(text) if text and text.isdecimal() else None
+        return uint_or_none(read_optional(self.netdev_dir(ifname) / "mtu"), U32_MAX)
 
     def candidate_netdev(self) -> str | None:
         """A netdev to suggest for soft-RoCE: the first up one that is not loopback."""
@@ -212,7 +212,7 @@ class HostView:
             "ok",
             pdir,
             read_optional(pdir / "default_roce_mode"),
-            int(tos) if tos and tos.isdecimal() else None,
+            uint_or_none(tos, 255),  # an 8-bit ToS byte
         )
 
     def port_counters(self, device: str, port: int) -> PortCounters:

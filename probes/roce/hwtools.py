@@ -32,15 +32,18 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from fabricprobe.core.errors import ParseError
+from fabricprobe.probes.numbers import parse_uint
 
 PRIOS = range(8)
 MAX_TEXT = 1 << 20  # no tool prints this much about one port: refuse it rather than scan it
 
 
 def _bounded(text: str, tool: str) -> str:
+    """TEXT after a bound on its size, with every line end (CRLF, CR, LF) as LF, so that
+    the line-anchored patterns below see one line at a time."""
     if len(text) > MAX_TEXT:
         raise ParseError(f"{tool}: {len(text)} characters of output, more than any port has")
-    return text
+    return "\n".join(text.splitlines())
 
 
 def _pairs(words: list[str], tool: str, key: str) -> dict[int, str]:
@@ -48,16 +51,19 @@ def _pairs(words: list[str], tool: str, key: str) -> dict[int, str]:
     out: dict[int, str] = {}
     for item in words:
         idx, sep, value = item.partition(":")
-        if not sep or not idx.isdecimal() or int(idx) not in PRIOS or not value:
-            raise ParseError(f"{tool}: bad {key} entry {item!r}")
-        out[int(idx)] = value
+        where = f"{tool}: bad {key} entry {item[:40]!r}"
+        if not sep or not value:
+            raise ParseError(where)
+        try:
+            out[parse_uint(idx, "index", max(PRIOS))] = value
+        except ParseError as e:
+            raise ParseError(f"{where} ({e})") from None
     return out
 
 
 def _int(value: str, tool: str, what: str) -> int:
-    if not value.isdecimal() or len(value) > 18:
-        raise ParseError(f"{tool}: {what} {value!r} is not a number")
-    return int(value)
+    """A bounded integer (no field here comes near 10**18; int() is not fed more)."""
+    return parse_uint(value, f"{tool}: {what}", 10**18)
 
 
 # --------------------------------------------------------------------------- ETS
@@ -178,8 +184,9 @@ def parse_dcb_buffer(text: str) -> BufferConfig:
     return BufferConfig(MappingProxyType(prio_buffer), MappingProxyType(size), total, "dcb")
 
 
-_MLNX_BUFSIZE = re.compile(r"^\s*Receive buffer size \(bytes\):\s*([\d,\s]*)$", re.M)
-_MLNX_BUFROW = re.compile(r"^\s*buffer\s+(\d(?:\s+\d){7})\s*$", re.M)
+# [ \t] inside a line: \s matches line ends too, and a list would run on into the next line
+_MLNX_BUFSIZE = re.compile(r"^[ \t]*Receive buffer size \(bytes\):[ \t]*([0-9, \t]*)$", re.M)
+_MLNX_BUFROW = re.compile(r"^[ \t]*buffer[ \t]+([0-9](?:[ \t]+[0-9]){7})[ \t]*$", re.M)
 
 
 def parse_mlnx_qos_buffers(text: str) -> BufferConfig:
@@ -191,7 +198,7 @@ def parse_mlnx_qos_buffers(text: str) -> BufferConfig:
         raise ParseError("mlnx_qos: no receive buffer configuration in the output")
     size: dict[int, int] = {}
     if sizes_m is not None:
-        items = [i for i in sizes_m.group(1).replace(" ", "").split(",") if i]
+        items = [i for i in re.split(r"[, \t]+", sizes_m.group(1)) if i]
         if len(items) > 8:
             raise ParseError("mlnx_qos: more than 8 receive buffers")
         size = {i: _int(v, "mlnx_qos", "buffer size") for i, v in enumerate(items)}
@@ -249,11 +256,15 @@ def parse_dcb_app_ports(text: str) -> Mapping[int, tuple[int, ...]]:
             continue
         for item in words[1:]:
             port, sep, prio = item.rpartition(":")
-            if not sep or not port.isdecimal() or not prio.isdecimal() or int(prio) not in PRIOS:
-                raise ParseError(f"dcb app: bad dgram-port-prio entry {item!r}")
-            if int(port) > 65535:
-                raise ParseError(f"dcb app: UDP port {port} out of range")
-            out.setdefault(int(port), []).append(int(prio))
+            where = f"dcb app: bad dgram-port-prio entry {item[:40]!r}"
+            if not sep:
+                raise ParseError(where)
+            try:
+                udp = parse_uint(port, "UDP port", 65535)
+                n = parse_uint(prio, "priority", max(PRIOS))
+            except ParseError as e:
+                raise ParseError(f"{where} ({e})") from None
+            out.setdefault(udp, []).append(n)
     return MappingProxyType({k: tuple(v) for k, v in out.items()})
 
 

@@ -156,6 +156,10 @@ def parse_policy(text: str, base: Policy | None = None) -> Policy:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PolicyError(f"policy is not valid TOML: {e}") from e
+    except ValueError as e:  # tomllib's int() of an integer of more than 4,300 digits
+        raise PolicyError(f"policy holds a number too long to read: {str(e)[:80]}") from None
+    except RecursionError:  # arrays or inline tables nested past Python's stack
+        raise PolicyError("policy is nested too deep to read") from None
     base = base or Policy()
     unknown = set(doc) - {"roce", "thresholds"}
     if unknown:

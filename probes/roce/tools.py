@@ -13,6 +13,10 @@ wrong shape raises ParseError. Formats:
 * `lldptool -t -i IF -V PFC` (open-lldp): `PFC enabled: 3` (or `none`);
 * `ibv_devinfo -d DEV`: per port `state:`, `max_mtu: 4096 (5)`, `active_mtu: 4096 (5)`;
 * `ip -j addr show dev IF`: JSON.
+
+Numbers go through `parse_uint` (bounded before int()), any line end is taken, and the
+JSON of `ip -j` is checked for shape at every level: whatever the text, a parser returns
+or raises ParseError.
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ from types import MappingProxyType
 from typing import Any
 
 from fabricprobe.core.errors import ParseError
+from fabricprobe.probes.numbers import U32_MAX, parse_uint
 
 PRIOS = range(8)
+MAX_TEXT = 1 << 20  # no tool prints this much about one port
+MAX_MTU = 65535
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,14 @@ class PfcConfig:
 
     enabled: frozenset[int]
     source: str  # "dcb", "mlnx_qos", "lldptool"
+
+
+def _prio(text: str, where: str) -> int:
+    """An 802.1p priority, 0..7; the ParseError names WHERE it was read."""
+    try:
+        return parse_uint(text, "priority", max(PRIOS))
+    except ParseError as e:
+        raise ParseError(f"{where} ({e})") from None
 
 
 def _on_off(word: str) -> bool:
@@ -53,10 +68,12 @@ def parse_dcb_pfc(text: str) -> PfcConfig:
             enabled = set()
             for item in words[1:]:
                 prio, sep, state = item.partition(":")
-                if not sep or not prio.isdecimal() or int(prio) not in PRIOS:
-                    raise ParseError(f"dcb pfc: bad priority entry {item!r}")
+                where = f"dcb pfc: bad priority entry {item[:40]!r}"
+                if not sep:
+                    raise ParseError(where)
+                n = _prio(prio, where)
                 if _on_off(state):
-                    enabled.add(int(prio))
+                    enabled.add(n)
             return PfcConfig(frozenset(enabled), "dcb")
     raise ParseError("dcb pfc: no prio-pfc line in the output")
 
@@ -70,6 +87,8 @@ def dscp_value(key: str) -> int:
     """A DSCP as dcb prints it: a number (decimal or 0x hex) or an rt_dsfield name."""
     if key in _DSCP_NAMES:
         return _DSCP_NAMES[key]
+    if len(key) > 8:  # "0x3f" is the longest DSCP; int() of a long one costs and may fail
+        raise ParseError(f"unknown DSCP {key[:20]!r}")
     try:
         value = int(key, 0)
     except ValueError:
@@ -88,9 +107,11 @@ def parse_dcb_app(text: str) -> Mapping[int, tuple[int, ...]]:
             continue
         for item in words[1:]:
             key, sep, prio = item.rpartition(":")
-            if not sep or not prio.isdecimal() or int(prio) not in PRIOS:
-                raise ParseError(f"dcb app: bad dscp-prio entry {item!r}")
-            out.setdefault(dscp_value(key), []).append(int(prio))
+            where = f"dcb app: bad dscp-prio entry {item[:40]!r}"
+            if not sep:
+                raise ParseError(where)
+            n = _prio(prio, where)
+            out.setdefault(dscp_value(key), []).append(n)
     return MappingProxyType({k: tuple(v) for k, v in out.items()})
 
 
@@ -112,23 +133,36 @@ class MlnxQos:
     pfc_enabled: frozenset[int] | None
 
 
-_TRUST = re.compile(r"^\s*Priority trust (?:state|mode):\s*(\w+)", re.M)
-_DSCP2PRIO = re.compile(r"^\s*prio:\s*(\d)\s+dscp:\s*([\d,\s]*)$", re.M)
-_ENABLED_ROW = re.compile(r"^\s*enabled\s+([01](?:\s+[01]){7})\s*$", re.M)
+_TRUST = re.compile(r"^[ \t]*Priority trust (?:state|mode):[ \t]*(\w+)", re.M)
+# [ \t] and not \s inside a line: \s also matches the line end, and a list would run on
+# into the next line. Lines are split first (any line end), then matched one by one.
+_DSCP2PRIO = re.compile(r"^[ \t]*prio:[ \t]*([0-7])[ \t]+dscp:[ \t]*([0-9, \t]*)$")
+_ENABLED_ROW = re.compile(r"^[ \t]*enabled[ \t]+([01](?:[ \t]+[01]){7})[ \t]*$", re.M)
+
+
+def _lines(text: str, tool: str) -> str:
+    """TEXT with every line end (CRLF, CR, LF) as LF, after a bound on its size."""
+    if len(text) > MAX_TEXT:
+        raise ParseError(f"{tool}: {len(text)} characters of output, more than any port has")
+    return "\n".join(text.splitlines())
 
 
 def parse_mlnx_qos(text: str) -> MlnxQos:
     """`mlnx_qos -i IF` -> trust state, DSCP map, PFC priorities."""
+    text = _lines(text, "mlnx_qos")
     trust_m = _TRUST.search(text)
     pfc_m = _ENABLED_ROW.search(text)
     if trust_m is None and pfc_m is None:
         raise ParseError("mlnx_qos: neither a trust state nor a PFC configuration in the output")
     dscp_prio: dict[int, int] = {}
-    for m in _DSCP2PRIO.finditer(text):
+    for line in text.split("\n"):
+        m = _DSCP2PRIO.match(line)
+        if m is None:
+            continue
         prio = int(m.group(1))
-        for item in m.group(2).replace(" ", "").split(","):
+        for item in re.split(r"[, \t]+", m.group(2)):
             if item:
-                dscp_prio[dscp_value(str(int(item)))] = prio
+                dscp_prio[parse_uint(item, "mlnx_qos: DSCP", 63)] = prio
     pfc = None
     if pfc_m is not None:
         flags = pfc_m.group(1).split()
@@ -142,16 +176,14 @@ def parse_mlnx_qos(text: str) -> MlnxQos:
 
 def parse_lldptool_pfc(text: str) -> PfcConfig:
     """`lldptool -t -i IF -V PFC` -> PfcConfig."""
-    m = re.search(r"PFC enabled:\s*(.*)$", text, re.M)
+    m = re.search(r"PFC enabled:[ \t]*(.*)$", _lines(text, "lldptool"), re.M)
     if m is None:
         raise ParseError("lldptool: no 'PFC enabled:' line in the output")
     value = m.group(1).strip()
     if value in ("", "none"):
         return PfcConfig(frozenset(), "lldptool")
-    words = value.split()
-    if not all(w.isdecimal() and int(w) in PRIOS for w in words):
-        raise ParseError(f"lldptool: bad PFC enabled list {value!r}")
-    return PfcConfig(frozenset(int(w) for w in words), "lldptool")
+    where = f"lldptool: bad PFC enabled list {value[:40]!r}"
+    return PfcConfig(frozenset(_prio(w, where) for w in value.split()), "lldptool")
 
 
 @dataclass(frozen=True)
@@ -172,20 +204,19 @@ def parse_ibv_devinfo(text: str) -> Mapping[int, IbvPort]:
     """`ibv_devinfo -d DEV` -> port number -> IbvPort."""
     ports: dict[int, dict[str, Any]] = {}
     current: dict[str, Any] | None = None
-    for line in text.splitlines():
-        m = re.match(r"^\s*port:\s*(\d+)\s*$", line)
+    for line in _lines(text, "ibv_devinfo").split("\n"):
+        m = re.match(r"^\s*port:\s*(\S+)\s*$", line)
         if m:
-            current = ports.setdefault(int(m.group(1)), {})
+            port = parse_uint(m.group(1), "ibv_devinfo: port", 255)
+            current = ports.setdefault(port, {})
             continue
         f = _IBV_FIELD.match(line)
         if f and current is not None:
             key, value = f.groups()
             if key.endswith("mtu"):
-                if not value.isdecimal():
-                    raise ParseError(f"ibv_devinfo: {key} {value!r} is not a number")
-                current[key] = int(value)
+                current[key] = parse_uint(value, f"ibv_devinfo: {key}", MAX_MTU)
             else:
-                current[key] = value
+                current[key] = value[:64]
     if not ports:
         raise ParseError("ibv_devinfo: no port section in the output")
     return MappingProxyType(
@@ -209,25 +240,55 @@ class NetdevAddrs:
     ipv6: tuple[str, ...]  # global and link-local
 
 
+def _json_int(text: str) -> int:
+    """json.loads' parse_int: a bounded integer (a negative one is kept, bounded too)."""
+    return (
+        -parse_uint(text[1:], "ip -j: number")
+        if text.startswith("-")
+        else parse_uint(text, "ip -j: number")
+    )
+
+
+def _addresses(infos: list[Any], family: str) -> tuple[str, ...]:
+    """The `local` addresses of FAMILY; an entry that is not an object with a string
+    `local` is left out (one bad entry does not cost the others)."""
+    return tuple(
+        a["local"][:64]
+        for a in infos
+        if isinstance(a, dict) and a.get("family") == family and isinstance(a.get("local"), str)
+    )
+
+
 def parse_ip_addr(text: str) -> NetdevAddrs:
-    """`ip -j addr show dev IF` -> NetdevAddrs (the first interface in the list)."""
+    """`ip -j addr show dev IF` -> NetdevAddrs (the first interface in the list).
+
+    ParseError when the text is not JSON, nests deeper than Python recurses, holds a
+    number of more than 20 digits, or is not a list whose first element is an object
+    with a list (or no) addr_info; fields of the wrong type read as absent.
+    """
+    if len(text) > MAX_TEXT:
+        raise ParseError(f"ip -j addr: {len(text)} characters of output")
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_int=_json_int)
     except json.JSONDecodeError as e:
         raise ParseError(f"ip -j addr: not JSON: {e}") from e
+    except RecursionError:
+        raise ParseError("ip -j addr: JSON nested too deep") from None
     if not isinstance(doc, list) or not doc or not isinstance(doc[0], dict):
         raise ParseError("ip -j addr: expected a non-empty list of interfaces")
     link = doc[0]
     infos = link.get("addr_info", [])
     if not isinstance(infos, list):
         raise ParseError("ip -j addr: addr_info is not a list")
-    v4 = tuple(a["local"] for a in infos if a.get("family") == "inet" and "local" in a)
-    v6 = tuple(a["local"] for a in infos if a.get("family") == "inet6" and "local" in a)
     mtu = link.get("mtu")
+    ifname = link.get("ifname")
+    operstate = link.get("operstate")
     return NetdevAddrs(
-        ifname=str(link.get("ifname", "")),
-        mtu=mtu if isinstance(mtu, int) else None,
-        operstate=link.get("operstate"),
-        ipv4=v4,
-        ipv6=v6,
+        ifname=ifname[:64] if isinstance(ifname, str) else "",
+        mtu=mtu
+        if isinstance(mtu, int) and not isinstance(mtu, bool) and 0 <= mtu <= U32_MAX
+        else None,
+        operstate=operstate[:32] if isinstance(operstate, str) else None,
+        ipv4=_addresses(infos, "inet"),
+        ipv6=_addresses(infos, "inet6"),
     )

@@ -58,8 +58,22 @@ def test_parse_real_outputs(fixture: str, name: str, value: int) -> None:
         (
             "NIC statistics:\n     a: 1.5\n     b: -3\n     c: 0x10\n     d: 4\n",
             {"d": 4},
-            ["a: value '1.5' is not an integer", "b: value '-3' is negative", "c: value '0x10'"],
+            ["a: value '1.5' is not a non-", "b: value '-3' is negative", "c: value '0x10'"],
         ),
+        # a value over 2**64 - 1 is skipped, whatever its length (int() refuses 4,300 digits)
+        (
+            "NIC statistics:\n     a: 18446744073709551616\n"
+            + f"     b: {'9' * 5000}\n     c: 1\n",
+            {"c": 1},
+            ["a: value 18446744073709551616 is over", "b: value a 5000-digit number is over"],
+        ),
+        # the largest counter, with leading zeros, is kept
+        ("NIC statistics:\n     a: 0018446744073709551615\n", {"a": 2**64 - 1}, []),
+        # digits of other scripts are not counters
+        ("NIC statistics:\n     a: \u0663\n     b: \u00b2\n", {}, ["a: value", "b: value"]),
+        # CRLF and CR line ends; NUL bytes in a value
+        ("NIC statistics:\r\n     a: 1\r\n     b: 2\r", {"a": 1, "b": 2}, []),
+        ("NIC statistics:\n     a: 1\x00\n     b: 2\n", {"b": 2}, ["a: value '1\\x00'"]),
         # a repeated name keeps the first value
         ("NIC statistics:\n     a: 1\n     a: 2\n", {"a": 1}, ["a: repeated"]),
         # empty value and an empty name

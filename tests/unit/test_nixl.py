@@ -13,7 +13,7 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nixl"
 
 
 def test_vllm_series_become_totals_in_the_readings_units() -> None:
-    got = parse_totals((FIX / "vllm_decode_metrics.txt").read_text())
+    got = parse_totals((FIX / "vllm_decode_metrics.txt").read_text()).values
     assert got == {
         "transfers": 4.0,
         "xfer_time_us": pytest.approx(12_500.0),
@@ -24,7 +24,7 @@ def test_vllm_series_become_totals_in_the_readings_units() -> None:
 
 
 def test_nixl_exporter_series_sum_over_labels() -> None:
-    got = parse_totals((FIX / "nixl_exporter_metrics.txt").read_text())
+    got = parse_totals((FIX / "nixl_exporter_metrics.txt").read_text()).values
     assert got == {
         "bytes": 4000.0,
         "transfers": 2.0,

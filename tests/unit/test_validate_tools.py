@@ -179,7 +179,7 @@ def test_parse_ibv_devinfo() -> None:
     ("text", "message"),
     [
         ("Failed to get IB devices list: Function not implemented\n", "no port section"),
-        ("hca_id:\tx\n\t\tport:\t1\n\t\t\tactive_mtu:\t\tbig (5)\n", "not a number"),
+        ("hca_id:\tx\n\t\tport:\t1\n\t\t\tactive_mtu:\t\tbig (5)\n", "is not a non-"),
     ],
 )
 def test_parse_ibv_devinfo_bad(text: str, message: str) -> None:
