@@ -36,6 +36,7 @@ from fabricprobe.collector.join import (
     requests_frame,
     stages_frame,
 )
+from fabricprobe.collector.kvshape import KvShape, model_bytes
 from fabricprobe.collector.linking import (
     REASONS,
     HostDirectory,
@@ -135,8 +136,11 @@ class Attribution:
         match: MatchConfig | None = None,
         link_wait_s: float = 5.0,
         pair_wait_s: float = 300.0,
+        kv_models: dict[str, KvShape] | None = None,
     ) -> None:
         self.store = store
+        # served model name -> its KV shape: the bytes of a request no span gives
+        self.kv_models: dict[str, KvShape] = dict(kv_models or {})
         self.cfg = cfg or AnalysisConfig()
         self.clock = clock
         self.lock = threading.Lock()
@@ -402,7 +406,8 @@ class Attribution:
         found = paths_frame([lk.path for lk in linked], st)
         stages, requests = stages_frame(st), requests_frame(rq)
         windows, rates = self.history.frames()
-        kv = join_fabric(stages, windows, rates, bandwidth=self.bandwidth())
+        shaped = model_bytes(((r.request_id, r.model, r.prompt_tokens) for r in rq), self.kv_models)
+        kv = join_fabric(stages, windows, rates, bandwidth=self.bandwidth(), model_bytes=shaped)
         flag, bins = communication_bound(stages, cfg)
         out = Analysis(
             now_ns=now,
@@ -413,7 +418,7 @@ class Attribution:
             communication_bound=flag,
             bins=bins,
             goodput=goodput(requests, cfg, now_ns=now),
-            requests=request_breakdown(stages, requests, found),
+            requests=request_breakdown(stages, requests, found, kv),
             paths_found=found,
         )
         if window_s is None:

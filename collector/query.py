@@ -25,8 +25,10 @@ MAX_WINDOW_S = 86_400.0
 _REQUEST_FLOATS = (
     "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s",
     "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s",
-    "rtt_p99_s", "loss_ratio", "host_delay_s",
+    "rtt_p99_s", "loss_ratio", "host_delay_s", "kv_wait_s", "fabric_s", "transfer_stack_s",
+    "engine_wait_s", "over_explained_s", "kv_share_ttft", "kv_share_e2e",
 )  # fmt: skip
+_REQUEST_TEXTS = ("fabric_source", "transfer_stack_source", "kv_bytes_source")
 _PATH_FLOATS = (
     "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio",
     "congestion_per_s", "explained_s", "host_delay_s",
@@ -63,7 +65,9 @@ def _slow_request(row: dict[str, Any]) -> pb.SlowRequest:
         kv_source=_text(row.get("kv_source")),
         host_bound=_finite(row.get("host_bound")) == 1.0,
     )
-    for name in (*_REQUEST_FLOATS, "kv_fabric_s", "kv_other_s"):
+    for text in _REQUEST_TEXTS:
+        setattr(msg, text, _text(row.get(text)))
+    for name in _REQUEST_FLOATS:
         if (f := _finite(row.get(name))) is not None:
             setattr(msg, name, f)
     for name in ("output_tokens", "kv_bytes"):
