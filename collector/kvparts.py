@@ -146,3 +146,14 @@ def split_parts(kv: pd.DataFrame) -> pd.DataFrame:
         engine_wait_s=rest.clip(lower=0.0),
         over_explained_s=(-rest).clip(lower=0.0).where(rest.notna()),
     )
+
+
+def fabric_seconds(
+    nbytes: float, rtt_s: float, bandwidth_bytes_per_s: float, loss_ratio: float, transport: str
+) -> float:
+    """fabric_s of one transfer from scalar figures, as split_parts computes it (no pause
+    time): the protocol's round trips, the bytes at the bandwidth, a round trip per
+    packet the loss ratio says is lost. What the price list predicts (collector/price.py)."""
+    rtts = PROTOCOL_RTTS.get(transport, DEFAULT_RTTS)
+    lost = np.ceil(nbytes / MTU_BYTES) * loss_ratio
+    return float(rtts * rtt_s + nbytes / bandwidth_bytes_per_s + lost * rtt_s)

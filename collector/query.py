@@ -1,4 +1,5 @@
-"""The Query service: `probe why` as a typed RPC over the attribution analysis.
+"""The Query service: `probe why` as a typed RPC over the attribution analysis, and the
+fabric's price of a KV transfer (`probe cost`, collector/price.py).
 
 `why_reply()` turns one Analysis into a WhyReply (pure; tests call it bare);
 `QueryServicer` is its gRPC edge. Who may call it is decided by the server's one
@@ -16,6 +17,14 @@ import pandas as pd
 from fabricprobe.collector.attribution import Analysis, Attribution
 from fabricprobe.collector.drift import DriftBook
 from fabricprobe.collector.join import RATE_FIELDS
+from fabricprobe.collector.price import (
+    CostError,
+    PriceConfig,
+    check_bytes,
+    check_host,
+    kv_price,
+    price_reply,
+)
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
@@ -177,6 +186,9 @@ class QueryServicer(pb_grpc.QueryServicer):
     def __init__(self, attribution: Attribution, drift: DriftBook | None = None) -> None:
         self.attribution = attribution
         self.drift = drift
+        # a price from figures older than a stale host's is no price
+        stale = attribution.store.stale_after if attribution.store is not None else 30.0
+        self.price = PriceConfig(max_age_s=stale)
 
     def Why(self, request: pb.WhyRequest, context: grpc.ServicerContext) -> pb.WhyReply:
         try:
@@ -192,6 +204,23 @@ class QueryServicer(pb_grpc.QueryServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"why: the analysis failed: {e!s:.200}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
         return why_reply(res, n, by)
+
+    def KvCost(self, request: pb.KvCostRequest, context: grpc.ServicerContext) -> pb.KvCostReply:
+        """The fabric's price of REQUEST.bytes from src to dst now (collector/price.py)."""
+        try:
+            src = check_host(request.src, "src")
+            dst = check_host(request.dst, "dst")
+            if src == dst:
+                raise CostError("src and dst are the same host: no fabric between them")
+            nbytes = check_bytes(int(request.bytes))
+        except CostError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kv cost: {e}")
+            raise AssertionError("context.abort returned") from None  # pragma: no cover
+        store = self.attribution.store
+        if store is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "kv cost: this collector keeps no paths")
+            raise AssertionError("context.abort returned")  # pragma: no cover
+        return price_reply(kv_price(store, src, dst, nbytes, cfg=self.price))
 
     def Drift(self, request: pb.DriftRequest, context: grpc.ServicerContext) -> pb.DriftReply:
         if self.drift is None:
