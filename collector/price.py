@@ -148,7 +148,7 @@ def kv_price(
         if got_rtt is None:
             return unknown(f"no RTT probes between {src} and {dst}")
         if got_bw is None:
-            return unknown(f"no bandwidth probes (tcp_bw) between {src} and {dst}")
+            return unknown(f"no bandwidth probes (tcp_bw, rdma_rc_bw) between {src} and {dst}")
         transport, rst = got_rtt
         sketch = rst.last_rtt
         assert sketch is not None
