@@ -28,6 +28,7 @@ from fabricprobe.collector.drift import DriftBook
 from fabricprobe.collector.kvshape import KvShape
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp import add_trace_service
+from fabricprobe.collector.price import tor_prices
 from fabricprobe.collector.query import add_query_service
 from fabricprobe.collector.store import WindowStore
 
@@ -170,6 +171,17 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             "Median of that wait left to the engines (scheduling, polling), last window.",
             labels=PATH,
         ),
+        "tor_price": GaugeMetricFamily(
+            P + "tor_pair_kv_cost_seconds",
+            "Predicted fabric time of a 1 MiB KV transfer between the ToR pair's engine hosts"
+            " now (worst host pair; quantile 0.5 or 0.99 of its RTT).",
+            labels=["src_tor", "dst_tor", "quantile"],
+        ),
+        "price_pairs": GaugeMetricFamily(
+            P + "kv_cost_host_pairs",
+            "Engine host pairs priced (known) or without fresh figures (unknown), last scrape.",
+            labels=["state"],
+        ),
         "kv_speed_flag": GaugeMetricFamily(
             P + "path_kv_speed_above_bandwidth",
             "1 when NIXL's KV speed on the path exceeds its measured bandwidth, last window.",
@@ -265,7 +277,20 @@ class AttributionCollector(Collector):
         if res is not None:
             self._kv_split(res.kv, f)
         self._nixl(f)
+        self._prices(f)
         yield from f.values()
+
+    def _prices(self, f: dict[str, Any]) -> None:
+        """The fabric's price per ToR pair of the host pairs engines use (bounded)."""
+        a = self.attribution
+        if a.store is None:
+            return
+        got = tor_prices(a.store, sorted(a.history.pairs))
+        for (st, dt), (p50, p99) in got.prices.items():
+            f["tor_price"].add_metric([st, dt, "0.5"], p50)
+            f["tor_price"].add_metric([st, dt, "0.99"], p99)
+        f["price_pairs"].add_metric(["known"], float(got.known))
+        f["price_pairs"].add_metric(["unknown"], float(got.unknown))
 
     @staticmethod
     def _analysis(res: Any, f: dict[str, Any]) -> None:

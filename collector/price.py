@@ -240,3 +240,49 @@ def kv_cost_http(
     except CostError as e:
         return e.status, {"error": str(e)}
     return 200, kv_price(store, src, dst, nbytes, cfg=cfg).as_dict()
+
+
+PRICE_REFERENCE_BYTES = 1 << 20  # the size the ToR-pair series price: 1 MiB of KV cache
+MAX_TOR_PRICES = 3000  # ToR pairs priced on /metrics, at most (as detail_max_tor_pairs)
+
+
+@dataclass(frozen=True)
+class TorPrices:
+    """The price of PRICE_REFERENCE_BYTES per ToR pair, the worst of its host pairs."""
+
+    prices: dict[tuple[str, str], tuple[float, float]]  # (src_tor, dst_tor) -> (p50, p99)
+    known: int  # host pairs priced
+    unknown: int  # host pairs with no fresh figures
+    omitted: int  # ToR pairs beyond MAX_TOR_PRICES (the cheapest left out)
+
+
+def tor_prices(
+    store: WindowStore,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    nbytes: int = PRICE_REFERENCE_BYTES,
+    cfg: PriceConfig = PriceConfig(),
+    max_tors: int = MAX_TOR_PRICES,
+) -> TorPrices:
+    """Price each host pair of PAIRS (the KV paths engines use: bounded by the fabric
+    history's MAX_PAIRS) and keep, per ToR pair of its hosts' topology labels, the worst
+    p50 and p99: what a scheduler placing decode across ToRs pays at most. At most
+    MAX_TORS ToR pairs, the dearest first."""
+    now = store.clock()
+    worst: dict[tuple[str, str], tuple[float, float]] = {}
+    known = unknown = 0
+    for a, b in pairs:
+        with store.lock:
+            ha, hb = store.hosts.get(a), store.hosts.get(b)
+            tors = (ha.info.topology, hb.info.topology) if ha and hb else None
+        p = kv_price(store, a, b, nbytes, now_ns=now, cfg=cfg) if tors else None
+        if p is None or not p.known or p.p50_s is None or p.p99_s is None:
+            unknown += 1
+            continue
+        known += 1
+        assert tors is not None
+        key = (tors[0] or "none", tors[1] or "none")
+        old = worst.get(key, (0.0, 0.0))
+        worst[key] = (max(old[0], p.p50_s), max(old[1], p.p99_s))
+    kept = sorted(worst.items(), key=lambda kv: kv[1][1], reverse=True)[:max_tors]
+    return TorPrices(dict(kept), known, unknown, max(0, len(worst) - max_tors))

@@ -237,3 +237,16 @@ def test_probe_cost_prints_the_price_and_exits_3_on_unknown(served: str) -> None
     assert got["known"] is False and "no RTT" in got["reason"]
     out = CliRunner().invoke(cli, [*base, "--src", "a", "--dst", "b", "--bytes", "0"])
     assert out.exit_code == 2
+
+
+def test_tor_pairs_carry_the_worst_price_of_their_host_pairs_and_count_unknowns() -> None:
+    from fabricprobe.collector.price import PRICE_REFERENCE_BYTES, tor_prices
+
+    store, _ = store_with()
+    for h, tor in (("a", "tor-1"), ("b", "tor-2"), ("c", "tor-2")):
+        store.register(pb.HostInfo(host=h, addresses=[], topology=tor))
+    got = tor_prices(store, [("a", "b"), ("a", "c"), ("a", "gone")])
+    want = kv_price(store, "a", "b", PRICE_REFERENCE_BYTES)
+    assert got.prices == {("tor-1", "tor-2"): (want.p50_s, want.p99_s)}
+    assert (got.known, got.unknown, got.omitted) == (1, 2, 0)
+    assert tor_prices(store, [("a", "b")], max_tors=0).omitted == 1
