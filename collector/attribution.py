@@ -367,13 +367,17 @@ class Attribution:
         return self.history.drain(now)
 
     def bandwidth(self) -> dict[tuple[str, str], float]:
-        """Each probed path's newest measured throughput (bytes/s), by (src, dst)."""
+        """Each probed path's bandwidth (bytes/s), by (src, dst): the highest throughput
+        its windows measured. A bandwidth probe is a sender on a host that may be busy:
+        a starved sender measures its CPU, not the path (on a 2-core machine beside two
+        engines one window read 2.5 MB/s of a loopback that carries GB/s), while the
+        fabric's own slowing shows in the RTT, loss and pause figures the split counts."""
         out: dict[tuple[str, str], float] = {}
         if self.store is None:
             return out
         with self.store.lock:
             for key, st in self.store.paths.items():
-                bps = st.last_bytes_per_second
+                bps = st.peak_bytes_per_second
                 if bps:
                     out[(key[0], key[1])] = max(out.get((key[0], key[1]), 0.0), bps)
         return out

@@ -8,7 +8,11 @@ blocks: an engine moves whole blocks (vLLM's CPU backend: 128 tokens a block; on
 16 by default).
 
     kv_models = { "meta-llama/Llama-3.1-8B-Instruct" = "Llama-3.1-8B,block=16",
-                  "tiny" = "layers=4,kv_heads=2,head_dim=64,dtype=fp32,block=128" }
+                  "*" = "layers=4,kv_heads=2,head_dim=64,dtype=fp32,block=128" }
+
+"*" is the shape of a request whose span names no model, or a model not listed: vLLM
+0.32's `llm_request` carries no model name (gen_ai.response.model is not set), so a fleet
+of vLLM engines serving one model names it "*".
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 from fabricprobe.workload.models import DTYPE_BYTES, ModelShape, model_shape
 
+ANY_MODEL = "*"
 DEFAULT_BLOCK = 16  # vLLM's default block size on GPUs
 MAX_BLOCK = 1 << 16
 MAX_DIM = 1 << 20  # layers, heads or head dimension beyond this are not a model
@@ -104,13 +109,13 @@ def model_bytes(
     requests: Iterable[tuple[str, str, int | None]], shapes: Mapping[str, KvShape]
 ) -> dict[str, float]:
     """Request id -> KV bytes its model's shape gives for its prompt, for each of
-    REQUESTS (id, served model, prompt tokens) whose model has a shape and whose prompt
-    tokens are known."""
+    REQUESTS (id, served model, prompt tokens) whose model has a shape (its own, else
+    ANY_MODEL's) and whose prompt tokens are known."""
     out: dict[str, float] = {}
     if not shapes:
         return out
     for rid, model, tokens in requests:
-        shape = shapes.get(model)
+        shape = shapes.get(model) or shapes.get(ANY_MODEL)
         if shape is None or tokens is None or not 0 < tokens <= MAX_TOKENS:
             continue
         out[rid] = float(shape.request_bytes(tokens))

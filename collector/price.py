@@ -120,7 +120,8 @@ def kv_price(
     """The price of moving NBYTES from SRC to DST now (arguments checked by the caller:
     check_host, check_bytes). The path's RTT comes from its newest latency window (either
     direction: a round trip crosses both), its bandwidth from its newest throughput
-    window (the direction the bytes flow first); either missing or older than
+    window (the direction the bytes flow first), at the highest throughput that path's
+    windows measured; either missing or older than
     cfg.max_age_s makes the price unknown."""
 
     def unknown(reason: str, age_s: float | None = None) -> Price:
@@ -154,7 +155,9 @@ def kv_price(
         assert sketch is not None
         p50_ns, p99_ns = sketch.percentiles_ns((50.0, 99.0))
         loss = sketch.loss_ratio
-        bps = float(got_bw[1].last_bytes_per_second or 0.0)
+        # the path's capacity as its windows measured it, as the KV split uses it
+        # (Attribution.bandwidth); its freshness is the newest bandwidth window's
+        bps = float(got_bw[1].peak_bytes_per_second or 0.0)
         age_ns = now - min(rst.last_end_ns, got_bw[1].last_end_ns)
     age = max(0.0, age_ns / 1e9)
     if age > cfg.max_age_s:

@@ -191,3 +191,11 @@ def test_breakdown_carries_the_parts_and_both_shares() -> None:
     assert out["fabric_share_ttft"] == pytest.approx(kv.loc[0, "fabric_s"] / 1.0)
     assert out["kv_bytes"] == 1_000_000 and out["kv_bytes_source"] == "span"
     assert out["transfer_stack_source"] == "nixl-host-rate"
+
+
+def test_a_request_naming_no_model_takes_the_star_shape() -> None:
+    shapes = parse_kv_models({"*": "layers=4,kv_heads=2,head_dim=64,dtype=fp32,block=128"})
+    assert model_bytes([("a", "", 48), ("b", "other", 200)], shapes) == {
+        "a": 128 * 4096,
+        "b": 256 * 4096,
+    }

@@ -250,3 +250,20 @@ def test_tor_pairs_carry_the_worst_price_of_their_host_pairs_and_count_unknowns(
     assert got.prices == {("tor-1", "tor-2"): (want.p50_s, want.p99_s)}
     assert (got.known, got.unknown, got.omitted) == (1, 2, 0)
     assert tor_prices(store, [("a", "b")], max_tors=0).omitted == 1
+
+
+def test_the_path_is_priced_at_the_highest_bandwidth_its_windows_measured() -> None:
+    store, clock = store_with(bw=2e9)
+    clock.now = NOW + S
+    r = pb.WindowReport(
+        host="a", epoch=1, seq=2, window_start_unix_ns=NOW, window_end_unix_ns=NOW + S
+    )
+    # a starved sender's window: 2.5 MB/s on the same path
+    r.probes.add(
+        dst="b", transport="tcp", op="stream", size=4096, bytes_moved=2_500_000, busy_seconds=1.0
+    )
+    store.take(r)
+    p = kv_price(store, "a", "b", 1 << 20)
+    assert p.known and p.bandwidth_bytes_per_s == 2e9
+    assert p.age_s == pytest.approx(1.0)  # the RTT window's age: the older figure
+    assert Attribution(store, clock=clock).bandwidth()[("a", "b")] == 2e9
