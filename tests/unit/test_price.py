@@ -3,6 +3,7 @@ call; the HTTP handler's validation; the scheduler's client."""
 
 from __future__ import annotations
 
+import math
 from urllib.parse import parse_qs
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
@@ -267,3 +268,40 @@ def test_the_path_is_priced_at_the_highest_bandwidth_its_windows_measured() -> N
     assert p.known and p.bandwidth_bytes_per_s == 2e9
     assert p.age_s == pytest.approx(1.0)  # the RTT window's age: the older figure
     assert Attribution(store, clock=clock).bandwidth()[("a", "b")] == 2e9
+
+
+finite = st.floats(min_value=0, max_value=1e12, allow_nan=False)
+
+
+@given(
+    st.booleans(),
+    st.text(max_size=60),
+    st.none() | finite,
+    st.none() | finite,
+    st.none() | st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["", "rdma", "tcp"]),
+    st.integers(0, 10),
+    st.integers(1, 1 << 40),
+)
+def test_a_price_crosses_the_wire_as_it_is(
+    known: bool,
+    reason: str,
+    p50: float | None,
+    p99: float | None,
+    age: float | None,
+    transport: str,
+    rtts: int,
+    nbytes: int,
+) -> None:
+    from fabricprobe.collector.price import Price, price_reply
+    from fabricprobe.workload.price import KvCost
+
+    p = Price("a", "b", nbytes, known, reason, p50, p99, age_s=age, transport=transport, rtts=rtts)
+    wire = pb.KvCostReply.FromString(price_reply(p).SerializeToString())
+    got = KvCost.from_reply(wire)
+    assert (got.known, got.reason, got.bytes, got.transport, got.rtts) == (
+        known, reason, nbytes, transport, rtts,
+    )  # fmt: skip
+    assert got.p50_s == p50 and got.p99_s == p99
+    # a figure that is not finite is not sent: absent, never NaN
+    assert got.age_s == (age if age is not None and math.isfinite(age) else None)
