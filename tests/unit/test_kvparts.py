@@ -199,3 +199,34 @@ def test_a_request_naming_no_model_takes_the_star_shape() -> None:
         "a": 128 * 4096,
         "b": 256 * 4096,
     }
+
+
+def test_why_tables_print_every_column_they_have_and_no_none() -> None:
+    from rich.console import Console
+
+    from fabricprobe.cli.commands.why import paths_table, requests_table
+
+    row = {
+        "request_id": "r",
+        "src": "a",
+        "dst": "b",
+        "kv_transfer_s": 0.12,
+        "kv_wait_s": 0.12,
+        "fabric_s": 0.0002,
+        "fabric_source": "rtt+bandwidth+loss@window",
+        "transfer_stack_s": 0.004,
+        "engine_wait_s": 0.1158,
+        "ttft_s": 1.0,
+        "kv_share_ttft": 0.12,
+        "fabric_share_ttft": 0.0002,
+        "kv_bytes": 524288,
+        "kv_bytes_source": "model-shape",
+    }
+    console = Console(width=400, record=True)
+    console.print(requests_table([row]))
+    console.print(paths_table([{"rank": 1, "src": "a", "dst": "b", "transfers": 3}]))
+    text = console.export_text()
+    assert "None" not in text
+    assert text.count("│ a->b │") == 2  # no transport printed where none is known
+    for cell in ("120.0", "0.2~", "4.0", "115.8", "12%", "0.02%", "524,288m"):
+        assert cell in text, cell

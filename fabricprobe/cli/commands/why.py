@@ -93,7 +93,10 @@ def _bytes(v: Any, source: Any) -> str:
 
 
 def _share(v: Any) -> str:
-    return "-" if v is None else f"{float(v):.0%}"
+    """A share in percent; below 1 % with two decimals (the fabric's is often 0.01 %)."""
+    if v is None:
+        return "-"
+    return f"{float(v):.0%}" if abs(float(v)) >= 0.01 else f"{float(v):.2%}"
 
 
 def path_text(r: dict[str, Any]) -> str:
