@@ -46,6 +46,7 @@ from fabricprobe.collector.linking import (
     link,
 )
 from fabricprobe.collector.otlp import TraceIngest
+from fabricprobe.collector.price import AnswerCounts
 from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
 from fabricprobe.collector.store import WindowStore, host_pair
 
@@ -141,6 +142,8 @@ class Attribution:
         self.store = store
         # served model name -> its KV shape: the bytes of a request no span gives
         self.kv_models: dict[str, KvShape] = dict(kv_models or {})
+        # how the fabric's price was answered (the Query API's KvCost, GET /v1/kv-cost)
+        self.price_answers = AnswerCounts()
         self.cfg = cfg or AnalysisConfig()
         self.clock = clock
         self.lock = threading.Lock()

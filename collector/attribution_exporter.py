@@ -177,6 +177,12 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             " now (worst host pair; quantile 0.5 or 0.99 of its RTT).",
             labels=["src_tor", "dst_tor", "quantile"],
         ),
+        "price_answers": CounterMetricFamily(
+            P + "kv_cost_answers",
+            "Requests for the fabric's price, by answer: known, unknown (no fresh figures),"
+            " refused (a bad argument).",
+            labels=["answer"],
+        ),
         "price_pairs": GaugeMetricFamily(
             P + "kv_cost_host_pairs",
             "Engine host pairs priced (known) or without fresh figures (unknown), last scrape.",
@@ -289,6 +295,8 @@ class AttributionCollector(Collector):
         for (st, dt), (p50, p99) in got.prices.items():
             f["tor_price"].add_metric([st, dt, "0.5"], p50)
             f["tor_price"].add_metric([st, dt, "0.99"], p99)
+        for answer, n in a.price_answers.snapshot().items():
+            f["price_answers"].add_metric([answer], float(n))
         f["price_pairs"].add_metric(["known"], float(got.known))
         f["price_pairs"].add_metric(["unknown"], float(got.unknown))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -33,6 +34,26 @@ MAX_HOST = 253  # a DNS name's length; agents' host names are no longer
 HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 TRANSPORT_ORDER = ("rdma", "tcp")  # the figures of the path KV would take, best first
 PARAMS = frozenset({"src", "dst", "bytes"})
+
+
+ANSWERS = ("known", "unknown", "refused")
+
+
+class AnswerCounts:
+    """How price requests were answered (known, unknown, refused: a bad argument), for
+    /metrics; safe across the server's threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = dict.fromkeys(ANSWERS, 0)
+
+    def count(self, answer: str) -> None:
+        with self._lock:
+            self._n[answer] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._n)
 
 
 @dataclass(frozen=True)
@@ -212,6 +233,7 @@ def kv_cost_http(
     params: Mapping[str, Sequence[str] | str],
     store: WindowStore,
     cfg: PriceConfig = PriceConfig(),
+    counts: AnswerCounts | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """`GET /v1/kv-cost?src=A&dst=B&bytes=N`: PARAMS as the query string parsed (each a
     value or a list of them, as urllib.parse.parse_qs gives) -> (HTTP status, JSON body).
@@ -219,7 +241,16 @@ def kv_cost_http(
     400: a parameter missing, repeated, unknown or out of range; 404: a host the
     collector does not know; 200: the price, `known` false with the reason when the path
     has no fresh figures. Bodies are small and bounded: a value is echoed only once it
-    passed as a host name."""
+    passed as a host name. COUNTS (when given) counts each answer."""
+    status, body = _kv_cost_http(params, store, cfg)
+    if counts is not None:
+        counts.count("refused" if status != 200 else "known" if body["known"] else "unknown")
+    return status, body
+
+
+def _kv_cost_http(
+    params: Mapping[str, Sequence[str] | str], store: WindowStore, cfg: PriceConfig
+) -> tuple[int, dict[str, Any]]:
     unexpected = set(params) - PARAMS
     if unexpected:
         return 400, {"error": f"unknown parameter(s): {len(unexpected)}; expected src, dst, bytes"}
@@ -227,7 +258,7 @@ def kv_cost_http(
     for name in sorted(PARAMS):
         raw = params.get(name)
         values = [raw] if isinstance(raw, str) else list(raw or [])
-        if len(values) != 1:
+        if len(values) != 1 or not isinstance(values[0], str):
             return 400, {"error": f"{name} must be given once"}
         got[name] = values[0]
     try:

@@ -189,6 +189,7 @@ class QueryServicer(pb_grpc.QueryServicer):
         # a price from figures older than a stale host's is no price
         stale = attribution.store.stale_after if attribution.store is not None else 30.0
         self.price = PriceConfig(max_age_s=stale)
+        self.price_answers = attribution.price_answers  # exported with the attribution
 
     def Why(self, request: pb.WhyRequest, context: grpc.ServicerContext) -> pb.WhyReply:
         try:
@@ -214,13 +215,16 @@ class QueryServicer(pb_grpc.QueryServicer):
                 raise CostError("src and dst are the same host: no fabric between them")
             nbytes = check_bytes(int(request.bytes))
         except CostError as e:
+            self.price_answers.count("refused")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kv cost: {e}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
         store = self.attribution.store
         if store is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "kv cost: this collector keeps no paths")
             raise AssertionError("context.abort returned")  # pragma: no cover
-        return price_reply(kv_price(store, src, dst, nbytes, cfg=self.price))
+        got = kv_price(store, src, dst, nbytes, cfg=self.price)
+        self.price_answers.count("known" if got.known else "unknown")
+        return price_reply(got)
 
     def Drift(self, request: pb.DriftRequest, context: grpc.ServicerContext) -> pb.DriftReply:
         if self.drift is None:

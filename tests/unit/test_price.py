@@ -305,3 +305,20 @@ def test_a_price_crosses_the_wire_as_it_is(
     assert got.p50_s == p50 and got.p99_s == p99
     # a figure that is not finite is not sent: absent, never NaN
     assert got.age_s == (age if age is not None and math.isfinite(age) else None)
+
+
+def test_answers_are_counted_and_exported() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from fabricprobe.collector.attribution_exporter import AttributionCollector
+
+    store, _ = store_with()
+    a = Attribution(store, clock=lambda: NOW)
+    for q in ("src=a&dst=b&bytes=1", "src=a&dst=c&bytes=1", "src=a&dst=b&bytes=0"):
+        kv_cost_http(parse_qs(q), store, counts=a.price_answers)
+    assert a.price_answers.snapshot() == {"known": 1, "unknown": 1, "refused": 1}
+    reg = CollectorRegistry()
+    reg.register(AttributionCollector(a))
+    v = reg.get_sample_value
+    assert v("fabricprobe_kv_cost_answers_total", {"answer": "refused"}) == 1
+    assert v("fabricprobe_kv_cost_host_pairs", {"state": "known"}) == 0  # no engine pairs
