@@ -29,7 +29,7 @@ from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
 MAX_WHY = 200
-SORT_KEYS = ("e2e_s", "ttft_s", "kv_transfer_s", "itl_s")
+SORT_KEYS = ("e2e_s", "ttft_s", "kv_transfer_s", "itl_s", "kv_wait_s", "fabric_s")
 MAX_WINDOW_S = 86_400.0
 _REQUEST_FLOATS = (
     "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s",

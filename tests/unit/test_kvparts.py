@@ -230,3 +230,13 @@ def test_why_tables_print_every_column_they_have_and_no_none() -> None:
     assert text.count("│ a->b │") == 2  # no transport printed where none is known
     for cell in ("120.0", "0.2~", "4.0", "115.8", "12%", "0.02%", "524,288m"):
         assert cell in text, cell
+
+
+def test_why_sorts_by_the_fabrics_part() -> None:
+    from fabricprobe.collector.query import check_why
+    from fabricprobe.core.api import fabricprobe_pb2 as pb
+
+    assert check_why(pb.WhyRequest(by="fabric_s"))[2] == "fabric_s"
+    assert check_why(pb.WhyRequest(by="kv_wait_s"))[2] == "kv_wait_s"
+    with pytest.raises(ValueError):
+        check_why(pb.WhyRequest(by="kv_fabric_s"))

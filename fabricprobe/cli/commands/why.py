@@ -190,7 +190,7 @@ cannot be asked, 2 on bad usage.""",
 @click.option("--window", "window_s", type=click.FloatRange(1, 86400), help="Seconds [60].")
 @click.option(
     "--by",
-    type=click.Choice(["e2e_s", "ttft_s", "kv_transfer_s", "itl_s"]),
+    type=click.Choice(["e2e_s", "ttft_s", "kv_transfer_s", "itl_s", "kv_wait_s", "fabric_s"]),
     default="e2e_s",
     show_default=True,
     help="What 'slowest' means.",
@@ -244,7 +244,7 @@ def why(
         if empty and not report.get("slowest"):
             raise SystemExit(EXIT_EMPTY)
         return
-    console = Console(width=max(170, Console().width))
+    console = Console(width=max(230, Console().width))  # 21 columns, ids and paths in full
     if empty and not report.get("slowest"):
         console.print(f"nothing to show: {empty}", style="yellow")
         raise SystemExit(EXIT_EMPTY)
