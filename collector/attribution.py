@@ -36,6 +36,7 @@ from fabricprobe.collector.join import (
     requests_frame,
     stages_frame,
 )
+from fabricprobe.collector.kvshape import KvShape, model_bytes
 from fabricprobe.collector.linking import (
     REASONS,
     HostDirectory,
@@ -45,6 +46,7 @@ from fabricprobe.collector.linking import (
     link,
 )
 from fabricprobe.collector.otlp import TraceIngest
+from fabricprobe.collector.price import AnswerCounts
 from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
 from fabricprobe.collector.store import WindowStore, host_pair
 
@@ -135,8 +137,13 @@ class Attribution:
         match: MatchConfig | None = None,
         link_wait_s: float = 5.0,
         pair_wait_s: float = 300.0,
+        kv_models: dict[str, KvShape] | None = None,
     ) -> None:
         self.store = store
+        # served model name -> its KV shape: the bytes of a request no span gives
+        self.kv_models: dict[str, KvShape] = dict(kv_models or {})
+        # how the fabric's price was answered (the Query API's KvCost, GET /v1/kv-cost)
+        self.price_answers = AnswerCounts()
         self.cfg = cfg or AnalysisConfig()
         self.clock = clock
         self.lock = threading.Lock()
@@ -363,13 +370,17 @@ class Attribution:
         return self.history.drain(now)
 
     def bandwidth(self) -> dict[tuple[str, str], float]:
-        """Each probed path's newest measured throughput (bytes/s), by (src, dst)."""
+        """Each probed path's bandwidth (bytes/s), by (src, dst): the highest throughput
+        its windows measured. A bandwidth probe is a sender on a host that may be busy:
+        a starved sender measures its CPU, not the path (on a 2-core machine beside two
+        engines one window read 2.5 MB/s of a loopback that carries GB/s), while the
+        fabric's own slowing shows in the RTT, loss and pause figures the split counts."""
         out: dict[tuple[str, str], float] = {}
         if self.store is None:
             return out
         with self.store.lock:
             for key, st in self.store.paths.items():
-                bps = st.last_bytes_per_second
+                bps = st.peak_bytes_per_second
                 if bps:
                     out[(key[0], key[1])] = max(out.get((key[0], key[1]), 0.0), bps)
         return out
@@ -402,7 +413,8 @@ class Attribution:
         found = paths_frame([lk.path for lk in linked], st)
         stages, requests = stages_frame(st), requests_frame(rq)
         windows, rates = self.history.frames()
-        kv = join_fabric(stages, windows, rates, bandwidth=self.bandwidth())
+        shaped = model_bytes(((r.request_id, r.model, r.prompt_tokens) for r in rq), self.kv_models)
+        kv = join_fabric(stages, windows, rates, bandwidth=self.bandwidth(), model_bytes=shaped)
         flag, bins = communication_bound(stages, cfg)
         out = Analysis(
             now_ns=now,
@@ -413,7 +425,7 @@ class Attribution:
             communication_bound=flag,
             bins=bins,
             goodput=goodput(requests, cfg, now_ns=now),
-            requests=request_breakdown(stages, requests, found),
+            requests=request_breakdown(stages, requests, found, kv),
             paths_found=found,
         )
         if window_s is None:

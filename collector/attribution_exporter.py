@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import pandas as pd
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -24,8 +25,10 @@ from prometheus_client.registry import Collector
 
 from fabricprobe.collector.attribution import Attribution
 from fabricprobe.collector.drift import DriftBook
+from fabricprobe.collector.kvshape import KvShape
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp import add_trace_service
+from fabricprobe.collector.price import tor_prices
 from fabricprobe.collector.query import add_query_service
 from fabricprobe.collector.store import WindowStore
 
@@ -90,9 +93,14 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             "Spearman rho of KV-transfer time per byte with probe p99 RTT, newest window.",
             labels=PATH,
         ),
+        "kv_share": GaugeMetricFamily(
+            P + "kv_share_ttft_ratio",
+            "Median share of TTFT the decode side waited for remote KV, last window.",
+            labels=[],
+        ),
         "share": GaugeMetricFamily(
             P + "fabric_share_ttft_ratio",
-            "Median share of TTFT spent in KV transfer over the last window.",
+            "Median share of TTFT the path's fabric explains (fabric_s / TTFT), last window.",
             labels=[],
         ),
         "comm": GaugeMetricFamily(
@@ -141,15 +149,44 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             "Engine requests whose path is unknown, by reason.",
             labels=["reason"],
         ),
-        "kv_fabric": GaugeMetricFamily(
-            P + "path_kv_fabric_seconds",
-            "Median KV-transfer seconds the path's RTT and bandwidth explain, last window.",
+        "kv_wait": GaugeMetricFamily(
+            P + "path_kv_wait_seconds",
+            "Median wait of the decode side for remote KV on the path, last window.",
             labels=PATH,
         ),
-        "kv_other": GaugeMetricFamily(
-            P + "path_kv_other_seconds",
-            "Median KV-transfer seconds beyond what the fabric explains, last window.",
+        "kv_fabric": GaugeMetricFamily(
+            P + "path_kv_fabric_seconds",
+            "Median of that wait the path's fabric explains (RTTs, bandwidth, loss, pauses;"
+            " estimated), last window.",
             labels=PATH,
+        ),
+        "kv_stack": GaugeMetricFamily(
+            P + "path_kv_transfer_stack_seconds",
+            "Median of that wait the transfer library took beyond the fabric (NIXL's"
+            " telemetry), last window.",
+            labels=PATH,
+        ),
+        "kv_engine": GaugeMetricFamily(
+            P + "path_kv_engine_wait_seconds",
+            "Median of that wait left to the engines (scheduling, polling), last window.",
+            labels=PATH,
+        ),
+        "tor_price": GaugeMetricFamily(
+            P + "tor_pair_kv_cost_seconds",
+            "Predicted fabric time of a 1 MiB KV transfer between the ToR pair's engine hosts"
+            " now (worst host pair; quantile 0.5 or 0.99 of its RTT).",
+            labels=["src_tor", "dst_tor", "quantile"],
+        ),
+        "price_answers": CounterMetricFamily(
+            P + "kv_cost_answers",
+            "Requests for the fabric's price, by answer: known, unknown (no fresh figures),"
+            " refused (a bad argument).",
+            labels=["answer"],
+        ),
+        "price_pairs": GaugeMetricFamily(
+            P + "kv_cost_host_pairs",
+            "Engine host pairs priced (known) or without fresh figures (unknown), last scrape.",
+            labels=["state"],
         ),
         "kv_speed_flag": GaugeMetricFamily(
             P + "path_kv_speed_above_bandwidth",
@@ -246,7 +283,22 @@ class AttributionCollector(Collector):
         if res is not None:
             self._kv_split(res.kv, f)
         self._nixl(f)
+        self._prices(f)
         yield from f.values()
+
+    def _prices(self, f: dict[str, Any]) -> None:
+        """The fabric's price per ToR pair of the host pairs engines use (bounded)."""
+        a = self.attribution
+        if a.store is None:
+            return
+        got = tor_prices(a.store, sorted(a.history.pairs))
+        for (st, dt), (p50, p99) in got.prices.items():
+            f["tor_price"].add_metric([st, dt, "0.5"], p50)
+            f["tor_price"].add_metric([st, dt, "0.99"], p99)
+        for answer, n in a.price_answers.snapshot().items():
+            f["price_answers"].add_metric([answer], float(n))
+        f["price_pairs"].add_metric(["known"], float(got.known))
+        f["price_pairs"].add_metric(["unknown"], float(got.unknown))
 
     @staticmethod
     def _analysis(res: Any, f: dict[str, Any]) -> None:
@@ -268,8 +320,9 @@ class AttributionCollector(Collector):
             for row in newest.itertuples(index=False):
                 labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
                 add("rho", labels, row.rho_rtt_p99)
-        share = res.requests["fabric_share_ttft"].median() if len(res.requests) else math.nan
-        add("share", [], share)
+        for name, col in (("kv_share", "kv_share_ttft"), ("share", "fabric_share_ttft")):
+            got = res.requests.get(col)
+            add(name, [], got.median() if got is not None and len(got) else math.nan)
         add("comm", [], 1.0 if res.communication_bound else 0.0)
         if len(res.goodput):
             g = res.goodput.iloc[0]
@@ -278,15 +331,21 @@ class AttributionCollector(Collector):
 
     @staticmethod
     def _kv_split(kv: Any, f: dict[str, Any]) -> None:
-        if kv.empty or "kv_fabric_s" not in kv.columns:
+        if kv.empty or "fabric_s" not in kv.columns:
             return
         kv = kv.assign(transport=kv["transport"].replace("", "unknown"))
+        parts = (
+            ("kv_wait", "kv_wait_s"),
+            ("kv_fabric", "fabric_s"),
+            ("kv_stack", "transfer_stack_s"),
+            ("kv_engine", "engine_wait_s"),
+        )
         for (src, dst, tr), g in kv.groupby(["src", "dst", "transport"]):
             labels = [str(src), str(dst), str(tr)]
-            fabric, other = g["kv_fabric_s"].median(), g["kv_other_s"].median()
-            if not math.isnan(fabric):
-                f["kv_fabric"].add_metric(labels, float(fabric))
-                f["kv_other"].add_metric(labels, float(other))
+            for name, col in parts:
+                v = pd.to_numeric(g[col], errors="coerce").median()
+                if math.isfinite(v):  # an unknown part is not exported, never as 0
+                    f[name].add_metric(labels, float(v))
             flags = g["kv_speed_above_path"].dropna()
             if len(flags):
                 f["kv_speed_flag"].add_metric(labels, 1.0 if flags.astype(bool).any() else 0.0)
@@ -313,11 +372,13 @@ def attach_attribution(
     *,
     match: MatchConfig | None = None,
     drift: DriftBook | None = None,
+    kv_models: dict[str, KvShape] | None = None,
 ) -> Attribution:
     """Add the OTLP TraceService to SERVER (a grpc.Server), the attribution metrics to
     REGISTRY, and keep the fabric history fed from STORE until STOP is set. MATCH says how
-    engine spans' host attributes name the agents' hosts."""
-    attribution = Attribution(store, match=match)
+    engine spans' host attributes name the agents' hosts; KV_MODELS the served models'
+    KV shapes (the bytes of a request no span gives)."""
+    attribution = Attribution(store, match=match, kv_models=kv_models)
     add_trace_service(server, attribution.ingest)
     add_query_service(server, attribution, drift)
     registry.register(AttributionCollector(attribution))

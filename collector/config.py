@@ -61,6 +61,7 @@ from fabricprobe.collector.detail import DetailConfig
 from fabricprobe.collector.drift import MAX_WAIVERS, parse_waivers
 from fabricprobe.collector.engines import HOST_ATTRIBUTES
 from fabricprobe.collector.exposition import load_web_config
+from fabricprobe.collector.kvshape import KvShape, parse_kv_models
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.rawstore import RawStoreConfig
 from fabricprobe.collector.service import ApiConfig, ServerConfig
@@ -145,6 +146,13 @@ class CollectorSettings:
         "[regex, replacement] rules from engine host values to agent hosts.",
         flag=None,
         check=REWRITE,
+    )
+    kv_models: dict[str, str] = setting(
+        {},
+        "Served model = KV shape: a preset (probe workload's) or layers=,kv_heads=,"
+        "head_dim=,dtype=, and block= tokens.",
+        flag="--kv-model",
+        metavar="MODEL=SHAPE",
     )
     report_interval_s: float = setting(10.0, "Window seconds.", lo=0.1, hi=3600)
     budget: int = setting(16, "Peers each host probes.", lo=1, hi=1024)
@@ -367,6 +375,7 @@ class CollectorSettings:
             metrics_listen=self.metrics_listen,
             otlp_http_listen=self.otlp_http_listen,
             match=self.match_config(),
+            kv_models=self._kv_models(),
             web_config=self.web_config,
             http=self.http_limits(),
             workers=self.workers,
@@ -403,6 +412,12 @@ class CollectorSettings:
             )
         except ValueError as e:
             raise ConfigError(f"http: {e}") from None
+
+    def _kv_models(self) -> dict[str, KvShape]:
+        try:
+            return parse_kv_models(self.kv_models)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def match_config(self) -> MatchConfig:
         """How engine spans' host attributes name agents' hosts (collector/linking.py)."""

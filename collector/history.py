@@ -24,7 +24,9 @@ import pandas as pd
 from fabricprobe.collector.store import CounterKey, PathKey, WindowStore, host_pair
 from fabricprobe.core.sketchwire import MergedSketch
 
-COUNTER_CATEGORIES = ("pfc_pause", "ecn_mark", "cnp", "retransmit")
+# pause_us: the µs per second a PFC pause held the link (ethtool's *_pause_duration:
+# mlx5, bnxt_en), which the KV split turns into time (collector/kvparts.py)
+COUNTER_CATEGORIES = ("pfc_pause", "ecn_mark", "cnp", "retransmit", "pause_us")
 # NIXL's per-engine transfer counters (agent/nixl.py), kept for every host that has them:
 # the join reads the decode host's transfers around each KV transfer
 NIXL_CATEGORY = "nixl"
@@ -51,6 +53,8 @@ def counter_category(kind: str, name: str) -> str | None:
         return NIXL_CATEGORY
     if kind == "pfc" and lname in ("rx_pause", "tx_pause"):
         return "pfc_pause"
+    if kind == "pfc" and lname == "rx_pause_duration_us":
+        return "pause_us"  # the time this end was paused: what held its sends back
     if "ecn" in lname:
         return "ecn_mark"
     if "cnp" in lname:

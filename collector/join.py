@@ -7,12 +7,13 @@ its time window, and with the counter rates of both ends over that time. A reque
 breakdown puts its stages side by side with TTFT and inter-token latency kept apart,
 and the fabric's share of each.
 
-A KV transfer is split in two: the part the fabric explains at that moment (the path's
-median probe RTT plus the transfer's bytes at the path's measured bandwidth) and the
-rest (the engine's scheduling and polling around it). The bytes are the span's, else the
-mean bytes per transfer NIXL counted on the decode host around that time. NIXL's own
-figures for the decode host ride along, and a KV speed above the path's measured
-bandwidth is flagged: the transfer cannot have crossed that path at that speed.
+A KV wait is split in three (collector/kvparts.py): what the path's fabric explains at
+that moment for the bytes moved, the transfer library's own time beyond it (NIXL's
+telemetry on the decode host), and the engine's wait around both. The bytes are the
+span's, else the model shape's for the request's prompt, else the mean bytes per
+transfer NIXL counted on the decode host around that time. NIXL's own figures ride
+along, and a KV speed above the path's measured bandwidth is flagged: the transfer
+cannot have crossed that path at that speed.
 A request whose path is unknown keeps NaN fabric figures and share, never 0.
 """
 
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from fabricprobe.collector.history import COUNTER_CATEGORIES, NIXL_CATEGORY
+from fabricprobe.collector.kvparts import PART_COLUMNS, split_parts
 from fabricprobe.collector.linking import PathInfo
 from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
 
@@ -181,23 +183,16 @@ def _nixl_figures(rates: pd.DataFrame, start_ns: int, end_ns: int) -> dict[str, 
 
 
 def split_kv(kv: pd.DataFrame) -> pd.DataFrame:
-    """kv_bytes_used, kv_fabric_s (what the path explains: median RTT + bytes at the
-    measured bandwidth, at most the transfer's time), kv_other_s (the rest), and
-    kv_speed_above_path. NaN where a figure it needs is unknown."""
+    """The three parts of each KV wait (collector/kvparts.py: kv_wait_s, fabric_s,
+    transfer_stack_s, engine_wait_s, the bytes used and where each figure came from)
+    and kv_speed_above_path. NaN where a figure a part needs is unknown."""
+    out = split_parts(kv)
     if kv.empty:
-        return kv.assign(kv_bytes_used=[], kv_fabric_s=[], kv_other_s=[], kv_speed_above_path=[])
-    nbytes = kv["bytes"].where(kv["bytes"] > 0, kv["nixl_mean_bytes"]).astype(float)
-    wire = nbytes / kv["bandwidth_bytes_per_s"].where(kv["bandwidth_bytes_per_s"] > 0)
-    fabric = (kv["rtt_p50_s"] + wire).clip(upper=kv["duration_s"])
-    speed = kv["nixl_speed_bytes_per_s"]
-    bw = kv["bandwidth_bytes_per_s"]
+        return out.assign(kv_speed_above_path=[])
+    speed = out["nixl_speed_bytes_per_s"]
+    bw = out["bandwidth_bytes_per_s"]
     above = (speed > bw * SPEED_SLACK).where(speed.notna() & bw.notna())
-    return kv.assign(
-        kv_bytes_used=nbytes,
-        kv_fabric_s=fabric,
-        kv_other_s=kv["duration_s"] - fabric,
-        kv_speed_above_path=above,
-    )
+    return out.assign(kv_speed_above_path=above)
 
 
 # A probe's RTT holds the prober's and the responder's host delay beside the network's.
@@ -286,8 +281,11 @@ def join_fabric(
     slack_s: float = 1.0,
     horizon_s: float = 30.0,
     bandwidth: dict[tuple[str, str], float] | None = None,
+    model_bytes: dict[str, float] | None = None,
 ) -> pd.DataFrame:
-    """Fabric stages with the figures of their path over their time.
+    """Fabric stages with the figures of their path over their time, and the parts of
+    each KV wait (split_kv). MODEL_BYTES: the KV bytes the model's shape gives a
+    request (by request id), used where the span gives none.
 
     Adds rtt_min_s (min over the overlapping windows), rtt_p50_s (mean), rtt_p99_s (max),
     loss_ratio
@@ -399,25 +397,53 @@ def join_fabric(
         fab[col] = values
     for col, values in nixl_cols.items():
         fab[col] = values
+    fab["model_bytes"] = fab["request_id"].map(model_bytes or {}).astype(float)
     return split_kv(fab.reset_index(drop=True))
 
 
-def request_breakdown(
-    stages: pd.DataFrame, requests: pd.DataFrame, paths: pd.DataFrame | None = None
-) -> pd.DataFrame:
-    """One row per request: seconds per stage, TTFT, ITL, e2e, the KV path, fabric share.
+PER_REQUEST_SUMS = [
+    "kv_wait_s",
+    "fabric_s",
+    "transfer_stack_s",
+    "engine_wait_s",
+    "over_explained_s",
+    "kv_bytes_used",
+]
+PER_REQUEST_SOURCES = ["kv_bytes_source", "fabric_source", "transfer_stack_source"]
 
-    fabric_share_ttft is KV-transfer time over TTFT (in disaggregated serving the KV
-    cache must arrive before decode can produce the first token); fabric_share_e2e is
-    over the whole request. Both are NaN when the request's path is unknown (PATHS says
-    which and why: `path` is "unknown" and `path_reason` the reason)."""
+
+def _parts_per_request(kv: pd.DataFrame) -> pd.DataFrame:
+    """The KV parts of each request (summed over its transfers; NaN stays NaN)."""
+    cols = [c for c in PART_COLUMNS if c in kv]
+    if kv.empty or len(cols) < len(PART_COLUMNS):
+        return pd.DataFrame(columns=PER_REQUEST_SUMS + PER_REQUEST_SOURCES)
+    g = kv.groupby("request_id")
+    sums = g[PER_REQUEST_SUMS].sum(min_count=1)
+    return sums.join(g[PER_REQUEST_SOURCES].first())
+
+
+def request_breakdown(
+    stages: pd.DataFrame,
+    requests: pd.DataFrame,
+    paths: pd.DataFrame | None = None,
+    kv: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One row per request: seconds per stage, TTFT, ITL, e2e, the KV path, the parts of
+    its KV wait (KV: join_fabric's frame) and their shares.
+
+    kv_share_ttft is the whole KV wait over TTFT (in disaggregated serving the KV cache
+    must arrive before decode can produce the first token); fabric_share_ttft is the
+    part the fabric explains (fabric_s) over TTFT; the *_e2e shares are over the whole
+    request. All are NaN when the request's path is unknown (PATHS says which and why:
+    `path` is "unknown" and `path_reason` the reason), and fabric_s's when the path's
+    figures are."""
     st = measured_first(stages)
     per = st.pivot_table(
         index="request_id", columns="stage", values="duration_s", aggfunc="sum"
     ).reindex(columns=list(STAGES))
     per.columns = [f"{c}_s" for c in per.columns]
-    kv = st[st["stage"].isin(FABRIC_STAGES) & (st["src"] != "") & (st["dst"] != "")]
-    path = kv.groupby("request_id").agg(
+    crossed = st[st["stage"].isin(FABRIC_STAGES) & (st["src"] != "") & (st["dst"] != "")]
+    path = crossed.groupby("request_id").agg(
         src=("src", "first"),
         dst=("dst", "first"),
         transport=("transport", "first"),
@@ -447,7 +473,18 @@ def request_breakdown(
     out["path"] = (out["src"].astype(str) + "->" + out["dst"].astype(str)).where(
         has_path, "unknown"
     )
+    parts = _parts_per_request(kv if kv is not None else pd.DataFrame())
+    out = out.join(parts, how="left")
     kv_s = out["kv_transfer_s"].where(from_kv)
-    out["fabric_share_ttft"] = kv_s / out["ttft_s"].where(out["ttft_s"] > 0)
-    out["fabric_share_e2e"] = kv_s / out["e2e_s"].where(out["e2e_s"] > 0)
-    return out.reset_index().rename(columns={"index": "request_id"})
+    out["kv_wait_s"] = kv_s
+    got = pd.to_numeric(out["kv_bytes_used"], errors="coerce")
+    out["kv_bytes"] = got.where(got > 0, out["kv_bytes"].where(out["kv_bytes"] > 0))
+    out["kv_bytes_source"] = out["kv_bytes_source"].where(out["kv_bytes"].notna(), "")
+    fabric = pd.to_numeric(out["fabric_s"], errors="coerce").where(from_kv)
+    ttft = out["ttft_s"].where(out["ttft_s"] > 0)
+    e2e = out["e2e_s"].where(out["e2e_s"] > 0)
+    out["kv_share_ttft"] = kv_s / ttft
+    out["kv_share_e2e"] = kv_s / e2e
+    out["fabric_share_ttft"] = fabric / ttft
+    out["fabric_share_e2e"] = fabric / e2e
+    return out.drop(columns=["kv_bytes_used"]).reset_index().rename(columns={"index": "request_id"})

@@ -1,4 +1,5 @@
-"""The Query service: `probe why` as a typed RPC over the attribution analysis.
+"""The Query service: `probe why` as a typed RPC over the attribution analysis, and the
+fabric's price of a KV transfer (`probe cost`, collector/price.py).
 
 `why_reply()` turns one Analysis into a WhyReply (pure; tests call it bare);
 `QueryServicer` is its gRPC edge. Who may call it is decided by the server's one
@@ -16,17 +17,27 @@ import pandas as pd
 from fabricprobe.collector.attribution import Analysis, Attribution
 from fabricprobe.collector.drift import DriftBook
 from fabricprobe.collector.join import RATE_FIELDS
+from fabricprobe.collector.price import (
+    CostError,
+    PriceConfig,
+    check_bytes,
+    check_host,
+    kv_price,
+    price_reply,
+)
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
 MAX_WHY = 200
-SORT_KEYS = ("e2e_s", "ttft_s", "kv_transfer_s", "itl_s")
+SORT_KEYS = ("e2e_s", "ttft_s", "kv_transfer_s", "itl_s", "kv_wait_s", "fabric_s")
 MAX_WINDOW_S = 86_400.0
 _REQUEST_FLOATS = (
     "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s",
     "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s",
-    "rtt_p99_s", "loss_ratio", "host_delay_s",
+    "rtt_p99_s", "loss_ratio", "host_delay_s", "kv_wait_s", "fabric_s", "transfer_stack_s",
+    "engine_wait_s", "over_explained_s", "kv_share_ttft", "kv_share_e2e",
 )  # fmt: skip
+_REQUEST_TEXTS = ("fabric_source", "transfer_stack_source", "kv_bytes_source")
 _PATH_FLOATS = (
     "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio",
     "congestion_per_s", "explained_s", "host_delay_s",
@@ -63,7 +74,9 @@ def _slow_request(row: dict[str, Any]) -> pb.SlowRequest:
         kv_source=_text(row.get("kv_source")),
         host_bound=_finite(row.get("host_bound")) == 1.0,
     )
-    for name in (*_REQUEST_FLOATS, "kv_fabric_s", "kv_other_s"):
+    for text in _REQUEST_TEXTS:
+        setattr(msg, text, _text(row.get(text)))
+    for name in _REQUEST_FLOATS:
         if (f := _finite(row.get(name))) is not None:
             setattr(msg, name, f)
     for name in ("output_tokens", "kv_bytes"):
@@ -173,6 +186,10 @@ class QueryServicer(pb_grpc.QueryServicer):
     def __init__(self, attribution: Attribution, drift: DriftBook | None = None) -> None:
         self.attribution = attribution
         self.drift = drift
+        # a price from figures older than a stale host's is no price
+        stale = attribution.store.stale_after if attribution.store is not None else 30.0
+        self.price = PriceConfig(max_age_s=stale)
+        self.price_answers = attribution.price_answers  # exported with the attribution
 
     def Why(self, request: pb.WhyRequest, context: grpc.ServicerContext) -> pb.WhyReply:
         try:
@@ -188,6 +205,26 @@ class QueryServicer(pb_grpc.QueryServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"why: the analysis failed: {e!s:.200}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
         return why_reply(res, n, by)
+
+    def KvCost(self, request: pb.KvCostRequest, context: grpc.ServicerContext) -> pb.KvCostReply:
+        """The fabric's price of REQUEST.bytes from src to dst now (collector/price.py)."""
+        try:
+            src = check_host(request.src, "src")
+            dst = check_host(request.dst, "dst")
+            if src == dst:
+                raise CostError("src and dst are the same host: no fabric between them")
+            nbytes = check_bytes(int(request.bytes))
+        except CostError as e:
+            self.price_answers.count("refused")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kv cost: {e}")
+            raise AssertionError("context.abort returned") from None  # pragma: no cover
+        store = self.attribution.store
+        if store is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "kv cost: this collector keeps no paths")
+            raise AssertionError("context.abort returned")  # pragma: no cover
+        got = kv_price(store, src, dst, nbytes, cfg=self.price)
+        self.price_answers.count("known" if got.known else "unknown")
+        return price_reply(got)
 
     def Drift(self, request: pb.DriftRequest, context: grpc.ServicerContext) -> pb.DriftReply:
         if self.drift is None:

@@ -42,6 +42,7 @@ from fabricprobe.collector.detail import DetailConfig, DetailSelector
 from fabricprobe.collector.drift import DriftBook, DriftCollector, Waiver
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_config, serve_metrics
+from fabricprobe.collector.kvshape import KvShape
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp_http import serve_otlp_http
 from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
@@ -389,6 +390,9 @@ class ServerConfig:
     metrics_listen: str = "127.0.0.1:9794"  # "" serves no /metrics
     otlp_http_listen: str = ""  # OTLP over HTTP (POST /v1/traces); "" serves none
     match: MatchConfig = field(default_factory=MatchConfig)  # engine sides -> agent hosts
+    # served model name -> KV shape (collector/kvshape.py): a request's bytes, where no
+    # span gives them
+    kv_models: dict[str, KvShape] = field(default_factory=dict)
     web_config: str = ""  # TLS and basic auth for /metrics (collector/exposition.py)
     metrics_threads: int = 8  # /metrics renders (and password checks) run at once
     http: Limits = field(default_factory=Limits)  # deadlines and caps of both HTTP servers
@@ -500,7 +504,13 @@ class CollectorServer:
         pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api, self.drift), server)
         # OTLP stage spans joined with the fabric (collector/attribution.py), and Query
         self.attribution = attach_attribution(
-            server, self.store, self.registry, self._stop, match=self.cfg.match, drift=self.drift
+            server,
+            self.store,
+            self.registry,
+            self._stop,
+            match=self.cfg.match,
+            drift=self.drift,
+            kv_models=self.cfg.kv_models,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

@@ -86,6 +86,9 @@ class PathStats:
     bytes_moved: int = 0
     busy_seconds: float = 0.0
     last_bytes_per_second: float | None = None
+    # the highest throughput a window of this path measured: what the path can carry (a
+    # lower figure is a busy sender's as often as the fabric's; collector/kvparts.py)
+    peak_bytes_per_second: float | None = None
     failures: int = 0
     windows: int = 0
     # what the bounded export ranks the path by (collector/detail.py), set as each newest
@@ -476,8 +479,10 @@ class WindowStore:
         if w.bytes_moved:
             stats.bytes_moved += w.bytes_moved
             stats.busy_seconds += w.busy_seconds
+            bps = w.bytes_moved / w.busy_seconds
+            stats.peak_bytes_per_second = max(stats.peak_bytes_per_second or 0.0, bps)
             if newest:
-                stats.last_bytes_per_second = w.bytes_moved / w.busy_seconds
+                stats.last_bytes_per_second = bps
         if newest:
             stats.last_order = order
             stats.last_end_ns = end_ns

@@ -494,9 +494,37 @@ REQUESTS = Dashboard(
                     description="Kept apart: TTFT carries the KV transfer, ITL the decode.",
                 ),
                 Panel(
-                    "Fabric share of TTFT",
-                    (("fabricprobe_fabric_share_ttft_ratio", "share"),),
+                    "KV wait and the fabric's part of TTFT",
+                    (
+                        ("fabricprobe_kv_share_ttft_ratio", "KV wait / TTFT"),
+                        ("fabricprobe_fabric_share_ttft_ratio", "fabric / TTFT (estimated)"),
+                    ),
                     "percentunit",
+                    description="The decode side's whole wait for remote KV over TTFT, and "
+                    "the part of it the path's fabric explains (its RTTs, bandwidth, loss "
+                    "and pauses for the bytes moved): the gap is the transfer library's "
+                    "and the engines' own time.",
+                ),
+                Panel(
+                    "KV wait in three parts per path (median)",
+                    (
+                        (
+                            f"fabricprobe_path_kv_fabric_seconds{{{KV_SEL}}}",
+                            "fabric {{src}}->{{dst}}",
+                        ),
+                        (
+                            f"fabricprobe_path_kv_transfer_stack_seconds{{{KV_SEL}}}",
+                            "transfer stack {{src}}->{{dst}}",
+                        ),
+                        (
+                            f"fabricprobe_path_kv_engine_wait_seconds{{{KV_SEL}}}",
+                            "engine wait {{src}}->{{dst}}",
+                        ),
+                    ),
+                    "s",
+                    description="fabric: estimated from the path's figures at the time; "
+                    "transfer stack: NIXL's own time beyond it (its telemetry on the "
+                    "decode host); engine wait: the rest of the wait (scheduling, polling).",
                 ),
                 Panel(
                     "Goodput under SLO beside throughput",

@@ -35,6 +35,7 @@ from fabricprobe.probes.counters import counter_deltas, read_port_counters
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.links import pick_engine
 from fabricprobe.probes.sysfs import read_device
+from fabricprobe.workload.models import PRESETS
 
 DEMO_PORT = 4793
 SHOWN_COUNTERS = (
@@ -274,6 +275,8 @@ def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
             "3",
             "--probe-count",
             "10",
+            # the default kinds and a bandwidth probe: the fabric's price needs both
+            *("--kind=tcp_lat", "--kind=rdma_rc_lat", "--kind=rdma_ud", "--kind=rdma_rc_bw"),
         )
     ]
     procs += [
@@ -341,6 +344,13 @@ def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
             "--timeout",
             "300",
         )
+        # the fabric's price of one request's KV cache (Llama-3.1-8B, 64 tokens) on each
+        # path now: what a scheduler choosing the decode host would be told
+        for dst in (fast, slow):
+            _run_shown(
+                console, 60, "cost", "--insecure", "--collector", api, "--src", a.name,
+                "--dst", dst.name, "--bytes", str(PRESETS["Llama-3.1-8B"].kv_bytes(64)),
+            )  # fmt: skip
         with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=60) as r:
             lines = [
                 ln
@@ -351,7 +361,12 @@ def request_view(hosts: list[FabricHost], console: Console, delay: str) -> int:
                         "fabricprobe_path_fabric_fault",
                         "fabricprobe_path_host_bound",
                         "fabricprobe_path_explained_seconds",
+                        "fabricprobe_kv_share_ttft_ratio",
                         "fabricprobe_fabric_share_ttft_ratio",
+                        "fabricprobe_path_kv_wait_seconds",
+                        "fabricprobe_path_kv_fabric_seconds",
+                        "fabricprobe_path_kv_transfer_stack_seconds",
+                        "fabricprobe_path_kv_engine_wait_seconds",
                         "fabricprobe_goodput_tokens_per_second",
                     )
                 )

@@ -254,6 +254,7 @@ def requests_section(g: Gathered) -> tuple[Section, list[Picture]]:
             '<div class="request">'
             f"<h3>request {esc(r['request_id'], 80)}</h3><p>{esc(path, 120)}</p>"
             + table(["stage", "ms"], stages)
+            + table(["KV wait in three parts", "value"], frames.kv_parts(r))
             + table(["fabric at the time", "value"], [f for f in figs if f[1] != absent])
             + (
                 para("not measured: " + ", ".join(n for n, v in figs if v == absent))

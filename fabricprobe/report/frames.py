@@ -326,7 +326,8 @@ FABRIC_FIGURES = [
     ("rtt_p50_s", "RTT p50", "us"),
     ("rtt_p99_s", "RTT p99", "us"),
     ("loss_ratio", "loss", "ratio"),
-    ("fabric_share_ttft", "KV share of TTFT", "ratio"),
+    ("kv_share_ttft", "KV wait share of TTFT", "ratio"),
+    ("fabric_share_ttft", "fabric share of TTFT (estimated)", "ratio"),
     ("src_pfc_pause_per_s", "src PFC pauses/s", "rate"),
     ("dst_pfc_pause_per_s", "dst PFC pauses/s", "rate"),
     ("src_ecn_mark_per_s", "src ECN marks/s", "rate"),
@@ -336,6 +337,37 @@ FABRIC_FIGURES = [
     ("src_retransmit_per_s", "src retransmits/s", "rate"),
     ("dst_retransmit_per_s", "dst retransmits/s", "rate"),
 ]
+
+
+# the KV wait in three parts (collector/kvparts.py): (column, name, its *_source column)
+KV_PARTS = [
+    ("kv_wait_s", "KV wait (the engine's)", ""),
+    ("fabric_s", "fabric", "fabric_source"),
+    ("transfer_stack_s", "transfer stack", "transfer_stack_source"),
+    ("engine_wait_s", "engine wait", ""),
+    ("over_explained_s", "estimates beyond the wait", ""),
+]
+
+
+def kv_parts(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The parts of one request's KV wait as (name, text): ms, and how a part was found
+    where it was estimated; the bytes with their source. Unknown parts say so."""
+    out = []
+    for col, name, source in KV_PARTS:
+        v = row.get(col)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            if col != "over_explained_s":
+                out.append((name, "not known"))
+            continue
+        if col == "over_explained_s" and not float(v) > 0:
+            continue
+        how = str(row.get(source) or "") if source else ""
+        out.append((name, f"{float(v) * 1e3:,.3f} ms" + (f" ({clip(how, 60)})" if how else "")))
+    b = pd.to_numeric(row.get("kv_bytes"), errors="coerce")
+    if b is not None and math.isfinite(b) and 0 <= b < 2**63:
+        how = clip(str(row.get("kv_bytes_source") or ""), 40)
+        out.append(("KV bytes", f"{int(b):,}" + (f" ({how})" if how else "")))
+    return out
 
 
 def fabric_figures(row: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -1,7 +1,9 @@
 """A disaggregated inference pipeline without a GPU: prefill -> KV transfer -> decode ->
 detokenize -> deliver, with the KV transfer real and everything else simulated in time.
 
-Each request picks a path (prefill host -> decode host) round-robin. Prefill and decode
+Each request picks a path (prefill host -> decode host) round-robin, or, given a
+router (fabricprobe/workload/route.py), its prefill host in turn and its decode host by
+the router's choice among that prefill host's paths. Prefill and decode
 are compute the workload stands in for: they take `prefill_s_per_token` per prompt
 token and `decode_step_s` per output token (sleeps, measured as they happen). The KV
 transfer moves the bytes the model's KV cache really has for that prompt
@@ -23,12 +25,13 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fabricprobe.workload.models import ModelShape
+from fabricprobe.workload.route import Choice
 from fabricprobe.workload.transfer import MAX_CHUNK, KvChannel, open_channel
 
 STAGE_ORDER = ("queue", "prefill", "kv_transfer", "decode", "detokenize", "deliver")
@@ -76,6 +79,7 @@ class RequestResult:
     stages: dict[str, tuple[int, int]] = field(default_factory=dict)
     first_token_ns: int = 0
     error: str | None = None
+    route: str = ""  # why the router chose this decode host ("" without one)
 
     @property
     def end_ns(self) -> int:
@@ -107,6 +111,10 @@ def _stage(res: RequestResult, name: str) -> Iterator[None]:
         yield
     finally:
         res.stages[name] = (t0, time.time_ns())
+
+
+class Router(Protocol):
+    def choose(self, src: Host, candidates: Sequence[Host], nbytes: int) -> Choice: ...
 
 
 class _Worker:
@@ -181,11 +189,13 @@ def run_pipeline(
     on_request: Callable[[RequestResult], None] | None = None,
     channel_kw: dict[str, Any] | None = None,
     channels: dict[tuple[str, str], KvChannel] | None = None,
+    router: Router | None = None,
 ) -> list[RequestResult]:
     """Run CFG.requests requests over PATHS; each finished request goes to ON_REQUEST
     (the span emitter) as soon as it is done. Failed requests carry their error.
     CHANNELS (one worker only) keeps kv_sink sessions open across runs: the caller
-    closes them with close_channels()."""
+    closes them with close_channels(). ROUTER chooses each request's decode host among
+    its prefill host's paths (the prefill hosts taken in turn)."""
     if not paths:
         raise ValueError("no paths to run over")
     if channels is not None and cfg.concurrency != 1:
@@ -198,9 +208,18 @@ def run_pipeline(
     lock = threading.Lock()
     run_id = secrets.token_hex(4)  # ids unique across runs, even with the same seed
 
+    srcs = list(dict.fromkeys(src for src, _ in paths))
+    decode = {s: list(dict.fromkeys(d for p, d in paths if p == s)) for s in srcs}
+
     def request(i: int) -> RequestResult:
-        src, dst = paths[i % len(paths)]
         prompt = cfg.prompt_for(rng)
+        why = ""
+        if router is None:
+            src, dst = paths[i % len(paths)]
+        else:
+            src = srcs[i % len(srcs)]
+            choice = router.choose(src, decode[src], cfg.model.kv_bytes(prompt))
+            dst, why = decode[src][choice.index], choice.reason
         return RequestResult(
             request_id=f"wl-{run_id}-{i}",
             src=src,
@@ -211,6 +230,7 @@ def run_pipeline(
             output_tokens=cfg.output_tokens,
             kv_bytes=cfg.model.kv_bytes(prompt),
             arrival_ns=0,
+            route=why,
         )
 
     def work() -> None:

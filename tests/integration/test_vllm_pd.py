@@ -35,6 +35,7 @@ from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.cli import main as cli
 from fabricprobe.collector.assign import PlanConfig
+from fabricprobe.collector.kvshape import parse_kv_shape
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from tests.support.fleet import quiet_port
 
@@ -224,7 +225,10 @@ def diagnose(collector: CollectorServer) -> str:
 
 @pytest.fixture
 def collector() -> Iterator[CollectorServer]:
-    plan = PlanConfig(interval_ms=1000, count=5, sizes=(4096,), kinds=("tcp_lat", "tcp_bw"))
+    # 64 KiB: a tcp_bw probe sends in chunks of the plan's size, and 4 KiB chunks measure
+    # the sender's per-send cost on a loaded host (100 MB/s idle here) more than the
+    # loopback (GB/s)
+    plan = PlanConfig(interval_ms=1000, count=5, sizes=(65536,), kinds=("tcp_lat", "tcp_bw"))
     server = CollectorServer(
         ServerConfig(
             listen="127.0.0.1:0",
@@ -249,6 +253,12 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(MODEL))
+    # the served model's KV shape (the collector's kv_models setting): 4 layers, 2 KV heads
+    # of 256 / 4 = 64, float32, in vLLM's CPU blocks of 128 tokens
+    # (vLLM 0.32's llm_request names no model: "*")
+    collector.attribution.kv_models["*"] = parse_kv_shape(
+        "layers=4,kv_heads=2,head_dim=64,dtype=fp32,block=128"
+    )
     # the side channel binds a minute after the start: a port from the ephemeral range
     # could be taken by then by one of the many connections made meanwhile
     ports = {h: quiet_port(h) for h in (PREFILL, DECODE)}
@@ -359,12 +369,32 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
                     "bandwidth_bytes_per_s",
                     "nixl_mean_bytes",
                     "nixl_speed_bytes_per_s",
-                    "kv_fabric_s",
-                    "kv_other_s",
+                    "nixl_mean_xfer_s",
+                    "kv_bytes_used",
+                    "kv_bytes_source",
+                    "fabric_s",
+                    "transfer_stack_s",
+                    "engine_wait_s",
                     "kv_speed_above_path",
                 ]
             ].to_string()
         )
+        # the KV wait in three parts: the fabric explains a sliver of TTFT on loopback,
+        # the wait itself is shown in full; the bytes are the model shape's, as NIXL's
+        req = att.analyse(window_s=600).requests.set_index("request_id").reindex(attributed)
+        cols = ["ttft_s", "kv_wait_s", "fabric_s", "transfer_stack_s", "engine_wait_s",
+                "kv_share_ttft", "fabric_share_ttft", "kv_bytes", "kv_bytes_source"]  # fmt: skip
+        print(req[cols].to_string())
+        assert (req["kv_wait_s"] == req["kv_transfer_s"]).all()
+        assert (req["kv_wait_s"] > 0).all()
+        assert (req["fabric_s"] > 0).all()
+        assert (req["fabric_s"] <= 0.01 * req["ttft_s"]).all()
+        parts = req["fabric_s"] + req["transfer_stack_s"].fillna(0) + req["engine_wait_s"]
+        assert ((parts - req["kv_wait_s"]).abs() <= 1e-9 + req["over_explained_s"]).all()
+        assert (req["kv_bytes_source"] == "model-shape").all()
+        nixl_bytes = kv["nixl_mean_bytes"].dropna().median()
+        print(f"NIXL bytes per transfer {nixl_bytes:,.0f}")
+        assert ((req["kv_bytes"] - nixl_bytes).abs() <= 0.1 * nixl_bytes).all()
         with urllib.request.urlopen(f"http://127.0.0.1:{collector.metrics_port}/metrics") as r:
             text = r.read().decode()
         path = 'dst="pd-decode-host",src="pd-prefill-host"'
@@ -400,6 +430,19 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
             >= 0.95 * REQUESTS
         )
         assert all(shown[r].get("kv_source", "").startswith("gen_ai.latency") for r in attributed)
+        for r in attributed:
+            row = shown[r]
+            assert row["kv_wait_s"] == pytest.approx(row["kv_transfer_s"])
+            assert row["fabric_source"].endswith("@window")
+            assert row["kv_bytes_source"] == "model-shape"
+            assert row["fabric_share_ttft"] <= 0.01
+        table = CliRunner().invoke(
+            cli,
+            ["why", "--insecure", "--collector", f"127.0.0.1:{collector.port}", "--window",
+             "600", "--slowest", "50"],
+        )  # fmt: skip
+        print(table.output)
+        assert "None" not in table.output
         print(f"test wall time {time.monotonic() - t0:.0f} s")
     except BaseException:
         for h in (PREFILL, DECODE):

@@ -29,7 +29,7 @@ from tests.support.stages import (
 
 PRE, FAST, SLOW = Host("pre-a", "127.0.0.1"), Host("dec-b", "127.0.0.1"), Host("dec-c", "127.0.0.1")
 MODEL = PRESETS["Llama-3.1-8B"]
-HEADINGS = {"queue": "queue", "prefill": "prefill", "kv": "kv_transfer", "decode": "decode",
+HEADINGS = {"queue": "queue", "prefill": "prefill", "KV wait": "kv_transfer", "decode": "decode",
             "detok": "detokenize", "deliver": "deliver"}  # fmt: skip
 
 
@@ -116,7 +116,7 @@ def test_spans_split_across_batches_and_out_of_order(
     assert view_mismatches(results, _view(collector)) == []
 
 
-def test_fabric_share_metric_is_the_median_of_the_requests_shares(
+def test_kv_share_metric_is_the_median_of_the_requests_shares(
     collector: CollectorServer, results: list[RequestResult]
 ) -> None:
     export_batches(
@@ -127,7 +127,7 @@ def test_fabric_share_metric_is_the_median_of_the_requests_shares(
     line = next(
         ln
         for ln in scrape(collector).splitlines()
-        if ln.startswith("fabricprobe_fabric_share_ttft_ratio ")
+        if ln.startswith("fabricprobe_kv_share_ttft_ratio ")
     )
     assert float(line.split()[1]) == pytest.approx(statistics.median(shares), rel=1e-6)
     assert 0.0 < statistics.median(shares) < 1.0

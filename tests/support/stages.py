@@ -29,7 +29,7 @@ def sent_row(r: RequestResult) -> dict[str, float]:
     """What the workload measured and sent for R: seconds per stage, TTFT, fabric share."""
     row = {f"{s}_s": r.seconds(s) for s in STAGE_ORDER}
     row["ttft_s"] = r.ttft_s
-    row["fabric_share_ttft"] = r.seconds("kv_transfer") / r.ttft_s
+    row["kv_share_ttft"] = r.seconds("kv_transfer") / r.ttft_s
     return row
 
 
@@ -50,9 +50,9 @@ def view_mismatches(results: list[RequestResult], view: pd.DataFrame) -> list[st
             tol = TOLERANCE_S if col.endswith("_s") else 1e-6 * max(1.0, abs(want))
             if not abs(have - want) <= tol:  # NaN fails too
                 out.append(f"{r.request_id} {col}: sent {want:.9f}, view {have:.9f}")
-        kv, ttft, share = (float(got[c]) for c in ("kv_transfer_s", "ttft_s", "fabric_share_ttft"))
+        kv, ttft, share = (float(got[c]) for c in ("kv_transfer_s", "ttft_s", "kv_share_ttft"))
         if not math.isclose(share, kv / ttft, rel_tol=1e-9):
-            out.append(f"{r.request_id}: fabric_share_ttft {share} is not {kv} / {ttft}")
+            out.append(f"{r.request_id}: kv_share_ttft {share} is not {kv} / {ttft}")
         if got["src"] != r.src.name or got["dst"] != r.dst.name:
             out.append(
                 f"{r.request_id}: path {got['src']}->{got['dst']}, sent {r.src.name}->{r.dst.name}"
@@ -129,7 +129,7 @@ def scrambled_requests(
             stages.append(StageRecord(rid, stage, start, start + 10**9, derived=True))
         requests.append(RequestRecord(rid, start, t, ttft, (t - start) / 1e9, 8, 64))
         row["ttft_s"] = ttft
-        row["fabric_share_ttft"] = row["kv_transfer_s"] / ttft
+        row["kv_share_ttft"] = row["kv_transfer_s"] / ttft
         want[rid] = row
         t += 50_000_000
     rng.shuffle(stages)

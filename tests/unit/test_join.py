@@ -70,8 +70,8 @@ def test_breakdown_keeps_ttft_and_itl_apart_and_prefers_measured_stages() -> Non
     assert out.loc["r", "queue_s"] == pytest.approx(0.1)
     assert out.loc["r", "ttft_s"] == 1.0
     assert out.loc["r", "itl_s"] == pytest.approx(0.1)
-    assert out.loc["r", "fabric_share_ttft"] == pytest.approx(0.25)
-    assert out.loc["r", "fabric_share_e2e"] == pytest.approx(0.125)
+    assert out.loc["r", "kv_share_ttft"] == pytest.approx(0.25)
+    assert out.loc["r", "kv_share_e2e"] == pytest.approx(0.125)
     assert (out.loc["r", "src"], out.loc["r", "dst"]) == ("h0", "h1")
 
 

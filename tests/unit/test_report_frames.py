@@ -185,3 +185,28 @@ def test_range_frame_skips_malformed_points() -> None:
     df = frames.range_frame(result)
     assert list(df["value"]) == [2e-5] and list(df["src"]) == ["a"]
     assert frames.range_frame({"not": "a list"}).empty
+
+
+def test_kv_parts_say_how_each_part_was_found_and_what_is_not_known() -> None:
+    row = {
+        "kv_wait_s": 0.12,
+        "fabric_s": 0.0004,
+        "fabric_source": "rtt+bandwidth+loss@window",
+        "transfer_stack_s": float("nan"),
+        "engine_wait_s": 0.1196,
+        "over_explained_s": 0.0,
+        "kv_bytes": 524288,
+        "kv_bytes_source": "model-shape",
+    }
+    got = dict(frames.kv_parts(row))
+    assert got["KV wait (the engine's)"] == "120.000 ms"
+    assert got["fabric"] == "0.400 ms (rtt+bandwidth+loss@window)"
+    assert got["transfer stack"] == "not known"
+    assert got["KV bytes"] == "524,288 (model-shape)"
+    assert "estimates beyond the wait" not in got
+    assert dict(frames.kv_parts({"kv_bytes": "junk"})) == {
+        "KV wait (the engine's)": "not known",
+        "fabric": "not known",
+        "transfer stack": "not known",
+        "engine wait": "not known",
+    }

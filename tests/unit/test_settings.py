@@ -296,3 +296,16 @@ def test_declaring_a_setting_is_one_line() -> None:
 
     with pytest.raises(TypeError, match=r"Bad\.x: a setting is"):
         specs(Bad)
+
+
+def test_kv_models_reach_the_server_config_and_a_bad_shape_is_a_config_error() -> None:
+    from fabricprobe.core.errors import ConfigError
+
+    shape = "layers=4,kv_heads=2,head_dim=64,dtype=fp32,block=128"
+    s = load("collector", flags={"kv_models": (f"*={shape}", "m=Llama-3.1-8B")})
+    got = s.server_config().kv_models
+    assert got["*"].block_tokens == 128 and got["*"].shape.bytes_per_token == 4096
+    assert got["m"].shape.layers == 32 and got["m"].block_tokens == 16
+    bad = load("collector", flags={"kv_models": ("m=layers=4",)})
+    with pytest.raises(ConfigError, match="kv_models"):
+        bad.server_config()

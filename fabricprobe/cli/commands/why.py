@@ -83,18 +83,44 @@ def _bound(r: dict[str, Any]) -> str:
     return "HOST" if r.get("host_bound") else "no"
 
 
+def _bytes(v: Any, source: Any) -> str:
+    """KV bytes, with a mark for how they were found: s (span), m (model shape), n
+    (NIXL's mean per transfer on the host)."""
+    if v is None:
+        return "-"
+    mark = {"span": "s", "model-shape": "m", "nixl-host-mean": "n"}.get(str(source or ""), "")
+    return f"{int(v):,}{mark}"
+
+
 def _share(v: Any) -> str:
-    return "-" if v is None else f"{float(v):.0%}"
+    """A share in percent; below 1 % with two decimals (the fabric's is often 0.01 %)."""
+    if v is None:
+        return "-"
+    return f"{float(v):.0%}" if abs(float(v)) >= 0.01 else f"{float(v):.2%}"
+
+
+def path_text(r: dict[str, Any]) -> str:
+    """SRC->DST and the transport where it is known (nothing in its place when not)."""
+    return " ".join(x for x in (f"{r.get('src')}->{r.get('dst')}", r.get("transport") or "") if x)
+
+
+def _estimated(v: Any, source: Any) -> str:
+    """A part in ms, marked ~ when it was estimated rather than measured."""
+    return _ms(v) + ("~" if v is not None and source and "@" in str(source) else "")
 
 
 def requests_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table(title="Slowest requests (ms; fabric figures of their path at the time, RTT in µs)")
-    cols = ["request", "path", "queue", "prefill", "kv", "decode", "detok", "deliver", "TTFT",
-            "ITL", "fabric/TTFT", "RTT p99", "host", "loss", "pauses/s", "retrans/s"]  # fmt: skip
+    t = Table(
+        title="Slowest requests (ms; KV wait = fabric~ (estimated from the path's figures)"
+        " + stack (the transfer library's own) + engine; RTT in µs)"
+    )
+    cols = ["request", "path", "queue", "prefill", "KV wait", "fabric", "stack", "engine",
+            "decode", "detok", "deliver", "TTFT", "ITL", "KV/TTFT", "fabric/TTFT", "KV bytes",
+            "RTT p99", "host", "loss", "pauses/s", "retrans/s"]  # fmt: skip
     for c in cols:
         t.add_column(c, justify="left" if c in ("request", "path") else "right")
     for r in rows:
-        path = f"{r.get('src')}->{r.get('dst')} {r.get('transport') or ''}" if r.get("src") else "-"
+        path = path_text(r) if r.get("src") else "-"
         if not r.get("src") and r.get("path_reason"):
             path = f"unknown: {r['path_reason']}"
         pauses = [r.get(f"{e}_pfc_pause_per_s") for e in ("src", "dst")]
@@ -103,11 +129,17 @@ def requests_table(rows: list[dict[str, Any]]) -> Table:
         t.add_row(
             str(r.get("request_id"))[-24:],
             path,
-            *(_ms(r.get(f"{s}_s")) for s in ("queue", "prefill", "kv_transfer", "decode")),
-            *(_ms(r.get(f"{s}_s")) for s in ("detokenize", "deliver")),
+            *(_ms(r.get(f"{s}_s")) for s in ("queue", "prefill")),
+            _ms(r.get("kv_wait_s", r.get("kv_transfer_s"))),
+            _estimated(r.get("fabric_s"), r.get("fabric_source")),
+            _ms(r.get("transfer_stack_s")),
+            _ms(r.get("engine_wait_s")) + ("!" if r.get("over_explained_s") else ""),
+            *(_ms(r.get(f"{s}_s")) for s in ("decode", "detokenize", "deliver")),
             _ms(r.get("ttft_s")),
             _ms(r.get("itl_s")),
+            _share(r.get("kv_share_ttft")),
             _share(r.get("fabric_share_ttft")),
+            _bytes(r.get("kv_bytes"), r.get("kv_bytes_source")),
             _us(r.get("rtt_p99_s")),
             _us(r.get("host_delay_s")) + (" HOST" if r.get("host_bound") else ""),
             "-" if loss is None else f"{float(loss):.2%}",
@@ -126,7 +158,7 @@ def paths_table(rows: list[dict[str, Any]]) -> Table:
         ratio = [r.get("kv_ratio"), r.get("rtt_ratio")]
         t.add_row(
             str(r.get("rank")),
-            f"{r.get('src')}->{r.get('dst')} {r.get('transport')}",
+            path_text(r),
             str(r.get("transfers")),
             _ms(r.get("kv_median_s")),
             "-" if ratio[0] is None else f"{float(ratio[0]):.2f}",
@@ -158,7 +190,7 @@ cannot be asked, 2 on bad usage.""",
 @click.option("--window", "window_s", type=click.FloatRange(1, 86400), help="Seconds [60].")
 @click.option(
     "--by",
-    type=click.Choice(["e2e_s", "ttft_s", "kv_transfer_s", "itl_s"]),
+    type=click.Choice(["e2e_s", "ttft_s", "kv_transfer_s", "itl_s", "kv_wait_s", "fabric_s"]),
     default="e2e_s",
     show_default=True,
     help="What 'slowest' means.",
@@ -183,8 +215,13 @@ def why(
 ) -> None:
     """The slowest requests of the last window, stage by stage, beside the probe RTT,
     loss and congestion counters of the path their KV cache crossed at the time, and
-    the paths ranked by the stage time they explain. RTTs hold the hosts' own delay (host:
-    what the ends' reference probes say they add); a path whose slowness that delay
+    the paths ranked by the stage time they explain. Each request's KV wait is split in
+    three: fabric (what the path's RTTs, bandwidth, loss and pauses explain for its
+    bytes: estimated, marked ~), stack (the transfer library's own time beyond it, from
+    NIXL's telemetry) and engine (the rest; "!" when the two estimates exceed the wait).
+    KV bytes are marked s (span), m (model shape) or n (NIXL's mean per transfer).
+    RTTs hold the hosts' own delay (host: what the ends' reference probes say they
+    add); a path whose slowness that delay
     explains, not the fabric, is marked HOST rather than ranked as the network's.
     With nothing to show it says why (no spans, nothing joined, no fabric windows) and
     exits 3.
@@ -207,7 +244,7 @@ def why(
         if empty and not report.get("slowest"):
             raise SystemExit(EXIT_EMPTY)
         return
-    console = Console(width=max(170, Console().width))
+    console = Console(width=max(230, Console().width))  # 21 columns, ids and paths in full
     if empty and not report.get("slowest"):
         console.print(f"nothing to show: {empty}", style="yellow")
         raise SystemExit(EXIT_EMPTY)

@@ -5,16 +5,24 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from fabricprobe.cli.options import OneLineCommand, fail, print_json
+from fabricprobe.cli.options import (
+    CollectorCredentials,
+    OneLineCommand,
+    collector_credential_options,
+    fail,
+    print_json,
+)
 from fabricprobe.core.errors import ProbeError
 from fabricprobe.core.hostport import DEFAULT_PORT, parse_hostport
 from fabricprobe.workload.models import DTYPE_BYTES, PRESETS, ModelShape, model_shape
 from fabricprobe.workload.pipeline import Host, RequestResult, WorkloadConfig, run_pipeline
+from fabricprobe.workload.route import ROUTES, FabricRouter, RoundRobin
 from fabricprobe.workload.summary import summarise
 
 
@@ -119,6 +127,12 @@ Presets: """
 @click.option("--serve", is_flag=True, help="Run a responder in this process (loopback use).")
 @click.option("--otlp", metavar="HOST:PORT", help="Send spans here (the collector's address).")
 @click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--route", type=click.Choice(ROUTES), default="round-robin", show_default=True,
+              help="Each request's decode host: in turn, or the one the fabric prices lowest"
+              " for its KV bytes (asks --collector; in turn when no price is known).")  # fmt: skip
+@click.option("--collector", metavar="HOST:PORT", default="127.0.0.1:4794", show_default=True,
+              help="The collector whose prices --route fabric asks.")  # fmt: skip
+@collector_credential_options("File holding a reader token (--route fabric).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def workload(
     preset: str,
@@ -141,7 +155,10 @@ def workload(
     serve: bool,
     otlp: str | None,
     seed: int,
+    route: str,
+    collector: str,
     as_json: bool,
+    **cred: Any,
 ) -> None:
     """Prefill -> KV transfer -> decode -> detokenize -> deliver across hosts, with KV
     caches the size the model really has, moved over RDMA WRITE or TCP.
@@ -149,7 +166,8 @@ def workload(
     Prefill and decode compute are simulated in time; the KV transfer is real, so the
     table answers "how long does a KV transfer of this model take on my fabric?".
     With --otlp every request goes out as OpenTelemetry spans for the collector to join
-    with the fabric.
+    with the fabric. With --route fabric each request's decode host is the one of its
+    prefill host's --path targets whose KV transfer the collector prices lowest now.
     """
     try:
         model = model_shape(preset, layers=layers, kv_heads=kv_heads, head_dim=head_dim,
@@ -163,6 +181,26 @@ def workload(
     except ValueError as e:
         fail(str(e))
     logging.basicConfig(level=logging.WARNING)
+    router: FabricRouter | RoundRobin | None = None
+    client = None
+    if route == "fabric":
+        creds = CollectorCredentials(**cred)
+        creds.check()
+        from fabricprobe.workload.price import PriceClient
+
+        try:
+            client = PriceClient(
+                collector,
+                insecure=bool(creds.insecure),
+                ca_file=creds.ca_file,
+                cert_file=creds.cert_file,
+                key_file=creds.key_file,
+                token_file=creds.token_file,
+                server_name=creds.server_name,
+            )
+        except (ValueError, OSError) as e:
+            fail(f"--collector: {e}")
+        router = FabricRouter(client.cost)
     transports = ["rdma", "tcp"] if transport == "both" else [transport]
     sender = None
     if otlp:
@@ -190,21 +228,30 @@ def workload(
                     seed=seed,
                 )
                 emit = (lambda r: sender.emit(r, model.name)) if sender else None
-                results += run_pipeline(paths, cfg, on_request=emit)
+                results += run_pipeline(paths, cfg, on_request=emit, router=router)
     except (ProbeError, OSError, ImportError) as e:
         fail(f"workload: {e}", 1)
     finally:
         if sender is not None:
             sender.close()
+        if client is not None:
+            client.close()
     if as_json:
         print_json(
             {
                 "model": model.__dict__ | {"bytes_per_token": model.bytes_per_token},
                 "paths": summarise(results).to_dict("records"),
+                "routes": {r.request_id: r.route for r in results if r.route},
             }
         )
     else:
-        Console(width=max(120, Console().width)).print(_table(model, prompt_tokens, results))
+        console = Console(width=max(120, Console().width))
+        console.print(_table(model, prompt_tokens, results))
+        if isinstance(router, FabricRouter):
+            console.print(
+                f"route fabric: {router.priced} request(s) routed on the fabric's price,"
+                f" {router.unpriced} in turn (no price known)"
+            )
     errors = [r.error for r in results if r.error]
     if errors:
         fail(f"{len(errors)} of {len(results)} requests failed; first: {errors[0]}", 1)

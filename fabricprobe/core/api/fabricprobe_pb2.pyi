@@ -272,7 +272,7 @@ class WhyRequest(_message.Message):
     def __init__(self, slowest: _Optional[int] = ..., window_s: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
 
 class SlowRequest(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "transport", "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s", "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "loss_ratio", "output_tokens", "kv_bytes", "fabric_windows", "counter_rates", "path_reason", "engine", "kv_source", "kv_fabric_s", "kv_other_s", "host_delay_s", "host_bound")
+    __slots__ = ("request_id", "src", "dst", "transport", "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s", "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "loss_ratio", "output_tokens", "kv_bytes", "fabric_windows", "counter_rates", "path_reason", "engine", "kv_source", "host_delay_s", "host_bound", "kv_wait_s", "fabric_s", "transfer_stack_s", "engine_wait_s", "over_explained_s", "kv_share_ttft", "kv_share_e2e", "fabric_source", "transfer_stack_source", "kv_bytes_source")
     class CounterRatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -306,10 +306,18 @@ class SlowRequest(_message.Message):
     PATH_REASON_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     KV_SOURCE_FIELD_NUMBER: _ClassVar[int]
-    KV_FABRIC_S_FIELD_NUMBER: _ClassVar[int]
-    KV_OTHER_S_FIELD_NUMBER: _ClassVar[int]
     HOST_DELAY_S_FIELD_NUMBER: _ClassVar[int]
     HOST_BOUND_FIELD_NUMBER: _ClassVar[int]
+    KV_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_STACK_S_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    OVER_EXPLAINED_S_FIELD_NUMBER: _ClassVar[int]
+    KV_SHARE_TTFT_FIELD_NUMBER: _ClassVar[int]
+    KV_SHARE_E2E_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_STACK_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_SOURCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     src: str
     dst: str
@@ -336,11 +344,19 @@ class SlowRequest(_message.Message):
     path_reason: str
     engine: str
     kv_source: str
-    kv_fabric_s: float
-    kv_other_s: float
     host_delay_s: float
     host_bound: bool
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., kv_transfer_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., deliver_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., fabric_share_ttft: _Optional[float] = ..., fabric_share_e2e: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., output_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., fabric_windows: _Optional[int] = ..., counter_rates: _Optional[_Mapping[str, float]] = ..., path_reason: _Optional[str] = ..., engine: _Optional[str] = ..., kv_source: _Optional[str] = ..., kv_fabric_s: _Optional[float] = ..., kv_other_s: _Optional[float] = ..., host_delay_s: _Optional[float] = ..., host_bound: _Optional[bool] = ...) -> None: ...
+    kv_wait_s: float
+    fabric_s: float
+    transfer_stack_s: float
+    engine_wait_s: float
+    over_explained_s: float
+    kv_share_ttft: float
+    kv_share_e2e: float
+    fabric_source: str
+    transfer_stack_source: str
+    kv_bytes_source: str
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., kv_transfer_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., deliver_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., fabric_share_ttft: _Optional[float] = ..., fabric_share_e2e: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., output_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., fabric_windows: _Optional[int] = ..., counter_rates: _Optional[_Mapping[str, float]] = ..., path_reason: _Optional[str] = ..., engine: _Optional[str] = ..., kv_source: _Optional[str] = ..., host_delay_s: _Optional[float] = ..., host_bound: _Optional[bool] = ..., kv_wait_s: _Optional[float] = ..., fabric_s: _Optional[float] = ..., transfer_stack_s: _Optional[float] = ..., engine_wait_s: _Optional[float] = ..., over_explained_s: _Optional[float] = ..., kv_share_ttft: _Optional[float] = ..., kv_share_e2e: _Optional[float] = ..., fabric_source: _Optional[str] = ..., transfer_stack_source: _Optional[str] = ..., kv_bytes_source: _Optional[str] = ...) -> None: ...
 
 class PathRank(_message.Message):
     __slots__ = ("rank", "src", "dst", "transport", "transfers", "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio", "congestion_per_s", "explained_s", "fabric_bound", "host_bound", "host_delay_s", "fabric_fault")
@@ -516,3 +532,45 @@ class DriftReply(_message.Message):
     hosts: _containers.RepeatedCompositeFieldContainer[HostChecks]
     hosts_without_checks: int
     def __init__(self, drift: _Optional[_Iterable[_Union[DriftRow, _Mapping]]] = ..., hosts: _Optional[_Iterable[_Union[HostChecks, _Mapping]]] = ..., hosts_without_checks: _Optional[int] = ...) -> None: ...
+
+class KvCostRequest(_message.Message):
+    __slots__ = ("src", "dst", "bytes")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    src: str
+    dst: str
+    bytes: int
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class KvCostReply(_message.Message):
+    __slots__ = ("known", "reason", "p50_s", "p99_s", "rtt_p50_s", "rtt_p99_s", "bandwidth_bytes_per_s", "loss_ratio", "age_s", "transport", "rtts", "src", "dst", "bytes")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    P50_S_FIELD_NUMBER: _ClassVar[int]
+    P99_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_P50_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_P99_S_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_RATIO_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    RTTS_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    reason: str
+    p50_s: float
+    p99_s: float
+    rtt_p50_s: float
+    rtt_p99_s: float
+    bandwidth_bytes_per_s: float
+    loss_ratio: float
+    age_s: float
+    transport: str
+    rtts: int
+    src: str
+    dst: str
+    bytes: int
+    def __init__(self, known: _Optional[bool] = ..., reason: _Optional[str] = ..., p50_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., age_s: _Optional[float] = ..., transport: _Optional[str] = ..., rtts: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...

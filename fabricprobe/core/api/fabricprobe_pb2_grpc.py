@@ -299,6 +299,11 @@ class QueryStub:
                 request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftRequest.SerializeToString,
                 response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftReply.FromString,
                 _registered_method=True)
+        self.KvCost = channel.unary_unary(
+                '/fabricprobe.v1.Query/KvCost',
+                request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostRequest.SerializeToString,
+                response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostReply.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -321,6 +326,14 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KvCost(self, request, context):
+        """The fabric's price of a KV transfer: the predicted time for BYTES from a prefill
+        host to a decode host, from the path's current figures (collector/price.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -333,6 +346,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.Drift,
                     request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftRequest.FromString,
                     response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftReply.SerializeToString,
+            ),
+            'KvCost': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvCost,
+                    request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostRequest.FromString,
+                    response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -390,6 +408,33 @@ class Query:
             '/fabricprobe.v1.Query/Drift',
             fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftRequest.SerializeToString,
             fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.DriftReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvCost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabricprobe.v1.Query/KvCost',
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostRequest.SerializeToString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostReply.FromString,
             options,
             channel_credentials,
             insecure,
