@@ -1,7 +1,7 @@
 """The KV bytes a request moves, from its served model's shape, where no span says.
 
 A collector setting names each served model's shape: a preset of `probe workload`
-(fabricprobe/workload/models.py, the published configs) or layers, KV heads, head
+(fabricprobe/core/models.py, the published configs) or layers, KV heads, head
 dimension and dtype given in full, and the engine's KV block size in tokens. The bytes
 are K and V for every layer and KV head of the prompt's tokens, rounded up to whole
 blocks: an engine moves whole blocks (vLLM's CPU backend: 128 tokens a block; on GPUs:
@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from fabricprobe.workload.models import DTYPE_BYTES, ModelShape, model_shape
+from fabricprobe.core.models import DTYPE_BYTES, ModelShape, model_shape
 
 ANY_MODEL = "*"
 DEFAULT_BLOCK = 16  # vLLM's default block size on GPUs

@@ -29,13 +29,13 @@ from fabricprobe.cli import netem
 from fabricprobe.cli.commands.serve import open_serve_argv
 from fabricprobe.cli.render import devices_table, fmt_us
 from fabricprobe.core.errors import ProbeError
+from fabricprobe.core.models import PRESETS
 from fabricprobe.probes import tcp as tcp_lib
 from fabricprobe.probes.control import wait_listening
 from fabricprobe.probes.counters import counter_deltas, read_port_counters
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.links import pick_engine
 from fabricprobe.probes.sysfs import read_device
-from fabricprobe.workload.models import PRESETS
 
 DEMO_PORT = 4793
 SHOWN_COUNTERS = (

@@ -7,7 +7,7 @@ the router's choice among that prefill host's paths. Prefill and decode
 are compute the workload stands in for: they take `prefill_s_per_token` per prompt
 token and `decode_step_s` per output token (sleeps, measured as they happen). The KV
 transfer moves the bytes the model's KV cache really has for that prompt
-(fabricprobe.workload.models) across the fabric over a kv_sink session (RDMA WRITE or
+(fabricprobe.core.models) across the fabric over a kv_sink session (RDMA WRITE or
 TCP), and detokenize and deliver do their small real work. Every stage is timed on the
 wall clock (time_ns) so that its spans line up with the agents' probe windows.
 
@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fabricprobe.workload.models import ModelShape
+from fabricprobe.core.models import ModelShape
 from fabricprobe.workload.route import Choice
 from fabricprobe.workload.transfer import MAX_CHUNK, KvChannel, open_channel
 

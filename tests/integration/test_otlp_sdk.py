@@ -11,11 +11,11 @@ import pytest
 
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.models import PRESETS
 from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.tcp import run_pingpong
-from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import SpanSender
 from tests.support.fleet import open_responder

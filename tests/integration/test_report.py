@@ -28,8 +28,8 @@ from fabricprobe.cli.options import CollectorCredentials
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.auth import MutualTls
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.ethtool import CommandResult
-from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import emit_request
 from tests.integration.test_loopback_fleet import FIXTURES, free_port, wait_for

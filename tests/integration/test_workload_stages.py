@@ -15,8 +15,8 @@ from fabricprobe.cli.commands.why import reply_dict, requests_table
 from fabricprobe.collector.query import why_reply
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.responder import Responder
-from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, RequestResult, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import SpanSender
 from tests.support.fleet import open_responder, scrape

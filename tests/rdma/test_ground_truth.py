@@ -38,12 +38,12 @@ from fabricprobe.cli import netem
 from fabricprobe.collector.analysis import AnalysisConfig
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.models import PRESETS
 from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.counters import read_port_counters
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma.rc import rc_latency
-from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import (
     Host,
     RequestResult,

@@ -17,8 +17,8 @@ import pytest
 from fabricprobe.collector.join import request_breakdown, requests_frame, stages_frame
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.responder import Responder
-from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import SpanSender
 from tests.support.fleet import open_responder

@@ -14,7 +14,7 @@ from fabricprobe.collector.join import request_breakdown, requests_frame, stages
 from fabricprobe.collector.kvparts import MTU_BYTES, PROTOCOL_RTTS, split_parts
 from fabricprobe.collector.kvshape import KvShape, model_bytes, parse_kv_models, parse_kv_shape
 from fabricprobe.collector.stages import RequestRecord, StageRecord
-from fabricprobe.workload.models import PRESETS, ModelShape
+from fabricprobe.core.models import PRESETS, ModelShape
 
 S = 10**9
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.responder import Responder
-from fabricprobe.workload.models import PRESETS
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.price import KvCost
 from fabricprobe.workload.route import FabricRouter, RoundRobin

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from fabricprobe.cli import main
 from fabricprobe.collector.service import CollectorServer, ServerConfig
+from fabricprobe.core.models import PRESETS, model_shape
 from fabricprobe.probes.responder import Responder
-from fabricprobe.workload.models import PRESETS, model_shape
 from fabricprobe.workload.pipeline import STAGE_ORDER, Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.summary import summarise
 from fabricprobe.workload.transfer import TcpKvChannel

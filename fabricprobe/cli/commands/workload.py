@@ -20,7 +20,7 @@ from fabricprobe.cli.options import (
 )
 from fabricprobe.core.errors import ProbeError
 from fabricprobe.core.hostport import DEFAULT_PORT, parse_hostport
-from fabricprobe.workload.models import DTYPE_BYTES, PRESETS, ModelShape, model_shape
+from fabricprobe.core.models import DTYPE_BYTES, PRESETS, ModelShape, model_shape
 from fabricprobe.workload.pipeline import Host, RequestResult, WorkloadConfig, run_pipeline
 from fabricprobe.workload.route import ROUTES, FabricRouter, RoundRobin
 from fabricprobe.workload.summary import summarise
