@@ -110,7 +110,7 @@ def empty_reason(res: Analysis) -> str:
     if res.stages.empty:
         return (
             "no spans in the window: point the engines' OTLP exporter at the collector "
-            "(README: Point your engine at fabricprobe)"
+            "(docs/engines.md: Pointing an engine at fabricprobe)"
         )
     kv = res.kv
     if kv.empty:

@@ -1,4 +1,4 @@
-"""The README's by-hand lane fleet, run exactly as written: a collector and one `probe
+"""The by-hand lane fleet of docs/soft-roce.md, run exactly as written: a collector and one `probe
 agent` process per lane host, RDMA (RC, UD) and TCP RTT histograms for every pair on
 /metrics within two report intervals of the agents registering."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.rdma.conftest import LaneHost
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "soft-roce.md"
 BLOCK = re.compile(
     r"<!-- lane-fleet:begin -->\n```bash\nlane/run\.sh -- bash -c '\n(.*?)\n'\n```\n"
     r"<!-- lane-fleet:end -->",
@@ -21,24 +21,24 @@ SERIES = re.compile(r"^fabricprobe_rtt_seconds_count\{([^}]*)\} (\S+)$", re.M)
 
 
 def readme_commands() -> str:
-    m = BLOCK.search(README.read_text())
-    assert m, "README has no lane-fleet block"
+    m = BLOCK.search(DOC.read_text())
+    assert m, "docs/soft-roce.md has no lane-fleet block"
     return m.group(1)
 
 
 def test_readme_lane_fleet(lane_hosts: list[LaneHost]) -> None:
     names = [h.name for h in lane_hosts[:3]]
-    assert names == ["h0", "h1", "h2"], "the README names the lane's hosts h0..h2"
+    assert names == ["h0", "h1", "h2"], "docs/soft-roce.md names the lane's hosts h0..h2"
     t0 = time.monotonic()
-    # the commands need the repository root as their directory, as the README's do
+    # the commands need the repository root as their directory, as the page's do
     res = subprocess.run(
         ["bash", "-c", readme_commands()],
-        cwd=README.parent,
+        cwd=DOC.parents[1],
         capture_output=True,
         text=True,
         timeout=600,
     )
-    print(f"\n{res.stdout}(README commands: {time.monotonic() - t0:.0f} s in all)")
+    print(f"\n{res.stdout}(the page's commands: {time.monotonic() - t0:.0f} s in all)")
     assert res.returncode == 0, res.stderr[-3000:]
     seen = set()
     for labels, value in SERIES.findall(res.stdout):

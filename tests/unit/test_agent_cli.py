@@ -98,10 +98,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _documented_invocations() -> list[tuple[str, str, str]]:
-    """(file, command, flag) for every flag the README, deploy files and the chart hand
-    to `probe agent` / `probe collector`."""
+    """(file, command, flag) for every flag the README, docs/, deploy files and the chart
+    hand to `probe agent` / `probe collector`."""
     found = []
-    texts = [ROOT / "README.md", *sorted((ROOT / "deploy").rglob("*.service"))]
+    texts = [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "deploy").rglob("*.service")),
+    ]
     for path in texts:
         logical = path.read_text().replace("\\\n", " ")
         for line in logical.splitlines():
@@ -117,7 +121,7 @@ def _documented_invocations() -> list[tuple[str, str, str]]:
 
 def test_documented_flags_still_exist() -> None:
     found = _documented_invocations()
-    assert len(found) > 30  # the README's examples, the units and the chart were all read
+    assert len(found) > 30  # the README's and docs' examples, the units and the chart
     names = {c: _option_names(c) for c in ("agent", "collector")}
     missing = [f for f in found if f[2] not in names[f[1]]]
     assert not missing
