@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import ssl
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -129,9 +130,11 @@ def serve_otlp_http(
     ssl_context: ssl.SSLContext | None = None,
     limits: Limits | None = None,
     stats: WebStats | None = None,
+    routes: Sequence[Route] = (),
 ) -> WebServer:
     """Serve INGEST at http(s)://HOST:PORT/v1/traces to callers GUARD gives the `ingest`
-    role (anyone without a guard); the caller stops it (shutdown())."""
+    role (anyone without a guard), and ROUTES beside it; the caller stops it
+    (shutdown())."""
     route = Route(
         (PATH,), ("POST",), INGEST if guard is not None else OPEN, partial(handle, ingest)
     )
@@ -139,7 +142,7 @@ def serve_otlp_http(
     server = WebServer(
         host,
         port,
-        [route],
+        [route, *routes],
         guard=guard,
         ssl_context=ssl_context,
         limits=lim,

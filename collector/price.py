@@ -18,6 +18,7 @@ API's KvCost answer.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import threading
@@ -28,6 +29,7 @@ from typing import Any
 from fabricprobe.collector.kvparts import DEFAULT_RTTS, PROTOCOL_RTTS, fabric_seconds
 from fabricprobe.collector.store import PathStats, WindowStore, host_pair
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.web import Call, Reply, Route
 
 MAX_BYTES = 1 << 40  # 1 TiB: more than any request's KV cache
 MAX_HOST = 253  # a DNS name's length; agents' host names are no longer
@@ -320,3 +322,23 @@ def tor_prices(
         worst[key] = (max(old[0], p.p50_s), max(old[1], p.p99_s))
     kept = sorted(worst.items(), key=lambda kv: kv[1][1], reverse=True)[:max_tors]
     return TorPrices(dict(kept), known, unknown, max(0, len(worst) - max_tors))
+
+
+KV_COST_PATH = "/v1/kv-cost"
+
+
+def kv_cost_route(
+    store: WindowStore, cfg: PriceConfig, counts: AnswerCounts | None, role: str
+) -> Route:
+    """`GET /v1/kv-cost` on an HTTP listener (collector/otlp_http.py's), for callers
+    holding ROLE: kv_cost_http() with every value of each parameter (a repeated one is
+    refused there), the answer as JSON."""
+
+    def handle(call: Call) -> Reply:
+        params: dict[str, list[str]] = {}
+        for name, value in call.query.items():  # a multidict: repeats come as they were sent
+            params.setdefault(name, []).append(value)
+        status, body = kv_cost_http(params, store, cfg, counts)
+        return Reply(status, json.dumps(body).encode(), "application/json")
+
+    return Route((KV_COST_PATH,), ("GET",), role, handle)

@@ -45,6 +45,7 @@ from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_co
 from fabricprobe.collector.kvshape import KvShape
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp_http import serve_otlp_http
+from fabricprobe.collector.price import PriceConfig, kv_cost_route
 from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
 from fabricprobe.collector.shard import Shard, ShardCollector, ShardConfig
@@ -52,7 +53,7 @@ from fabricprobe.collector.store import HostState, ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 from fabricprobe.core.shards import Member
-from fabricprobe.core.web import Limits, WebStats
+from fabricprobe.core.web import Limits, Route, WebStats
 
 log = logging.getLogger("fabricprobe.collector")
 
@@ -559,6 +560,7 @@ class CollectorServer:
                     ssl_context=self.auth.http_ssl(),
                     limits=self.cfg.http,
                     stats=self.http_stats["otlp"],
+                    routes=[self._kv_cost_route()],
                 )
             except OSError as e:
                 self.stop(0)
@@ -607,6 +609,13 @@ class CollectorServer:
                 log.info("forgot silent or moved hosts=%s", gone)
                 if self.shard is not None:
                     self.shard.forget(gone)
+
+    def _kv_cost_route(self) -> Route:
+        """`GET /v1/kv-cost` beside OTLP/HTTP, for the reader role (as the Query API's
+        KvCost), with the Query API's rule that figures older than a stale host's are no
+        price."""
+        cfg = PriceConfig(max_age_s=self.store.stale_after)
+        return kv_cost_route(self.store, cfg, self.attribution.price_answers, READER)
 
     def stop(self, grace: float | None = None) -> None:
         """Drain: report NOT_SERVING, finish running calls within the grace, close."""

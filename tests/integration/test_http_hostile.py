@@ -366,3 +366,28 @@ def test_http_client_sees_401_with_a_challenge(collector: Collector) -> None:
     resp = conn.getresponse()
     assert resp.status == 401 and resp.getheader("WWW-Authenticate") == "Bearer"
     conn.close()
+
+
+def get_cost(c: Collector, query: str, token: str | None) -> tuple[int, dict[str, object]]:
+    req = urllib.request.Request(f"http://127.0.0.1:{c.otlp}/v1/kv-cost?{query}")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        body = e.read()
+        return e.code, json.loads(body) if body.startswith(b"{") else {}
+
+
+def test_the_kv_cost_endpoint_takes_only_the_reader_role(collector: Collector) -> None:
+    """GET /v1/kv-cost sits beside OTLP/HTTP behind the same layer: the reader role only;
+    a host the collector does not know is 404, a bad parameter 400, never a guess."""
+    q = "src=gpu-1&dst=gpu-2&bytes=524288"
+    assert get_cost(collector, q, None)[0] == 401
+    assert get_cost(collector, q, "not-a-token")[0] == 401
+    assert get_cost(collector, q, INGEST_TOKEN)[0] == 403
+    status, body = get_cost(collector, q, READER_TOKEN)
+    assert status == 404 and "error" in body
+    for bad in ("src=a&dst=b", "src=a&dst=b&bytes=-1", "src=a&src=c&dst=b&bytes=1", "x=1"):
+        assert get_cost(collector, bad, READER_TOKEN)[0] == 400, bad
