@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 from fabricprobe.core.nativehist import SCHEMA, NativeHistogram, encode, native_buckets
 from fabricprobe.core.sketchwire import MergedSketch, slot_value_ns
-from fabricprobe.core.stats import Kind, merge_exact
+from fabricprobe.core.stats import Exact, Kind, merge_exact
 
 # RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
 # soft-RoCE loopback (tens of µs), a real RoCE fabric (a few µs) and a congested
@@ -33,20 +33,13 @@ RTT_BUCKETS_S: tuple[float, ...] = tuple(
 RTT_BUCKETS_NS: tuple[int, ...] = tuple(round(b * 1e9) for b in RTT_BUCKETS_S)
 
 
-class CumulativeSketch:
+class CumulativeSketch(Exact):
     """Windows' sketches folded for export (see the module docstring)."""
 
-    __slots__ = (
-        "base", "classic", "count", "kind", "lost", "max_ns", "min_ns", "native", "sum_ns", "zero"
-    )  # fmt: skip
+    __slots__ = ("base", "classic", "native", "zero")
 
     def __init__(self, kind: Kind = "rtt") -> None:
-        self.kind: Kind = kind
-        self.count = 0
-        self.lost = 0
-        self.min_ns: int | None = None
-        self.max_ns: int | None = None
-        self.sum_ns = 0
+        super().__init__(kind)
         # counts per classic bucket: [i] at or below RTT_BUCKETS_NS[i], the last above all
         self.classic = array("q", bytes(8 * (len(RTT_BUCKETS_NS) + 1)))
         self.base = 0  # the native bucket index of native[0]

@@ -51,7 +51,7 @@ def merge_exact(into: ExactFigures, other: ExactFigures) -> None:
         into.max_ns = other.max_ns
 
 
-class _Exact:
+class Exact:
     """The exact figures a distribution keeps beside its slots: count, loss, sum, min and
     max, and its kind (RTT and one-way never mix)."""
 
@@ -85,7 +85,7 @@ class _Exact:
         self.lost += n
 
 
-class LatencySketch(_Exact):
+class LatencySketch(Exact):
     """Mergeable latency distribution (ns) with exact count, min, max, sum and loss."""
 
     __slots__ = ("_hist",)
@@ -214,7 +214,7 @@ def slot_of(value_ns: int) -> int:
     return ((bucket + 1) << _HALF_MAG) + (v >> (bucket + _UNIT)) - _HALF
 
 
-class SlotTally(_Exact):
+class SlotTally(Exact):
     """A write-only LatencySketch in the sparse form it travels in (slot -> count, with
     the exact count, loss, sum, min and max): what an agent's window builds from its
     bursts and sends. It records and merges as LatencySketch does and `slots()` gives
