@@ -42,7 +42,7 @@ def fixture_rdma_windows(
     server: CollectorServer | Callable[[str], CollectorServer], seq: int
 ) -> None:
     """Windows of a fixture host pair that probes over RDMA (RC SEND, UD, WRITE bandwidth)
-    and TCP: the figures loopback cannot measure, sent through the collector's API. SERVER
+    and TCP, with its engines' NIXL telemetry: the figures loopback cannot measure, sent through the collector's API. SERVER
     is the collector, or gives the one (shard) each host reports to; a host that collector
     does not know yet registers first."""
     now = time.time_ns()
@@ -66,6 +66,18 @@ def fixture_rdma_windows(
             bytes_moved=5 * 2**30 * seq,
             busy_seconds=0.5 * seq,
         )
+        # NIXL's telemetry of an engine on each host: 2 transfers of 8 MiB a window, each
+        # 4 ms in the transfer library (agent/nixl.py's readings)
+        for name, per_window in (
+            ("transfers", 2),
+            ("bytes", 2 * (8 << 20)),
+            ("xfer_time_us", 8_000),
+            ("post_time_us", 200),
+            ("errors", 0),
+        ):
+            report.counters.add(
+                kind="nixl", device="engine", name=name, value=per_window * seq, width=64
+            )
         to.api.report(report)
 
 
@@ -84,9 +96,11 @@ def fixture_checks(server: CollectorServer) -> None:
         server.drift.take(report)
 
 
-def send_spans(endpoint: str, src: str, dst: str, n: int, batch: int = 0) -> None:
+def send_spans(
+    endpoint: str, src: str, dst: str, n: int, batch: int = 0, transport: str = "tcp"
+) -> None:
     """Requests as our workload sends them: a vLLM-style request span and stage children,
-    the KV transfer naming its path; request ids carry BATCH."""
+    the KV transfer naming its path and TRANSPORT; request ids carry BATCH."""
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
@@ -110,7 +124,7 @@ def send_spans(endpoint: str, src: str, dst: str, n: int, batch: int = 0) -> Non
             "deliver": 200_000,
         }
         ttft = sum(list(stages.values())[:3])
-        rid = f"req-{batch}-{i}"
+        rid = f"req-{transport}-{batch}-{i}"
         root = tracer.start_span(
             "llm_request",
             start_time=t,
@@ -129,7 +143,7 @@ def send_spans(endpoint: str, src: str, dst: str, n: int, batch: int = 0) -> Non
                 attrs |= {
                     "fabricprobe.src.host": src,
                     "fabricprobe.dst.host": dst,
-                    "fabricprobe.transport": "tcp",
+                    "fabricprobe.transport": transport,
                     "fabricprobe.bytes": 8 << 20,
                 }
             span = tracer.start_span(stage, context=ctx, start_time=t, attributes=attrs)
@@ -149,14 +163,17 @@ def live_feed(
     seq: int = 1,
 ) -> threading.Thread:
     """A live fleet until STOP: every 2 s, 20 requests over SRC->DST whose spans go to the
-    OTLP endpoint SPANS_TO() gives (asked each time), and a round of the fixture RDMA
-    pair's windows (fixture_rdma_windows, to WINDOWS_TO), their seq from SEQ up."""
+    OTLP endpoint SPANS_TO() gives (asked each time), a round of the fixture RDMA pair's
+    windows (fixture_rdma_windows, to WINDOWS_TO), their seq from SEQ up, and 5 requests
+    over that pair's RDMA path, whose measured bandwidth lets the join say what the
+    fabric explains of their KV wait (the loopback agents plan no bandwidth probe)."""
 
     def feed() -> None:
         n = seq
         while not stop.is_set():
             send_spans(spans_to(), src, dst, 20, batch=n)
             fixture_rdma_windows(windows_to, n)
+            send_spans(spans_to(), RDMA_HOSTS[0], RDMA_HOSTS[1], 5, batch=n, transport="rdma")
             n += 1
             stop.wait(2.0)
 
