@@ -42,9 +42,9 @@ def fixture_rdma_windows(
     server: CollectorServer | Callable[[str], CollectorServer], seq: int
 ) -> None:
     """Windows of a fixture host pair that probes over RDMA (RC SEND, UD, WRITE bandwidth)
-    and TCP, with its engines' NIXL telemetry: the figures loopback cannot measure, sent through the collector's API. SERVER
-    is the collector, or gives the one (shard) each host reports to; a host that collector
-    does not know yet registers first."""
+    and TCP, with its engines' NIXL telemetry: the figures loopback cannot measure, sent
+    through the collector's API. SERVER is the collector, or gives the one (shard) each
+    host reports to; a host that collector does not know yet registers first."""
     now = time.time_ns()
     for src, dst in (("rdma-a", "rdma-b"), ("rdma-b", "rdma-a")):
         to = server if isinstance(server, CollectorServer) else server(src)
