@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "demo": "fabricprobe.cli.commands.demo:demo",
     "workload": "fabricprobe.cli.commands.workload:workload",
     "why": "fabricprobe.cli.commands.why:why",
+    "trace": "fabricprobe.cli.commands.trace:trace",
     "cost": "fabricprobe.cli.commands.cost:cost",
     "windows": "fabricprobe.cli.commands.windows:windows",
     "report": "fabricprobe.cli.commands.report:report",
