@@ -35,12 +35,13 @@ from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
 from fabricprobe.agent.exporter import MetricsServer
 from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
 from fabricprobe.agent.nixl import NixlReader
-from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler, Sink
+from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler, Sink, class_specs
 from fabricprobe.agent.probing import Runner as ProbeRunner
 from fabricprobe.agent.rdma_runners import all_runners
 from fabricprobe.agent.selfload import Readers, SelfLoad
 from fabricprobe.agent.sender import Sender
 from fabricprobe.agent.spool import Spool, SpoolKey
+from fabricprobe.agent.tracing import ClassTracer
 from fabricprobe.agent.validation import ValidationSchedule
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -127,6 +128,7 @@ class Agent:
         self.latest_counters: list[pb.CounterReading] = []  # every counter, last read
         self.metrics = _metrics(cfg, self) if cfg.metrics_listen else None
         self.failures = FailureLog(Path(cfg.spool_dir) / FAILURES_FILE)
+        self.tracer = ClassTracer(self.source)
 
     @property
     def failure(self) -> str | None:
@@ -150,6 +152,7 @@ class Agent:
                 ("responder", self.responder.serve_forever),
                 ("windows", self._window_loop),
                 ("sender", lambda: self.sender.loop(self._stop, self._wake)),
+                ("tracer", lambda: self.tracer.loop(self._stop)),
                 *([("checks", self._checks_loop)] if self.checks is not None else []),
             )
         ]
@@ -246,13 +249,17 @@ class Agent:
         bursts = self.aggregator.bursts
         self.seq += 1
         load, self.scheduler.slowdown = self.load.window(bursts, self.scheduler.slowdown)
+        pairs, classes = self.aggregator.cut_all()
+        peers = {s.dst: s.address for s in self.scheduler.targets()}
         report = pb.WindowReport(
             host=self.cfg.host,
             epoch=self.epoch,
             seq=self.seq,
             window_start_unix_ns=self._window_start,
             window_end_unix_ns=end,
-            probes=self.aggregator.cut(),
+            probes=pairs,
+            class_windows=classes,
+            class_paths=self.tracer.window(classes, peers),
             counters=self.changed((sample := self.sampler.sample()) + self.nixl.sample()),
             agent=pb.AgentStats(
                 cpu_seconds=load.cpu_s,
@@ -328,19 +335,23 @@ class Agent:
 
     def apply(self, a: pb.Assignments) -> None:
         specs = [
-            ProbeSpec(
-                dst=t.dst,
-                address=t.address,
-                port=t.port,
-                kind=t.kind,
-                size=t.size,
-                count=t.count,
-                interval_s=t.interval_ms / 1000.0,
-                device=t.device,
-                gid=t.gid,
-            )
+            spec
             for t in a.targets
             if t.dst != self.cfg.host
+            for spec in class_specs(
+                ProbeSpec(
+                    dst=t.dst,
+                    address=t.address,
+                    port=t.port,
+                    kind=t.kind,
+                    size=t.size,
+                    count=t.count,
+                    interval_s=t.interval_ms / 1000.0,
+                    device=t.device,
+                    gid=t.gid,
+                ),
+                t.ecmp_classes,
+            )
         ]
         ref = self.reference_spec()
         self.scheduler.set_targets(

@@ -20,6 +20,7 @@ probe in lockstep, and within a rate budget (bursts per second) shared by all ta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import logging
 import random
@@ -38,6 +39,7 @@ from fabricprobe.probes.links import TcpPingLink
 from fabricprobe.probes.measure import LatencyRound, LinkParams
 from fabricprobe.probes.tcp import MAX_CHUNK, run_throughput
 from fabricprobe.probes.threads import name_os_thread
+from fabricprobe.probes.trace import CLASS_KINDS
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -55,6 +57,7 @@ class ProbeSpec:
     interval_s: float
     device: str = ""  # peer RDMA device (RDMA kinds)
     gid: str = ""  # peer GID (RDMA kinds)
+    ecmp_class: int = 0  # which of the target's ECMP classes (rdma_ud): a link of its own
 
 
 @dataclass
@@ -71,9 +74,25 @@ class ProbeOutcome:
     busy_seconds: float = 0.0
     failed: bool = False
     error: str | None = None
+    sport: int = 0  # the ECMP class's UDP source port, out and back (0: not known)
+    return_sport: int = 0
+    source: str = ""  # the address the probes went out from
 
 
 Runner = Callable[[ProbeSpec, "ProbeContext"], ProbeOutcome]
+
+MAX_ECMP_CLASSES = 16
+
+
+def class_specs(spec: ProbeSpec, classes: int) -> list[ProbeSpec]:
+    """SPEC as CLASSES ECMP classes (a link, and so a queue pair, each), sharing its
+    exchanges: the same probes per interval, spread over more paths. Kinds without
+    classes, and 0 or 1, give SPEC alone."""
+    n = min(max(classes, 1), MAX_ECMP_CLASSES) if spec.kind in CLASS_KINDS else 1
+    if n == 1:
+        return [spec]
+    count = max(1, spec.count // n)
+    return [dataclasses.replace(spec, ecmp_class=i, count=count) for i in range(n)]
 
 
 # ------------------------------------------------------------------- kept links
@@ -113,11 +132,11 @@ class Links:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._links: dict[tuple[str, str, int, int], _Kept] = {}
+        self._links: dict[tuple[str, str, int, int, int], _Kept] = {}
 
     @staticmethod
-    def key(spec: ProbeSpec) -> tuple[str, str, int, int]:
-        return (spec.kind, spec.address, spec.port, spec.size)
+    def key(spec: ProbeSpec) -> tuple[str, str, int, int, int]:
+        return (spec.kind, spec.address, spec.port, spec.size, spec.ecmp_class)
 
     def burst(self, spec: ProbeSpec, new: Callable[[], L], run: Callable[[L], R]) -> R:
         """RUN over SPEC's link (made by NEW the first time). A link gone stale before

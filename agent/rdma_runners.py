@@ -17,7 +17,9 @@ bursts reuse them.
 
 from __future__ import annotations
 
+import functools
 import logging
+from typing import Any
 
 from fabricprobe.agent.probing import (
     TCP_RUNNERS,
@@ -29,12 +31,24 @@ from fabricprobe.agent.probing import (
     kept_burst,
     link_params,
 )
-from fabricprobe.core.errors import ProbeError
+from fabricprobe.core.errors import ProbeError, SysfsError
+from fabricprobe.probes.measure import LatencyRound
+from fabricprobe.probes.sport import source_port
+from fabricprobe.probes.sysfs import read_device
 
 log = logging.getLogger("fabricprobe.agent")
 
 # QP setup on both ends can take seconds on a loaded or emulated host.
 SETUP_TIMEOUT_S = 10.0
+
+
+@functools.lru_cache(maxsize=64)
+def device_driver(sysfs_root: str, device: str) -> str:
+    """DEVICE's kernel driver ("" when sysfs does not say)."""
+    try:
+        return read_device(sysfs_root, device).driver or ""
+    except SysfsError:
+        return ""
 
 
 def rdma_runners() -> dict[str, Runner]:
@@ -81,16 +95,34 @@ def rdma_runners() -> dict[str, Runner]:
         )
 
     def ud_probes(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
-        """COUNT UD probes; network RTTs (responder delay subtracted), losses counted."""
-        return kept_burst(
+        """COUNT UD probes; network RTTs (responder delay subtracted), losses counted; the
+        outcome names its ECMP class (source ports both ways) where the driver's rule is
+        known."""
+        ports: list[Any] = []  # the link's UdPorts once its session is open
+
+        def run(link: UdLink) -> LatencyRound:
+            r = link.round(spec.count, warmup=1)
+            if getattr(link, "ports", None) is not None:
+                ports.append(link.ports)
+            return r
+
+        out = kept_burst(
             spec,
             ctx,
             ("rdma", "ud"),
             lambda: UdLink(
                 link_params(spec, ctx, SETUP_TIMEOUT_S), keepalive_s=keepalive_for(spec)
             ),
-            lambda link: link.round(spec.count, warmup=1),
+            run,
         )
+        if ports:
+            p = ports[0]
+            driver = device_driver(ctx.sysfs_root, p.device)
+            # the peer's port by our own driver's rule: a fleet runs one kind of NIC
+            out.sport = source_port(driver, p.qpn) or 0
+            out.return_sport = source_port(driver, p.remote_qpn) or 0
+            out.source = p.source
+        return out
 
     return {"rdma_rc_lat": rc_send_pingpong, "rdma_rc_bw": rc_write_stream, "rdma_ud": ud_probes}
 

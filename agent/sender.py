@@ -19,6 +19,7 @@ from fabricprobe.agent.client import CollectorClient, build_client
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.handoff import Handoff
 from fabricprobe.agent.spool import Spool, SpoolCorrupt, SpoolKey, decode_window
+from fabricprobe.agent.tracing import ClassTracer
 from fabricprobe.agent.validation import ValidationSchedule
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 
@@ -41,6 +42,9 @@ class AgentParts(Protocol):
     def apply(self, a: pb.Assignments) -> None: ...
 
     def counters_anew(self) -> None: ...
+
+    @property
+    def tracer(self) -> ClassTracer: ...
 
 
 class Sender:
@@ -213,6 +217,7 @@ class Sender:
         for ack in acks:
             acked = SpoolKey(ack.epoch, ack.seq)
             self.parts.spool.ack(acked)
+            self.parts.tracer.asked(ack.retrace)
             self.acked += 1
             if self.handoff is not None and acked in payloads:
                 self.handoff.acked(acked, payloads[acked])

@@ -11,6 +11,7 @@ from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.core.stats import SlotTally
 
 PathKey = tuple[str, str, str, int]  # dst, transport, op, size
+ClassKey = tuple[str, str, str, int, int, int]  # ... and the source ports out and back
 
 
 @dataclass
@@ -30,6 +31,7 @@ class WindowAggregator:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._paths: dict[PathKey, _PathWindow] = {}
+        self._classes: dict[ClassKey, _PathWindow] = {}
         self.bursts = 0
 
     def add(self, spec: ProbeSpec, outcome: ProbeOutcome) -> None:
@@ -38,36 +40,58 @@ class WindowAggregator:
             w = self._paths.get(key)
             if w is None:
                 w = self._paths[key] = _PathWindow()
-            if outcome.rtt is not None:
-                w.rtt.merge(outcome.rtt)
-            if outcome.rtt_ns:
-                w.rtt.record_many(outcome.rtt_ns)
-            if outcome.prober_ns:
-                w.prober.record_many(outcome.prober_ns)
-            if outcome.lost:
-                w.rtt.record_lost(outcome.lost)
-            w.bytes_moved += outcome.bytes_moved
-            w.busy_seconds += outcome.busy_seconds
-            w.failures += int(outcome.failed)
+            self._fold(w, outcome)
+            if outcome.sport:
+                ck = (*key, outcome.sport, outcome.return_sport)
+                c = self._classes.get(ck)
+                if c is None:
+                    c = self._classes[ck] = _PathWindow()
+                self._fold(c, outcome)
             self.bursts += 1
+
+    @staticmethod
+    def _fold(w: _PathWindow, outcome: ProbeOutcome) -> None:
+        if outcome.rtt is not None:
+            w.rtt.merge(outcome.rtt)
+        if outcome.rtt_ns:
+            w.rtt.record_many(outcome.rtt_ns)
+        if outcome.prober_ns:
+            w.prober.record_many(outcome.prober_ns)
+        if outcome.lost:
+            w.rtt.record_lost(outcome.lost)
+        w.bytes_moved += outcome.bytes_moved
+        w.busy_seconds += outcome.busy_seconds
+        w.failures += int(outcome.failed)
 
     def cut(self) -> list[pb.ProbeWindow]:
         """The window's probe results as messages; the aggregator is empty afterwards."""
+        return self.cut_all()[0]
+
+    def cut_all(self) -> tuple[list[pb.ProbeWindow], list[pb.ProbeWindow]]:
+        """The window's results per path, and per ECMP class (with its source ports);
+        the aggregator is empty afterwards."""
         with self._lock:
             paths, self._paths = self._paths, {}
-        out = []
-        for (dst, transport, op, size), w in sorted(paths.items()):
-            out.append(
-                pb.ProbeWindow(
-                    dst=dst,
-                    transport=transport,
-                    op=op,
-                    size=size,
-                    rtt=to_wire(w.rtt) if (w.rtt.count or w.rtt.lost) else None,
-                    bytes_moved=w.bytes_moved,
-                    busy_seconds=w.busy_seconds,
-                    failures=w.failures,
-                    prober_delay=to_wire(w.prober) if w.prober.count else None,
-                )
-            )
-        return out
+            classes, self._classes = self._classes, {}
+        pairs = [_message(k, w) for k, w in sorted(paths.items())]
+        per_class = []
+        for (dst, transport, op, size, sport, back), w in sorted(classes.items()):
+            m = _message((dst, transport, op, size), w)
+            m.sport, m.return_sport = sport, back
+            per_class.append(m)
+        return pairs, per_class
+
+
+def _message(key: PathKey, w: _PathWindow) -> pb.ProbeWindow:
+    dst, transport, op, size = key
+    return pb.ProbeWindow(
+        dst=dst,
+        transport=transport,
+        op=op,
+        size=size,
+        rtt=to_wire(w.rtt) if (w.rtt.count or w.rtt.lost) else None,
+        bytes_moved=w.bytes_moved,
+        busy_seconds=w.busy_seconds,
+        failures=w.failures,
+        prober_delay=to_wire(w.prober) if w.prober.count else None,
+    )

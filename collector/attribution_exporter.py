@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from fabricprobe.collector.attribution import Attribution
 from fabricprobe.collector.drift import DriftBook
+from fabricprobe.collector.fabric.links import FabricLinks
 from fabricprobe.collector.kvshape import KvShape
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp import add_trace_service
@@ -373,6 +374,7 @@ def attach_attribution(
     match: MatchConfig | None = None,
     drift: DriftBook | None = None,
     kv_models: dict[str, KvShape] | None = None,
+    links: FabricLinks | None = None,
 ) -> Attribution:
     """Add the OTLP TraceService to SERVER (a grpc.Server), the attribution metrics to
     REGISTRY, and keep the fabric history fed from STORE until STOP is set. MATCH says how
@@ -380,7 +382,7 @@ def attach_attribution(
     KV shapes (the bytes of a request no span gives)."""
     attribution = Attribution(store, match=match, kv_models=kv_models)
     add_trace_service(server, attribution.ingest)
-    add_query_service(server, attribution, drift)
+    add_query_service(server, attribution, drift, links)
     registry.register(AttributionCollector(attribution))
     attribution.run_sync(stop)
     return attribution

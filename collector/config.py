@@ -61,6 +61,9 @@ from fabricprobe.collector.detail import DetailConfig
 from fabricprobe.collector.drift import MAX_WAIVERS, parse_waivers
 from fabricprobe.collector.engines import HOST_ATTRIBUTES
 from fabricprobe.collector.exposition import load_web_config
+from fabricprobe.collector.fabric.localize import LocalizeConfig
+from fabricprobe.collector.fabric.service import FabricConfig
+from fabricprobe.collector.fabric.topology import Topology, TopologyError
 from fabricprobe.collector.kvshape import KvShape, parse_kv_models
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.rawstore import RawStoreConfig
@@ -300,6 +303,37 @@ class CollectorSettings:
     etcd_cert_file: str = setting("", "Client certificate for etcd (PEM).", check=FILE)
     etcd_key_file: str = setting("", "Client key for etcd (PEM).", check=FILE)
 
+    # collector/fabric: the known fabric's links and the tomography that names them
+    fabric_file: str = setting(
+        "", "Fabric file (JSON: routers, links, host uplinks); '' names no links.", check=FILE
+    )
+    ecmp_classes: int = setting(4, "ECMP classes per rdma_ud target.", lo=1, hi=16)
+    link_min_rise_s: float = setting(
+        0.0002, "A class's RTT rise below this is never bad.", lo=0, hi=10
+    )
+    link_min_loss: float = setting(
+        0.0, "A class that lost more than this share of its probes is bad.", lo=0, hi=0.99
+    )
+    link_refresh_s: float = setting(600.0, "Class paths traced again after.", lo=10, hi=86400)
+
+    def fabric_config(self) -> FabricConfig | None:
+        if not self.fabric_file:
+            return None
+        try:
+            Topology.load(self.fabric_file)
+        except TopologyError as e:
+            raise ConfigError(f"fabric_file: {e}") from None
+        return FabricConfig(
+            self.fabric_file,
+            LocalizeConfig(
+                min_rise_s=self.link_min_rise_s,
+                min_loss=self.link_min_loss,
+                fresh_s=max(2 * self.report_interval_s, 1.0),
+            ),
+            refresh_s=self.link_refresh_s,
+            ecmp_classes=self.ecmp_classes,
+        )
+
     def shard_config(self) -> ShardConfig | None:
         """The shard's settings, or None without etcd."""
         if not self.etcd:
@@ -360,6 +394,7 @@ class CollectorSettings:
             raise ConfigError("streams_per_identity must be at most workers / 2")
         return ServerConfig(
             shard=self.shard_config(),
+            fabric=self.fabric_config(),
             raw=raw,
             detail=DetailConfig(
                 worst_k=self.detail_worst_k,

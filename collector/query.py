@@ -16,6 +16,8 @@ import pandas as pd
 
 from fabricprobe.collector.attribution import Analysis, Attribution
 from fabricprobe.collector.drift import DriftBook
+from fabricprobe.collector.fabric.links import FabricLinks
+from fabricprobe.collector.fabric.service import links_reply
 from fabricprobe.collector.join import RATE_FIELDS
 from fabricprobe.collector.price import (
     CostError,
@@ -183,9 +185,15 @@ def check_why(request: pb.WhyRequest) -> tuple[int, float | None, str]:
 
 
 class QueryServicer(pb_grpc.QueryServicer):
-    def __init__(self, attribution: Attribution, drift: DriftBook | None = None) -> None:
+    def __init__(
+        self,
+        attribution: Attribution,
+        drift: DriftBook | None = None,
+        links: FabricLinks | None = None,
+    ) -> None:
         self.attribution = attribution
         self.drift = drift
+        self.links = links
         # a price from figures older than a stale host's is no price
         stale = attribution.store.stale_after if attribution.store is not None else 30.0
         self.price = PriceConfig(max_age_s=stale)
@@ -226,6 +234,16 @@ class QueryServicer(pb_grpc.QueryServicer):
         self.price_answers.count("known" if got.known else "unknown")
         return price_reply(got)
 
+    def Links(self, request: pb.LinksRequest, context: grpc.ServicerContext) -> pb.LinksReply:
+        """The links ranked (collector/fabric); the classes from src to dst when asked."""
+        try:
+            src = check_host(request.src, "src") if request.src else ""
+            dst = check_host(request.dst, "dst") if request.dst else ""
+        except CostError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"links: {e}")
+            raise AssertionError("context.abort returned") from None  # pragma: no cover
+        return links_reply(self.links, src, dst)
+
     def Drift(self, request: pb.DriftRequest, context: grpc.ServicerContext) -> pb.DriftReply:
         if self.drift is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "drift: this collector keeps no verdicts")
@@ -236,6 +254,9 @@ class QueryServicer(pb_grpc.QueryServicer):
 
 
 def add_query_service(
-    server: grpc.Server, attribution: Attribution, drift: DriftBook | None = None
+    server: grpc.Server,
+    attribution: Attribution,
+    drift: DriftBook | None = None,
+    links: FabricLinks | None = None,
 ) -> None:
-    pb_grpc.add_QueryServicer_to_server(QueryServicer(attribution, drift), server)
+    pb_grpc.add_QueryServicer_to_server(QueryServicer(attribution, drift, links), server)

@@ -42,6 +42,8 @@ from fabricprobe.collector.detail import DetailConfig, DetailSelector
 from fabricprobe.collector.drift import DriftBook, DriftCollector, Waiver
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_config, serve_metrics
+from fabricprobe.collector.fabric.links import FabricLinks
+from fabricprobe.collector.fabric.service import FabricConfig, attach_links
 from fabricprobe.collector.kvshape import KvShape
 from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.otlp_http import serve_otlp_http
@@ -54,6 +56,7 @@ from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 from fabricprobe.core.shards import Member
 from fabricprobe.core.web import Limits, Route, WebStats
+from fabricprobe.probes.trace import CLASS_KINDS
 
 log = logging.getLogger("fabricprobe.collector")
 
@@ -169,6 +172,7 @@ class AgentApi:
         self._lock = threading.Lock()
         self._sent: dict[str, pb.Assignments] = {}  # host -> its current assignments
         self.targets_dropped = 0  # targets outside the fleet's networks never sent
+        self.links: FabricLinks | None = None  # the known fabric's, when there is one
         # as one shard of many (collector/shard.py): hosts other shards hold, which the
         # planner keeps, and where a registration is published for the others
         self.remote: Callable[[], frozenset[str]] = frozenset
@@ -204,6 +208,7 @@ class AgentApi:
             with self._lock:
                 self.targets_dropped += len(targets) - len(kept)
             targets = kept
+        classes = self.links.ecmp_classes if self.links is not None else 0
         msg = pb.Assignments(
             host=host,
             generation=gen,
@@ -219,6 +224,7 @@ class AgentApi:
                     count=t.exchanges,
                     device=t.device,
                     gid=t.gid,
+                    ecmp_classes=classes if t.kind in CLASS_KINDS else 0,
                 )
                 for t in targets
             ],
@@ -235,14 +241,20 @@ class AgentApi:
         return any(ip in n for n in self.networks)
 
     def report(self, report: pb.WindowReport) -> pb.Ack:
-        """Take one report; raises ReportError."""
+        """Take one report; raises ReportError. Its ECMP class windows and paths go to
+        the links, which may ask for traces on the Ack."""
         res = self.store.take(report)
-        return pb.Ack(
+        ack = pb.Ack(
             epoch=report.epoch,
             seq=report.seq,
             duplicate=res.duplicate,
             assignment_generation=self.planner.generation(report.host),
         )
+        if self.links is not None:
+            if not res.duplicate:
+                self.links.take(report.host, report)
+            ack.retrace.extend(self.links.retraces(report.host))
+        return ack
 
     def expire(self, released: Callable[[str, HostState], bool] | None = None) -> list[str]:
         """Forget hosts silent too long (and those RELEASED picks) and replan without them;
@@ -409,6 +421,7 @@ class ServerConfig:
     gate: GateConfig = field(default_factory=GateConfig)
     detail: DetailConfig = field(default_factory=DetailConfig)  # collector/detail.py
     shard: ShardConfig | None = None  # one shard of many, membership in etcd
+    fabric: FabricConfig | None = None  # the known fabric's links (collector/fabric)
 
 
 def admit(info: pb.HostInfo) -> HostSpec:
@@ -457,6 +470,7 @@ class CollectorServer:
             self.store, min_group=cfg.drift_min_group, waivers=tuple(cfg.drift_waivers)
         )
         self.registry.register(DriftCollector(self.drift))
+        self.api.links = attach_links(cfg.fabric, self.registry)
         self.shard: Shard | None = None
         if cfg.shard is not None:
             self.shard = Shard(
@@ -512,6 +526,7 @@ class CollectorServer:
             match=self.cfg.match,
             drift=self.drift,
             kv_models=self.cfg.kv_models,
+            links=self.api.links,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

@@ -52,6 +52,8 @@ ICMP_UNREACHABLE = 3
 SPORT_MIN = 0xC000  # RoCE v2 source ports come from 49152..65535 (IBTA annex A17)
 MAX_HOPS = 32
 MAX_CLASSES = 64
+# probe kinds whose kept links can be told apart by ECMP class (a queue pair each)
+CLASS_KINDS = frozenset({"rdma_ud"})
 PAYLOAD = struct.Struct("!4sHHQ")  # magic, ttl, class index, send time (ns)
 MAGIC = b"FPTR"
 # IP_RECVERR's struct sock_extended_err: errno, origin, type, code, pad, info, data

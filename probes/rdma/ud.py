@@ -228,12 +228,25 @@ class UdEndpoint(VerbsEndpoint):
                 return None
 
 
+@dataclass(frozen=True)
+class UdPorts:
+    """What names a UD link's ECMP class: its source address and device, and the QP
+    numbers on both ends (each device takes its QP's UDP source port from it)."""
+
+    source: str
+    device: str
+    qpn: int
+    remote_qpn: int
+
+
 class UdLink(RdmaLink):
     """A UD probe link: several rounds over one UD QP on each end (the responder keeps
     its address handle towards us too). Sequence numbers continue across a session's
-    rounds, so a late ACK of an earlier round is never taken for a new one."""
+    rounds, so a late ACK of an earlier round is never taken for a new one. `ports`
+    names the session's ECMP class once it is open."""
 
     STEP_S = 0.5
+    ports: UdPorts | None = None
     LATE_S = 1.0  # how long a round listens past its last probe for late answers
     _seq = 0  # the next probe's sequence number; each session starts at a random one
 
@@ -258,6 +271,7 @@ class UdLink(RdmaLink):
         )
         remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
         self._seq = random.randrange(1 << 30)
+        self.ports = UdPorts(source, dev, ep.endpoint().qpn, remote.qpn)
         return ctl, ep, ep.sender(remote)
 
     def done_timeout(self) -> float:

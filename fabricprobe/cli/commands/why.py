@@ -65,6 +65,88 @@ def query(
         return reply_dict(reply)
 
 
+def query_links(
+    collector: str,
+    requests: list[dict[str, Any]],
+    timeout: float = 30.0,
+    creds: CollectorCredentials | None = None,
+) -> dict[str, Any]:
+    """The collector's links ranked, and for each of REQUESTS (the Why report's slowest)
+    the links its pair's probed ECMP classes cross, the suspect ones among them."""
+    from fabricprobe.core.api import fabricprobe_pb2 as pb
+    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
+
+    creds = creds or CollectorCredentials(insecure=True)
+    host, port = parse_hostport(collector, 4794)
+    with creds.channel(format_hostport(host, port)) as channel:
+        stub = pb_grpc.QueryStub(channel)
+        ask = lambda src="", dst="": stub.Links(  # noqa: E731
+            pb.LinksRequest(src=src, dst=dst), timeout=timeout, metadata=creds.metadata()
+        )
+        whole = ask()
+        links = [
+            {
+                "link": v.link,
+                "rank": v.rank,
+                "suspect": v.suspect,
+                "classes": v.classes,
+                "bad_classes": v.bad_classes,
+                "rtt_rise_s": v.rtt_rise_s,
+                "loss": v.loss,
+                "rail": None if v.rail < 0 else v.rail,
+            }
+            for v in whole.links
+        ]
+        suspects = {v["link"] for v in links if v["suspect"]}
+        pairs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        out = []
+        for r in requests:
+            src, dst = r.get("src") or "", r.get("dst") or ""
+            if not src or not dst or src == dst:
+                continue
+            if (src, dst) not in pairs:
+                pairs[(src, dst)] = [
+                    {"sport": c.sport, "links": list(c.links)} for c in ask(src, dst).classes
+                ]
+            crossed = sorted({link for c in pairs[(src, dst)] for link in c["links"]})
+            out.append(
+                {
+                    "request_id": r.get("request_id", ""),
+                    "src": src,
+                    "dst": dst,
+                    "links": crossed,
+                    "suspect": [link for link in crossed if link in suspects],
+                    "classes": pairs[(src, dst)],
+                    "links_of": "its pair's probed classes (the request's own 5-tuple is "
+                    "not known)",
+                }
+            )
+        return {
+            "configured": whole.configured,
+            "class_paths": whole.class_paths,
+            "links": links,
+            "requests": out,
+        }
+
+
+def links_table(doc: dict[str, Any]) -> Table:
+    t = Table(title=f"links ({doc['class_paths']} class paths known)")
+    for col in ("rank", "link", "rail", "suspect", "classes", "bad", "rtt rise", "loss"):
+        t.add_column(col, justify="left" if col in ("link", "suspect") else "right")
+    for v in doc["links"][:30]:
+        t.add_row(
+            str(v["rank"]),
+            v["link"],
+            "" if v["rail"] is None else str(v["rail"]),
+            "SUSPECT" if v["suspect"] else "",
+            str(v["classes"]),
+            str(v["bad_classes"]),
+            _ms(v["rtt_rise_s"]),
+            f"{v['loss']:.2%}",
+        )
+    return t
+
+
 def _ms(v: Any) -> str:
     return "-" if v is None else f"{float(v) * 1e3:,.1f}"
 
@@ -179,6 +261,7 @@ Examples:
   probe why --collector 10.0.0.9:4794 --ca-file ca.pem --token-file reader.token \\
       --slowest 20 --by ttft_s
   probe why --ca-file ca.pem --cert-file me.pem --key-file me.key --window 300 --json
+  probe why --insecure --links --json        # links ranked, the slowest requests' links
 
 \b
 Exit status: 0 with requests to show, 3 when the collector has none (the reason is
@@ -202,6 +285,13 @@ cannot be asked, 2 on bad usage.""",
     show_default=True,
     help="Seconds to wait for the collector's analysis.",
 )
+@click.option(
+    "--links",
+    "with_links",
+    is_flag=True,
+    help="Also the fabric's links ranked (a fabric file on the collector), and the "
+    "slowest requests' links.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @collector_credential_options("File holding a reader token.")
 def why(
@@ -210,6 +300,7 @@ def why(
     window_s: float | None,
     by: str,
     timeout: float,
+    with_links: bool,
     as_json: bool,
     **cred: Any,
 ) -> None:
@@ -234,11 +325,17 @@ def why(
     creds.check()
     try:
         report = query(collector, slowest, window_s, by, timeout, creds)
+        if with_links:
+            report.update(query_links(collector, report.get("slowest", []), timeout, creds))
     except ValueError as e:
         fail(str(e))
     except grpc.RpcError as e:
         fail(f"collector {collector}: {e.code().name}: {e.details()}", 1)
     empty = report.get("empty_reason") or ""
+    if with_links and not as_json:
+        Console(width=max(120, Console().width)).print(links_table(report))
+    if with_links and report.get("links"):
+        empty = ""  # the links are something to show
     if as_json:
         print_json(report)
         if empty and not report.get("slowest"):

@@ -77,7 +77,7 @@ class RegisterResponse(_message.Message):
     def __init__(self, report_interval_ms: _Optional[int] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ...) -> None: ...
 
 class ProbeTarget(_message.Message):
-    __slots__ = ("dst", "address", "port", "kind", "size", "interval_ms", "count", "device", "gid")
+    __slots__ = ("dst", "address", "port", "kind", "size", "interval_ms", "count", "device", "gid", "ecmp_classes")
     DST_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class ProbeTarget(_message.Message):
     COUNT_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
+    ECMP_CLASSES_FIELD_NUMBER: _ClassVar[int]
     dst: str
     address: str
     port: int
@@ -96,7 +97,8 @@ class ProbeTarget(_message.Message):
     count: int
     device: str
     gid: str
-    def __init__(self, dst: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., kind: _Optional[str] = ..., size: _Optional[int] = ..., interval_ms: _Optional[int] = ..., count: _Optional[int] = ..., device: _Optional[str] = ..., gid: _Optional[str] = ...) -> None: ...
+    ecmp_classes: int
+    def __init__(self, dst: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., kind: _Optional[str] = ..., size: _Optional[int] = ..., interval_ms: _Optional[int] = ..., count: _Optional[int] = ..., device: _Optional[str] = ..., gid: _Optional[str] = ..., ecmp_classes: _Optional[int] = ...) -> None: ...
 
 class AssignmentsRequest(_message.Message):
     __slots__ = ("host", "known_generation")
@@ -139,7 +141,7 @@ class Sketch(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., count: _Optional[int] = ..., lost: _Optional[int] = ..., min_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., sum_ns: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProbeWindow(_message.Message):
-    __slots__ = ("dst", "transport", "op", "size", "rtt", "bytes_moved", "busy_seconds", "failures", "prober_delay")
+    __slots__ = ("dst", "transport", "op", "size", "rtt", "bytes_moved", "busy_seconds", "failures", "prober_delay", "sport", "return_sport")
     DST_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +151,8 @@ class ProbeWindow(_message.Message):
     BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     PROBER_DELAY_FIELD_NUMBER: _ClassVar[int]
+    SPORT_FIELD_NUMBER: _ClassVar[int]
+    RETURN_SPORT_FIELD_NUMBER: _ClassVar[int]
     dst: str
     transport: str
     op: str
@@ -158,7 +162,37 @@ class ProbeWindow(_message.Message):
     busy_seconds: float
     failures: int
     prober_delay: Sketch
-    def __init__(self, dst: _Optional[str] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., rtt: _Optional[_Union[Sketch, _Mapping]] = ..., bytes_moved: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., failures: _Optional[int] = ..., prober_delay: _Optional[_Union[Sketch, _Mapping]] = ...) -> None: ...
+    sport: int
+    return_sport: int
+    def __init__(self, dst: _Optional[str] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., rtt: _Optional[_Union[Sketch, _Mapping]] = ..., bytes_moved: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., failures: _Optional[int] = ..., prober_delay: _Optional[_Union[Sketch, _Mapping]] = ..., sport: _Optional[int] = ..., return_sport: _Optional[int] = ...) -> None: ...
+
+class ClassPath(_message.Message):
+    __slots__ = ("dst", "sport", "src_ip", "dst_ip", "hops", "complete", "method")
+    DST_FIELD_NUMBER: _ClassVar[int]
+    SPORT_FIELD_NUMBER: _ClassVar[int]
+    SRC_IP_FIELD_NUMBER: _ClassVar[int]
+    DST_IP_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    dst: str
+    sport: int
+    src_ip: str
+    dst_ip: str
+    hops: _containers.RepeatedScalarFieldContainer[str]
+    complete: bool
+    method: str
+    def __init__(self, dst: _Optional[str] = ..., sport: _Optional[int] = ..., src_ip: _Optional[str] = ..., dst_ip: _Optional[str] = ..., hops: _Optional[_Iterable[str]] = ..., complete: _Optional[bool] = ..., method: _Optional[str] = ...) -> None: ...
+
+class Retrace(_message.Message):
+    __slots__ = ("dst", "address", "sport")
+    DST_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SPORT_FIELD_NUMBER: _ClassVar[int]
+    dst: str
+    address: str
+    sport: int
+    def __init__(self, dst: _Optional[str] = ..., address: _Optional[str] = ..., sport: _Optional[int] = ...) -> None: ...
 
 class CounterReading(_message.Message):
     __slots__ = ("kind", "device", "port", "netdev", "priority", "name", "value", "width")
@@ -228,7 +262,7 @@ class AgentStats(_message.Message):
     def __init__(self, cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., probes: _Optional[int] = ..., probe_rate: _Optional[float] = ..., spool_depth: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., links: _Optional[int] = ..., sessions: _Optional[int] = ..., sessions_refused: _Optional[int] = ..., spool_write_failures: _Optional[int] = ..., spool_quarantined: _Optional[int] = ..., spool_memory_windows: _Optional[int] = ..., thread_failures: _Optional[int] = ..., sessions_refused_by_reason: _Optional[_Mapping[str, int]] = ..., self_throttle: _Optional[float] = ..., cpu_share: _Optional[float] = ..., cpu_pressure: _Optional[float] = ...) -> None: ...
 
 class WindowReport(_message.Message):
-    __slots__ = ("host", "epoch", "seq", "window_start_unix_ns", "window_end_unix_ns", "probes", "counters", "agent", "assignment_generation")
+    __slots__ = ("host", "epoch", "seq", "window_start_unix_ns", "window_end_unix_ns", "probes", "counters", "agent", "assignment_generation", "class_windows", "class_paths")
     HOST_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +272,8 @@ class WindowReport(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CLASS_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    CLASS_PATHS_FIELD_NUMBER: _ClassVar[int]
     host: str
     epoch: int
     seq: int
@@ -247,19 +283,23 @@ class WindowReport(_message.Message):
     counters: _containers.RepeatedCompositeFieldContainer[CounterReading]
     agent: AgentStats
     assignment_generation: int
-    def __init__(self, host: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[CounterReading, _Mapping]]] = ..., agent: _Optional[_Union[AgentStats, _Mapping]] = ..., assignment_generation: _Optional[int] = ...) -> None: ...
+    class_windows: _containers.RepeatedCompositeFieldContainer[ProbeWindow]
+    class_paths: _containers.RepeatedCompositeFieldContainer[ClassPath]
+    def __init__(self, host: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[CounterReading, _Mapping]]] = ..., agent: _Optional[_Union[AgentStats, _Mapping]] = ..., assignment_generation: _Optional[int] = ..., class_windows: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., class_paths: _Optional[_Iterable[_Union[ClassPath, _Mapping]]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("epoch", "seq", "duplicate", "assignment_generation")
+    __slots__ = ("epoch", "seq", "duplicate", "assignment_generation", "retrace")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RETRACE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     seq: int
     duplicate: bool
     assignment_generation: int
-    def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., assignment_generation: _Optional[int] = ...) -> None: ...
+    retrace: _containers.RepeatedCompositeFieldContainer[Retrace]
+    def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., assignment_generation: _Optional[int] = ..., retrace: _Optional[_Iterable[_Union[Retrace, _Mapping]]] = ...) -> None: ...
 
 class WhyRequest(_message.Message):
     __slots__ = ("slowest", "window_s", "by")
@@ -574,3 +614,51 @@ class KvCostReply(_message.Message):
     dst: str
     bytes: int
     def __init__(self, known: _Optional[bool] = ..., reason: _Optional[str] = ..., p50_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., age_s: _Optional[float] = ..., transport: _Optional[str] = ..., rtts: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class LinksRequest(_message.Message):
+    __slots__ = ("src", "dst")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    src: str
+    dst: str
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ...) -> None: ...
+
+class LinkVerdict(_message.Message):
+    __slots__ = ("link", "rank", "suspect", "classes", "bad_classes", "rtt_rise_s", "loss", "rail")
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    BAD_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    RTT_RISE_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    link: str
+    rank: int
+    suspect: bool
+    classes: int
+    bad_classes: int
+    rtt_rise_s: float
+    loss: float
+    rail: int
+    def __init__(self, link: _Optional[str] = ..., rank: _Optional[int] = ..., suspect: _Optional[bool] = ..., classes: _Optional[int] = ..., bad_classes: _Optional[int] = ..., rtt_rise_s: _Optional[float] = ..., loss: _Optional[float] = ..., rail: _Optional[int] = ...) -> None: ...
+
+class ClassLinks(_message.Message):
+    __slots__ = ("sport", "links")
+    SPORT_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    sport: int
+    links: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sport: _Optional[int] = ..., links: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LinksReply(_message.Message):
+    __slots__ = ("configured", "links", "class_paths", "classes")
+    CONFIGURED_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    CLASS_PATHS_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    configured: bool
+    links: _containers.RepeatedCompositeFieldContainer[LinkVerdict]
+    class_paths: int
+    classes: _containers.RepeatedCompositeFieldContainer[ClassLinks]
+    def __init__(self, configured: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkVerdict, _Mapping]]] = ..., class_paths: _Optional[int] = ..., classes: _Optional[_Iterable[_Union[ClassLinks, _Mapping]]] = ...) -> None: ...

@@ -304,6 +304,11 @@ class QueryStub:
                 request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostRequest.SerializeToString,
                 response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostReply.FromString,
                 _registered_method=True)
+        self.Links = channel.unary_unary(
+                '/fabricprobe.v1.Query/Links',
+                request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksRequest.SerializeToString,
+                response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksReply.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -334,6 +339,15 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Links(self, request, context):
+        """The fabric's directed links ranked by tomography over the probed ECMP classes
+        (collector/fabric), and the classes known from one host to another:
+        `probe why --links`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -351,6 +365,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.KvCost,
                     request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostRequest.FromString,
                     response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostReply.SerializeToString,
+            ),
+            'Links': grpc.unary_unary_rpc_method_handler(
+                    servicer.Links,
+                    request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksRequest.FromString,
+                    response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -435,6 +454,33 @@ class Query:
             '/fabricprobe.v1.Query/KvCost',
             fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostRequest.SerializeToString,
             fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.KvCostReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Links(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabricprobe.v1.Query/Links',
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksRequest.SerializeToString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,215 @@
+"""The collector's links: class paths learned from the agents' traces, class windows
+fed to the localizer, and the classes it asks agents to trace again.
+
+A class's path is its probes' way out, traced by its prober, and its answers' way back:
+the responder's source port traced from the peer. Paths are cached per (host, peer,
+source port) and traced again when a route may have changed: the class lost probes, its
+hop count changed, or the path is older than `refresh_s`. The request rides on the Ack
+of the host's next report (Ack.retrace). Everything done is counted (LinkCounts).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from fabricprobe.collector.fabric.localize import (
+    ClassKey,
+    ClassWindow,
+    LinkVerdict,
+    LocalizeConfig,
+    Localizer,
+)
+from fabricprobe.collector.fabric.topology import Topology
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.errors import ParseError
+from fabricprobe.core.sketchwire import from_wire
+
+MAX_PATHS = 200_000
+MAX_RETRACE_PER_ACK = 64
+MAX_HOPS = 32
+
+
+@dataclass
+class _Path:
+    src_ip: str
+    dst_ip: str
+    links: tuple[str, ...]
+    hops: int
+    learned_s: float
+
+
+@dataclass
+class LinkCounts:
+    paths_learned: int = 0
+    paths_changed: int = 0
+    paths_unresolved: dict[str, int] = field(default_factory=dict)
+    retraces_asked: dict[str, int] = field(default_factory=dict)  # by why
+    class_windows: int = 0
+    class_windows_refused: int = 0
+
+
+@dataclass(frozen=True)
+class LinksSnapshot:
+    verdicts: tuple[LinkVerdict, ...]
+    counts: LinkCounts
+    paths: int
+
+
+class FabricLinks:
+    """Paths, the localizer and the retrace queue; thread-safe."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        config: LocalizeConfig | None = None,
+        refresh_s: float = 600.0,
+        clock: Callable[[], float] = time.time,
+        ecmp_classes: int = 4,
+    ) -> None:
+        self.topology = topology
+        self.ecmp_classes = ecmp_classes  # per rdma_ud target, in the assignments
+        self.localizer = Localizer(config)
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._paths: OrderedDict[ClassKey, _Path] = OrderedDict()
+        self._returns: dict[ClassKey, ClassKey] = {}  # class -> the path of its answers
+        self._retrace: dict[str, dict[tuple[str, int], pb.Retrace]] = {}
+        self._addresses: dict[str, str] = {}  # host -> the address it probes from
+        self.counts = LinkCounts()
+
+    # ------------------------------------------------------------------ intake
+    def take(self, host: str, report: pb.WindowReport) -> None:
+        """A report's class paths and class windows."""
+        now = self.clock()
+        for cp in report.class_paths[: MAX_RETRACE_PER_ACK * 4]:
+            self._learn(host, cp, now)
+        for w in report.class_windows:
+            self._window(host, w, report.window_end_unix_ns / 1e9)
+
+    def _learn(self, host: str, cp: pb.ClassPath, now: float) -> None:
+        if not 0 < cp.sport <= 0xFFFF or len(cp.hops) > MAX_HOPS:
+            self._unresolved("bad class path")
+            return
+        res = self.topology.resolve(cp.src_ip, cp.dst_ip, [h or None for h in cp.hops])
+        key = ClassKey(host, cp.dst, cp.sport)
+        with self._lock:
+            self._addresses[host] = cp.src_ip
+            if not res.links:
+                self.counts.paths_unresolved[res.reason] = (
+                    self.counts.paths_unresolved.get(res.reason, 0) + 1
+                )
+                return
+            old = self._paths.get(key)
+            if old is None:
+                self.counts.paths_learned += 1
+            elif old.links != res.links:
+                self.counts.paths_changed += 1
+            self._paths[key] = _Path(cp.src_ip, cp.dst_ip, res.links, len(cp.hops), now)
+            self._paths.move_to_end(key)
+            while len(self._paths) > MAX_PATHS:
+                self._paths.popitem(last=False)
+
+    def _unresolved(self, why: str) -> None:
+        with self._lock:
+            self.counts.paths_unresolved[why] = self.counts.paths_unresolved.get(why, 0) + 1
+
+    def _window(self, host: str, w: pb.ProbeWindow, end_s: float) -> None:
+        if not 0 < w.sport <= 0xFFFF or w.return_sport > 0xFFFF or not w.dst:
+            with self._lock:
+                self.counts.class_windows_refused += 1
+            return
+        key = ClassKey(host, w.dst, w.sport)
+        try:
+            rtt = from_wire(w.rtt)
+            delay_sk = from_wire(w.prober_delay) if w.HasField("prober_delay") else None
+        except ParseError:
+            with self._lock:
+                self.counts.class_windows_refused += 1
+            return
+        lost, sent = rtt.lost, rtt.count + rtt.lost
+        p50 = _p50_s(rtt.percentile_ns(50.0))
+        delay = _p50_s(delay_sk.percentile_ns(50.0) if delay_sk else None) or 0.0
+        bad = self.localizer.observe(ClassWindow(key, end_s, p50, sent, lost, delay))
+        now = self.clock()
+        with self._lock:
+            self.counts.class_windows += 1
+            if w.return_sport:
+                self._returns[key] = ClassKey(w.dst, host, w.return_sport)
+            self._want_traces(key, lost > 0 or bad, now)
+
+    def _want_traces(self, key: ClassKey, suspect: bool, now: float) -> None:
+        """Queue traces for KEY's way out and way back where they are missing, old, or
+        may have changed (the class lost probes or went bad). Under the lock."""
+        for k in (key, self._returns.get(key)):
+            if k is None:
+                continue
+            p = self._paths.get(k)
+            why = (
+                "new"
+                if p is None
+                else "old"
+                if now - p.learned_s > self.refresh_s
+                else "suspect"
+                if suspect
+                else ""
+            )
+            if not why:
+                continue
+            address = p.dst_ip if p else self._addresses.get(k.dst, "")
+            if not address:
+                continue  # the peer's address is learned from its own traces
+            queue = self._retrace.setdefault(k.src, {})
+            if (k.dst, k.sport) not in queue and len(queue) < MAX_RETRACE_PER_ACK:
+                queue[(k.dst, k.sport)] = pb.Retrace(dst=k.dst, address=address, sport=k.sport)
+                self.counts.retraces_asked[why] = self.counts.retraces_asked.get(why, 0) + 1
+
+    def retraces(self, host: str) -> list[pb.Retrace]:
+        """The traces HOST is asked for on its next Ack (each asked once)."""
+        with self._lock:
+            return list(self._retrace.pop(host, {}).values())
+
+    # ------------------------------------------------------------------ answers
+    def class_links(self) -> dict[ClassKey, tuple[str, ...]]:
+        with self._lock:
+            out = {}
+            for k, p in self._paths.items():
+                back = self._returns.get(k)
+                rp = self._paths.get(back) if back else None
+                out[k] = p.links + (rp.links if rp else ())
+            return out
+
+    def snapshot(self) -> LinksSnapshot:
+        paths = self.class_links()
+        verdicts = self.localizer.rank(
+            paths,
+            self.clock(),
+            links=self.topology.links(),
+            rail_of={link: self.topology.rail_of(link) for link in self.topology.links()},
+        )
+        with self._lock:
+            counts = LinkCounts(
+                self.counts.paths_learned,
+                self.counts.paths_changed,
+                dict(self.counts.paths_unresolved),
+                dict(self.counts.retraces_asked),
+                self.counts.class_windows,
+                self.counts.class_windows_refused,
+            )
+        return LinksSnapshot(tuple(verdicts), counts, len(paths))
+
+    def links_of(self, src: str, dst: str) -> list[tuple[int, tuple[str, ...]]]:
+        """(source port, links) of every class known from SRC to DST."""
+        paths = self.class_links()
+        return sorted((k.sport, v) for k, v in paths.items() if k.src == src and k.dst == dst)
+
+
+def _p50_s(ns: int | None) -> float | None:
+    return None if ns is None else ns / 1e9
+
+
+__all__: Sequence[str] = ["FabricLinks", "LinkCounts", "LinksSnapshot"]

@@ -1,0 +1,230 @@
+"""Which link: tomography over the probed ECMP classes.
+
+Each class (a prober, a peer, a UDP source port) crosses a known list of directed links:
+its probe's way out, and where it is known, its answer's way back (the responder's own
+source port, traced from the peer). Each window a class is *bad* when its median RTT
+rose over its own baseline by more than its noise and a floor, or when it lost probes,
+and *good* otherwise. A class whose window was host-bound (the prober's own delay
+holds most of the rise) is neither: a busy host never makes a link suspect.
+
+A link is suspect when the classes that cross it went bad and those that avoid it did
+not. The ranking is greedy, as Boolean tomography explains failures: the link crossed
+by the most bad classes (and few good ones) is named first, the bad classes it explains
+are set aside, and the next link must explain others. Every link gets its evidence:
+classes through it, how many went bad, the median rise of those through it and their
+loss.
+
+Baselines: a class's baseline is the median of its last good windows' medians, and its
+noise their median absolute deviation; a bad window does not enter it, so a link that
+stays bad stays named.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class ClassKey(NamedTuple):
+    src: str  # prober host
+    dst: str  # peer host
+    sport: int  # UDP source port of the probes
+
+
+@dataclass(frozen=True)
+class LocalizeConfig:
+    min_rise_s: float = 0.0002  # a rise below this is never bad, whatever the noise
+    noise_k: float = 4.0  # ... nor one below this many baseline deviations
+    min_loss: float = 0.0  # a class that lost more than this share of its probes is bad
+    baseline_windows: int = 8  # good windows a baseline is the median of
+    warmup_windows: int = 2  # a class needs this many before it can be bad
+    host_bound_share: float = 0.5  # prober delay over this share of the rise: host-bound
+    min_bad: int = 2  # bad classes a suspect link explains, at least
+    max_good_share: float = 0.25  # good classes among those through a suspect, at most
+    fresh_s: float = 30.0  # a class's newest window counts while it is this young
+
+    def __post_init__(self) -> None:
+        if self.min_rise_s < 0 or self.noise_k < 0 or not 0 <= self.min_loss < 1:
+            raise ValueError("min_rise_s, noise_k >= 0 and 0 <= min_loss < 1")
+        if self.baseline_windows < 2 or self.warmup_windows < 1 or self.min_bad < 1:
+            raise ValueError("baseline_windows >= 2, warmup_windows >= 1, min_bad >= 1")
+        if not 0 <= self.max_good_share < 1 or not 0 < self.host_bound_share <= 1:
+            raise ValueError("0 <= max_good_share < 1, 0 < host_bound_share <= 1")
+
+
+@dataclass(frozen=True)
+class ClassWindow:
+    """One class's figures in one window."""
+
+    key: ClassKey
+    end_s: float  # the window's end (unix seconds)
+    p50_s: float | None  # median RTT (None: no answer at all)
+    sent: int  # probes with an outcome: answered + lost
+    lost: int
+    prober_p50_s: float = 0.0  # the prober's own median delay inside the RTTs
+
+
+@dataclass
+class _Class:
+    good: deque[float]
+    last: ClassWindow | None = None
+    rise_s: float = 0.0
+    bad: bool = False
+    host_bound: bool = False
+    windows: int = 0
+
+
+@dataclass(frozen=True)
+class LinkVerdict:
+    link: str
+    rank: int
+    suspect: bool
+    classes: int  # fresh classes through it
+    bad: int  # of those, bad
+    rtt_rise_s: float  # median rise of the classes through it
+    loss: float  # lost / sent of the classes through it
+    rail: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "link": self.link,
+            "rank": self.rank,
+            "suspect": self.suspect,
+            "classes": self.classes,
+            "bad_classes": self.bad,
+            "rtt_rise_s": self.rtt_rise_s,
+            "loss": self.loss,
+            "rail": self.rail,
+        }
+
+
+@dataclass
+class LocalizeStats:
+    windows: int = 0
+    bad: int = 0
+    host_bound: int = 0
+    unplaced: int = 0  # windows of classes whose links are not known
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class Localizer:
+    """Class baselines, each class's newest verdict, and the links ranked from them."""
+
+    def __init__(self, config: LocalizeConfig | None = None, max_classes: int = 200_000) -> None:
+        self.config = config or LocalizeConfig()
+        self.max_classes = max_classes
+        self._lock = threading.Lock()
+        self._classes: dict[ClassKey, _Class] = {}
+        self.stats = LocalizeStats()
+
+    def observe(self, w: ClassWindow) -> bool:
+        """Take one class window; True when the class is bad in it."""
+        cfg = self.config
+        with self._lock:
+            c = self._classes.get(w.key)
+            if c is None:
+                if len(self._classes) >= self.max_classes:
+                    self.stats.by_reason["class table full"] = (
+                        self.stats.by_reason.get("class table full", 0) + 1
+                    )
+                    return False
+                c = self._classes[w.key] = _Class(good=deque(maxlen=cfg.baseline_windows))
+            self.stats.windows += 1
+            c.last, c.windows = w, c.windows + 1
+            c.rise_s, c.bad, c.host_bound = 0.0, False, False
+            lossy = w.sent > 0 and w.lost / w.sent > cfg.min_loss and w.lost > 0
+            if w.p50_s is not None and len(c.good) >= cfg.warmup_windows:
+                base = statistics.median(c.good)
+                noise = statistics.median(abs(x - base) for x in c.good)
+                c.rise_s = max(0.0, w.p50_s - base)
+                risen = c.rise_s > max(cfg.min_rise_s, cfg.noise_k * noise)
+                if risen and w.prober_p50_s > cfg.host_bound_share * c.rise_s:
+                    c.host_bound = True
+                    self.stats.host_bound += 1
+                    return False
+                c.bad = risen
+            c.bad = c.bad or (lossy and len(c.good) >= cfg.warmup_windows)
+            if c.bad:
+                self.stats.bad += 1
+            elif w.p50_s is not None and not lossy:
+                c.good.append(w.p50_s)
+            return c.bad
+
+    def forget(self, keys: Iterable[ClassKey]) -> None:
+        with self._lock:
+            for k in keys:
+                self._classes.pop(k, None)
+
+    def rank(
+        self,
+        paths: Mapping[ClassKey, Sequence[str]],
+        now_s: float,
+        links: Iterable[str] = (),
+        rail_of: Mapping[str, int | None] | None = None,
+    ) -> list[LinkVerdict]:
+        """Every link crossed by a fresh class (and every one of LINKS), ranked: the
+        suspects first, in the order they explain the bad classes, then the rest by the
+        share of bad classes through them."""
+        cfg = self.config
+        with self._lock:
+            fresh = {
+                k: (c.bad, c.rise_s, c.last)
+                for k, c in self._classes.items()
+                if c.last is not None
+                and not c.host_bound
+                and now_s - c.last.end_s <= cfg.fresh_s
+                and k in paths
+            }
+        through: dict[str, list[ClassKey]] = {link: [] for link in links}
+        for k in fresh:
+            for link in dict.fromkeys(paths[k]):
+                through.setdefault(link, []).append(k)
+        bad_left = {k for k, (bad, _, _) in fresh.items() if bad}
+        suspects: list[str] = []
+        while True:
+            best: tuple[int, int, str] | None = None
+            for link, ks in through.items():
+                if link in suspects:
+                    continue
+                nb = sum(1 for k in ks if k in bad_left)
+                ng = sum(1 for k in ks if not fresh[k][0])
+                if nb < cfg.min_bad or ng > cfg.max_good_share * (nb + ng):
+                    continue
+                cand = (nb, -ng, link)
+                if best is None or cand > best:
+                    best = cand
+            if best is None:
+                break
+            suspects.append(best[2])
+            bad_left -= set(through[best[2]])
+        out = []
+        for link, ks in through.items():
+            rises = [fresh[k][1] for k in ks]
+            sent = sum(w.sent for k in ks if (w := fresh[k][2]) is not None)
+            lost = sum(w.lost for k in ks if (w := fresh[k][2]) is not None)
+            out.append(
+                LinkVerdict(
+                    link=link,
+                    rank=0,
+                    suspect=link in suspects,
+                    classes=len(ks),
+                    bad=sum(1 for k in ks if fresh[k][0]),
+                    rtt_rise_s=statistics.median(rises) if rises else 0.0,
+                    loss=lost / sent if sent else 0.0,
+                    rail=(rail_of or {}).get(link),
+                )
+            )
+        order = {link: i for i, link in enumerate(suspects)}
+        out.sort(
+            key=lambda v: (
+                order.get(v.link, len(order)),
+                -(v.bad / v.classes if v.classes else 0.0),
+                -v.rtt_rise_s,
+                v.link,
+            )
+        )
+        return [LinkVerdict(**{**v.__dict__, "rank": i + 1}) for i, v in enumerate(out)]

@@ -1,0 +1,163 @@
+"""The links in the running collector: their settings, their /metrics families (one
+series per directed link, never per pair or class) and their Query answer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from fabricprobe.collector.fabric.links import FabricLinks, LinksSnapshot
+from fabricprobe.collector.fabric.localize import LocalizeConfig
+from fabricprobe.collector.fabric.topology import Topology
+from fabricprobe.core.api import fabricprobe_pb2 as pb
+
+
+@dataclass(frozen=True)
+class FabricConfig:
+    """Where the known fabric is described, and how its links are judged."""
+
+    topology_file: str
+    localize: LocalizeConfig = field(default_factory=LocalizeConfig)
+    refresh_s: float = 600.0  # a class path older than this is traced again
+    ecmp_classes: int = 4  # ECMP classes per rdma_ud target
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.ecmp_classes <= 16:
+            raise ValueError("ecmp_classes must be 1..16")
+        if not 10 <= self.refresh_s <= 86400:
+            raise ValueError("refresh_s must be 10..86400")
+
+
+def attach_links(cfg: FabricConfig | None, registry: CollectorRegistry) -> FabricLinks | None:
+    """The collector's FabricLinks for CFG (None: no fabric file, no links), its
+    families registered."""
+    if cfg is None:
+        return None
+    links = FabricLinks(
+        Topology.load(cfg.topology_file),
+        cfg.localize,
+        refresh_s=cfg.refresh_s,
+        ecmp_classes=cfg.ecmp_classes,
+    )
+    registry.register(LinkCollector(links))
+    return links
+
+
+def _label(rail: int | None) -> str:
+    return "" if rail is None else str(rail)
+
+
+class LinkCollector(Collector):
+    """fabricprobe_link_* from one snapshot per scrape."""
+
+    def __init__(self, links: FabricLinks) -> None:
+        self.links = links
+
+    def collect(self) -> Iterator[Metric]:
+        snap: LinksSnapshot = self.links.snapshot()
+        labels = ["link", "rail"]
+        fams = {
+            "suspect": GaugeMetricFamily(
+                "fabricprobe_link_suspect",
+                "1 when the link is named by the tomography over the probed ECMP classes.",
+                labels=labels,
+            ),
+            "rank": GaugeMetricFamily(
+                "fabricprobe_link_rank", "The link's rank, 1 the likeliest at fault.", labels=labels
+            ),
+            "rise": GaugeMetricFamily(
+                "fabricprobe_link_rtt_rise_seconds",
+                "Median RTT rise over their baselines of the classes through the link.",
+                labels=labels,
+                unit="seconds",
+            ),
+            "loss": GaugeMetricFamily(
+                "fabricprobe_link_loss_ratio",
+                "Lost over sent probes of the classes through the link, newest windows.",
+                labels=labels,
+            ),
+            "classes": GaugeMetricFamily(
+                "fabricprobe_link_classes",
+                "ECMP classes with a fresh window whose path crosses the link.",
+                labels=labels,
+            ),
+            "bad": GaugeMetricFamily(
+                "fabricprobe_link_bad_classes",
+                "Of those, the classes that rose or lost in their newest window.",
+                labels=labels,
+            ),
+        }
+        for v in snap.verdicts:
+            key = [v.link, _label(v.rail)]
+            fams["suspect"].add_metric(key, 1.0 if v.suspect else 0.0)
+            fams["rank"].add_metric(key, v.rank)
+            fams["rise"].add_metric(key, v.rtt_rise_s)
+            fams["loss"].add_metric(key, v.loss)
+            fams["classes"].add_metric(key, v.classes)
+            fams["bad"].add_metric(key, v.bad)
+        yield from fams.values()
+        c = snap.counts
+        yield GaugeMetricFamily(
+            "fabricprobe_link_class_paths", "ECMP class paths known.", value=snap.paths
+        )
+        learned = CounterMetricFamily(
+            "fabricprobe_link_paths",
+            "Class paths learned from traces (new), or found changed (changed).",
+            labels=["outcome"],
+        )
+        learned.add_metric(["new"], c.paths_learned)
+        learned.add_metric(["changed"], c.paths_changed)
+        yield learned
+        unresolved = CounterMetricFamily(
+            "fabricprobe_link_paths_unresolved",
+            "Traces that could not be placed on the fabric file's links, by why.",
+            labels=["reason"],
+        )
+        for why, n in sorted(c.paths_unresolved.items()):
+            unresolved.add_metric([why], n)
+        yield unresolved
+        retrace = CounterMetricFamily(
+            "fabricprobe_link_retraces",
+            "Traces asked of agents: new, old (past the refresh) or suspect (a loss, a rise).",
+            labels=["reason"],
+        )
+        for why, n in sorted(c.retraces_asked.items()):
+            retrace.add_metric([why], n)
+        yield retrace
+        windows = CounterMetricFamily(
+            "fabricprobe_link_class_windows",
+            "Class windows taken, refused (malformed), or host-bound (never judged).",
+            labels=["outcome"],
+        )
+        windows.add_metric(["taken"], c.class_windows)
+        windows.add_metric(["refused"], c.class_windows_refused)
+        windows.add_metric(["host_bound"], self.links.localizer.stats.host_bound)
+        yield windows
+
+
+def links_reply(links: FabricLinks | None, src: str = "", dst: str = "") -> pb.LinksReply:
+    """The Query answer: every link ranked, and the classes from SRC to DST when asked."""
+    if links is None:
+        return pb.LinksReply(configured=False)
+    snap = links.snapshot()
+    reply = pb.LinksReply(configured=True, class_paths=snap.paths)
+    for v in snap.verdicts:
+        reply.links.append(
+            pb.LinkVerdict(
+                link=v.link,
+                rank=v.rank,
+                suspect=v.suspect,
+                classes=v.classes,
+                bad_classes=v.bad,
+                rtt_rise_s=v.rtt_rise_s,
+                loss=v.loss,
+                rail=-1 if v.rail is None else v.rail,
+            )
+        )
+    if src and dst:
+        for sport, path in links.links_of(src, dst):
+            reply.classes.append(pb.ClassLinks(sport=sport, links=list(path)))
+    return reply
