@@ -9,17 +9,21 @@
 # own path fp<i> -> fpbr -> fp<j>. `fabricprobe/cli/netem.py` adds delay/loss to one
 # (src, dst) pair with a u32 filter on the source's netdev, which touches no other path.
 #
-# leaf-spine (at least 4 hosts). Two leaves per rail and two spines, every leaf cabled
-# to every spine; each router is a network namespace (leaf0, leaf1, spine0, spine1) that
+# leaf-spine (at least 4 hosts). LANE_LEAVES (default 3) leaves per rail and two spines,
+# every leaf cabled to every spine; each router is a network namespace (leaf0, leaf1,
+# leaf2, spine0, spine1) that
 # forwards with equal-cost multipath routes hashed on the 5-tuple
 # (fib_multipath_hash_policy=1) and answers an expiring packet with ICMP time-exceeded
 # from the address of the interface it came in on, as a switch does. Names:
 #     leafX <-> spineY   veth lXsY in leafX, sYlX in spineY
 #     host i <-> leafX   veth hilX on the host (its netdev), lXhi in leafX
-# The first half of the hosts hang off leaf0, the rest off leaf1. Rail 0's hosts are
+# Host i hangs off leaf (i x leaves / hosts): with 4 hosts and 3 leaves, h0 and h1 on
+# leaf0, h2 on leaf1, h3 on leaf2. Three leaves, not two: with two, every path through
+# leaf0->spine1 goes on through spine1->leaf1 and no end-to-end measurement can tell the
+# two apart; a third leaf gives each link classes of its own. Rail 0's hosts are
 # 192.0.2.(i+1) on rxe<i>; with LANE_RAILS=2 each host has a second device rxe<i>r1 on
-# 198.51.100.(i+1) (TEST-NET-2) behind leaf2/leaf3, a rail network of its own that shares
-# the spines (a leaf routes only its own rail's hosts). Every link has a /31 from
+# 198.51.100.(i+1) (TEST-NET-2) behind leaves of its own (leaf3..leaf5), a rail network
+# that shares the spines (a leaf routes only its own rail's hosts). Every link has a /31 from
 # 203.0.113.0/24 (TEST-NET-3): the router ends carry those, a host end carries only the
 # host's /32 and reaches its leaf on-link.
 #
@@ -96,6 +100,8 @@ build_bridge() {
 build_leaf_spine() {
   ((n >= 4)) || { echo "lane: a leaf-spine fabric needs at least 4 hosts" >&2; return 1; }
   ((rails == 1 || rails == 2)) || { echo "lane: LANE_RAILS must be 1 or 2" >&2; return 1; }
+  local L=${LANE_LEAVES:-3}
+  ((L >= 2 && L <= 4 && L <= n)) || { echo "lane: LANE_LEAVES must be 2..4, at most the hosts" >&2; return 1; }
   local nets=(192.0.2 198.51.100) i r x y k=0 h leaf ip a b
   local spines=(spine0 spine1) leaves=() init=() hostdevs=()
   declare -A cmds=() ifjson=()   # per router: its `ip -batch` lines; its interfaces' JSON
@@ -104,7 +110,7 @@ build_leaf_spine() {
     links_json+=("{\"a\":\"$1\",\"a_dev\":\"$2\",\"a_ip\":\"$aip\",\"b\":\"$4\",\"b_dev\":\"$5\",\"b_ip\":\"$bip\",\"rail\":$7,\"tier\":\"$8\"}")
   }
   for ((r = 0; r < rails; r++)); do
-    for ((x = 2 * r; x < 2 * r + 2; x++)); do leaves+=("leaf$x"); done
+    for ((x = L * r; x < L * r + L; x++)); do leaves+=("leaf$x"); done
   done
   init+=("link set lo up")
   for leaf in "${leaves[@]}" "${spines[@]}"; do init+=("netns add $leaf"); done
@@ -125,7 +131,7 @@ build_leaf_spine() {
   # leaf-spine links: leaf end 203.0.113.(2k), spine end 203.0.113.(2k+1)
   declare -A lsip=()   # "x,y" -> leaf end's address, "y,x" (as sY) -> spine end's
   for ((r = 0; r < rails; r++)); do
-    for ((x = 2 * r; x < 2 * r + 2; x++)); do
+    for ((x = L * r; x < L * r + L; x++)); do
       for ((y = 0; y < 2; y++)); do
         a=203.0.113.$((2 * k)) b=203.0.113.$((2 * k + 1)); k=$((k + 1))
         lsip["l$x,s$y"]=$a lsip["s$y,l$x"]=$b
@@ -142,7 +148,7 @@ build_leaf_spine() {
   local rules=()
   for ((r = 0; r < rails; r++)); do
     for ((i = 0; i < n; i++)); do
-      x=$((2 * r + (i >= n / 2 ? 1 : 0))) h=h$i ip=${nets[r]}.$((i + 1))
+      x=$((L * r + i * L / n)) h=h$i ip=${nets[r]}.$((i + 1))
       a=203.0.113.$((2 * k)); k=$((k + 1))
       init+=("link add h${i}l$x type veth peer name l${x}h$i netns leaf$x")
       init+=("addr add $ip/32 dev h${i}l$x")
@@ -160,7 +166,7 @@ build_leaf_spine() {
       nic_host+=("$h") nic_ip+=("$ip") nic_nd+=("h${i}l$x") nic_rail+=("$r") nic_leaf+=("leaf$x")
       if ((r == 0)); then nic_dev+=("rxe$i"); else nic_dev+=("rxe${i}r$r"); fi
     done
-    for ((x = 2 * r; x < 2 * r + 2; x++)); do  # the rail's other hosts: over both spines
+    for ((x = L * r; x < L * r + L; x++)); do  # the rail's other hosts: over both spines
       cmds[leaf$x]+="route add ${nets[r]}.0/24 nexthop via ${lsip["s0,l$x"]} dev l${x}s0 nexthop via ${lsip["s1,l$x"]} dev l${x}s1"$'\n'
     done
   done

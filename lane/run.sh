@@ -2,16 +2,16 @@
 # lane/run.sh — run a command as root inside a throwaway VM that holds a small soft-RoCE
 # fabric (see lane/README.md).
 #
-#   lane/run.sh [--hosts N] [--fabric bridge|leaf-spine] [--rails 1|2] [--rwdir DIR]...
-#               [--no-fabric] [--] COMMAND [ARG]...
+#   lane/run.sh [--hosts N] [--fabric bridge|leaf-spine] [--rails 1|2] [--leaves 2..4]
+#               [--rwdir DIR]... [--no-fabric] [--] COMMAND [ARG]...
 #
 # The VM boots Debian's kernel under QEMU (TCG) with virtme-ng; it sees this machine's /
 # read-only over 9p at the same paths (writes under /tmp /etc /var /usr /opt go to a tmpfs
 # overlay and vanish). --rwdir DIR mounts DIR writable so results reach the host.
 # Before COMMAND, lane/guest-fabric.sh builds N hosts (default 3) on a bridge, or on a
-# routed leaf-spine of network namespaces (--fabric leaf-spine, at least 4 hosts; --rails 2
-# gives each host a second device on a second rail network); COMMAND gets the LANE_*
-# variables it writes. Exit status: COMMAND's; 99 when the fabric could not be
+# routed leaf-spine of network namespaces (--fabric leaf-spine, at least 4 hosts, 3 leaves a
+# rail unless --leaves; --rails 2 gives each host a second device on a second rail
+# network); COMMAND gets the LANE_* variables it writes. Exit status: COMMAND's; 99 when the fabric could not be
 # built; 124 when LANE_TIMEOUT (default 1800 s) ran out.
 #
 # Environment: LANE_CPUS (2), LANE_MEM (1G), LANE_TIMEOUT, LANE_KVER, LANE_VERBOSE=1,
@@ -25,6 +25,7 @@ LANE_CACHE=${LANE_CACHE:-/var/cache/fabricprobe-lane}
 hosts=${LANE_HOSTS:-3}
 shape=${LANE_FABRIC:-bridge}
 rails=${LANE_RAILS:-1}
+leaves=${LANE_LEAVES:-3}
 fabric=1
 rwdirs=()
 while (($#)); do
@@ -32,6 +33,7 @@ while (($#)); do
     --hosts) hosts=$2; shift 2 ;;
     --fabric) shape=$2; shift 2 ;;
     --rails) rails=$2; shift 2 ;;
+    --leaves) leaves=$2; shift 2 ;;
     --rwdir) rwdirs+=(--rwdir "$(realpath "$2")"); shift 2 ;;
     --no-fabric) fabric=0; shift ;;
     -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -46,7 +48,9 @@ done
 case $shape in
   bridge) ((rails == 1)) || { echo "lane/run.sh: --rails needs --fabric leaf-spine" >&2; exit 2; } ;;
   leaf-spine) ((hosts >= 4)) || { echo "lane/run.sh: a leaf-spine fabric needs --hosts 4 or more" >&2; exit 2; }
-    [[ $rails =~ ^[12]$ ]] || { echo "lane/run.sh: --rails must be 1 or 2" >&2; exit 2; } ;;
+    [[ $rails =~ ^[12]$ ]] || { echo "lane/run.sh: --rails must be 1 or 2" >&2; exit 2; }
+    [[ $leaves =~ ^[234]$ ]] && ((leaves <= hosts)) ||
+      { echo "lane/run.sh: --leaves must be 2..4 and at most --hosts" >&2; exit 2; } ;;
   *) echo "lane/run.sh: --fabric must be bridge or leaf-spine" >&2; exit 2 ;;
 esac
 [ "$(id -u)" = 0 ] || { echo "lane/run.sh: must run as root (QEMU and the guest fabric)" >&2; exit 2; }
@@ -72,8 +76,8 @@ trap 'rm -rf "$work"' EXIT
   for v in PATH VIRTUAL_ENV PYTHONPATH CI HOME TERM ${LANE_ENV:-} $(compgen -e | grep '^LANE_' || true); do
     [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
-  printf 'export LANE_HOSTS=%q LANE_FABRIC=%q LANE_RAILS=%q LANE_BOOT_T0=%q\n' \
-    "$hosts" "$shape" "$rails" "$(date +%s.%N)"
+  printf 'export LANE_HOSTS=%q LANE_FABRIC=%q LANE_RAILS=%q LANE_LEAVES=%q LANE_BOOT_T0=%q\n' \
+    "$hosts" "$shape" "$rails" "$leaves" "$(date +%s.%N)"
   printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
   if ((fabric)); then
     printf '%q || { echo "lane: building the fabric failed" >&2; exit 99; }\n' "$here/guest-fabric.sh"

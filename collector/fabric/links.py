@@ -31,6 +31,7 @@ from fabricprobe.core.sketchwire import from_wire
 MAX_PATHS = 200_000
 MAX_RETRACE_PER_ACK = 64
 MAX_HOPS = 32
+ASK_AGAIN_S = 30.0  # a trace asked for and not yet come is not asked again before this
 
 
 @dataclass
@@ -80,6 +81,7 @@ class FabricLinks:
         self._returns: dict[ClassKey, ClassKey] = {}  # class -> the path of its answers
         self._retrace: dict[str, dict[tuple[str, int], pb.Retrace]] = {}
         self._addresses: dict[str, str] = {}  # host -> the address it probes from
+        self._asked: OrderedDict[ClassKey, float] = OrderedDict()  # when last asked
         self.counts = LinkCounts()
 
     # ------------------------------------------------------------------ intake
@@ -158,7 +160,7 @@ class FabricLinks:
                 if suspect
                 else ""
             )
-            if not why:
+            if not why or now - self._asked.get(k, -ASK_AGAIN_S) < ASK_AGAIN_S:
                 continue
             address = p.dst_ip if p else self._addresses.get(k.dst, "")
             if not address:
@@ -167,6 +169,10 @@ class FabricLinks:
             if (k.dst, k.sport) not in queue and len(queue) < MAX_RETRACE_PER_ACK:
                 queue[(k.dst, k.sport)] = pb.Retrace(dst=k.dst, address=address, sport=k.sport)
                 self.counts.retraces_asked[why] = self.counts.retraces_asked.get(why, 0) + 1
+                self._asked[k] = now
+                self._asked.move_to_end(k)
+                while len(self._asked) > MAX_PATHS:
+                    self._asked.popitem(last=False)
 
     def retraces(self, host: str) -> list[pb.Retrace]:
         """The traces HOST is asked for on its next Ack (each asked once)."""

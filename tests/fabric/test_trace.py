@@ -23,9 +23,9 @@ def trace(src: str, dst: str, *args: str, user: str | None = None) -> dict:
 
 
 def test_the_lane_lists_every_router_and_link(fabric: Fabric) -> None:
-    assert {"leaf0", "leaf1", "spine0", "spine1"} <= set(fabric.routers)
+    assert {"leaf0", "leaf1", "leaf2", "spine0", "spine1"} <= set(fabric.routers)
     names = {(link["a_dev"], link["b_dev"]) for link in fabric.doc["links"]}
-    for x in (0, 1):
+    for x in (0, 1, 2):
         for y in (0, 1):
             assert (f"l{x}s{y}", f"s{y}l{x}") in names
     for r in fabric.routers:
@@ -68,9 +68,9 @@ def test_hops_are_the_routers_own_choice_per_class(fabric: Fabric) -> None:
 
 def test_rail_one_is_its_own_network(fabric: Fabric) -> None:
     a, b = fabric.nic("h1", 1), fabric.nic("h3", 1)
-    assert (a.leaf, b.leaf) == ("leaf2", "leaf3")
+    assert (a.leaf, b.leaf) == ("leaf3", "leaf5")
     got = trace(a.ip, b.ip, "--sports", "8", "--method", "udp")
-    rail1 = {i["ip"] for r in ("leaf2", "leaf3") for i in fabric.routers[r]["interfaces"]}
+    rail1 = {i["ip"] for r in ("leaf3", "leaf5") for i in fabric.routers[r]["interfaces"]}
     for c in got["classes"]:
         assert c["hops"] == fabric.route_walk(a, b, c["sport"])
         assert c["hops"][0] in rail1 and c["hops"][2] in rail1

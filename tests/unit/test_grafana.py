@@ -24,7 +24,14 @@ def catalogue() -> dict[str, set[str]]:
     """metric name as queried -> labels it carries."""
     data = tomllib.loads((ROOT / "collector" / "metrics.toml").read_text())
     out: dict[str, set[str]] = {}
-    tables = ("metric", "attribution_metric", "rawstore_metric", "agent_metric", "drift_metric")
+    tables = (
+        "metric",
+        "attribution_metric",
+        "rawstore_metric",
+        "agent_metric",
+        "drift_metric",
+        "link_metric",
+    )
     for m in (row for table in tables for row in data.get(table, [])):
         labels = set(m["labels"])
         if m.get("native"):  # the native form: one series under the bare name
