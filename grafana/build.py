@@ -440,6 +440,70 @@ FABRIC = Dashboard(
                 ),
             ),
         ),
+        Row(
+            "Links",
+            (
+                Panel(
+                    "Suspect links",
+                    (("sum(fabricprobe_link_suspect)", "suspect"),),
+                    "none",
+                    "stat",
+                    instant=True,
+                    description="Directed links the tomography over the probed ECMP "
+                    "classes names now (a fabric file on the collector).",
+                ),
+                Panel(
+                    "Links by rank",
+                    (
+                        (
+                            "topk(10, fabricprobe_link_bad_classes / "
+                            "(fabricprobe_link_classes > 0))",
+                            "{{link}} (rail {{rail}})",
+                        ),
+                    ),
+                    "percentunit",
+                    "bargauge",
+                    instant=True,
+                    description="Share of the classes through each link that rose or lost in "
+                    "their newest window; the suspects come first in `probe why --links`.",
+                ),
+                Panel(
+                    "RTT rise of the classes through each link",
+                    (
+                        (
+                            "fabricprobe_link_rtt_rise_seconds and on (link) "
+                            "(fabricprobe_link_rank <= 5)",
+                            "{{link}}",
+                        ),
+                    ),
+                    "s",
+                    description="Median rise over their baselines of the classes crossing the "
+                    "five likeliest links.",
+                ),
+                Panel(
+                    "Loss through each link",
+                    (
+                        (
+                            "fabricprobe_link_loss_ratio and on (link) "
+                            "(fabricprobe_link_rank <= 5)",
+                            "{{link}}",
+                        ),
+                    ),
+                    "percentunit",
+                    description="Lost over sent probes of the classes crossing the five "
+                    "likeliest links.",
+                ),
+                Panel(
+                    "Links short of classes",
+                    (("fabricprobe_links_uncovered", "links"),),
+                    "none",
+                    "stat",
+                    instant=True,
+                    description="Links crossed by too few known classes to be named; raise "
+                    "ecmp_classes or wait for the traces.",
+                ),
+            ),
+        ),
     ),
 )
 

@@ -23,6 +23,7 @@ from fabricprobe.collector.fabric.localize import (
     LocalizeConfig,
     Localizer,
 )
+from fabricprobe.collector.fabric.plan import coverage
 from fabricprobe.collector.fabric.topology import Topology
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.errors import ParseError
@@ -58,6 +59,7 @@ class LinksSnapshot:
     verdicts: tuple[LinkVerdict, ...]
     counts: LinkCounts
     paths: int
+    uncovered: tuple[str, ...] = ()  # links crossed by fewer than min_bad known classes
 
 
 class FabricLinks:
@@ -206,7 +208,8 @@ class FabricLinks:
                 self.counts.class_windows,
                 self.counts.class_windows_refused,
             )
-        return LinksSnapshot(tuple(verdicts), counts, len(paths))
+        _, short = coverage(paths, self.topology.links(), self.localizer.config.min_bad)
+        return LinksSnapshot(tuple(verdicts), counts, len(paths), tuple(short))
 
     def links_of(self, src: str, dst: str) -> list[tuple[int, tuple[str, ...]]]:
         """(source port, links) of every class known from SRC to DST."""

@@ -103,6 +103,11 @@ class LinkCollector(Collector):
         yield GaugeMetricFamily(
             "fabricprobe_link_class_paths", "ECMP class paths known.", value=snap.paths
         )
+        yield GaugeMetricFamily(
+            "fabricprobe_links_uncovered",
+            "Links of the fabric file crossed by fewer known classes than a suspect needs.",
+            value=len(snap.uncovered),
+        )
         learned = CounterMetricFamily(
             "fabricprobe_link_paths",
             "Class paths learned from traces (new), or found changed (changed).",

@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.collector.assign import PlanConfig
@@ -73,6 +75,7 @@ def next_boundary(after: float) -> float:
     return (int(after / WINDOW_S) + 1) * WINDOW_S
 
 
+@pytest.mark.timeout(1500)
 def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Path) -> None:
     hosts = [n for n in fabric.nics if n.rail == 0]
     server = CollectorServer(
@@ -129,9 +132,13 @@ def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Pat
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             snap = links.snapshot()
+            print(
+                f"links warm-up: {snap.paths} class paths of {want}, counts {snap.counts}",
+                flush=True,
+            )
             if snap.paths >= want and snap.counts.class_windows >= 4 * want:
                 break
-            time.sleep(1)
+            time.sleep(5)
         snap = links.snapshot()
         assert snap.paths >= want, (snap.paths, snap.counts)
         through = {v.link: v.classes for v in snap.verdicts}
@@ -139,7 +146,9 @@ def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Pat
         quiet_flags = []
         for _ in range(3):  # quiet windows: nothing flagged
             time.sleep(next_boundary(time.time()) + SETTLE_S - time.time())
-            quiet_flags += [v.link for v in links.snapshot().verdicts if v.suspect]
+            verdicts = links.snapshot().verdicts
+            print("links quiet:", [(v.link, v.classes, v.bad) for v in verdicts[:4]], flush=True)
+            quiet_flags += [v.link for v in verdicts if v.suspect]
         assert not quiet_flags, quiet_flags
         rng = random.Random(int(os.environ.get("FABRICPROBE_TRIAL_SEED", "24")))
         for trial in range(TRIALS):

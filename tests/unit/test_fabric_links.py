@@ -307,3 +307,31 @@ def test_fabric_links_learn_paths_ask_for_traces_and_export(tmp_path: Path) -> N
     assert len(families) == len(cat)
     # one series per link, never per pair or class
     assert len(families["fabricprobe_link_suspect"].samples) == 20
+
+
+def test_cover_probabilities_are_exact_on_small_throws() -> None:
+    """Against brute force over every way of throwing C classes onto S uplinks."""
+    import itertools
+
+    from fabricprobe.collector.fabric.plan import classes_per_leaf, cover_probabilities
+
+    for spines, k in ((2, 1), (3, 2), (4, 1)):
+        q = cover_probabilities(8, spines, k)
+        for c in range(9):
+            ways = itertools.product(range(spines), repeat=c)
+            ok = sum(1 for w in ways if all(w.count(s) >= k for s in range(spines)))
+            assert q[c] == pytest.approx(ok / spines**c, abs=1e-12), (spines, k, c)
+    c = classes_per_leaf(4, 2, 0.9)
+    q = cover_probabilities(c, 4, 2)
+    assert q[c] >= 0.9 > q[c - 1]
+
+
+def test_coverage_names_the_links_short_of_k() -> None:
+    from fabricprobe.collector.fabric.plan import coverage
+
+    paths, _ = paths_and_classes(leaf_spine())
+    counts, short = coverage(paths, Topology.from_doc(leaf_spine()).links(), k=2)
+    assert not short and min(counts.values()) >= 2
+    one = {k: v for k, v in paths.items() if k.sport == 0xC000 and k.src == "h0"}
+    _, short = coverage(one, Topology.from_doc(leaf_spine()).links(), k=2)
+    assert "leaf0->spine1" in short and "h3->leaf2" in short
