@@ -45,11 +45,13 @@ def test_host_blocks_exist_and_stay_on_this_machine() -> None:
 def test_lane_blocks_are_named_and_run_by_a_lane_test() -> None:
     lane = [b for b in all_blocks() if b.marker and b.marker.how == "lane"]
     assert lane
-    tests = "\n".join(p.read_text() for p in (ROOT / "tests" / "rdma").glob("test_*.py"))
+    tests = "\n".join(
+        p.read_text() for d in ("rdma", "fabric") for p in (ROOT / "tests" / d).glob("test_*.py")
+    )
     for b in lane:
         assert b.name, f"{b.where}: a lane block sits between <!-- NAME:begin/end -->"
         assert f"<!-- {b.name}:end -->" in b.path.read_text(), b.where
-        assert f"<!-- {b.name}:begin -->" in tests, f"{b.where}: no test under tests/rdma"
+        assert f"<!-- {b.name}:begin -->" in tests, f"{b.where}: no lane test runs it"
 
 
 def test_the_readme_is_a_front_door() -> None:
