@@ -14,9 +14,9 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import pandas as pd
 
-from fabricprobe.collector.attribution import Analysis, Attribution
+from fabricprobe.collector.attribution.core import Analysis, Attribution
+from fabricprobe.collector.attribution.join import RATE_FIELDS
 from fabricprobe.collector.drift import DriftBook
-from fabricprobe.collector.join import RATE_FIELDS
 from fabricprobe.collector.price import (
     CostError,
     PriceConfig,

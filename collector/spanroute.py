@@ -26,10 +26,15 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from fabricprobe.collector.engines import Fragment
-from fabricprobe.collector.linking import HostDirectory
-from fabricprobe.collector.otlp import BatchRefused, resource_attributes
-from fabricprobe.collector.spanpath import ROUTE_RESULTS, Item, PathRelay, engine_fragment
+from fabricprobe.collector.attribution.engines import Fragment
+from fabricprobe.collector.attribution.linking import HostDirectory
+from fabricprobe.collector.attribution.otlp import BatchRefused, resource_attributes
+from fabricprobe.collector.attribution.spanpath import (
+    ROUTE_RESULTS,
+    Item,
+    PathRelay,
+    engine_fragment,
+)
 from fabricprobe.core.shards import MAX_MEMBERS, Member, owner_of
 
 log = logging.getLogger("fabricprobe.collector.shard")

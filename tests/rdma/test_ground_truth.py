@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from fabricprobe.cli import netem
-from fabricprobe.collector.analysis import AnalysisConfig
+from fabricprobe.collector.attribution.analysis import AnalysisConfig
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.models import PRESETS

@@ -277,8 +277,8 @@ def test_the_planner_sends_probes_only_inside_the_fleet_networks() -> None:
 
 
 def test_kv_pairs_watched_are_bounded_and_only_between_fleet_hosts() -> None:
-    from fabricprobe.collector.attribution import MAX_PAIRS, Attribution
-    from fabricprobe.collector.stages import StageRecord
+    from fabricprobe.collector.attribution.core import MAX_PAIRS, Attribution
+    from fabricprobe.collector.attribution.stages import StageRecord
 
     store = WindowStore()
     for i in range(100):

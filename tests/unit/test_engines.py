@@ -11,9 +11,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.trace.v1 import trace_pb2
 from prometheus_client import CollectorRegistry
 
-from fabricprobe.collector.attribution import Attribution
-from fabricprobe.collector.attribution_exporter import AttributionCollector
-from fabricprobe.collector.linking import HostDirectory, MatchConfig
+from fabricprobe.collector.attribution.core import Attribution
+from fabricprobe.collector.attribution.exporter import AttributionCollector
+from fabricprobe.collector.attribution.linking import HostDirectory, MatchConfig
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from tests.unit.spanmaker import S, attr

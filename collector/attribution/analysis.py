@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from fabricprobe.collector.attribution.join import HOST_FLOOR_S
 from fabricprobe.collector.history import COUNTER_CATEGORIES
-from fabricprobe.collector.join import HOST_FLOOR_S
 
 
 @dataclass(frozen=True)

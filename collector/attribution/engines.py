@@ -19,7 +19,14 @@ from typing import Any
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from fabricprobe.collector.stages import MAX_NAME, MAX_SPAN_SECONDS, SpanError, _int, _num, _str
+from fabricprobe.collector.attribution.stages import (
+    MAX_NAME,
+    MAX_SPAN_SECONDS,
+    SpanError,
+    _int,
+    _num,
+    _str,
+)
 
 ENGINES = ("vllm", "sglang", "dynamo", "llm-d")
 ROLES = frozenset({"prefill", "decode"})

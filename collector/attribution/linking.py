@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fabricprobe.collector.engines import HOST_ATTRIBUTES, Fragment, StageSpan
-from fabricprobe.collector.stages import RequestRecord, StageRecord
+from fabricprobe.collector.attribution.engines import HOST_ATTRIBUTES, Fragment, StageSpan
+from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord
 
 MAX_SIDES = 8  # engine sides in one linked request before the link counts as ambiguous
 

@@ -25,14 +25,14 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from fabricprobe.collector.engines import (
+from fabricprobe.collector.attribution.engines import (
     ENGINES,
     Fragment,
     engine_of,
     engine_of_scope,
     parse_fragment,
 )
-from fabricprobe.collector.stages import (
+from fabricprobe.collector.attribution.stages import (
     RequestRecord,
     SpanError,
     StageRecord,

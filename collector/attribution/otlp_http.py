@@ -23,8 +23,8 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 
+from fabricprobe.collector.attribution.otlp import BatchRefused, TraceIngest
 from fabricprobe.collector.auth import INGEST
-from fabricprobe.collector.otlp import BatchRefused, TraceIngest
 from fabricprobe.core.web import OPEN, Call, Guard, Limits, Reply, Route, WebServer, WebStats
 
 MAX_BODY = 16 << 20  # compressed or not; a larger batch is refused (413)

@@ -20,24 +20,22 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from fabricprobe.collector.analysis import (
+from fabricprobe.collector.attribution.analysis import (
     AnalysisConfig,
     communication_bound,
     goodput,
     rank_correlation,
     rank_paths,
 )
-from fabricprobe.collector.engines import Fragment
-from fabricprobe.collector.history import FabricHistory
-from fabricprobe.collector.join import (
+from fabricprobe.collector.attribution.engines import Fragment
+from fabricprobe.collector.attribution.join import (
     join_fabric,
     paths_frame,
     request_breakdown,
     requests_frame,
     stages_frame,
 )
-from fabricprobe.collector.kvshape import KvShape, model_bytes
-from fabricprobe.collector.linking import (
+from fabricprobe.collector.attribution.linking import (
     REASONS,
     HostDirectory,
     Linked,
@@ -45,9 +43,16 @@ from fabricprobe.collector.linking import (
     group,
     link,
 )
-from fabricprobe.collector.otlp import TraceIngest
+from fabricprobe.collector.attribution.otlp import TraceIngest
+from fabricprobe.collector.attribution.stages import (
+    FABRIC_STAGES,
+    STAGES,
+    RequestRecord,
+    StageRecord,
+)
+from fabricprobe.collector.history import FabricHistory
+from fabricprobe.collector.kvshape import KvShape, model_bytes
 from fabricprobe.collector.price import AnswerCounts
-from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
 from fabricprobe.collector.store import WindowStore, host_pair
 
 DURATION_BUCKETS_S: tuple[float, ...] = (

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabricprobe.collector.engines import Fragment, engine_of, parse_fragment
-from fabricprobe.collector.linking import HostDirectory, pick, sides_of
-from fabricprobe.collector.stages import SpanError, span_attributes
+from fabricprobe.collector.attribution.engines import Fragment, engine_of, parse_fragment
+from fabricprobe.collector.attribution.linking import HostDirectory, pick, sides_of
+from fabricprobe.collector.attribution.stages import SpanError, span_attributes
 
 MAX_TRACES = 50_000  # traces remembered (decided or waiting); the oldest go first
 MAX_HELD_SPANS = 20_000  # spans waiting for their path; beyond it the oldest go on unpaired

@@ -23,11 +23,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from fabricprobe.collector.attribution import Attribution
+from fabricprobe.collector.attribution.core import Attribution
+from fabricprobe.collector.attribution.linking import MatchConfig
+from fabricprobe.collector.attribution.otlp import add_trace_service
 from fabricprobe.collector.drift import DriftBook
 from fabricprobe.collector.kvshape import KvShape
-from fabricprobe.collector.linking import MatchConfig
-from fabricprobe.collector.otlp import add_trace_service
 from fabricprobe.collector.price import tor_prices
 from fabricprobe.collector.query import add_query_service
 from fabricprobe.collector.store import WindowStore
