@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
 from fabricprobe.collector.assign import DEFAULT_KINDS, PROBE_KINDS, PlanConfig
-from fabricprobe.collector.attribution.engines import HOST_ATTRIBUTES
+from fabricprobe.collector.attribution.engines.common import HOST_ATTRIBUTES
 from fabricprobe.collector.attribution.linking import MatchConfig
 from fabricprobe.collector.auth import (
     Authenticator,

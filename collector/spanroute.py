@@ -26,7 +26,7 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from fabricprobe.collector.attribution.engines import Fragment
+from fabricprobe.collector.attribution.engines.common import Fragment
 from fabricprobe.collector.attribution.linking import HostDirectory
 from fabricprobe.collector.attribution.otlp import BatchRefused, resource_attributes
 from fabricprobe.collector.attribution.spanpath import (

@@ -1,4 +1,4 @@
-"""Attribution analysis: pure pandas over the joined frames (collector/join.py).
+"""Attribution analysis: pure pandas over the joined frames (attribution/join.py).
 
 - `rank_correlation`: per time window and path, Spearman's rank correlation of KV
   transfer time with the path's probe tail latency.
@@ -99,7 +99,7 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     slow by `kv_ratio` and its probe RTT (the `rtt_evidence` statistics) exceeds the
     other paths' by `rtt_ratio`, or its ends show congestion counters moving where the
     others' do not. The RTT evidence uses the figures with the hosts' own delay taken
-    out (rtt_p50_net_s, rtt_p99_net_s: collector/join.py) where the ends measured it, so
+    out (rtt_p50_net_s, rtt_p99_net_s: attribution/join.py) where the ends measured it, so
     a busy prober does not pass for a slow path. A path most of whose transfers ran in
     host-bound windows, and that the fabric does not explain, is host_bound: its time
     is the hosts', not the network's.

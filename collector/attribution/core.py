@@ -27,7 +27,7 @@ from fabricprobe.collector.attribution.analysis import (
     rank_correlation,
     rank_paths,
 )
-from fabricprobe.collector.attribution.engines import Fragment
+from fabricprobe.collector.attribution.engines.common import Fragment
 from fabricprobe.collector.attribution.join import (
     join_fabric,
     paths_frame,

@@ -1,6 +1,6 @@
 """Engine fragments -> requests with a path: prefill side -> decode side, host to host.
 
-Fragments (collector/engines.py) of one request are linked by trace id, and otherwise
+Fragments (attribution/engines/) of one request are linked by trace id, and otherwise
 by request id (`gen_ai.request.id`, SGLang's `rid`, Dynamo's `x_request_id`, llm-d's
 request id) or SGLang's `bootstrap_room`: any shared key puts two fragments in one
 request. Within a request, fragments from one sending process (its resource) are one
@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fabricprobe.collector.attribution.engines import HOST_ATTRIBUTES, Fragment, StageSpan
+from fabricprobe.collector.attribution.engines.common import HOST_ATTRIBUTES, Fragment, StageSpan
 from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord
 
 MAX_SIDES = 8  # engine sides in one linked request before the link counts as ambiguous

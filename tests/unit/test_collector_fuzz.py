@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from fabricprobe.collector.assign import Planner
 from fabricprobe.collector.attribution.core import Attribution
 from fabricprobe.collector.attribution.otlp import BatchRefused
-from fabricprobe.collector.attribution.stages import SpanError
+from fabricprobe.collector.attribution.spanattrs import SpanError
 from fabricprobe.collector.auth import TokenAuth, read_token_file
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import _Passwords, load_web_config, render

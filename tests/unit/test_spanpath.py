@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabricprobe.collector.attribution.engines import Fragment
+from fabricprobe.collector.attribution.engines.common import Fragment
 from fabricprobe.collector.attribution.linking import HostDirectory, MatchConfig
 from fabricprobe.collector.attribution.spanpath import Item, PathRelay, engine_fragment, path_source
 from tests.unit.spanmaker import S
