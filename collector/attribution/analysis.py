@@ -11,12 +11,13 @@
 - `goodput`: tokens per second from requests that met their TTFT and inter-token
   targets, beside raw throughput.
 
-Thresholds are parameters (`AnalysisConfig`) with defaults, never measurements.
+Thresholds are parameters (`AnalysisConfig`) with defaults, never measurements. One pass
+over a window gives an `Analysis` (attribution/core.py runs it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -47,6 +48,22 @@ class AnalysisConfig:
     flat_tol: float = 0.15  # relative change of compute per token that still counts as flat
     slo_ttft_s: float = 2.0
     slo_itl_s: float = 0.1
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One pass of the analysis over the last window (frames are copies: safe to keep)."""
+
+    now_ns: int
+    stages: pd.DataFrame
+    kv: pd.DataFrame
+    paths: pd.DataFrame
+    correlation: pd.DataFrame
+    communication_bound: bool
+    bins: pd.DataFrame
+    goodput: pd.DataFrame
+    requests: pd.DataFrame  # per-request breakdown
+    paths_found: pd.DataFrame = field(default_factory=pd.DataFrame)  # per-request path
 
 
 def spearman(x: pd.Series, y: pd.Series) -> float:

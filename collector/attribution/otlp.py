@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
@@ -48,6 +49,23 @@ class IngestResult:
     rejected: int
     ignored: int
     reasons: tuple[str, ...]
+
+
+class EngineSpans(NamedTuple):
+    engine: str  # one of engines.ENGINES
+    spans: int
+
+
+@dataclass(frozen=True)
+class IngestCounts:
+    """The receiver's counters at one moment (what /metrics shows of it)."""
+
+    received: int
+    rejected: int  # malformed or oversized
+    ignored: int  # other instrumentation, engine spans not mapped
+    batches_refused: int
+    engine_spans: tuple[EngineSpans, ...]  # spans from each engine, in ENGINES order
+    unmapped: tuple[EngineSpans, ...]  # of those, whose name no mapping knows
 
 
 Sink = Callable[[list[StageRecord], list[RequestRecord], list[Fragment]], None]
@@ -150,6 +168,17 @@ class TraceIngest:
         if stages or requests or fragments:
             self.sink(stages, requests, fragments)
         return IngestResult(len(spans) - rejected - ignored, rejected, ignored, tuple(reasons))
+
+    def counts(self) -> IngestCounts:
+        with self.lock:
+            return IngestCounts(
+                received=self.received_total,
+                rejected=self.rejected_total,
+                ignored=self.ignored_total,
+                batches_refused=self.batches_refused_total,
+                engine_spans=tuple(EngineSpans(e, n) for e, n in self.engine_spans.items()),
+                unmapped=tuple(EngineSpans(e, n) for e, n in self.unmapped.items()),
+            )
 
     def _count(self, n: int, rejected: int, ignored: int, *, refused: bool) -> None:
         with self.lock:

@@ -259,9 +259,9 @@ def test_fuzz_otlp_batches(spans_: list[Any]) -> None:
     except (OverflowError, ValueError) as e:  # stages.py: an inf attribute (noted)
         assert "infinity" in str(e) or "NaN" in str(e), e
     if FIGURES["ExportTraceServiceRequest"] % 10 == 1:  # an analysis costs ~0.1 s
-        ATTRIBUTION._cache = None
+        ATTRIBUTION.cache.invalidate()
         assert ATTRIBUTION.analyse_or_last() is not None
-        assert ATTRIBUTION.analysis_failures == 0
+        assert ATTRIBUTION.counts().analysis_failures == 0
 
 
 @examples(1500)
