@@ -231,6 +231,20 @@ def pick(engine: list[Side]) -> tuple[Side | None, Side | None, str]:
     return p, d, ""
 
 
+def proxy_prefill(proxy: list[Side], hosts: HostDirectory) -> tuple[str | None, str]:
+    """(host, what matched) of the first prefill target a proxy side names (llm-d's
+    sidecar) that is an agent host; (None, what the last one tried was) when none is,
+    (None, "") when no proxy side names one."""
+    hint = ""
+    for p in proxy:
+        for f in p.fragments:
+            if f.peer:
+                got, hint = hosts.resolve([("peer", f.peer)])
+                if got is not None:
+                    return got, hint
+    return None, hint
+
+
 def _stage(rid: str, s: StageSpan, src: str = "", dst: str = "") -> StageRecord:
     return StageRecord(rid, s.stage, s.start_ns, s.end_ns, src=src, dst=dst, derived=not s.measured)
 
@@ -288,13 +302,12 @@ def link(frags: list[Fragment], hosts: HostDirectory) -> Linked:
             src, src_hint = hosts.resolve(pre.hints())
         if dec is not None:
             dst, dst_hint = hosts.resolve(dec.hints())
-        for p in proxy:  # llm-d: the sidecar names the prefill target and sits by decode
-            if src is None:
-                for f in p.fragments:
-                    if f.peer:
-                        src, src_hint = hosts.resolve([("peer", f.peer)])
-                        if src is not None:
-                            break
+        # llm-d: the sidecar names the prefill target and sits by the decode instance
+        if src is None:
+            got, hint = proxy_prefill(proxy, hosts)
+            if hint:
+                src, src_hint = got, hint
+        for p in proxy:
             if dst is None and dec is None:
                 dst, dst_hint = hosts.resolve(p.hints())
         if src is not None and dst is not None:

@@ -202,13 +202,19 @@ class TraceServicer(ts_grpc.TraceServiceServicer):
         except BatchRefused as e:
             context.abort(e.code, str(e))
             raise AssertionError("context.abort returned") from None  # pragma: no cover
-        resp = ts_pb.ExportTraceServiceResponse()
-        if res.rejected:
-            resp.partial_success.rejected_spans = res.rejected
-            resp.partial_success.error_message = (
-                f"{res.rejected} spans rejected: {'; '.join(res.reasons)}"
-            )
-        return resp
+        return export_response(res)
+
+
+def export_response(res: IngestResult) -> ts_pb.ExportTraceServiceResponse:
+    """The answer to a batch taken, over gRPC or HTTP: `partial_success` says how many
+    spans were rejected, and the first reasons."""
+    resp = ts_pb.ExportTraceServiceResponse()
+    if res.rejected:
+        resp.partial_success.rejected_spans = res.rejected
+        resp.partial_success.error_message = (
+            f"{res.rejected} spans rejected: {'; '.join(res.reasons)}"
+        )
+    return resp
 
 
 def add_trace_service(server: grpc.Server, ingest: TraceIngest) -> None:

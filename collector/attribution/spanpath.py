@@ -34,7 +34,7 @@ from typing import Any
 
 from fabricprobe.collector.attribution.engines import read_engine_span
 from fabricprobe.collector.attribution.engines.common import Fragment
-from fabricprobe.collector.attribution.linking import HostDirectory, pick, sides_of
+from fabricprobe.collector.attribution.linking import HostDirectory, pick, proxy_prefill, sides_of
 from fabricprobe.collector.attribution.spanattrs import SpanError
 
 MAX_TRACES = 50_000  # traces remembered (decided or waiting); the oldest go first
@@ -79,12 +79,9 @@ def path_source(frags: list[Fragment], hosts: HostDirectory) -> tuple[bool, str 
     """(decided, prefill host) of one trace's fragments: decided False while a side that
     would name the path may still come; the host None when decided but not a fleet host."""
     engine, proxy = sides_of(frags)
-    for p in proxy:  # llm-d: the sidecar names the prefill target
-        for f in p.fragments:
-            if f.peer:
-                got, _ = hosts.resolve([("peer", f.peer)])
-                if got is not None:
-                    return True, got
+    got, _ = proxy_prefill(proxy, hosts)  # llm-d: the sidecar names the prefill target
+    if got is not None:
+        return True, got
     if not engine:
         return False, None
     pre, _, _ = pick(engine)
