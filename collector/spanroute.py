@@ -4,7 +4,7 @@
 `fabricprobe.src.host` goes to that host's owner; an engine trace (vLLM, SGLang, Dynamo,
 llm-d spans) goes first to the shard that owns its trace id, which gathers its sides
 until one says where the path starts and then sends them all to that host's owner
-(collector/spanpath.py; each side alone goes by its own host after `span_hold_s`);
+(collector/attribution/spanpath.py; each side alone goes by its own host after `span_hold_s`);
 other spans go to the owner of the host their resource names. A trace that names no
 known host stays where it arrived. `Forwarder` sends them on: a bounded queue drained by
 one thread, with a drop counter. A request sent to a path's owner carries the resource

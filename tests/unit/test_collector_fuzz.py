@@ -256,7 +256,7 @@ def test_fuzz_otlp_batches(spans_: list[Any]) -> None:
         ATTRIBUTION.ingest.export(batch(*spans_))
     except (BatchRefused, SpanError):
         pass
-    except (OverflowError, ValueError) as e:  # stages.py: an inf attribute (noted)
+    except (OverflowError, ValueError) as e:  # attribution/spanattrs.py: an inf attribute (noted)
         assert "infinity" in str(e) or "NaN" in str(e), e
     if FIGURES["ExportTraceServiceRequest"] % 10 == 1:  # an analysis costs ~0.1 s
         ATTRIBUTION.cache.invalidate()
