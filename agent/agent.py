@@ -365,7 +365,7 @@ class Agent:
         The kernel turns a connection to a local address around in the loopback device,
         so its RTT holds no NIC and no wire, only this host's stack and the scheduling of
         its prober and responder threads: what the host adds to every probe it sends or
-        answers (the collector subtracts it; collector/join.py). It goes out with the
+        answers (the collector subtracts it; collector/attribution/join.py). It goes out with the
         windows as the path from this host to itself. None when turned off."""
         if not self.cfg.host_reference or "tcp_lat" not in self.runners:
             return None

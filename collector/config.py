@@ -48,6 +48,8 @@ from dataclasses import dataclass
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
 from fabricprobe.collector.assign import DEFAULT_KINDS, PROBE_KINDS, PlanConfig
+from fabricprobe.collector.attribution.engines.common import HOST_ATTRIBUTES
+from fabricprobe.collector.attribution.linking import MatchConfig
 from fabricprobe.collector.auth import (
     Authenticator,
     GateConfig,
@@ -59,13 +61,11 @@ from fabricprobe.collector.auth import (
 )
 from fabricprobe.collector.detail import DetailConfig
 from fabricprobe.collector.drift import MAX_WAIVERS, parse_waivers
-from fabricprobe.collector.engines import HOST_ATTRIBUTES
 from fabricprobe.collector.exposition import load_web_config
 from fabricprobe.collector.fabric.localize import LocalizeConfig
 from fabricprobe.collector.fabric.service import FabricConfig
 from fabricprobe.collector.fabric.topology import Topology, TopologyError
 from fabricprobe.collector.kvshape import KvShape, parse_kv_models
-from fabricprobe.collector.linking import MatchConfig
 from fabricprobe.collector.rawstore import RawStoreConfig
 from fabricprobe.collector.service import ApiConfig, ServerConfig
 from fabricprobe.collector.shard import ShardConfig

@@ -10,7 +10,7 @@ is one of these (in this order of priority):
   running p99 (an EWMA over its earlier windows, kept by the store, standing in for
   FabricprobePathTailRegressed's daily median);
 - `request`: a request's KV transfer ran between its two hosts in the last `hold_s`
-  (collector/attribution.py names them);
+  (collector/attribution/ names them);
 - `worst`: one of the `worst_k` highest newest-window p99 RTTs of its (transport, op,
   size) class, or one of the `worst_k` highest loss ratios;
 - `held`: it was one of the above within the last `hold_s`, so that a path near the

@@ -1,5 +1,5 @@
 """A request's wait for remote KV in three parts: the fabric's, the transfer library's,
-the engine's. Pure pandas over the joined KV frame (collector/join.py), no I/O.
+the engine's. Pure pandas over the joined KV frame (collector/attribution/join.py), no I/O.
 
 - `kv_wait_s`: the decode side's whole wait for remote KV as its engine defines it
   (vLLM: the decode side's time_in_queue, which holds NIXL's transfer, its notification

@@ -330,7 +330,7 @@ KV_COST_PATH = "/v1/kv-cost"
 def kv_cost_route(
     store: WindowStore, cfg: PriceConfig, counts: AnswerCounts | None, role: str
 ) -> Route:
-    """`GET /v1/kv-cost` on an HTTP listener (collector/otlp_http.py's), for callers
+    """`GET /v1/kv-cost` on an HTTP listener (collector/attribution/otlp_http.py's), for callers
     holding ROLE: kv_cost_http() with every value of each parameter (a repeated one is
     refused there), the answer as JSON."""
 

@@ -14,11 +14,12 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import pandas as pd
 
-from fabricprobe.collector.attribution import Analysis, Attribution
+from fabricprobe.collector.attribution.analysis import Analysis
+from fabricprobe.collector.attribution.core import Attribution
+from fabricprobe.collector.attribution.join import RATE_FIELDS
 from fabricprobe.collector.drift import DriftBook
 from fabricprobe.collector.fabric.links import FabricLinks
 from fabricprobe.collector.fabric.service import links_reply
-from fabricprobe.collector.join import RATE_FIELDS
 from fabricprobe.collector.price import (
     CostError,
     PriceConfig,
@@ -208,8 +209,7 @@ class QueryServicer(pb_grpc.QueryServicer):
         try:
             res = self.attribution.analyse(window_s=window_s)
         except Exception as e:  # pandas raises many kinds; say so, stay up
-            with self.attribution.lock:
-                self.attribution.analysis_failures += 1
+            self.attribution.cache.count_failure()
             context.abort(grpc.StatusCode.INTERNAL, f"why: the analysis failed: {e!s:.200}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
         return why_reply(res, n, by)

@@ -24,7 +24,9 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from fabricprobe.collector.assign import HostSpec, PlanConfig, Planner
-from fabricprobe.collector.attribution_exporter import attach_attribution
+from fabricprobe.collector.attribution.exporter import attach_attribution
+from fabricprobe.collector.attribution.linking import MatchConfig
+from fabricprobe.collector.attribution.otlp_http import serve_otlp_http
 from fabricprobe.collector.auth import (
     HOST,
     INGEST,
@@ -45,8 +47,6 @@ from fabricprobe.collector.exposition import ScrapeStats, WebConfig, load_web_co
 from fabricprobe.collector.fabric.links import FabricLinks
 from fabricprobe.collector.fabric.service import FabricConfig, attach_links
 from fabricprobe.collector.kvshape import KvShape
-from fabricprobe.collector.linking import MatchConfig
-from fabricprobe.collector.otlp_http import serve_otlp_http
 from fabricprobe.collector.price import PriceConfig, kv_cost_route
 from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor

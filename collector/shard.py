@@ -39,7 +39,7 @@ from google.protobuf.message import DecodeError
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fabricprobe.collector.assign import HostSpec, Planner
-from fabricprobe.collector.linking import HostDirectory, MatchConfig
+from fabricprobe.collector.attribution.linking import HostDirectory, MatchConfig
 from fabricprobe.collector.shardlease import Leases
 from fabricprobe.collector.spanroute import Forwarder, SpanRouter
 from fabricprobe.collector.store import MAX_HOSTS, HostState, WindowStore

@@ -4,7 +4,7 @@
 `fabricprobe.src.host` goes to that host's owner; an engine trace (vLLM, SGLang, Dynamo,
 llm-d spans) goes first to the shard that owns its trace id, which gathers its sides
 until one says where the path starts and then sends them all to that host's owner
-(collector/spanpath.py; each side alone goes by its own host after `span_hold_s`);
+(collector/attribution/spanpath.py; each side alone goes by its own host after `span_hold_s`);
 other spans go to the owner of the host their resource names. A trace that names no
 known host stays where it arrived. `Forwarder` sends them on: a bounded queue drained by
 one thread, with a drop counter. A request sent to a path's owner carries the resource
@@ -26,10 +26,15 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from fabricprobe.collector.engines import Fragment
-from fabricprobe.collector.linking import HostDirectory
-from fabricprobe.collector.otlp import BatchRefused, resource_attributes
-from fabricprobe.collector.spanpath import ROUTE_RESULTS, Item, PathRelay, engine_fragment
+from fabricprobe.collector.attribution.engines.common import Fragment
+from fabricprobe.collector.attribution.linking import HostDirectory
+from fabricprobe.collector.attribution.otlp import BatchRefused, resource_attributes
+from fabricprobe.collector.attribution.spanpath import (
+    ROUTE_RESULTS,
+    Item,
+    PathRelay,
+    engine_fragment,
+)
 from fabricprobe.core.shards import MAX_MEMBERS, Member, owner_of
 
 log = logging.getLogger("fabricprobe.collector.shard")

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from fabricprobe.collector.pathfold import PathFold
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -239,6 +239,15 @@ class TakeResult:
     duplicate: bool
     probes: int
     counters: int
+
+
+class NixlTotal(NamedTuple):
+    """One NIXL counter of one host (agent/nixl.py reads it from an engine's telemetry)."""
+
+    host: str
+    engine: str  # the telemetry's source (host:port), the counter's device
+    name: str  # transfers, bytes, xfer_time_us, post_time_us, errors
+    total: int
 
 
 class WindowStore:
@@ -564,6 +573,12 @@ class WindowStore:
         with self.lock:
             held = self.counters.items()
             return [(k, t.rate) for k, t in held if k[6] in names and t.rate is not None]
+
+    def nixl_counter_totals(self) -> list[NixlTotal]:
+        """Every NIXL counter's total, per host and engine."""
+        with self.lock:
+            held = self.counters.items()
+            return [NixlTotal(k[0], k[2], k[6], t.total) for k, t in held if k[1] == "nixl"]
 
     def path_views(self) -> list[tuple[PathKey, PathStats]]:
         """Every path with its live stats, for the bounded export to rank without copying

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from fabricprobe.collector.stages import STAGES
+from fabricprobe.collector.attribution.stages import STAGES
 from fabricprobe.report.frames import PATH_KEYS, clip, path_name
 
 DPI = 100

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
+from fabricprobe.collector.attribution.stages import STAGES
 from fabricprobe.collector.history import counter_category
-from fabricprobe.collector.stages import STAGES
 
 PATH_KEYS = ["src", "dst", "transport", "op", "size"]
 RTT_FAMILY = "fabricprobe_rtt_seconds"

@@ -33,7 +33,7 @@ the probe left. The spans are disjoint, so the prober's delay is never more than
 RTT. The compiled loop reaps its send completions lazily (nothing stands between the
 post and the first poll for the answer), so its prober delay is the receive side alone.
 The network RTT above still holds the prober's delay; the collector takes it out where
-it explains a path (collector/join.py).
+it explains a path (collector/attribution/join.py).
 
 UD is unreliable by design, so a probe whose ACKs do not come is counted as lost instead
 of being retransmitted: loss is part of what is measured. One probe is out at a time:

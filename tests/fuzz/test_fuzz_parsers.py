@@ -34,7 +34,7 @@ from fabricprobe.agent.spool import (
     decode_window,
     encode_record,
 )
-from fabricprobe.collector import otlp_http
+from fabricprobe.collector.attribution import otlp_http
 from fabricprobe.core.errors import ParseError
 from fabricprobe.core.hostport import parse_hostport
 from fabricprobe.core.shards import parse_member
@@ -499,7 +499,7 @@ HOSTILE_TARGETS: list[tuple[str, Callable[[str], object], str]] = [
     ("agent.nixl.parse_totals (vLLM)", parse_totals, "nixl/vllm_decode_metrics.txt"),
     ("roce.policy.parse_policy", roce_policy.parse_policy, ""),
     (
-        "collector.otlp_http.decode (JSON)",
+        "collector.attribution.otlp_http.decode (JSON)",
         lambda s: otlp_http.decode(s.encode(), otlp_http.JSON),
         "",
     ),
@@ -513,8 +513,9 @@ _INLINE = {
     "roce.policy.parse_policy": "[roce]\npriority = 3\ndscp = 26\ncnp_priority = 6\n"
     "cnp_dscp = 48\nmtu = 4096\n[thresholds]\npause_duration_warn_pct = 1.0\n"
     "pause_frames_warn_per_s = [[[1000.0]]]\n",
-    "collector.otlp_http.decode (JSON)": '{"resourceSpans": [{"resource": {"attributes": '
-    '[{"key": "host.name", "value": {"stringValue": "h1"}}]}, "scopeSpans": [{"spans": '
+    "collector.attribution.otlp_http.decode (JSON)": '{"resourceSpans": [{"resource": '
+    '{"attributes": [{"key": "host.name", "value": {"stringValue": "h1"}}]}, '
+    '"scopeSpans": [{"spans": '
     '[{"traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174", '
     '"name": "llm_request", "startTimeUnixNano": "1700000000000000000", '
     '"endTimeUnixNano": 1700000000500000000, "attributes": [{"key": '
@@ -528,7 +529,7 @@ _ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "agent.nixl.parse_totals": (),
     "agent.nixl.parse_totals (vLLM)": (),
     "roce.policy.parse_policy": (roce_policy.PolicyError,),
-    "collector.otlp_http.decode (JSON)": (otlp_http.BadRequest,),
+    "collector.attribution.otlp_http.decode (JSON)": (otlp_http.BadRequest,),
     "core.shards.parse_member": (ValueError,),
 }
 

@@ -194,5 +194,5 @@ def test_sglang_dynamo_llmd_spans_through_the_sdk_are_linked(collector: Collecto
     assert att.ingest.rejected_total == 0
     att.clock = lambda: time.time_ns() + 10_000 * MS
     att.sync()
-    assert att.path_known_total == 9
-    assert sum(att.path_unknown_total.values()) == 0
+    assert att.linker.path_known_total == 9
+    assert sum(att.linker.path_unknown_total.values()) == 0

@@ -214,11 +214,11 @@ def diagnose(collector: CollectorServer) -> str:
     lines = [
         f"spans received {ing.received_total} rejected {ing.rejected_total} "
         f"ignored {ing.ignored_total} engine {ing.engine_spans} unmapped {ing.unmapped}",
-        f"fragments {len(att.fragments)} known {att.path_known_total} "
-        f"unknown {att.path_unknown_total}",
+        f"fragments {len(att.linker.fragments)} known {att.linker.path_known_total} "
+        f"unknown {att.linker.path_unknown_total}",
         f"hosts {sorted(collector.store.hosts)}",
     ]
-    lines += [repr(f)[:400] for f in list(att.fragments)[:4]]
+    lines += [repr(f)[:400] for f in list(att.linker.fragments)[:4]]
     lines += [repr(lk.path) for lk in att.linked(0)[:10]]
     return "\n".join(lines)
 
@@ -324,8 +324,9 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
         with ThreadPoolExecutor(2) as pool:
             rids = list(pool.map(one, range(REQUESTS)))
         att = collector.attribution
+        linker = att.linker
         try:
-            wait_for(lambda: att.path_known_total >= REQUESTS, 180, "every request attributed")
+            wait_for(lambda: linker.path_known_total >= REQUESTS, 180, "every request attributed")
         finally:
             print(diagnose(collector), flush=True)
         res = att.analyse(window_s=600)

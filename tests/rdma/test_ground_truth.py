@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from fabricprobe.cli import netem
-from fabricprobe.collector.analysis import AnalysisConfig
+from fabricprobe.collector.attribution.analysis import AnalysisConfig
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.models import PRESETS
@@ -317,7 +317,7 @@ def _ground_truth(lane_hosts: list[LaneHost], load: Load) -> None:
         assert hits >= n - 1, f"busy: the delayed path was found in only {hits} of {n} rounds"
         assert false_flags == 0, f"busy: {false_flags} untouched paths flagged"
         # a prober sharing its CPU loses slices in every probe pass: its windows' tails
-        # are its own delay (collector/join.py), in 9 of 9 rounds in the runs measured
+        # are its own delay (collector/attribution/join.py), in 9 of 9 rounds in the runs measured
         assert host_rounds >= n - 2, f"busy: host-bound paths in only {host_rounds} rounds"
         return
     # Under QEMU's software emulation a sender's stall can slow a clean path's transfers

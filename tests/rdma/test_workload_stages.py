@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from fabricprobe.collector.join import request_breakdown, requests_frame, stages_frame
+from fabricprobe.collector.attribution.join import request_breakdown, requests_frame, stages_frame
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.models import PRESETS

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fabricprobe.collector.stages import RequestRecord, StageRecord
+from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord
 from fabricprobe.workload.pipeline import STAGE_ORDER, RequestResult
 from fabricprobe.workload.spans import emit_request
 

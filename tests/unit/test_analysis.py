@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from fabricprobe.collector.analysis import (
+from fabricprobe.collector.attribution.analysis import (
     AnalysisConfig,
     communication_bound,
     goodput,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fabricprobe.collector.attribution import Attribution
-from fabricprobe.collector.attribution_exporter import AttributionCollector
+from fabricprobe.collector.attribution.core import Attribution
+from fabricprobe.collector.attribution.exporter import AttributionCollector
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire

@@ -59,21 +59,21 @@ def test_spans_with_absurd_bytes_do_not_break_metrics(insecure: CollectorServer)
     for _ in range(2):  # every later scrape works, not only the first
         text = scrape(insecure)
         assert "fabricprobe_communication_bound 0.0" in text
-    assert insecure.attribution.dropped_values >= 2
+    assert insecure.attribution.counts().dropped_values >= 2
     assert "fabricprobe_attribution_dropped_total" in text
 
 
 def test_a_failing_analysis_serves_the_last_good_one(insecure: CollectorServer) -> None:
     a = insecure.attribution
     scrape(insecure)
-    assert a.last_good is not None
+    assert a.cache.last_good is not None
 
     def broken(**kw: object) -> None:
         raise TypeError("'<' not supported between instances of 'int' and 'str'")
 
     a.analyse = broken  # type: ignore[method-assign,assignment]
     text = scrape(insecure)
-    assert a.analysis_failures == 1
+    assert a.counts().analysis_failures == 1
     assert "fabricprobe_attribution_failures_total 1.0" in text
     assert "fabricprobe_communication_bound 0.0" in text  # the last good analysis
 
@@ -277,8 +277,9 @@ def test_the_planner_sends_probes_only_inside_the_fleet_networks() -> None:
 
 
 def test_kv_pairs_watched_are_bounded_and_only_between_fleet_hosts() -> None:
-    from fabricprobe.collector.attribution import MAX_PAIRS, Attribution
-    from fabricprobe.collector.stages import StageRecord
+    from fabricprobe.collector.attribution.core import Attribution
+    from fabricprobe.collector.attribution.fabric import MAX_PAIRS
+    from fabricprobe.collector.attribution.stages import StageRecord
 
     store = WindowStore()
     for i in range(100):
@@ -292,9 +293,9 @@ def test_kv_pairs_watched_are_bounded_and_only_between_fleet_hosts() -> None:
     ]  # 4,950 pairs
     stages.append(StageRecord("r", "kv_transfer", now - S, now, "nobody", "stranger", bytes=1))
     a.take(stages, [])
-    assert len(a.history.pairs) == MAX_PAIRS
-    assert a.pairs_dropped == 4950 - MAX_PAIRS
-    assert all("stranger" not in p for p in a.history.pairs)
+    assert len(a.fabric.history.pairs) == MAX_PAIRS
+    assert a.counts().pairs_dropped == 4950 - MAX_PAIRS
+    assert all("stranger" not in p for p in a.fabric.history.pairs)
 
 
 def test_dedup_sets_are_bounded() -> None:

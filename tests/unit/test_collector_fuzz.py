@@ -20,14 +20,14 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from prometheus_client import CollectorRegistry
 
 from fabricprobe.collector.assign import Planner
-from fabricprobe.collector.attribution import Attribution
+from fabricprobe.collector.attribution.core import Attribution
+from fabricprobe.collector.attribution.otlp import BatchRefused
+from fabricprobe.collector.attribution.spanattrs import SpanError
 from fabricprobe.collector.auth import TokenAuth, read_token_file
 from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import _Passwords, load_web_config, render
-from fabricprobe.collector.otlp import BatchRefused
 from fabricprobe.collector.query import check_why, why_reply
 from fabricprobe.collector.service import AgentApi, ApiConfig, CollectorServer, ServerConfig
-from fabricprobe.collector.stages import SpanError
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.promproto import decode, encode
@@ -256,12 +256,12 @@ def test_fuzz_otlp_batches(spans_: list[Any]) -> None:
         ATTRIBUTION.ingest.export(batch(*spans_))
     except (BatchRefused, SpanError):
         pass
-    except (OverflowError, ValueError) as e:  # stages.py: an inf attribute (noted)
+    except (OverflowError, ValueError) as e:  # attribution/spanattrs.py: an inf attribute (noted)
         assert "infinity" in str(e) or "NaN" in str(e), e
     if FIGURES["ExportTraceServiceRequest"] % 10 == 1:  # an analysis costs ~0.1 s
-        ATTRIBUTION._cache = None
+        ATTRIBUTION.cache.invalidate()
         assert ATTRIBUTION.analyse_or_last() is not None
-        assert ATTRIBUTION.analysis_failures == 0
+        assert ATTRIBUTION.counts().analysis_failures == 0
 
 
 @examples(1500)

@@ -11,9 +11,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.trace.v1 import trace_pb2
 from prometheus_client import CollectorRegistry
 
-from fabricprobe.collector.attribution import Attribution
-from fabricprobe.collector.attribution_exporter import AttributionCollector
-from fabricprobe.collector.linking import HostDirectory, MatchConfig
+from fabricprobe.collector.attribution.core import Attribution
+from fabricprobe.collector.attribution.exporter import AttributionCollector
+from fabricprobe.collector.attribution.linking import HostDirectory, MatchConfig
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from tests.unit.spanmaker import S, attr
@@ -97,7 +97,7 @@ def test_vllm_pair_linked_by_trace_id_gets_the_path_and_the_kv_wait() -> None:
     assert math.isclose(r["ttft_s"], 0.1 + 0.04, rel_tol=1e-6)
     assert r["output_tokens"] == 8
     assert math.isclose(r["kv_share_ttft"], 0.03 / 0.14, rel_tol=1e-6)
-    assert a.path_known_total == 3  # complete pairs are counted at once
+    assert a.linker.path_known_total == 3  # complete pairs are counted at once
     reg = CollectorRegistry()
     reg.register(AttributionCollector(a))
     v = reg.get_sample_value
@@ -131,10 +131,10 @@ def test_unknown_host_keeps_the_request_with_a_reason_and_nan_share() -> None:
     slow = {r.request_id: r for r in why_reply(res, 10).slowest}["req-19"]
     assert slow.src == "" and slow.path_reason == "decode host unknown" and slow.engine == "vllm"
     assert not slow.HasField("fabric_share_ttft")
-    assert a.path_unknown_total["decode host unknown"] == 0  # still waiting for a host
+    assert a.linker.path_unknown_total["decode host unknown"] == 0  # still waiting for a host
     a.clock = lambda: NOW + 10 * S
     a.sync()
-    assert a.path_unknown_total["decode host unknown"] == 1
+    assert a.linker.path_unknown_total["decode host unknown"] == 1
     reg = CollectorRegistry()
     reg.register(AttributionCollector(a))
     assert (
@@ -157,8 +157,8 @@ def test_single_vllm_instance_is_one_side_only_and_keeps_its_stages() -> None:
     assert r["path"] == "unknown" and r["path_reason"] == "one side only"
     assert math.isclose(r["queue_s"], 0.01) and math.isclose(r["e2e_s"], 0.5)
     assert math.isnan(r["fabric_share_ttft"])
-    assert a.path_unknown_total["one side only"] == 1
-    assert a.stage_hist["queue"].counts != [0] * len(a.stage_hist["queue"].counts)
+    assert a.linker.path_unknown_total["one side only"] == 1
+    assert a.histograms.stage["queue"].counts != [0] * len(a.histograms.stage["queue"].counts)
 
 
 def test_unmapped_engine_spans_are_counted_not_rejected() -> None:
@@ -285,10 +285,10 @@ def test_a_prefill_side_waits_for_its_decode_side() -> None:
     a.ingest.export(export((pre_res, [pre])))
     a.clock = lambda: NOW + 30 * S  # long after link_wait_s: the decode is still running
     a.sync()
-    assert a.path_known_total == 0 and sum(a.path_unknown_total.values()) == 0
+    assert a.linker.path_known_total == 0 and sum(a.linker.path_unknown_total.values()) == 0
     a.ingest.export(export((dec_res, [dec])))
     a.sync()
-    assert a.path_known_total == 1 and sum(a.path_unknown_total.values()) == 0
+    assert a.linker.path_known_total == 1 and sum(a.linker.path_unknown_total.values()) == 0
 
 
 def test_engine_hosts_paths_are_watched_from_their_first_fragment() -> None:
@@ -300,4 +300,4 @@ def test_engine_hosts_paths_are_watched_from_their_first_fragment() -> None:
     (pre_res, [pre]), _ = pd_pair(0)
     a.ingest.export(export((pre_res, [pre])))  # only the prefill side so far
     a.sync()
-    assert ("dec-node.example", "pre-node") in a.history.pairs
+    assert ("dec-node.example", "pre-node") in a.fabric.history.pairs

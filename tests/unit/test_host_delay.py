@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from fabricprobe.collector.analysis import rank_paths
+from fabricprobe.collector.attribution.analysis import rank_paths
+from fabricprobe.collector.attribution.join import HOST_FIELDS, join_fabric, stages_frame
+from fabricprobe.collector.attribution.stages import StageRecord
 from fabricprobe.collector.history import FabricWindow, rates_frame, windows_frame
-from fabricprobe.collector.join import HOST_FIELDS, join_fabric, stages_frame
-from fabricprobe.collector.stages import StageRecord
 
 S = 1_000_000_000
 US = 1e-6

@@ -18,7 +18,7 @@ from fabricprobe.agent.counters import CounterSampler, netdevs_of
 from fabricprobe.agent.exporter import AgentCollector
 from fabricprobe.agent.identity import discover_devices
 from fabricprobe.agent.nixl import NixlReader, parse_totals
-from fabricprobe.collector import otlp_http
+from fabricprobe.collector.attribution import otlp_http
 from fabricprobe.collector.exposition import load_web_config
 from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError, ParseError

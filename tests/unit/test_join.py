@@ -6,9 +6,14 @@ import math
 
 import pytest
 
+from fabricprobe.collector.attribution.join import (
+    join_fabric,
+    request_breakdown,
+    requests_frame,
+    stages_frame,
+)
+from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord
 from fabricprobe.collector.history import CounterRate, FabricWindow, rates_frame, windows_frame
-from fabricprobe.collector.join import join_fabric, request_breakdown, requests_frame, stages_frame
-from fabricprobe.collector.stages import RequestRecord, StageRecord
 from tests.support.stages import scrambled_requests
 
 S = 1_000_000_000

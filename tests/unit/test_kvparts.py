@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fabricprobe.collector.join import request_breakdown, requests_frame, stages_frame
+from fabricprobe.collector.attribution.join import request_breakdown, requests_frame, stages_frame
+from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord
 from fabricprobe.collector.kvparts import MTU_BYTES, PROTOCOL_RTTS, split_parts
 from fabricprobe.collector.kvshape import KvShape, model_bytes, parse_kv_models, parse_kv_shape
-from fabricprobe.collector.stages import RequestRecord, StageRecord
 from fabricprobe.core.models import PRESETS, ModelShape
 
 S = 10**9

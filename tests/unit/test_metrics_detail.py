@@ -244,8 +244,8 @@ def test_choose_keeps_priority_order_within_the_bound(
 
 
 def test_a_requests_kv_transfer_names_its_pair_and_its_paths_are_shown() -> None:
-    from fabricprobe.collector.attribution import Attribution
-    from fabricprobe.collector.stages import StageRecord
+    from fabricprobe.collector.attribution.core import Attribution
+    from fabricprobe.collector.attribution.stages import StageRecord
 
     f = Fleet(12, 3, worst_k=0, max_paths=2)
     f.window()

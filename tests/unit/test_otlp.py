@@ -9,8 +9,8 @@ import grpc  # type: ignore[import-untyped]
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from fabricprobe.collector.otlp import BatchRefused, TraceIngest, add_trace_service
-from fabricprobe.collector.stages import RequestRecord, StageRecord
+from fabricprobe.collector.attribution.otlp import BatchRefused, TraceIngest, add_trace_service
+from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord
 from tests.unit.spanmaker import S, batch, kv_span, span
 
 Taken = list[tuple[list[StageRecord], list[RequestRecord]]]

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 
-from fabricprobe.collector.otlp import TraceIngest
-from fabricprobe.collector.otlp_http import BadRequest, decode, serve_otlp_http
+from fabricprobe.collector.attribution.otlp import TraceIngest
+from fabricprobe.collector.attribution.otlp_http import BadRequest, decode, serve_otlp_http
 from tests.unit.spanmaker import S, batch, kv_span, span
 
 Taken = list[tuple[list, list, list]]

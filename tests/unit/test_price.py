@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fabricprobe.collector.attribution import Attribution
+from fabricprobe.collector.attribution.core import Attribution
 from fabricprobe.collector.kvparts import PROTOCOL_RTTS, fabric_seconds
 from fabricprobe.collector.price import PriceConfig, check_bytes, kv_cost_http, kv_price
 from fabricprobe.collector.query import add_query_service
@@ -310,7 +310,7 @@ def test_a_price_crosses_the_wire_as_it_is(
 def test_answers_are_counted_and_exported() -> None:
     from prometheus_client import CollectorRegistry
 
-    from fabricprobe.collector.attribution_exporter import AttributionCollector
+    from fabricprobe.collector.attribution.exporter import AttributionCollector
 
     store, _ = store_with()
     a = Attribution(store, clock=lambda: NOW)

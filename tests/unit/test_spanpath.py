@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabricprobe.collector.engines import Fragment
-from fabricprobe.collector.linking import HostDirectory, MatchConfig
-from fabricprobe.collector.spanpath import Item, PathRelay, engine_fragment, path_source
+from fabricprobe.collector.attribution.engines.common import Fragment
+from fabricprobe.collector.attribution.linking import HostDirectory, MatchConfig
+from fabricprobe.collector.attribution.spanpath import Item, PathRelay, engine_fragment, path_source
 from tests.unit.spanmaker import S
 from tests.unit.test_engines import vllm_request
 

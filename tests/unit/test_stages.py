@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fabricprobe.collector.stages import SpanError, parse_span
+from fabricprobe.collector.attribution.spanattrs import SpanError
+from fabricprobe.collector.attribution.stages import parse_span
 from tests.unit.spanmaker import S, kv_span, span
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from fabricprobe.agent.probing import ProbeOutcome, ProbeSpec
 from fabricprobe.agent.window import WindowAggregator
+from fabricprobe.collector.attribution.join import join_fabric, stages_frame
 from fabricprobe.collector.history import FabricHistory, FabricWindow, rates_frame, windows_frame
-from fabricprobe.collector.join import join_fabric, stages_frame
 from fabricprobe.collector.store import ReportError, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import from_wire, to_wire

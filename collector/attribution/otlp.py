@@ -9,10 +9,10 @@ malformed (INVALID_ARGUMENT): the sender learns what was wrong either way. Spans
 are not stage spans (other instrumentation in the same process) are ignored, not
 rejected.
 
-Spans of inference engines (vLLM, SGLang, Dynamo, llm-d: collector/engines.py) become
+Spans of inference engines (vLLM, SGLang, Dynamo, llm-d: attribution/engines/) become
 fragments, with the host attributes of their resource; an engine's span this receiver
 does not map is counted per engine (`unmapped`), never rejected. The same ingest serves
-OTLP over gRPC (here) and over HTTP (collector/otlp_http.py).
+OTLP over gRPC (here) and over HTTP (attribution/otlp_http.py).
 """
 
 from __future__ import annotations
@@ -20,25 +20,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from fabricprobe.collector.engines import (
-    ENGINES,
-    Fragment,
-    engine_of,
-    engine_of_scope,
-    parse_fragment,
-)
-from fabricprobe.collector.stages import (
-    RequestRecord,
-    SpanError,
-    StageRecord,
-    parse_span,
-    span_attributes,
-)
+from fabricprobe.collector.attribution.engines import ENGINES, read_engine_span
+from fabricprobe.collector.attribution.engines.common import Fragment
+from fabricprobe.collector.attribution.spanattrs import MAX_NAME, SpanError, span_attributes
+from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord, parse_span
 
 MAX_SPANS = 20_000  # per Export call
 MAX_REASONS = 3
@@ -58,6 +49,23 @@ class IngestResult:
     rejected: int
     ignored: int
     reasons: tuple[str, ...]
+
+
+class EngineSpans(NamedTuple):
+    engine: str  # one of engines.ENGINES
+    spans: int
+
+
+@dataclass(frozen=True)
+class IngestCounts:
+    """The receiver's counters at one moment (what /metrics shows of it)."""
+
+    received: int
+    rejected: int  # malformed or oversized
+    ignored: int  # other instrumentation, engine spans not mapped
+    batches_refused: int
+    engine_spans: tuple[EngineSpans, ...]  # spans from each engine, in ENGINES order
+    unmapped: tuple[EngineSpans, ...]  # of those, whose name no mapping knows
 
 
 Sink = Callable[[list[StageRecord], list[RequestRecord], list[Fragment]], None]
@@ -123,7 +131,9 @@ class TraceIngest:
             try:
                 if rs_i not in resources:
                     resources[rs_i] = resource_attributes(request.resource_spans[rs_i])
-                frag, engine = self._engine_span(span, resources[rs_i], scope)
+                if len(span.name) > MAX_NAME:
+                    raise SpanError(f"span name of {len(span.name)} characters")
+                frag, engine = read_engine_span(span, resources[rs_i], scope)
                 if engine is not None:
                     engines[engine] += 1
                     if frag is None:
@@ -159,23 +169,16 @@ class TraceIngest:
             self.sink(stages, requests, fragments)
         return IngestResult(len(spans) - rejected - ignored, rejected, ignored, tuple(reasons))
 
-    @staticmethod
-    def _engine_span(
-        span: object, resource: dict[str, object], scope: str
-    ) -> tuple[Fragment | None, str | None]:
-        """(fragment, engine) of an engine's span; (None, engine) for one not mapped;
-        (None, None) for a span that is no engine's."""
-        name = span.name  # type: ignore[attr-defined]
-        if len(name) > 256:
-            raise SpanError(f"span name of {len(name)} characters")
-        attrs = span_attributes(span)  # type: ignore[arg-type]
-        # fabricprobe's own spans (the workload) keep their meaning
-        if any(k.startswith("fabricprobe.") for k in attrs):
-            return None, None
-        engine = engine_of(name, resource, attrs)
-        if engine is None:
-            return None, engine_of_scope(scope, resource)
-        return parse_fragment(span, attrs, resource), engine  # type: ignore[arg-type]
+    def counts(self) -> IngestCounts:
+        with self.lock:
+            return IngestCounts(
+                received=self.received_total,
+                rejected=self.rejected_total,
+                ignored=self.ignored_total,
+                batches_refused=self.batches_refused_total,
+                engine_spans=tuple(EngineSpans(e, n) for e, n in self.engine_spans.items()),
+                unmapped=tuple(EngineSpans(e, n) for e, n in self.unmapped.items()),
+            )
 
     def _count(self, n: int, rejected: int, ignored: int, *, refused: bool) -> None:
         with self.lock:
@@ -199,13 +202,19 @@ class TraceServicer(ts_grpc.TraceServiceServicer):
         except BatchRefused as e:
             context.abort(e.code, str(e))
             raise AssertionError("context.abort returned") from None  # pragma: no cover
-        resp = ts_pb.ExportTraceServiceResponse()
-        if res.rejected:
-            resp.partial_success.rejected_spans = res.rejected
-            resp.partial_success.error_message = (
-                f"{res.rejected} spans rejected: {'; '.join(res.reasons)}"
-            )
-        return resp
+        return export_response(res)
+
+
+def export_response(res: IngestResult) -> ts_pb.ExportTraceServiceResponse:
+    """The answer to a batch taken, over gRPC or HTTP: `partial_success` says how many
+    spans were rejected, and the first reasons."""
+    resp = ts_pb.ExportTraceServiceResponse()
+    if res.rejected:
+        resp.partial_success.rejected_spans = res.rejected
+        resp.partial_success.error_message = (
+            f"{res.rejected} spans rejected: {'; '.join(res.reasons)}"
+        )
+    return resp
 
 
 def add_trace_service(server: grpc.Server, ingest: TraceIngest) -> None:

@@ -1,4 +1,4 @@
-"""Attribution analysis: pure pandas over the joined frames (collector/join.py).
+"""Attribution analysis: pure pandas over the joined frames (attribution/join.py).
 
 - `rank_correlation`: per time window and path, Spearman's rank correlation of KV
   transfer time with the path's probe tail latency.
@@ -11,18 +11,19 @@
 - `goodput`: tokens per second from requests that met their TTFT and inter-token
   targets, beside raw throughput.
 
-Thresholds are parameters (`AnalysisConfig`) with defaults, never measurements.
+Thresholds are parameters (`AnalysisConfig`) with defaults, never measurements. One pass
+over a window gives an `Analysis` (attribution/core.py runs it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from fabricprobe.collector.attribution.join import HOST_FLOOR_S
 from fabricprobe.collector.history import COUNTER_CATEGORIES
-from fabricprobe.collector.join import HOST_FLOOR_S
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,22 @@ class AnalysisConfig:
     flat_tol: float = 0.15  # relative change of compute per token that still counts as flat
     slo_ttft_s: float = 2.0
     slo_itl_s: float = 0.1
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One pass of the analysis over the last window (frames are copies: safe to keep)."""
+
+    now_ns: int
+    stages: pd.DataFrame
+    kv: pd.DataFrame
+    paths: pd.DataFrame
+    correlation: pd.DataFrame
+    communication_bound: bool
+    bins: pd.DataFrame
+    goodput: pd.DataFrame
+    requests: pd.DataFrame  # per-request breakdown
+    paths_found: pd.DataFrame = field(default_factory=pd.DataFrame)  # per-request path
 
 
 def spearman(x: pd.Series, y: pd.Series) -> float:
@@ -99,7 +116,7 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     slow by `kv_ratio` and its probe RTT (the `rtt_evidence` statistics) exceeds the
     other paths' by `rtt_ratio`, or its ends show congestion counters moving where the
     others' do not. The RTT evidence uses the figures with the hosts' own delay taken
-    out (rtt_p50_net_s, rtt_p99_net_s: collector/join.py) where the ends measured it, so
+    out (rtt_p50_net_s, rtt_p99_net_s: attribution/join.py) where the ends measured it, so
     a busy prober does not pass for a slow path. A path most of whose transfers ran in
     host-bound windows, and that the fabric does not explain, is host_bound: its time
     is the hosts', not the network's.

@@ -2,7 +2,7 @@
 each path explains, fabric-bound flags, goodput beside throughput, OTLP intake.
 
 Labels are bounded: `stage` takes the six stage names, `src`/`dst` are agent host
-names (capped by fabricprobe.collector.attribution.MAX_PATHS), `transport` is rdma or tcp. Request
+names (capped by attribution/histograms.py's MAX_PATHS), `transport` is rdma or tcp. Request
 ids never become labels; they are in `probe why`. `attach_attribution()` is the one call
 the collector's server makes to add the OTLP receiver, Why and these metrics.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 from prometheus_client.core import (
@@ -23,12 +23,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from fabricprobe.collector.attribution import Attribution
+from fabricprobe.collector.attribution.analysis import Analysis
+from fabricprobe.collector.attribution.core import Attribution
+from fabricprobe.collector.attribution.histograms import HistogramSnapshot
+from fabricprobe.collector.attribution.linking import MatchConfig
+from fabricprobe.collector.attribution.otlp import add_trace_service
 from fabricprobe.collector.drift import DriftBook
 from fabricprobe.collector.fabric.links import FabricLinks
 from fabricprobe.collector.kvshape import KvShape
-from fabricprobe.collector.linking import MatchConfig
-from fabricprobe.collector.otlp import add_trace_service
 from fabricprobe.collector.price import tor_prices
 from fabricprobe.collector.query import add_query_service
 from fabricprobe.collector.store import WindowStore
@@ -36,13 +38,20 @@ from fabricprobe.collector.store import WindowStore
 P = "fabricprobe_"
 PATH = ["src", "dst", "transport"]
 NIXL_LABELS = ["host", "engine"]
-# agent/nixl.py's counter names -> (family, scale to the exported unit)
+
+
+class NixlFamily(NamedTuple):
+    family: str  # a key of _families()
+    scale: float  # to the exported unit
+
+
+# agent/nixl.py's counter names -> where they are exported
 NIXL_COUNTERS = {
-    "transfers": ("nixl_transfers", 1.0),
-    "bytes": ("nixl_bytes", 1.0),
-    "xfer_time_us": ("nixl_xfer", 1e-6),
-    "post_time_us": ("nixl_post", 1e-6),
-    "errors": ("nixl_errors", 1.0),
+    "transfers": NixlFamily("nixl_transfers", 1.0),
+    "bytes": NixlFamily("nixl_bytes", 1.0),
+    "xfer_time_us": NixlFamily("nixl_xfer", 1e-6),
+    "post_time_us": NixlFamily("nixl_post", 1e-6),
+    "errors": NixlFamily("nixl_errors", 1.0),
 }
 
 
@@ -254,45 +263,47 @@ class AttributionCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         a = self.attribution
         f = _families()
-        with a.lock:
-            for stage, h in a.stage_hist.items():
-                f["stage"].add_metric([stage], h.buckets(), h.total)
-            for path, h in sorted(a.kv_hist.items()):
-                f["kv"].add_metric(list(path), h.buckets(), h.total)
-            f["ttft"].add_metric([], a.ttft_hist.buckets(), a.ttft_hist.total)
-            f["itl"].add_metric([], a.itl_hist.buckets(), a.itl_hist.total)
+        self._histograms(a.histograms.snapshot(), f)
         res = a.analyse_or_last()
         if res is not None:
             self._analysis(res, f)
-        f["received"].add_metric([], float(a.ingest.received_total))
-        f["rejected"].add_metric([], float(a.ingest.rejected_total))
-        f["history_dropped"].add_metric([], float(a.history.inbox_dropped))
-        f["analysis_failures"].add_metric([], float(a.analysis_failures))
-        f["dropped_values"].add_metric([], float(a.dropped_values))
-        f["pairs_dropped"].add_metric([], float(a.pairs_dropped))
-        ing = a.ingest
-        f["ignored"].add_metric([], float(ing.ignored_total))
-        with ing.lock:
-            for engine, n in ing.engine_spans.items():
-                f["engine_spans"].add_metric([engine], float(n))
-            for engine, n in ing.unmapped.items():
-                f["unmapped"].add_metric([engine], float(n))
-        with a.lock:
-            f["path_known"].add_metric([], float(a.path_known_total))
-            for reason, n in a.path_unknown_total.items():
-                f["path_unknown"].add_metric([reason], float(n))
+        ing = a.ingest.counts()
+        counts = a.counts()
+        f["received"].add_metric([], float(ing.received))
+        f["rejected"].add_metric([], float(ing.rejected))
+        f["history_dropped"].add_metric([], float(counts.history_dropped))
+        f["analysis_failures"].add_metric([], float(counts.analysis_failures))
+        f["dropped_values"].add_metric([], float(counts.dropped_values))
+        f["pairs_dropped"].add_metric([], float(counts.pairs_dropped))
+        f["ignored"].add_metric([], float(ing.ignored))
+        for e in ing.engine_spans:
+            f["engine_spans"].add_metric([e.engine], float(e.spans))
+        for e in ing.unmapped:
+            f["unmapped"].add_metric([e.engine], float(e.spans))
+        f["path_known"].add_metric([], float(counts.path_known))
+        for r in counts.path_unknown:
+            f["path_unknown"].add_metric([r.reason], float(r.requests))
         if res is not None:
             self._kv_split(res.kv, f)
         self._nixl(f)
         self._prices(f)
         yield from f.values()
 
+    @staticmethod
+    def _histograms(snap: HistogramSnapshot, f: dict[str, Any]) -> None:
+        for st in snap.stages:
+            f["stage"].add_metric([st.stage], list(st.figures.buckets), st.figures.sum)
+        for p in snap.kv:
+            f["kv"].add_metric([p.src, p.dst, p.transport], list(p.figures.buckets), p.figures.sum)
+        f["ttft"].add_metric([], list(snap.ttft.buckets), snap.ttft.sum)
+        f["itl"].add_metric([], list(snap.itl.buckets), snap.itl.sum)
+
     def _prices(self, f: dict[str, Any]) -> None:
         """The fabric's price per ToR pair of the host pairs engines use (bounded)."""
         a = self.attribution
         if a.store is None:
             return
-        got = tor_prices(a.store, sorted(a.history.pairs))
+        got = tor_prices(a.store, a.fabric.pairs())
         for (st, dt), (p50, p99) in got.prices.items():
             f["tor_price"].add_metric([st, dt, "0.5"], p50)
             f["tor_price"].add_metric([st, dt, "0.99"], p99)
@@ -302,7 +313,7 @@ class AttributionCollector(Collector):
         f["price_pairs"].add_metric(["unknown"], float(got.unknown))
 
     @staticmethod
-    def _analysis(res: Any, f: dict[str, Any]) -> None:
+    def _analysis(res: Analysis, f: dict[str, Any]) -> None:
         def add(name: str, labels: list[str], value: Any) -> None:
             v = float(value)
             if math.isfinite(v):  # a figure that is not finite is not exported
@@ -355,14 +366,10 @@ class AttributionCollector(Collector):
         store = self.attribution.store
         if store is None:
             return
-        with store.lock:
-            rows = [
-                (k[0], k[2], k[6], t.total) for k, t in store.counters.items() if k[1] == "nixl"
-            ]
-        for host, engine, name, total in sorted(rows):
-            fam = NIXL_COUNTERS.get(name)
+        for t in sorted(store.nixl_counter_totals()):
+            fam = NIXL_COUNTERS.get(t.name)
             if fam is not None:
-                f[fam[0]].add_metric([host, engine], float(total) * fam[1])
+                f[fam.family].add_metric([t.host, t.engine], float(t.total) * fam.scale)
 
 
 def attach_attribution(

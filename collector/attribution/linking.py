@@ -1,6 +1,6 @@
 """Engine fragments -> requests with a path: prefill side -> decode side, host to host.
 
-Fragments (collector/engines.py) of one request are linked by trace id, and otherwise
+Fragments (attribution/engines/) of one request are linked by trace id, and otherwise
 by request id (`gen_ai.request.id`, SGLang's `rid`, Dynamo's `x_request_id`, llm-d's
 request id) or SGLang's `bootstrap_room`: any shared key puts two fragments in one
 request. Within a request, fragments from one sending process (its resource) are one
@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fabricprobe.collector.engines import HOST_ATTRIBUTES, Fragment, StageSpan
-from fabricprobe.collector.stages import RequestRecord, StageRecord
+from fabricprobe.collector.attribution.engines.common import HOST_ATTRIBUTES, Fragment, StageSpan
+from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord
 
 MAX_SIDES = 8  # engine sides in one linked request before the link counts as ambiguous
 
@@ -231,6 +231,20 @@ def pick(engine: list[Side]) -> tuple[Side | None, Side | None, str]:
     return p, d, ""
 
 
+def proxy_prefill(proxy: list[Side], hosts: HostDirectory) -> tuple[str | None, str]:
+    """(host, what matched) of the first prefill target a proxy side names (llm-d's
+    sidecar) that is an agent host; (None, what the last one tried was) when none is,
+    (None, "") when no proxy side names one."""
+    hint = ""
+    for p in proxy:
+        for f in p.fragments:
+            if f.peer:
+                got, hint = hosts.resolve([("peer", f.peer)])
+                if got is not None:
+                    return got, hint
+    return None, hint
+
+
 def _stage(rid: str, s: StageSpan, src: str = "", dst: str = "") -> StageRecord:
     return StageRecord(rid, s.stage, s.start_ns, s.end_ns, src=src, dst=dst, derived=not s.measured)
 
@@ -288,13 +302,12 @@ def link(frags: list[Fragment], hosts: HostDirectory) -> Linked:
             src, src_hint = hosts.resolve(pre.hints())
         if dec is not None:
             dst, dst_hint = hosts.resolve(dec.hints())
-        for p in proxy:  # llm-d: the sidecar names the prefill target and sits by decode
-            if src is None:
-                for f in p.fragments:
-                    if f.peer:
-                        src, src_hint = hosts.resolve([("peer", f.peer)])
-                        if src is not None:
-                            break
+        # llm-d: the sidecar names the prefill target and sits by the decode instance
+        if src is None:
+            got, hint = proxy_prefill(proxy, hosts)
+            if hint:
+                src, src_hint = got, hint
+        for p in proxy:
             if dst is None and dec is None:
                 dst, dst_hint = hosts.resolve(p.hints())
         if src is not None and dst is not None:

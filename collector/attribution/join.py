@@ -24,10 +24,15 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from fabricprobe.collector.attribution.linking import PathInfo
+from fabricprobe.collector.attribution.stages import (
+    FABRIC_STAGES,
+    STAGES,
+    RequestRecord,
+    StageRecord,
+)
 from fabricprobe.collector.history import COUNTER_CATEGORIES, NIXL_CATEGORY
 from fabricprobe.collector.kvparts import PART_COLUMNS, split_parts
-from fabricprobe.collector.linking import PathInfo
-from fabricprobe.collector.stages import FABRIC_STAGES, STAGES, RequestRecord, StageRecord
 
 STAGE_COLUMNS = [
     "request_id",

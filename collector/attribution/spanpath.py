@@ -12,8 +12,8 @@ propagates the trace context (SGLang's decode side continues the bootstrap room'
 context; Dynamo's frontend and llm-d's sidecar parent both sides; vLLM's proxy forwards
 `traceparent`). So routing takes two steps. The shard that owns the trace id (the same
 hash) gathers the trace's engine spans: `PathRelay` keeps their fragments
-(collector/engines.py) and decides the path's source as the join does
-(collector/linking.py: the side that says it is the prefill side, else the first of
+(attribution/engines/) and decides the path's source as the join does
+(attribution/linking.py: the side that says it is the prefill side, else the first of
 two sides; the prefill target a sidecar names; a lone side whose request asked for one
 token, which is how a prefill/decode proxy calls the prefill side). Once decided, every
 span of that trace held so far, and every later one, goes to the source's owner.
@@ -32,9 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabricprobe.collector.engines import Fragment, engine_of, parse_fragment
-from fabricprobe.collector.linking import HostDirectory, pick, sides_of
-from fabricprobe.collector.stages import SpanError, span_attributes
+from fabricprobe.collector.attribution.engines import read_engine_span
+from fabricprobe.collector.attribution.engines.common import Fragment
+from fabricprobe.collector.attribution.linking import HostDirectory, pick, proxy_prefill, sides_of
+from fabricprobe.collector.attribution.spanattrs import SpanError
 
 MAX_TRACES = 50_000  # traces remembered (decided or waiting); the oldest go first
 MAX_HELD_SPANS = 20_000  # spans waiting for their path; beyond it the oldest go on unpaired
@@ -66,15 +67,10 @@ class _Trace:
 
 
 def engine_fragment(span: Any, resource: dict[str, Any], scope: str) -> Fragment | None:
-    """The fragment of an engine span as the receiver reads it (collector/otlp.py); None
+    """The fragment of an engine span as the receiver reads it (attribution/otlp.py); None
     for spans that are no engine's, fabricprobe's own, or malformed."""
     try:
-        attrs = span_attributes(span)
-        if any(k.startswith("fabricprobe.") for k in attrs):
-            return None
-        if engine_of(span.name, resource, attrs) is None:
-            return None
-        return parse_fragment(span, attrs, resource)
+        return read_engine_span(span, resource, scope)[0]
     except SpanError:
         return None
 
@@ -83,12 +79,9 @@ def path_source(frags: list[Fragment], hosts: HostDirectory) -> tuple[bool, str 
     """(decided, prefill host) of one trace's fragments: decided False while a side that
     would name the path may still come; the host None when decided but not a fleet host."""
     engine, proxy = sides_of(frags)
-    for p in proxy:  # llm-d: the sidecar names the prefill target
-        for f in p.fragments:
-            if f.peer:
-                got, _ = hosts.resolve([("peer", f.peer)])
-                if got is not None:
-                    return True, got
+    got, _ = proxy_prefill(proxy, hosts)  # llm-d: the sidecar names the prefill target
+    if got is not None:
+        return True, got
     if not engine:
         return False, None
     pre, _, _ = pick(engine)

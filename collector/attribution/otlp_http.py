@@ -23,8 +23,8 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 
+from fabricprobe.collector.attribution.otlp import BatchRefused, TraceIngest, export_response
 from fabricprobe.collector.auth import INGEST
-from fabricprobe.collector.otlp import BatchRefused, TraceIngest
 from fabricprobe.core.web import OPEN, Call, Guard, Limits, Reply, Route, WebServer, WebStats
 
 MAX_BODY = 16 << 20  # compressed or not; a larger batch is refused (413)
@@ -112,13 +112,7 @@ def handle(ingest: TraceIngest, call: Call) -> Reply:
         return Reply(400, encode(_status(str(e), 3), ctype), ctype, refused="bad_request")
     except BatchRefused as e:
         return Reply(400, encode(_status(str(e), e.code.value[0]), ctype), ctype)
-    resp = ts_pb.ExportTraceServiceResponse()
-    if res.rejected:
-        resp.partial_success.rejected_spans = res.rejected
-        resp.partial_success.error_message = (
-            f"{res.rejected} spans rejected: {'; '.join(res.reasons)}"
-        )
-    return Reply(200, encode(resp, ctype), ctype)
+    return Reply(200, encode(export_response(res), ctype), ctype)
 
 
 def serve_otlp_http(
