@@ -16,6 +16,7 @@ from fabricprobe.agent.probing import ProbeContext, ProbeOutcome, ProbeSpec
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.fabric.service import FabricConfig
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
+from tests.unit.sysfs_builder import add_rdma_device
 
 HOSTS = {"h0": "127.0.0.11", "h1": "127.0.0.12", "h2": "127.0.0.13"}
 
@@ -72,6 +73,10 @@ def test_class_windows_and_traces_reach_the_collector(tmp_path: Path) -> None:
     server.start()
     links = server.api.links
     assert links is not None
+    for i, (h, ip) in enumerate(HOSTS.items()):  # each agent sees an rxe device of its own
+        a, b, c, d = (int(x) for x in ip.split("."))
+        gid = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+        add_rdma_device(tmp_path / h / "sys", f"rxe{i}", [(1, gid, "RoCE v2", "lo")], parent="lo")
     agents = [
         Agent(
             AgentConfig(
@@ -79,10 +84,12 @@ def test_class_windows_and_traces_reach_the_collector(tmp_path: Path) -> None:
                 collector=f"127.0.0.1:{server.port}",
                 probe_listen=f"{ip}:0",
                 addresses=[ip],
-                spool_dir=str(tmp_path / h),
+                spool_dir=str(tmp_path / h / "spool"),
                 insecure=True,
                 window_s=0.5,
                 host_reference=False,
+                sysfs_root=str(tmp_path / h / "sys"),
+                validate_interval_s=0,
             ),
             runners={"rdma_ud": ud_stand_in},
         )
