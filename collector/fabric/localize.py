@@ -3,16 +3,19 @@
 Each class (a prober, a peer, a UDP source port) crosses a known list of directed links:
 its probe's way out, and where it is known, its answer's way back (the responder's own
 source port, traced from the peer). Each window a class is *bad* when its median RTT
-rose over its own baseline by more than its noise and a floor, or when it lost probes,
-and *good* otherwise. A class whose window was host-bound (the prober's own delay
-holds most of the rise) is neither: a busy host never makes a link suspect.
+rose over its own baseline by more than its noise and a floor, and *good* otherwise. A
+class whose window was host-bound (the prober's own delay holds most of the rise) is
+neither: a busy host never makes a link suspect.
 
 A link is suspect when the classes that cross it went bad and those that avoid it did
 not. The ranking is greedy, as Boolean tomography explains failures: the link crossed
 by the most bad classes (and few good ones) is named first, the bad classes it explains
-are set aside, and the next link must explain others. Every link gets its evidence:
-classes through it, how many went bad, the median rise of those through it and their
-loss.
+are set aside, and the next link must explain others. Loss is too sparse to make a
+class bad on its own (2 % of a window's 40 probes is one loss or none), so it has a
+greedy pass of its own on the counts: a link whose classes lost far more than the
+classes that avoid it, beyond what chance gives at the others' rate. Every link gets
+its evidence: classes through it, how many went bad, the median rise of those through
+it and their loss.
 
 Baselines: a class's baseline is the median of its last good windows' medians, and its
 noise their median absolute deviation; a bad window does not enter it, so a link that
@@ -21,6 +24,7 @@ stays bad stays named.
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 from collections import deque
@@ -84,7 +88,7 @@ class LinkVerdict:
     rank: int
     suspect: bool
     classes: int  # fresh classes through it
-    bad: int  # of those, bad
+    bad: int  # of those, the ones that rose or lost
     rtt_rise_s: float  # median rise of the classes through it
     loss: float  # lost / sent of the classes through it
     rail: int | None = None
@@ -147,7 +151,6 @@ class Localizer:
                     self.stats.host_bound += 1
                     return False
                 c.bad = risen
-            c.bad = c.bad or (lossy and len(c.good) >= cfg.warmup_windows)
             if c.bad:
                 self.stats.bad += 1
             elif w.p50_s is not None and not lossy:
@@ -171,7 +174,7 @@ class Localizer:
         share of bad classes through them."""
         cfg = self.config
         with self._lock:
-            fresh = {
+            fresh: dict[ClassKey, _Fresh] = {
                 k: (c.bad, c.rise_s, c.last)
                 for k, c in self._classes.items()
                 if c.last is not None
@@ -183,36 +186,22 @@ class Localizer:
         for k in fresh:
             for link in dict.fromkeys(paths[k]):
                 through.setdefault(link, []).append(k)
-        bad_left = {k for k, (bad, _, _) in fresh.items() if bad}
-        suspects: list[str] = []
-        while True:
-            best: tuple[int, int, str] | None = None
-            for link, ks in through.items():
-                if link in suspects:
-                    continue
-                nb = sum(1 for k in ks if k in bad_left)
-                ng = sum(1 for k in ks if not fresh[k][0])
-                if nb < cfg.min_bad or ng > cfg.max_good_share * (nb + ng):
-                    continue
-                cand = (nb, -ng, link)
-                if best is None or cand > best:
-                    best = cand
-            if best is None:
-                break
-            suspects.append(best[2])
-            bad_left -= set(through[best[2]])
+        suspects = self._explain_rises(through, fresh)
+        for link in self._explain_losses(through, fresh):
+            if link not in suspects:
+                suspects.append(link)
         out = []
         for link, ks in through.items():
             rises = [fresh[k][1] for k in ks]
-            sent = sum(w.sent for k in ks if (w := fresh[k][2]) is not None)
-            lost = sum(w.lost for k in ks if (w := fresh[k][2]) is not None)
+            sent = sum(fresh[k][2].sent for k in ks)
+            lost = sum(fresh[k][2].lost for k in ks)
             out.append(
                 LinkVerdict(
                     link=link,
                     rank=0,
                     suspect=link in suspects,
                     classes=len(ks),
-                    bad=sum(1 for k in ks if fresh[k][0]),
+                    bad=sum(1 for k in ks if fresh[k][0] or fresh[k][2].lost),
                     rtt_rise_s=statistics.median(rises) if rises else 0.0,
                     loss=lost / sent if sent else 0.0,
                     rail=(rail_of or {}).get(link),
@@ -223,8 +212,105 @@ class Localizer:
             key=lambda v: (
                 order.get(v.link, len(order)),
                 -(v.bad / v.classes if v.classes else 0.0),
+                -v.loss,
                 -v.rtt_rise_s,
                 v.link,
             )
         )
         return [LinkVerdict(**{**v.__dict__, "rank": i + 1}) for i, v in enumerate(out)]
+
+    def _explain_rises(
+        self, through: Mapping[str, list[ClassKey]], fresh: Mapping[ClassKey, _Fresh]
+    ) -> list[str]:
+        """Greedy over the classes whose RTT rose: the link crossed by the most of them
+        (with few classes through it that did not rise) first, then one that explains
+        others."""
+        cfg = self.config
+        left = {k for k, (bad, _, _) in fresh.items() if bad}
+        suspects: list[str] = []
+        while left:
+            best: tuple[int, int, str] | None = None
+            for link, ks in through.items():
+                if link in suspects:
+                    continue
+                nb = sum(1 for k in ks if k in left)
+                ng = sum(1 for k in ks if not fresh[k][0])
+                if nb < cfg.min_bad or ng > cfg.max_good_share * (nb + ng):
+                    continue
+                if best is None or (nb, -ng, link) > best:
+                    best = (nb, -ng, link)
+            if best is None:
+                break
+            suspects.append(best[2])
+            left -= set(through[best[2]])
+        return suspects
+
+    def _explain_losses(
+        self, through: Mapping[str, list[ClassKey]], fresh: Mapping[ClassKey, _Fresh]
+    ) -> list[str]:
+        """Greedy over the probes lost: loss is sparse (2 % of 40 probes is one or none
+        per class and window), so it is judged on the counts of the classes through a
+        link against those of the classes that avoid it. A link is a suspect when its
+        classes lost at least MIN_LOST probes, at a rate over min_loss and LOSS_FACTOR
+        times the others', and so large a share of all the losses would fall on its
+        probes by chance (each loss landing on a probe at random) less often than
+        LOSS_P. The one that lost most is named, its classes are set aside, and the next
+        must explain what is left."""
+        cfg = self.config
+        left = {k for k, (_, _, w) in fresh.items() if w.sent}
+        suspects: list[str] = []
+        while True:
+            total_lost = sum(fresh[k][2].lost for k in left)
+            total_sent = sum(fresh[k][2].sent for k in left)
+            if total_lost < MIN_LOST:
+                return suspects
+            best: tuple[int, float, str] | None = None
+            for link, ks in through.items():
+                if link in suspects:
+                    continue
+                mine = [k for k in ks if k in left]
+                lost = sum(fresh[k][2].lost for k in mine)
+                sent = sum(fresh[k][2].sent for k in mine)
+                other_sent = total_sent - sent
+                if lost < MIN_LOST or not sent or not other_sent:
+                    continue
+                rate, others = lost / sent, (total_lost - lost) / other_sent
+                if rate <= max(cfg.min_loss, LOSS_FACTOR * others):
+                    continue
+                # were the losses spread over all probes alike, this link's share of them
+                # would follow its share of the probes
+                if binomial_tail(lost, total_lost, sent / total_sent) > LOSS_P:
+                    continue
+                if best is None or (lost, rate, link) > best:
+                    best = (lost, rate, link)
+            if best is None:
+                return suspects
+            suspects.append(best[2])
+            left -= set(through[best[2]])
+
+
+_Fresh = tuple[bool, float, ClassWindow]
+MIN_LOST = 3  # probes lost through a link before loss can name it
+LOSS_FACTOR = 3.0  # its classes' loss rate over the others', at least
+LOSS_P = 2e-4  # chance of so large a share of the losses by chance, at most
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= K) for X ~ Binomial(N, P), summed in logs from K up (N is a window's
+    probes through one link: thousands at most)."""
+    if k <= 0:
+        return 1.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    total = 0.0
+    for i in range(k, n + 1):
+        term = math.exp(
+            math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+        )
+        total += term
+        if term < 1e-18 * max(total, 1e-300):
+            break
+    return min(1.0, total)

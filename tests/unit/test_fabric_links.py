@@ -335,3 +335,38 @@ def test_coverage_names_the_links_short_of_k() -> None:
     one = {k: v for k, v in paths.items() if k.sport == 0xC000 and k.src == "h0"}
     _, short = coverage(one, Topology.from_doc(leaf_spine()).links(), k=2)
     assert "leaf0->spine1" in short and "h3->leaf2" in short
+
+
+def test_sparse_loss_on_one_link_is_named_by_its_counts() -> None:
+    """2 % loss on one link at 40 probes per class and window: most classes through it
+    lose one probe or none, yet their counts against the others' (0.2 % background)
+    name the link alone; background loss alone names nothing."""
+    import random
+
+    paths, keys = paths_and_classes(leaf_spine())
+    rng = random.Random(7)
+    for bad in ("leaf0->spine1", "spine0->leaf2", "leaf1->spine1"):
+        for background_only in (False, True):
+            loc = Localizer(LocalizeConfig(min_rise_s=0.0005))
+            for w in range(3):
+                feed(loc, keys, float(w), {})
+            for k in keys:
+                p = 0.002 + (0.02 if bad in paths[k] and not background_only else 0.0)
+                lost = sum(rng.random() < p for _ in range(40))
+                loc.observe(ClassWindow(k, 5.0, 0.001, 40, lost))
+            flagged = [v.link for v in loc.rank(paths, 5.0) if v.suspect]
+            assert flagged == ([] if background_only else [bad]), (bad, background_only)
+
+
+def test_binomial_tail() -> None:
+    import math
+
+    from fabricprobe.collector.fabric.localize import binomial_tail
+
+    assert binomial_tail(0, 10, 0.5) == 1.0
+    assert binomial_tail(10, 10, 0.5) == pytest.approx(0.5**10)
+    assert binomial_tail(1, 10, 0.1) == pytest.approx(1 - 0.9**10)
+    assert binomial_tail(3, 1000, 0.0) == 0.0
+    assert binomial_tail(5, 2000, 0.001) == pytest.approx(
+        1 - sum(math.comb(2000, i) * 0.001**i * 0.999 ** (2000 - i) for i in range(5))
+    )
