@@ -32,6 +32,7 @@ from fabricprobe.core.sketchwire import from_wire
 MAX_PATHS = 200_000
 MAX_RETRACE_PER_ACK = 64
 MAX_HOPS = 32
+MAX_CLASSES_PER_HOST = 16 * 1024  # 16 classes to each of 1,024 peers
 ASK_AGAIN_S = 30.0  # a trace asked for and not yet come is not asked again before this
 
 
@@ -84,6 +85,7 @@ class FabricLinks:
         self._retrace: dict[str, dict[tuple[str, int], pb.Retrace]] = {}
         self._addresses: dict[str, str] = {}  # host -> the address it probes from
         self._asked: OrderedDict[ClassKey, float] = OrderedDict()  # when last asked
+        self._per_host: dict[str, set[tuple[str, int]]] = {}  # the classes each host sent
         self.counts = LinkCounts()
 
     # ------------------------------------------------------------------ intake
@@ -128,6 +130,12 @@ class FabricLinks:
                 self.counts.class_windows_refused += 1
             return
         key = ClassKey(host, w.dst, w.sport)
+        with self._lock:
+            mine = self._per_host.setdefault(host, set())
+            if (w.dst, w.sport) not in mine and len(mine) >= MAX_CLASSES_PER_HOST:
+                self.counts.class_windows_refused += 1  # one host cannot fill the table
+                return
+            mine.add((w.dst, w.sport))
         try:
             rtt = from_wire(w.rtt)
             delay_sk = from_wire(w.prober_delay) if w.HasField("prober_delay") else None

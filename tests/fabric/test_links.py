@@ -87,7 +87,7 @@ def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Pat
                 trust_local_registration=True,  # the lane's hosts call from 127.0.0.1
                 report_interval_ms=int(WINDOW_S * 1000),
                 plan=PlanConfig(
-                    interval_ms=1000, count=60, budget=8, kinds=("rdma_ud",), bursts_per_second=40
+                    interval_ms=2000, count=60, budget=8, kinds=("rdma_ud",), bursts_per_second=40
                 ),
             ),
             fabric=FabricConfig(
