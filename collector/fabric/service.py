@@ -108,39 +108,41 @@ class LinkCollector(Collector):
             "Links of the fabric file crossed by fewer known classes than a suspect needs.",
             value=len(snap.uncovered),
         )
-        learned = CounterMetricFamily(
-            "fabricprobe_link_paths",
-            "Class paths learned from traces (new), or found changed (changed).",
-            labels=["outcome"],
+        counted = (
+            (
+                "paths",
+                "outcome",
+                "Class paths learned from traces (new), or found changed (changed).",
+                {"new": c.paths_learned, "changed": c.paths_changed},
+            ),
+            (
+                "paths_unresolved",
+                "reason",
+                "Traces that could not be placed on the fabric file's links, by why.",
+                c.paths_unresolved,
+            ),
+            (
+                "retraces",
+                "reason",
+                "Traces asked of agents: new, old (past the refresh) or suspect (a loss, a rise).",
+                c.retraces_asked,
+            ),
+            (
+                "class_windows",
+                "outcome",
+                "Class windows taken, refused (malformed), or host-bound (never judged).",
+                {
+                    "taken": c.class_windows,
+                    "refused": c.class_windows_refused,
+                    "host_bound": self.links.localizer.stats.host_bound,
+                },
+            ),
         )
-        learned.add_metric(["new"], c.paths_learned)
-        learned.add_metric(["changed"], c.paths_changed)
-        yield learned
-        unresolved = CounterMetricFamily(
-            "fabricprobe_link_paths_unresolved",
-            "Traces that could not be placed on the fabric file's links, by why.",
-            labels=["reason"],
-        )
-        for why, n in sorted(c.paths_unresolved.items()):
-            unresolved.add_metric([why], n)
-        yield unresolved
-        retrace = CounterMetricFamily(
-            "fabricprobe_link_retraces",
-            "Traces asked of agents: new, old (past the refresh) or suspect (a loss, a rise).",
-            labels=["reason"],
-        )
-        for why, n in sorted(c.retraces_asked.items()):
-            retrace.add_metric([why], n)
-        yield retrace
-        windows = CounterMetricFamily(
-            "fabricprobe_link_class_windows",
-            "Class windows taken, refused (malformed), or host-bound (never judged).",
-            labels=["outcome"],
-        )
-        windows.add_metric(["taken"], c.class_windows)
-        windows.add_metric(["refused"], c.class_windows_refused)
-        windows.add_metric(["host_bound"], self.links.localizer.stats.host_bound)
-        yield windows
+        for name, label, help_text, values in counted:
+            fam = CounterMetricFamily(f"fabricprobe_link_{name}", help_text, labels=[label])
+            for value, n in sorted(values.items()):
+                fam.add_metric([value], n)
+            yield fam
 
 
 def links_reply(links: FabricLinks | None, src: str = "", dst: str = "") -> pb.LinksReply:
