@@ -11,7 +11,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from fabricprobe.core.hostport import DEFAULT_PORT, parse_hostport
+from fabricprobe.core.hostport import COLLECTOR_PORT, DEFAULT_PORT, format_hostport, parse_hostport
 from fabricprobe.core.settings import Spec, config_var, env_var, specs
 from fabricprobe.probes.fleet import FleetToken
 
@@ -43,6 +43,7 @@ log_level_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # --- the daemons' settings as flags (probe agent, probe collector) ---------------------
 
@@ -121,8 +122,24 @@ def settings_epilog(section: str, key: str) -> str:
     )
 
 
-# --- how a client reaches the collector (probe why, probe report) ---------------------
+# --- how a client reaches the collector (probe why, cost, report, validate --fleet) ----
 _PEM = click.Path(dir_okay=False)
+
+
+def collector_option(help_text: str | None = None) -> Callable[[F], F]:
+    """--collector HOST:PORT, the collector's Query service (127.0.0.1:4794)."""
+    return click.option(
+        "--collector",
+        default=f"127.0.0.1:{COLLECTOR_PORT}",
+        show_default=True,
+        metavar="HOST:PORT",
+        help=help_text,
+    )
+
+
+def collector_address(collector: str) -> str:
+    """COLLECTOR as HOST:PORT (port 4794 when it names none); ValueError for a bad one."""
+    return format_hostport(*parse_hostport(collector, COLLECTOR_PORT))
 
 
 def collector_credential_options(token_help: str) -> Callable[[F], F]:
@@ -161,6 +178,13 @@ class CollectorCredentials:
     key_file: str | None = None
     server_name: str | None = None
 
+    @classmethod
+    def given(cls, options: dict[str, Any]) -> CollectorCredentials:
+        """The credential OPTIONS of a command, checked (see check())."""
+        creds = cls(**options)
+        creds.check()
+        return creds
+
     def check(self) -> None:
         """Fail (exit 2) unless the options make sense together."""
         if bool(self.cert_file) != bool(self.key_file):
@@ -191,6 +215,16 @@ class CollectorCredentials:
             fail(f"{e.filename}: {e.strerror}")
         return grpc.secure_channel(target, creds, options=opts)
 
+    def call(self, collector: str, method: str, request: Any, timeout: float) -> Any:
+        """The reply of METHOD of the Query service at COLLECTOR (HOST[:PORT]) to REQUEST,
+        asked with these credentials; raises grpc.RpcError, and ValueError for a bad
+        address."""
+        from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
+
+        with self.channel(collector_address(collector)) as channel:
+            stub = pb_grpc.QueryStub(channel)
+            return getattr(stub, method)(request, timeout=timeout, metadata=self.metadata())
+
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The bearer token of --token-file as call metadata (none without it)."""
         if not self.token_file:
@@ -203,6 +237,21 @@ class CollectorCredentials:
         if not token or any(c.isspace() for c in token):
             fail(f"{self.token_file}: expected one token")
         return (("authorization", f"Bearer {token}"),)
+
+
+def ask_collector(collector: str, ask: Callable[[], T], *, usage: tuple[str, ...] = ()) -> T:
+    """What ASK gets from the collector at COLLECTOR. A bad address exits 2; a call that
+    fails exits 1, or 2 when its status code is one of USAGE (the collector says the
+    request itself is wrong)."""
+    import grpc
+
+    try:
+        return ask()
+    except ValueError as e:
+        fail(str(e))
+    except grpc.RpcError as e:
+        code = 2 if e.code().name in usage else 1
+        fail(f"collector {collector}: {e.code().name}: {e.details()}", code)
 
 
 def _read(path: str) -> bytes:

@@ -11,11 +11,11 @@ from rich.table import Table
 from fabricprobe.cli.options import (
     CollectorCredentials,
     OneLineCommand,
+    ask_collector,
     collector_credential_options,
-    fail,
+    collector_option,
     print_json,
 )
-from fabricprobe.core.hostport import format_hostport, parse_hostport
 
 EXIT_EMPTY = 3  # the collector answered, but has no request on a path to show
 
@@ -54,15 +54,10 @@ def query(
 ) -> dict[str, Any]:
     """Ask the collector's Query service for the Why report (plain text without CREDS)."""
     from fabricprobe.core.api import fabricprobe_pb2 as pb
-    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
     creds = creds or CollectorCredentials(insecure=True)
-    host, port = parse_hostport(collector, 4794)
-    target = format_hostport(host, port)
-    with creds.channel(target) as channel:
-        request = pb.WhyRequest(slowest=slowest, window_s=window_s or 0.0, by=by)
-        reply = pb_grpc.QueryStub(channel).Why(request, timeout=timeout, metadata=creds.metadata())
-        return reply_dict(reply)
+    request = pb.WhyRequest(slowest=slowest, window_s=window_s or 0.0, by=by)
+    return reply_dict(creds.call(collector, "Why", request, timeout))
 
 
 def _ms(v: Any) -> str:
@@ -185,7 +180,7 @@ Exit status: 0 with requests to show, 3 when the collector has none (the reason 
 printed: no spans, nothing joined to a path, no fabric windows), 1 when the collector
 cannot be asked, 2 on bad usage.""",
 )
-@click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT")
+@collector_option()
 @click.option("--slowest", type=click.IntRange(1, 200), default=10, show_default=True)
 @click.option("--window", "window_s", type=click.FloatRange(1, 86400), help="Seconds [60].")
 @click.option(
@@ -228,16 +223,10 @@ def why(
 
     The collector wants a reader identity: a reader token (--token-file) or a client
     certificate it lists in reader_names; plain text only with --insecure."""
-    import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-
-    creds = CollectorCredentials(**cred)
-    creds.check()
-    try:
-        report = query(collector, slowest, window_s, by, timeout, creds)
-    except ValueError as e:
-        fail(str(e))
-    except grpc.RpcError as e:
-        fail(f"collector {collector}: {e.code().name}: {e.details()}", 1)
+    creds = CollectorCredentials.given(cred)
+    report = ask_collector(
+        collector, lambda: query(collector, slowest, window_s, by, timeout, creds)
+    )
     empty = report.get("empty_reason") or ""
     if as_json:
         print_json(report)
