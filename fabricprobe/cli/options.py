@@ -15,6 +15,9 @@ from fabricprobe.core.hostport import COLLECTOR_PORT, DEFAULT_PORT, format_hostp
 from fabricprobe.core.settings import Spec, config_var, env_var, specs
 from fabricprobe.probes.fleet import FleetToken
 
+if typing.TYPE_CHECKING:
+    from fabricprobe.probes.measure import LinkParams
+
 sysfs_option = click.option(
     "--sysfs",
     "sysfs_root",
@@ -346,6 +349,31 @@ token_file_option = click.option(
     default=None,
     help="The fleet's probe token, for a responder that asks for it (probe serve --token-file).",
 )
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A probe command's peer (PEER and --port, resolved) and how to reach it: --bind,
+    --timeout and the fleet token of --token-file."""
+
+    host: str
+    port: int
+    bind: str | None = None
+    timeout: float | None = None
+    token: FleetToken | None = None
+
+    def tcp_link(self) -> LinkParams:
+        """The TCP probes' link to the peer: the timeout bounds the setup and each step."""
+        from fabricprobe.probes.measure import LinkParams
+
+        return LinkParams(
+            self.host,
+            self.port,
+            bind=self.bind,
+            timeout=self.timeout,
+            step_s=self.timeout,
+            token=self.token,
+        )
 
 
 def load_token(path: str | None) -> FleetToken | None:

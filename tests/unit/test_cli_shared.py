@@ -168,3 +168,53 @@ def test_a_call_to_no_collector_raises_rpc_error() -> None:
     assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     with pytest.raises(ValueError):
         creds.call("a:b:c:[", "Why", pb.WhyRequest(slowest=1), timeout=2.0)
+
+
+def test_lat_and_bw_get_their_peer_as_one_object(tmp_path: Path) -> None:
+    from fabricprobe.cli.commands.rdma import RdmaPeer, peer_options
+    from fabricprobe.cli.options import port_option
+
+    got: list[Any] = []
+
+    @click.command()
+    @click.argument("peer")
+    @port_option
+    @click.option("--iters", type=int, default=3)
+    @peer_options
+    def probe(to: RdmaPeer, iters: int, with_tcp: bool, as_json: bool) -> None:
+        got.append((to, iters, with_tcp, as_json))
+
+    token = tmp_path / "token"
+    token.write_text("a" * 64 + "\n")
+    args = ["10.0.0.2:5000", "--iters", "7", "--bind", "10.0.0.1", "--device", "rxe0"]
+    args += ["--engine", "pyverbs", "--timeout", "3", "--token-file", str(token), "--tcp"]
+    res = CliRunner().invoke(probe, [*args, "--json", "--sysfs", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    to, iters, with_tcp, as_json = got[0]
+    assert (iters, with_tcp, as_json) == (7, True, True)
+    assert (to.host, to.port, to.bind, to.device, to.engine) == (
+        "10.0.0.2",
+        5000,
+        "10.0.0.1",
+        "rxe0",
+        "pyverbs",
+    )
+    assert to.token is not None and to.sysfs_root == str(tmp_path)
+    link = to.link(0.5)
+    assert (link.peer, link.port, link.timeout, link.step_s, link.device) == (
+        "10.0.0.2",
+        5000,
+        3.0,
+        0.5,
+        "rxe0",
+    )
+    assert (link.engine, link.sysfs_root, link.token) == ("pyverbs", str(tmp_path), to.token)
+    tcp = to.tcp_link()  # the TCP run beside: no device or engine of RDMA's
+    assert (tcp.peer, tcp.port, tcp.bind, tcp.timeout, tcp.step_s) == (
+        "10.0.0.2",
+        5000,
+        "10.0.0.1",
+        3.0,
+        3.0,
+    )
+    assert (tcp.device, tcp.engine, tcp.token) == (None, "auto", to.token)

@@ -3,7 +3,9 @@ UD latency and loss, and RC bandwidth against a peer running `probe serve`."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -11,6 +13,7 @@ from rich.console import Console
 
 from fabricprobe.cli.options import (
     OneLineCommand,
+    Peer,
     SizeParam,
     bind_option,
     fail,
@@ -39,7 +42,6 @@ from fabricprobe.probes.counters import (
     hw_counter_changes,
     read_port_counters,
 )
-from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.loss import LossEstimate
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.sysfs import SysfsError, read_device
@@ -67,8 +69,59 @@ tcp_option = click.option(
 )
 
 
+@dataclass(frozen=True)
+class RdmaPeer(Peer):
+    """The peer of `probe lat` or `probe bw`, and how to reach it over RDMA: --device,
+    --sysfs and --engine beside what every probe command takes."""
+
+    device: str | None = None
+    sysfs_root: str = "/sys"
+    engine: str = "auto"
+
+    def link(self, step_s: float | None) -> LinkParams:
+        """The RDMA link to the peer; a bad value exits 2. The timeout bounds the setup and
+        STEP_S each step (None: each probe's defaults)."""
+        try:
+            return LinkParams(
+                self.host,
+                self.port,
+                bind=self.bind,
+                device=self.device,
+                sysfs_root=self.sysfs_root,
+                engine=self.engine,
+                timeout=self.timeout,
+                step_s=step_s,
+                token=self.token,
+            )
+        except ValueError as e:
+            fail(str(e))
+
+
 def peer_options(f: Callable[..., None]) -> Callable[..., None]:
-    """The options `probe lat` and `probe bw` share, after their own."""
+    """The options `probe lat` and `probe bw` share, after their own. The command gets
+    PEER, --port and the options that say how to reach it as one RdmaPeer (its first
+    argument), and --tcp and --json as `with_tcp` and `as_json`."""
+
+    @functools.wraps(f)
+    def command(
+        *,
+        peer: str,
+        port: int | None,
+        bind: str | None,
+        device: str | None,
+        engine: str,
+        with_tcp: bool,
+        timeout: float | None,
+        token_file: str | None,
+        as_json: bool,
+        sysfs_root: str,
+        **own: Any,
+    ) -> None:
+        host, port = resolve_peer(peer, port)
+        token = load_token(token_file)
+        to = RdmaPeer(host, port, bind, timeout, token, device, sysfs_root, engine)
+        f(to, with_tcp=with_tcp, as_json=as_json, **own)
+
     stack = (
         bind_option,
         device_option,
@@ -78,10 +131,10 @@ def peer_options(f: Callable[..., None]) -> Callable[..., None]:
         token_file_option,
         json_option,
     )
-    f = sysfs_option(f)
+    wrapped: Callable[..., None] = sysfs_option(command)
     for option in reversed(stack):  # as decorators listed top to bottom would apply
-        f = option(f)
-    return f
+        wrapped = option(wrapped)
+    return wrapped
 
 
 def _measure(call: Callable[[], T]) -> T:
@@ -100,35 +153,6 @@ def _beside(call: Callable[[], T]) -> T:
         return call()
     except ProbeError as e:
         fail(f"TCP beside RDMA failed: {e}", 1)
-
-
-def _link(
-    host: str,
-    port: int,
-    bind: str | None,
-    device: str | None,
-    sysfs_root: str,
-    engine: str,
-    timeout: float | None,
-    token: FleetToken | None,
-    step_s: float | None,
-) -> LinkParams:
-    """The peer and how to reach it, from the options; a bad value exits 2. TIMEOUT bounds
-    the setup and STEP_S each step (None: each probe's defaults)."""
-    try:
-        return LinkParams(
-            host,
-            port,
-            bind=bind,
-            device=device,
-            sysfs_root=sysfs_root,
-            engine=engine,
-            timeout=timeout,
-            step_s=step_s,
-            token=token,
-        )
-    except ValueError as e:
-        fail(str(e))
 
 
 def _rc() -> Any:
@@ -236,8 +260,7 @@ Examples:
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=100, show_default=True)
 @peer_options
 def lat(
-    peer: str,
-    port: int | None,
+    to: RdmaPeer,
     qp: str,
     interval: float,
     wait: float | None,
@@ -245,14 +268,8 @@ def lat(
     size: int,
     iters: int,
     warmup: int,
-    bind: str | None,
-    device: str | None,
     with_tcp: bool,
-    timeout: float | None,
     as_json: bool,
-    sysfs_root: str,
-    engine: str,
-    token_file: str | None,
 ) -> None:
     """RC ping-pong latency to PEER, with the port's retransmit counters; or with --qp ud,
     UD latency and loss. Figures are RTTs; one-way columns are RTT/2.
@@ -261,8 +278,6 @@ def lat(
     two ACKs before the next goes; an answer that comes later still counts, with its RTT,
     until --timeout (1 s unless given) after the last probe, and a probe with none by
     then is lost. The loss comes with its 95 % Wilson interval."""
-    host, port = resolve_peer(peer, port)
-    token = load_token(token_file)
     if qp == "ud":
         for name, flag in (("op", "--op"), ("size", "--size"), ("with_tcp", "--tcp")):
             if _given(name):
@@ -271,9 +286,8 @@ def lat(
             fail(f"--warmup: at most {UD_MAX_WARMUP} with --qp ud")
         ud = _ud()
         # --timeout bounds the setup and how late an answer may come; --wait the step
-        link = _link(host, port, bind, device, sysfs_root, engine, timeout, token, wait)
-        late = ud.UdLink.LATE_S if timeout is None else timeout
-        _lat_ud(ud, host, port, iters, min(warmup, UD_MAX_WARMUP), interval, late, link, as_json)
+        late = ud.UdLink.LATE_S if to.timeout is None else to.timeout
+        _lat_ud(ud, to.link(wait), iters, min(warmup, UD_MAX_WARMUP), interval, late, as_json)
         return
     for name, flag in (("interval", "--interval"), ("wait", "--wait")):
         if _given(name):
@@ -281,14 +295,16 @@ def lat(
     rc = _rc()
     from fabricprobe.probes.rdma.verbs import ACK_TIMEOUT_S, PORT  # pyverbs is there now
 
-    link = _link(host, port, bind, device, sysfs_root, engine, timeout, token, timeout)
+    link = to.link(to.timeout)
     try:  # the device the run will go out of, as the probe itself picks it
         dev, _ = _measure(
-            lambda: rc.local_device(sysfs_root, rc.source_address(host, port, bind), device)
+            lambda: rc.local_device(
+                to.sysfs_root, rc.source_address(to.host, to.port, to.bind), to.device
+            )
         )
     except OSError as e:
-        fail(f"no route to {host}: {e.strerror or e}", 1)
-    watch = PortWatch(sysfs_root, dev, PORT)
+        fail(f"no route to {to.host}: {e.strerror or e}", 1)
+    watch = PortWatch(to.sysfs_root, dev, PORT)
     with progress_bar(not as_json and iters >= 5000, f"RDMA {op} ping-pong", "iterations") as bar:
         res = _measure(
             lambda: rc.rc_latency(link, op=op, size=size, iters=iters, warmup=warmup, progress=bar)
@@ -302,12 +318,7 @@ def lat(
     errors = [res.error] if res.error else []
     if with_tcp:
         t = _beside(
-            lambda: tcp_lib.run_pingpong(
-                LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout, token=token),
-                size=size,
-                iters=iters,
-                warmup=warmup,
-            )
+            lambda: tcp_lib.run_pingpong(to.tcp_link(), size=size, iters=iters, warmup=warmup)
         )
         out["tcp"] = t.as_dict()
         rows["tcp"] = t.summary
@@ -319,7 +330,8 @@ def lat(
     else:
         console = Console()
         console.print(
-            f"RC {op} ping-pong {res.device} -> {host}:{port} ({res.engine} loop): {size:,} B, "
+            f"RC {op} ping-pong {res.device} -> {to.host}:{to.port} ({res.engine} loop): "
+            f"{size:,} B, "
             f"{iters:,} measured (+{warmup:,} warm-up)",
             highlight=False,
         )
@@ -355,13 +367,11 @@ def lat(
 
 def _lat_ud(
     ud: Any,
-    host: str,
-    port: int,
+    link: LinkParams,
     probes: int,
     warmup: int,
     interval: float,
     late_s: float,
-    link: LinkParams,
     as_json: bool,
 ) -> None:
     """One UD round of PROBES probes: network RTT, responder delay, loss with its interval."""
@@ -378,7 +388,8 @@ def _lat_ud(
         console = Console()
         pace = f"at most one per {interval * 1e3:,.3f} ms" if interval else "back to back"
         console.print(
-            f"UD probes {res.device} -> {host}:{port} ({res.engine} loop): {probes:,} probes "
+            f"UD probes {res.device} -> {link.peer}:{link.port} ({res.engine} loop): "
+            f"{probes:,} probes "
             f"(+{warmup:,} warm-up), {pace}; each waits {link.step(ud.UdLink.STEP_S):g} s "
             f"for its ACKs before the next goes, late answers count until "
             f"{max(late_s, link.step(ud.UdLink.STEP_S)):g} s after the last",
@@ -432,29 +443,15 @@ Examples:
 )
 @peer_options
 def bw(
-    peer: str,
-    port: int | None,
-    op: str,
-    size: int,
-    iters: int,
-    outstanding: int,
-    bind: str | None,
-    device: str | None,
-    with_tcp: bool,
-    timeout: float | None,
-    as_json: bool,
-    sysfs_root: str,
-    engine: str,
-    token_file: str | None,
+    to: RdmaPeer, op: str, size: int, iters: int, outstanding: int, with_tcp: bool, as_json: bool
 ) -> None:
     """RC bandwidth to PEER: ITERS operations of SIZE bytes, OUTSTANDING in flight."""
-    host, port = resolve_peer(peer, port)
-    token = load_token(token_file)
     rc = _rc()
+    link = to.link(to.timeout)
     with progress_bar(not as_json and iters >= 2000, f"RDMA {op} bandwidth", "operations") as bar:
         res = _measure(
             lambda: rc.rc_bandwidth(
-                _link(host, port, bind, device, sysfs_root, engine, timeout, token, timeout),
+                link,
                 op=op,
                 size=size,
                 iters=iters,
@@ -467,7 +464,7 @@ def bw(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_throughput(
-                LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout, token=token),
+                to.tcp_link(),
                 duration=None,
                 total_bytes=size * iters,
                 chunk_size=size,
@@ -483,7 +480,8 @@ def bw(
     else:
         console = Console()
         console.print(
-            f"RC {op} bandwidth {res.device} -> {host}:{port} ({res.engine} loop): {size:,} B x "
+            f"RC {op} bandwidth {res.device} -> {to.host}:{to.port} ({res.engine} loop): "
+            f"{size:,} B x "
             f"{res.completed:,}/{iters:,} in {res.duration_s:.3f} s = "
             f"{res.bytes_per_second / 1e6:,.2f} MB/s "
             f"({res.bytes_per_second * 8 / 1e9:.3f} Gb/s)",
