@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import typing
@@ -398,3 +399,34 @@ def timeout_option(default: float | None, default_text: str | None = None) -> Ca
         "(connect, fleet-token handshake, data connections), each exchange, the closing "
         "handshake. A peer that falls silent ends the run within it (as loss mid-run).",
     )
+
+
+def peer_options(
+    timeout_flag: Callable[[F], F], *own: Callable[[F], F]
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The options a probe command takes after its own: --bind, OWN, TIMEOUT_FLAG (a
+    timeout_option), --token-file and --json. The command gets PEER and --port (declared
+    above its own options) with --bind, --timeout and the token as one Peer, its first
+    argument, and the rest by name (--json as `as_json`)."""
+
+    def add(f: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(f)
+        def command(
+            *,
+            peer: str,
+            port: int | None,
+            bind: str | None,
+            timeout: float | None,
+            token_file: str | None,
+            **rest: Any,
+        ) -> None:
+            host, port = resolve_peer(peer, port)
+            f(Peer(host, port, bind, timeout, load_token(token_file)), **rest)
+
+        stack: tuple[Callable[[Any], Any], ...] = (bind_option, *own, timeout_flag)
+        wrapped: Callable[..., None] = command
+        for option in reversed((*stack, token_file_option, json_option)):
+            wrapped = option(wrapped)  # as decorators listed top to bottom would apply
+        return wrapped
+
+    return add

@@ -171,7 +171,7 @@ def test_a_call_to_no_collector_raises_rpc_error() -> None:
 
 
 def test_lat_and_bw_get_their_peer_as_one_object(tmp_path: Path) -> None:
-    from fabricprobe.cli.commands.rdma import RdmaPeer, peer_options
+    from fabricprobe.cli.commands.rdma import RdmaPeer, rdma_peer_options
     from fabricprobe.cli.options import port_option
 
     got: list[Any] = []
@@ -180,7 +180,7 @@ def test_lat_and_bw_get_their_peer_as_one_object(tmp_path: Path) -> None:
     @click.argument("peer")
     @port_option
     @click.option("--iters", type=int, default=3)
-    @peer_options
+    @rdma_peer_options
     def probe(to: RdmaPeer, iters: int, with_tcp: bool, as_json: bool) -> None:
         got.append((to, iters, with_tcp, as_json))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import click
@@ -15,16 +15,12 @@ from fabricprobe.cli.options import (
     OneLineCommand,
     Peer,
     SizeParam,
-    bind_option,
     fail,
-    json_option,
-    load_token,
+    peer_options,
     port_option,
     print_json,
-    resolve_peer,
     sysfs_option,
     timeout_option,
-    token_file_option,
 )
 from fabricprobe.cli.render import (
     latency_table,
@@ -43,10 +39,11 @@ from fabricprobe.probes.counters import (
     read_port_counters,
 )
 from fabricprobe.probes.loss import LossEstimate
-from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
 from fabricprobe.probes.sysfs import SysfsError, read_device
 
 T = TypeVar("T")
+R = TypeVar("R", LatencyResult, BandwidthResult)
 SIZE = SizeParam(1, 1 << 20)
 UD_MAX_WARMUP = 100  # UdLink.round's bound
 device_option = click.option(
@@ -82,59 +79,31 @@ class RdmaPeer(Peer):
         """The RDMA link to the peer; a bad value exits 2. The timeout bounds the setup and
         STEP_S each step (None: each probe's defaults)."""
         try:
-            return LinkParams(
-                self.host,
-                self.port,
-                bind=self.bind,
+            return replace(
+                self.tcp_link(),
+                step_s=step_s,
                 device=self.device,
                 sysfs_root=self.sysfs_root,
                 engine=self.engine,
-                timeout=self.timeout,
-                step_s=step_s,
-                token=self.token,
             )
         except ValueError as e:
             fail(str(e))
 
 
-def peer_options(f: Callable[..., None]) -> Callable[..., None]:
-    """The options `probe lat` and `probe bw` share, after their own. The command gets
-    PEER, --port and the options that say how to reach it as one RdmaPeer (its first
-    argument), and --tcp and --json as `with_tcp` and `as_json`."""
+def rdma_peer_options(f: Callable[..., None]) -> Callable[..., None]:
+    """The options `probe lat` and `probe bw` share, after their own (peer_options and
+    --device, --engine, --tcp, --sysfs). The command gets the peer and how to reach it as
+    one RdmaPeer, its first argument, and --tcp and --json as `with_tcp` and `as_json`."""
 
     @functools.wraps(f)
-    def command(
-        *,
-        peer: str,
-        port: int | None,
-        bind: str | None,
-        device: str | None,
-        engine: str,
-        with_tcp: bool,
-        timeout: float | None,
-        token_file: str | None,
-        as_json: bool,
-        sysfs_root: str,
-        **own: Any,
-    ) -> None:
-        host, port = resolve_peer(peer, port)
-        token = load_token(token_file)
-        to = RdmaPeer(host, port, bind, timeout, token, device, sysfs_root, engine)
-        f(to, with_tcp=with_tcp, as_json=as_json, **own)
+    def command(to: Peer, *, device: str | None, engine: str, sysfs_root: str, **rest: Any) -> None:
+        f(
+            RdmaPeer(to.host, to.port, to.bind, to.timeout, to.token, device, sysfs_root, engine),
+            **rest,
+        )
 
-    stack = (
-        bind_option,
-        device_option,
-        engine_option,
-        tcp_option,
-        timeout_option(None, "30 for the RDMA setup; 2 per exchange, lat; 5, bw"),
-        token_file_option,
-        json_option,
-    )
-    wrapped: Callable[..., None] = sysfs_option(command)
-    for option in reversed(stack):  # as decorators listed top to bottom would apply
-        wrapped = option(wrapped)
-    return wrapped
+    timeout = timeout_option(None, "30 for the RDMA setup; 2 per exchange, lat; 5, bw")
+    return peer_options(timeout, device_option, engine_option, tcp_option)(sysfs_option(command))
 
 
 def _measure(call: Callable[[], T]) -> T:
@@ -147,12 +116,26 @@ def _measure(call: Callable[[], T]) -> T:
         fail(str(e), 1)
 
 
-def _beside(call: Callable[[], T]) -> T:
-    """The TCP run beside the RDMA one; its failure exits 1."""
+def _beside(call: Callable[[], R], errors: list[str]) -> R:
+    """The TCP run beside the RDMA one, its error (if it ended early) added to ERRORS; a
+    run that fails exits 1."""
     try:
-        return call()
+        t = call()
     except ProbeError as e:
         fail(f"TCP beside RDMA failed: {e}", 1)
+    errors += [t.error] if t.error else []
+    return t
+
+
+def _times(ratio: float | None) -> str:
+    """A ratio as the commands print it: 2.00x, or - when there is none."""
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _end(errors: list[str]) -> None:
+    """Exit 1 when a run ended early (its figures are shown by then)."""
+    if errors:
+        fail("run ended early: " + "; ".join(errors), 1)
 
 
 def _rc() -> Any:
@@ -258,7 +241,7 @@ Examples:
 @click.option("--size", type=SIZE, default="2", show_default=True, help="Message size, 1 B..1 MiB.")
 @click.option("--iters", type=click.IntRange(1, 10_000_000), default=1000, show_default=True)
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=100, show_default=True)
-@peer_options
+@rdma_peer_options
 def lat(
     to: RdmaPeer,
     qp: str,
@@ -318,13 +301,12 @@ def lat(
     errors = [res.error] if res.error else []
     if with_tcp:
         t = _beside(
-            lambda: tcp_lib.run_pingpong(to.tcp_link(), size=size, iters=iters, warmup=warmup)
+            lambda: tcp_lib.run_pingpong(to.tcp_link(), size=size, iters=iters, warmup=warmup),
+            errors,
         )
         out["tcp"] = t.as_dict()
         rows["tcp"] = t.summary
-        ratio = tcp_lib.kernel_bypass_ratio(t.summary, res.summary)
-        out["kernel_bypass_ratio"] = ratio
-        errors += [t.error] if t.error else []
+        out["kernel_bypass_ratio"] = tcp_lib.kernel_bypass_ratio(t.summary, res.summary)
     if as_json:
         print_json(out)
     else:
@@ -355,14 +337,11 @@ def lat(
                 highlight=False,
             )
         if with_tcp:
-            r = out["kernel_bypass_ratio"]
+            ratio = _times(out["kernel_bypass_ratio"])
             console.print(
-                f"kernel-bypass ratio (TCP p50 RTT / RDMA p50 RTT): "
-                f"{'-' if r is None else f'{r:.2f}x'}",
-                highlight=False,
+                f"kernel-bypass ratio (TCP p50 RTT / RDMA p50 RTT): {ratio}", highlight=False
             )
-    if errors:
-        fail("run ended early: " + "; ".join(errors), 1)
+    _end(errors)
 
 
 def _lat_ud(
@@ -441,7 +420,7 @@ Examples:
     show_default=True,
     help="Operations in flight.",
 )
-@peer_options
+@rdma_peer_options
 def bw(
     to: RdmaPeer, op: str, size: int, iters: int, outstanding: int, with_tcp: bool, as_json: bool
 ) -> None:
@@ -464,17 +443,14 @@ def bw(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_throughput(
-                to.tcp_link(),
-                duration=None,
-                total_bytes=size * iters,
-                chunk_size=size,
-            )
+                to.tcp_link(), duration=None, total_bytes=size * iters, chunk_size=size
+            ),
+            errors,
         )
         out["tcp"] = t.as_dict()
         out["rdma_to_tcp_ratio"] = (
             res.bytes_per_second / t.bytes_per_second if t.bytes_per_second else None
         )
-        errors += [t.error] if t.error else []
     if as_json:
         print_json(out)
     else:
@@ -489,12 +465,9 @@ def bw(
         )
         console.print(f"engine: {res.engine_reason}", highlight=False)
         if with_tcp:
-            tcp_bps = out["tcp"]["bytes_per_second"]
-            r = out["rdma_to_tcp_ratio"]
+            tcp_mbps = out["tcp"]["bytes_per_second"] / 1e6
+            ratio = _times(out["rdma_to_tcp_ratio"])
             console.print(
-                f"TCP same bytes: {tcp_bps / 1e6:,.2f} MB/s; RDMA/TCP "
-                f"{'-' if r is None else f'{r:.2f}x'}",
-                highlight=False,
+                f"TCP same bytes: {tcp_mbps:,.2f} MB/s; RDMA/TCP {ratio}", highlight=False
             )
-    if errors:
-        fail("run ended early: " + "; ".join(errors), 1)
+    _end(errors)

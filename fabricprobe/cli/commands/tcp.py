@@ -16,15 +16,11 @@ from fabricprobe.cli.options import (
     OneLineCommand,
     Peer,
     SizeParam,
-    bind_option,
     fail,
-    json_option,
-    load_token,
+    peer_options,
     port_option,
     print_json,
-    resolve_peer,
     timeout_option,
-    token_file_option,
 )
 from fabricprobe.cli.render import latency_table, loss_line, progress_bar
 from fabricprobe.core.errors import PeerError
@@ -88,13 +84,9 @@ Examples:
     default=None,
     help="--bw: parallel connections (default 1).",
 )
-@bind_option
-@timeout_option(2.0)
-@token_file_option
-@json_option
+@peer_options(timeout_option(2.0))
 def tcp(
-    peer: str,
-    port: int | None,
+    to: Peer,
     size: int | None,
     iters: int | None,
     warmup: int | None,
@@ -102,9 +94,6 @@ def tcp(
     duration: float | None,
     total_bytes: int | None,
     streams: int | None,
-    bind: str | None,
-    timeout: float,
-    token_file: str | None,
     as_json: bool,
 ) -> None:
     """TCP baseline against PEER running `probe serve`: ping-pong RTT, or --bw throughput.
@@ -112,10 +101,9 @@ def tcp(
     Latency figures are round-trip times (RTT); the one-way column is RTT/2, an
     estimate that assumes a symmetric path.
     """
-    host, port = resolve_peer(peer, port)
     _check_args(bw, size, iters, warmup, duration, total_bytes, streams)
-    _check_addresses(host, port, bind)
-    link = Peer(host, port, bind, timeout, load_token(token_file)).tcp_link()
+    _check_addresses(to.host, to.port, to.bind)
+    link = to.tcp_link()
     if bw:
         if total_bytes is None and duration is None:
             duration = DEFAULT_DURATION
