@@ -12,13 +12,19 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from itertools import takewhile
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from fabricprobe.core.errors import ParseError
-from fabricprobe.probes.roce.checks import Target, _soft_skip, _unavailable
+from fabricprobe.probes.roce.checks import (
+    Target,
+    _soft_skip,
+    _unavailable,
+    first_answer,
+    parsed_output,
+)
 from fabricprobe.probes.roce.host import HostView, ToolRun
 from fabricprobe.probes.roce.hwtools import (
     ROCE_UDP_PORT,
@@ -54,30 +60,12 @@ GPU_CLASSES = ("0x0300", "0x0302")
 GPU_VENDORS = {"0x10de": "NVIDIA", "0x1002": "AMD"}
 
 
-def _first(
-    view: HostView, sources: Sequence[tuple[tuple[str, ...], Callable[[str], T]]]
-) -> tuple[T | None, list[str], list[ToolRun]]:
-    """The first source that runs and parses: (value, evidence, every run tried)."""
-    ev: list[str] = []
-    runs: list[ToolRun] = []
-    for argv, parse in sources:
-        run = view.run(*argv)
-        runs.append(run)
-        if not run.ok:
-            continue
-        try:
-            return parse(run.stdout), ev, runs
-        except ParseError as e:
-            ev.append(f"{run.command}: {e}")
-    return None, ev, runs
-
-
 def _dcb_or_mlnx_qos(
     view: HostView, nd: str, obj: str, dcb: Callable[[str], T], mlnx_qos: Callable[[str], T]
 ) -> tuple[T | None, list[str], list[ToolRun]]:
     """OBJ of netdev ND as `dcb OBJ show dev ND` gives it (iproute2), else as `mlnx_qos -i
-    ND` does (Mellanox's tool, for drivers dcb cannot speak to): see _first."""
-    return _first(
+    ND` does (Mellanox's tool, for drivers dcb cannot speak to): see first_answer."""
+    return first_answer(
         view, [(("dcb", obj, "show", "dev", nd), dcb), (("mlnx_qos", "-i", nd), mlnx_qos)]
     )
 
@@ -228,7 +216,7 @@ TITLE_PAUSE_GLOBAL = "802.3x global pause off"
 def check_global_pause(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """Link-level pause must be off: it stops every priority, and PFC replaces it."""
     title, check, nd = c
-    pp, ev, runs = _first(view, [(("ethtool", "-a", nd), parse_ethtool_pause)])
+    pp, ev, runs = first_answer(view, [(("ethtool", "-a", nd), parse_ethtool_pause)])
     if pp is None:
         return _skip_unreadable(
             t, check, title, "pause parameters", ev, runs, "apt install ethtool"
@@ -326,7 +314,7 @@ def check_dcbx(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckRes
     """Who runs DCBX, and whether an APP entry maps RoCEv2 (UDP 4791) to the RoCE priority."""
     title, check, nd = c
     mode, ev, runs = _dcb_or_mlnx_qos(view, nd, "dcbx", parse_dcb_dcbx, parse_mlnx_qos_dcbx)
-    apps, ev2, runs2 = _first(
+    apps, ev2, runs2 = first_answer(
         view,
         [
             (("dcb", "app", "show", "dev", nd), parse_dcb_app_ports),
@@ -424,7 +412,7 @@ TITLE_LINK = "link speed and lanes"
 def check_link(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The link runs at the expected speed (policy, else the port's fastest mode) and lanes."""
     title, check, nd = c
-    info, ev, runs = _first(view, [(("ethtool", nd), parse_ethtool_link)])
+    info, ev, runs = first_answer(view, [(("ethtool", nd), parse_ethtool_link)])
     ev.append(
         f"{view.sysfs_root}/class/infiniband/{t.device.name}/ports/{t.port.number}/rate: "
         f"{t.port.rate}"
@@ -485,14 +473,14 @@ TITLE_FEC = "FEC mode and bit-error rates"
 def check_fec(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """FEC on where the speed needs it; pre-FEC BER within margin; no post-FEC errors."""
     title, check, nd = c
-    fec, ev, runs = _first(view, [(("ethtool", "-I", "--show-fec", nd), parse_ethtool_fec)])
-    ml, ev2, runs2 = _first(view, [(("mlxlink", "-d", t.device.name, "-c"), parse_mlxlink)])
+    fec, ev, runs = first_answer(view, [(("ethtool", "-I", "--show-fec", nd), parse_ethtool_fec)])
+    ml, ev2, runs2 = first_answer(view, [(("mlxlink", "-d", t.device.name, "-c"), parse_mlxlink)])
     ev += ev2
     if fec is None and ml is None:
         return _skip_unreadable(
             t, check, title, "FEC state", ev, runs + runs2, "apt install ethtool"
         )
-    info, _, _ = _first(view, [(("ethtool", nd), parse_ethtool_link)])
+    info, _, _ = first_answer(view, [(("ethtool", nd), parse_ethtool_link)])
     speed = info.speed_mbps if info is not None else None
     return judge_fec(t, policy, fec, ml, speed, ev)
 
@@ -693,27 +681,17 @@ def check_acs(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResu
             "(NCCL topology PHB/SYS), ACS is not on the path",
             ev,
         )
-    nic_caps = view.run("lspci", "-vvv", "-s", nic)
-    runs = [nic_caps]
+    runs: list[ToolRun] = []
     ats = None
     denied = False
-    if nic_caps.ok:
-        try:
-            caps = parse_lspci_caps(nic_caps.stdout)
-            ats, denied = caps.ats_enabled, caps.denied
-        except ParseError as e:
-            ev.append(f"{nic_caps.command}: {e}")
+    caps = parsed_output(view, ("lspci", "-vvv", "-s", nic), parse_lspci_caps, runs, ev)
+    if caps is not None:
+        ats, denied = caps.ats_enabled, caps.denied
     ev.append(f"NIC ATS: {'enabled' if ats else 'disabled' if ats is False else 'unknown'}")
     redirecting = []
     for br in sorted(bridges):
-        run = view.run("lspci", "-vvv", "-s", br)
-        runs.append(run)
-        if not run.ok:
-            continue
-        try:
-            caps = parse_lspci_caps(run.stdout)
-        except ParseError as e:
-            ev.append(f"{run.command}: {e}")
+        caps = parsed_output(view, ("lspci", "-vvv", "-s", br), parse_lspci_caps, runs, ev)
+        if caps is None:
             continue
         denied = denied or caps.denied
         ev.append(
@@ -780,7 +758,7 @@ def check_firmware(view: HostView, t: Target, policy: Policy, c: _Check) -> Chec
     ev = [f"{view.sysfs_root}/class/infiniband/{t.device.name}/fw_ver: {t.device.fw_ver}"]
     drv = None
     if t.netdev is not None:
-        drv, ev2, _ = _first(view, [(("ethtool", "-i", t.netdev), parse_ethtool_driver)])
+        drv, ev2, _ = first_answer(view, [(("ethtool", "-i", t.netdev), parse_ethtool_driver)])
         ev += ev2
         if drv is not None:
             ev.append(
