@@ -26,10 +26,10 @@ from fabricprobe.agent.probing import (
     ProbeSpec,
     Runner,
     keepalive_for,
-    kept_burst,
+    kept_runner,
     link_params,
+    stream_burst,
 )
-from fabricprobe.core.errors import ProbeError
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -46,53 +46,37 @@ def rdma_runners() -> dict[str, Runner]:
         log.debug("RDMA runners not loaded: %s", e)
         return {}
 
-    def rc_send_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
-        """COUNT RC SEND/RECV round trips of SIZE bytes; RTTs into the burst's sketch."""
-        return kept_burst(
-            spec,
-            ctx,
-            ("rdma", "send"),
-            lambda: RcPingLink(
-                link_params(spec, ctx, SETUP_TIMEOUT_S),
-                op="send",
-                size=spec.size,
-                keepalive_s=keepalive_for(spec),
-            ),
-            lambda link: link.round(spec.count, warmup=1),
-        )
-
     def rc_write_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
         """COUNT RC RDMA WRITEs of SIZE bytes, several in flight; bytes completed and time."""
-        try:
-            res = rc_bandwidth(
+        return stream_burst(
+            ("rdma", "write_stream"),
+            lambda: rc_bandwidth(
                 link_params(spec, ctx, SETUP_TIMEOUT_S),
                 op="write",
                 size=spec.size,
                 iters=spec.count,
-            )
-        except (ProbeError, OSError, ValueError) as e:
-            return ProbeOutcome("rdma", "write_stream", failed=True, error=str(e))
-        return ProbeOutcome(
-            "rdma",
-            "write_stream",
-            bytes_moved=res.bytes,
-            busy_seconds=res.duration_s,
-            error=res.error,
-        )
-
-    def ud_probes(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
-        """COUNT UD probes; network RTTs (responder delay subtracted), losses counted."""
-        return kept_burst(
-            spec,
-            ctx,
-            ("rdma", "ud"),
-            lambda: UdLink(
-                link_params(spec, ctx, SETUP_TIMEOUT_S), keepalive_s=keepalive_for(spec)
             ),
-            lambda link: link.round(spec.count, warmup=1),
         )
 
-    return {"rdma_rc_lat": rc_send_pingpong, "rdma_rc_bw": rc_write_stream, "rdma_ud": ud_probes}
+    return {
+        # COUNT RC SEND/RECV round trips of SIZE bytes; RTTs into the burst's sketch
+        "rdma_rc_lat": kept_runner(
+            ("rdma", "send"),
+            lambda params, spec: RcPingLink(
+                params, op="send", size=spec.size, keepalive_s=keepalive_for(spec)
+            ),
+            lambda link, count: link.round(count, warmup=1),
+            SETUP_TIMEOUT_S,
+        ),
+        "rdma_rc_bw": rc_write_stream,
+        # COUNT UD probes; network RTTs (responder delay subtracted), losses counted
+        "rdma_ud": kept_runner(
+            ("rdma", "ud"),
+            lambda params, spec: UdLink(params, keepalive_s=keepalive_for(spec)),
+            lambda link, count: link.round(count, warmup=1),
+            SETUP_TIMEOUT_S,
+        ),
+    }
 
 
 def all_runners() -> dict[str, Runner]:
