@@ -96,11 +96,20 @@ def _skip_unreadable(
     )
 
 
-def _worst(found: list[tuple[Status, str, str | None]]) -> tuple[Status, str, str | None]:
+Finding = tuple[Status, str, str | None]  # a status, its message, its fix
+
+
+def _worst(
+    t: Target, check: str, title: str, found: list[Finding], ev: list[str], value: str
+) -> CheckResult:
+    """One result of several FOUND: the worst status, every message, each fix of what did
+    not PASS (once)."""
     worst = max((s for s, _, _ in found), key=lambda s: s.rank)
     msg = "; ".join(m for _, m, _ in found)
     fixes = [f for s, _, f in found if f and s is not Status.PASS]
-    return worst, msg, "; ".join(dict.fromkeys(fixes)) or None
+    return t.result(
+        check, title, worst, msg, ev, "; ".join(dict.fromkeys(fixes)) or None, value=value
+    )
 
 
 class _Check(NamedTuple):
@@ -176,7 +185,7 @@ def judge_ets(t: Target, policy: Policy, ets: EtsConfig, ev: list[str]) -> Check
         f"{ets.source}: tc-bw {' '.join(f'{k}:{v}' for k, v in sorted(ets.bw.items()))}",
     ]
     fix = _ets_fix(nd, policy)
-    found: list[tuple[Status, str, str | None]] = []
+    found: list[Finding] = []
     tsa = ets.tsa.get(tc)
     bw = ets.bw.get(tc, 0)
     v = f"tc {tc} {tsa} {bw}%"
@@ -203,8 +212,7 @@ def judge_ets(t: Target, policy: Policy, ets: EtsConfig, ev: list[str]) -> Check
         return t.result(
             "ets", TITLE_ETS, Status.PASS, f"RoCE priority {p} -> TC {tc} with {share}", ev, value=v
         )
-    status, msg, fix_ = _worst(found)
-    return t.result("ets", TITLE_ETS, status, msg, ev, fix_, value=v)
+    return _worst(t, "ets", TITLE_ETS, found, ev, v)
 
 
 # --------------------------------------------------------------------------- global pause
@@ -339,7 +347,7 @@ def judge_dcbx(
     """(pure) The verdict on the DCBX mode and the UDP-port APP table."""
     title, check = TITLE_DCBX, "dcbx"
     nd, p = t.netdev or "IF", policy.priority
-    found: list[tuple[Status, str, str | None]] = []
+    found: list[Finding] = []
     if mode is not None:
         ev = [*ev, f"{mode.source}: DCBX managed by {mode.managed_by} {' '.join(mode.versions)}"]
         if policy.dcbx != "any" and mode.managed_by != policy.dcbx:
@@ -399,8 +407,7 @@ def judge_dcbx(
             ev,
             value=v,
         )
-    status, msg, fix_ = _worst(found)
-    return t.result(check, title, status, msg, ev, fix_, value=v)
+    return _worst(t, check, title, found, ev, v)
 
 
 # --------------------------------------------------------------------------- link
@@ -437,7 +444,7 @@ def check_link(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckRes
     want = policy.link_speed_gbps or (
         info.max_supported_mbps / 1000 if info.max_supported_mbps else None
     )
-    found: list[tuple[Status, str, str | None]] = []
+    found: list[Finding] = []
     if want is not None and gbps < want:
         status = Status.FAIL if policy.link_speed_gbps else Status.WARN
         src = "policy" if policy.link_speed_gbps else "the port's fastest mode"
@@ -460,8 +467,7 @@ def check_link(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckRes
     if not found:
         lanes = f", {info.lanes} lanes" if info.lanes else ""
         return t.result(check, title, Status.PASS, f"link at {gbps:g} Gb/s{lanes}", ev, value=v)
-    status, msg, fix = _worst(found)
-    return t.result(check, title, status, msg, ev, fix, value=v)
+    return _worst(t, check, title, found, ev, v)
 
 
 # --------------------------------------------------------------------------- FEC
@@ -506,7 +512,7 @@ def judge_fec(
             )
     active = (fec.active if fec is not None else None) or (ml.active if ml is not None else None)
     v = active or "unknown"  # the mode only: error counts differ from host to host
-    found: list[tuple[Status, str, str | None]] = []
+    found: list[Finding] = []
     off = active is not None and active.split()[0].lower() in ("off", "none", "no")
     if off and speed_mbps is not None and speed_mbps >= 50_000:
         found.append(
@@ -545,8 +551,7 @@ def judge_fec(
     if not found:
         ber = f", raw BER {ml.raw_ber:.1e}" if ml is not None and ml.raw_ber is not None else ""
         return t.result(check, title, Status.PASS, f"FEC {active or 'unknown'}{ber}", ev, value=v)
-    status, msg, fix = _worst(found)
-    return t.result(check, title, status, msg, ev, fix, value=v)
+    return _worst(t, check, title, found, ev, v)
 
 
 # --------------------------------------------------------------------------- PCIe
@@ -586,7 +591,7 @@ def check_pcie(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckRes
     except ParseError as e:
         return t.result(check, title, Status.SKIP, f"PCIe link attributes unreadable: {e}", ev)
     v = f"x{cw} {cs:g}GT/s" if cs is not None else f"x{cw}"
-    found: list[tuple[Status, str, str | None]] = []
+    found: list[Finding] = []
     if cw is not None and mw is not None and cw < mw:
         found.append(
             (
@@ -607,8 +612,7 @@ def check_pcie(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckRes
         return t.result(
             check, title, Status.PASS, f"PCIe x{cw} at {cs:g} GT/s (the maximum)", ev, value=v
         )
-    status, msg, fix = _worst(found)
-    return t.result(check, title, status, msg, ev, fix, value=v)
+    return _worst(t, check, title, found, ev, v)
 
 
 # --------------------------------------------------------------------------- ACS / ATS
