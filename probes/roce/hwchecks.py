@@ -70,6 +70,25 @@ def _dcb_or_mlnx_qos(
     )
 
 
+def _judge_dcb(
+    view: HostView,
+    t: Target,
+    policy: Policy,
+    c: _Check,
+    obj: str,
+    dcb: Callable[[str], T],
+    mlnx_qos: Callable[[str], T],
+    what: str,
+    judge: Callable[[Target, Policy, T, list[str]], CheckResult],
+) -> CheckResult:
+    """JUDGE's verdict on the OBJ of C's netdev as dcb or mlnx_qos read it
+    (_dcb_or_mlnx_qos); SKIP when neither can, WHAT naming it."""
+    found, ev, runs = _dcb_or_mlnx_qos(view, c.nd, obj, dcb, mlnx_qos)
+    if found is None:
+        return _skip_unreadable(t, c.name, c.title, what, ev, runs, "apt install iproute2")
+    return judge(t, policy, found, ev)
+
+
 def _skip_unreadable(
     t: Target, check: str, title: str, what: str, ev: list[str], runs: list[ToolRun], fix: str
 ) -> CheckResult:
@@ -155,13 +174,9 @@ TITLE_ETS = "ETS: the RoCE traffic class's share"
 def check_ets(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The RoCE priority's traffic class gets at least roce_bw_min_pct under ETS, and the
     CNP class is not starved."""
-    title, check, nd = c
-    ets, ev, runs = _dcb_or_mlnx_qos(view, nd, "ets", parse_dcb_ets, parse_mlnx_qos_ets)
-    if ets is None:
-        return _skip_unreadable(
-            t, check, title, "ETS configuration", ev, runs, "apt install iproute2"
-        )
-    return judge_ets(t, policy, ets, ev)
+    return _judge_dcb(
+        view, t, policy, c, "ets", parse_dcb_ets, parse_mlnx_qos_ets, "ETS configuration", judge_ets
+    )
 
 
 def _ets_fix(nd: str, policy: Policy) -> str:
@@ -254,13 +269,10 @@ TITLE_BUFFERS = "prio2buffer and receive buffer sizes"
 @_nic_check("buffers", TITLE_BUFFERS, soft="receive buffers", netdev="buffers")
 def check_buffers(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The RoCE priority has a receive buffer of its own, with room in it."""
-    title, check, nd = c
-    buf, ev, runs = _dcb_or_mlnx_qos(view, nd, "buffer", parse_dcb_buffer, parse_mlnx_qos_buffers)
-    if buf is None:
-        return _skip_unreadable(
-            t, check, title, "receive buffer configuration", ev, runs, "apt install iproute2"
-        )
-    return judge_buffers(t, policy, buf, ev)
+    what = "receive buffer configuration"
+    return _judge_dcb(
+        view, t, policy, c, "buffer", parse_dcb_buffer, parse_mlnx_qos_buffers, what, judge_buffers
+    )
 
 
 def judge_buffers(t: Target, policy: Policy, buf: BufferConfig, ev: list[str]) -> CheckResult:
