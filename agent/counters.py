@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.errors import NotSupported, ParseError, ProbeError, ToolMissing
+from fabricprobe.core.logs import warn_once
 from fabricprobe.probes.counters import PortCounters, counter_width, read_port_counters
 from fabricprobe.probes.ethtool import (
     NETDEV_COUNTERS,
@@ -146,9 +147,7 @@ class CounterSampler:
 
     def _warn(self, what: str, e: Exception) -> None:
         self.errors += 1
-        if what not in self._warned:
-            self._warned.add(what)
-            log.warning("counters of %s not read: %s", what, e)
+        warn_once(log, self._warned, what, "counters of %s not read: %s", what, e)
 
 
 ReadingKey = tuple[str, str, int, str, int, str]  # kind, device, port, netdev, priority, name

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -56,6 +56,7 @@ from fabricprobe.core.web import REASONS as WEB_REASONS
 log = logging.getLogger("fabricprobe.agent")
 
 P = "fabricprobe_"
+M = TypeVar("M", CounterMetricFamily, GaugeMetricFamily)
 NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,127}$")
 MAX_COUNTER_NAMES = 256  # families from kernel counter names; the rest are skipped
 QUANTILES = (("0.5", 50.0), ("0.99", 99.0))
@@ -133,17 +134,17 @@ class _Families:
     out: dict[str, Metric] = field(default_factory=dict)
 
     def counter(self, name: str, help_: str, labels: list[str]) -> CounterMetricFamily:
-        fam = self.out.get(name)
-        if fam is None:
-            fam = self.out[name] = CounterMetricFamily(P + name, help_, labels=labels)
-        assert isinstance(fam, CounterMetricFamily)
-        return fam
+        return self._family(CounterMetricFamily, name, help_, labels)
 
     def gauge(self, name: str, help_: str, labels: list[str]) -> GaugeMetricFamily:
+        return self._family(GaugeMetricFamily, name, help_, labels)
+
+    def _family(self, kind: type[M], name: str, help_: str, labels: list[str]) -> M:
+        """The family NAME of this scrape, made of KIND on first use."""
         fam = self.out.get(name)
         if fam is None:
-            fam = self.out[name] = GaugeMetricFamily(P + name, help_, labels=labels)
-        assert isinstance(fam, GaugeMetricFamily)
+            fam = self.out[name] = kind(P + name, help_, labels=labels)
+        assert isinstance(fam, kind)
         return fam
 
 

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.logs import warn_once
 from fabricprobe.probes.numbers import U64_MAX
 
 log = logging.getLogger("fabricprobe.agent")
@@ -182,6 +183,4 @@ class NixlReader:
 
     def _failed(self, url: str, why: str) -> None:
         self.errors += 1
-        if url not in self._warned:
-            self._warned.add(url)
-            log.warning("NIXL telemetry of %s not read: %s", url, why)
+        warn_once(log, self._warned, url, "NIXL telemetry of %s not read: %s", url, why)

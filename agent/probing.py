@@ -36,7 +36,7 @@ from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import MAX_KEEPALIVE_S, LinkStale
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.links import TcpPingLink
-from fabricprobe.probes.measure import LatencyRound, LinkParams
+from fabricprobe.probes.measure import BandwidthResult, LatencyRound, LinkParams
 from fabricprobe.probes.tcp import MAX_CHUNK, run_throughput
 from fabricprobe.probes.threads import name_os_thread
 from fabricprobe.probes.trace import CLASS_KINDS
@@ -242,17 +242,46 @@ def kept_burst(
     )
 
 
-def tcp_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
-    """COUNT TCP ping-pongs of SIZE bytes over the target's kept `tcp_lat` link."""
-    return kept_burst(
-        spec,
-        ctx,
-        ("tcp", "pingpong"),
-        lambda: TcpPingLink(
-            link_params(spec, ctx), size=spec.size, keepalive_s=keepalive_for(spec)
-        ),
-        lambda link: link.round(spec.count),
+def kept_runner(
+    outcome: tuple[str, str],
+    new: Callable[[LinkParams, ProbeSpec], L],
+    run: Callable[[L, int], LatencyRound],
+    setup_s: float | None = None,
+) -> Runner:
+    """A runner of latency bursts over kept links (kept_burst): NEW(how to reach the
+    target, setup within SETUP_S; the spec) makes a target's link, RUN(link, COUNT) runs
+    one burst on it."""
+
+    def runner(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+        return kept_burst(
+            spec,
+            ctx,
+            outcome,
+            lambda: new(link_params(spec, ctx, setup_s), spec),
+            lambda link: run(link, spec.count),
+        )
+
+    return runner
+
+
+def stream_burst(outcome: tuple[str, str], stream: Callable[[], BandwidthResult]) -> ProbeOutcome:
+    """One bandwidth burst, STREAM, as OUTCOME's (transport, op): the bytes the peer
+    confirmed and the time they took, or why it could not run."""
+    try:
+        res = stream()
+    except (ProbeError, OSError, ValueError) as e:
+        return ProbeOutcome(*outcome, failed=True, error=str(e))
+    return ProbeOutcome(
+        *outcome, bytes_moved=res.bytes, busy_seconds=res.duration_s, error=res.error
     )
+
+
+# COUNT TCP ping-pongs of SIZE bytes over the target's kept `tcp_lat` link.
+tcp_pingpong = kept_runner(
+    ("tcp", "pingpong"),
+    lambda params, spec: TcpPingLink(params, size=spec.size, keepalive_s=keepalive_for(spec)),
+    lambda link, count: link.round(count),
+)
 
 
 BW_MIN_BYTES = 1 << 20
@@ -263,17 +292,14 @@ def tcp_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
     the peer confirmed and the time they took (session tcp_bw). Not planned by default:
     add `tcp_bw` to the collector's probe kinds to measure bandwidth."""
     total = max(spec.size * spec.count, BW_MIN_BYTES)
-    try:
-        res = run_throughput(
+    return stream_burst(
+        ("tcp", "stream"),
+        lambda: run_throughput(
             link_params(spec, ctx),
             duration=None,
             total_bytes=total,
             chunk_size=min(max(spec.size, 1), MAX_CHUNK),
-        )
-    except (ProbeError, OSError, ValueError) as e:
-        return ProbeOutcome("tcp", "stream", failed=True, error=str(e))
-    return ProbeOutcome(
-        "tcp", "stream", bytes_moved=res.bytes, busy_seconds=res.duration_s, error=res.error
+        ),
     )
 
 

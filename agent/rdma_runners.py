@@ -28,10 +28,11 @@ from fabricprobe.agent.probing import (
     ProbeSpec,
     Runner,
     keepalive_for,
-    kept_burst,
+    kept_runner,
     link_params,
+    stream_burst,
 )
-from fabricprobe.core.errors import ProbeError, SysfsError
+from fabricprobe.core.errors import SysfsError
 from fabricprobe.probes.measure import LatencyRound
 from fabricprobe.probes.sport import source_port
 from fabricprobe.probes.sysfs import read_device
@@ -51,6 +52,15 @@ def device_driver(sysfs_root: str, device: str) -> str:
         return ""
 
 
+def name_class(out: ProbeOutcome, ports: Any, sysfs_root: str) -> None:
+    """Put the ECMP class of a UD link (its UdPorts) on OUT: the source ports out and
+    back, by the driver's rule (the peer's by ours: a fleet runs one kind of NIC)."""
+    driver = device_driver(sysfs_root, ports.device)
+    out.sport = source_port(driver, ports.qpn) or 0
+    out.return_sport = source_port(driver, ports.remote_qpn) or 0
+    out.source = ports.source
+
+
 def rdma_runners() -> dict[str, Runner]:
     """Probe kind -> runner for RDMA; none when pyverbs (or the RDMA probes) cannot load."""
     try:
@@ -60,71 +70,52 @@ def rdma_runners() -> dict[str, Runner]:
         log.debug("RDMA runners not loaded: %s", e)
         return {}
 
-    def rc_send_pingpong(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
-        """COUNT RC SEND/RECV round trips of SIZE bytes; RTTs into the burst's sketch."""
-        return kept_burst(
-            spec,
-            ctx,
-            ("rdma", "send"),
-            lambda: RcPingLink(
-                link_params(spec, ctx, SETUP_TIMEOUT_S),
-                op="send",
-                size=spec.size,
-                keepalive_s=keepalive_for(spec),
-            ),
-            lambda link: link.round(spec.count, warmup=1),
-        )
-
     def rc_write_stream(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
         """COUNT RC RDMA WRITEs of SIZE bytes, several in flight; bytes completed and time."""
-        try:
-            res = rc_bandwidth(
+        return stream_burst(
+            ("rdma", "write_stream"),
+            lambda: rc_bandwidth(
                 link_params(spec, ctx, SETUP_TIMEOUT_S),
                 op="write",
                 size=spec.size,
                 iters=spec.count,
-            )
-        except (ProbeError, OSError, ValueError) as e:
-            return ProbeOutcome("rdma", "write_stream", failed=True, error=str(e))
-        return ProbeOutcome(
-            "rdma",
-            "write_stream",
-            bytes_moved=res.bytes,
-            busy_seconds=res.duration_s,
-            error=res.error,
+            ),
         )
 
     def ud_probes(spec: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
         """COUNT UD probes; network RTTs (responder delay subtracted), losses counted; the
-        outcome names its ECMP class (source ports both ways) where the driver's rule is
-        known."""
+        outcome names its ECMP class where the driver's rule is known."""
         ports: list[Any] = []  # the link's UdPorts once its session is open
 
-        def run(link: UdLink) -> LatencyRound:
-            r = link.round(spec.count, warmup=1)
+        def run(link: UdLink, count: int) -> LatencyRound:
+            r = link.round(count, warmup=1)
             if getattr(link, "ports", None) is not None:
                 ports.append(link.ports)
             return r
 
-        out = kept_burst(
-            spec,
-            ctx,
+        out = kept_runner(
             ("rdma", "ud"),
-            lambda: UdLink(
-                link_params(spec, ctx, SETUP_TIMEOUT_S), keepalive_s=keepalive_for(spec)
-            ),
+            lambda params, spec: UdLink(params, keepalive_s=keepalive_for(spec)),
             run,
-        )
+            SETUP_TIMEOUT_S,
+        )(spec, ctx)
         if ports:
-            p = ports[0]
-            driver = device_driver(ctx.sysfs_root, p.device)
-            # the peer's port by our own driver's rule: a fleet runs one kind of NIC
-            out.sport = source_port(driver, p.qpn) or 0
-            out.return_sport = source_port(driver, p.remote_qpn) or 0
-            out.source = p.source
+            name_class(out, ports[0], ctx.sysfs_root)
         return out
 
-    return {"rdma_rc_lat": rc_send_pingpong, "rdma_rc_bw": rc_write_stream, "rdma_ud": ud_probes}
+    return {
+        # COUNT RC SEND/RECV round trips of SIZE bytes; RTTs into the burst's sketch
+        "rdma_rc_lat": kept_runner(
+            ("rdma", "send"),
+            lambda params, spec: RcPingLink(
+                params, op="send", size=spec.size, keepalive_s=keepalive_for(spec)
+            ),
+            lambda link, count: link.round(count, warmup=1),
+            SETUP_TIMEOUT_S,
+        ),
+        "rdma_rc_bw": rc_write_stream,
+        "rdma_ud": ud_probes,
+    }
 
 
 def all_runners() -> dict[str, Runner]:

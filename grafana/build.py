@@ -76,16 +76,20 @@ def rtt_distribution(sel: str, window: str = "5m") -> str:
     )
 
 
+def path_variables(metric: str) -> tuple[tuple[str, str], ...]:
+    """A dashboard's src, dst and transport variables: the label values of METRIC, a series
+    every path it shows has."""
+    return tuple(
+        (label, f"label_values({metric}, {label})") for label in ("src", "dst", "transport")
+    )
+
+
 FABRIC = Dashboard(
     uid="fabricprobe-fabric",
     title="fabricprobe / fabric",
     description="Per-path RTT, loss, bandwidth and the RoCE counters that explain them.",
-    variables=(
-        # a counter of every probed path: there in either form of the RTT histogram
-        ("src", "label_values(fabricprobe_probe_exchanges_total, src)"),
-        ("dst", "label_values(fabricprobe_probe_exchanges_total, dst)"),
-        ("transport", "label_values(fabricprobe_probe_exchanges_total, transport)"),
-    ),
+    # a counter of every probed path: there in either form of the RTT histogram
+    variables=path_variables("fabricprobe_probe_exchanges_total"),
     rows=(
         Row(
             "Paths",
@@ -514,11 +518,7 @@ REQUESTS = Dashboard(
     title="fabricprobe / requests",
     description="Inference stages joined with the fabric: how much of each request was the "
     "fabric, on which path.",
-    variables=(
-        ("src", "label_values(fabricprobe_kv_transfer_seconds_bucket, src)"),
-        ("dst", "label_values(fabricprobe_kv_transfer_seconds_bucket, dst)"),
-        ("transport", "label_values(fabricprobe_kv_transfer_seconds_bucket, transport)"),
-    ),
+    variables=path_variables("fabricprobe_kv_transfer_seconds_bucket"),
     rows=(
         Row(
             "Requests",

@@ -656,6 +656,15 @@ class Session:
             )
         self.resources.callback(self.budget.give, nbytes)
 
+    def rdma_endpoint(self) -> RdmaEndpoint:
+        """The prober's RdmaEndpoint, `params.endpoint` of its hello; refused (reason
+        `address`) unless it is the control connection's peer (check_endpoint_peer)."""
+        remote = RdmaEndpoint.from_dict(
+            require_dict(self.params, "endpoint", where="params."), where="params.endpoint"
+        )
+        check_endpoint_peer(remote, self.peer[0])
+        return remote
+
     def ready(self, info: dict[str, Any]) -> None:
         if self.ready_sent:
             raise ProbeError("ready was already sent for this session")

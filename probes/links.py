@@ -26,7 +26,7 @@ import socket
 import time
 from array import array
 from contextlib import ExitStack
-from typing import Self
+from typing import Generic, Self, TypeVar
 
 from fabricprobe.core.deadline import Deadline
 from fabricprobe.core.errors import PeerError
@@ -43,14 +43,16 @@ from fabricprobe.probes.tcp import (
 # Building a QP on both sides and connecting it can take seconds on a loaded host (or
 # under emulation); an RDMA session's hello -> ready exchange gets this long by default.
 SETUP_TIMEOUT_S = 30.0
+S = TypeVar("S")
 
 
 # --------------------------------------------------------------------------- links
 
 
-class Link:
+class Link(Generic[S]):
     """What every kept link shares (see the module docstring). Subclasses say how long
-    a step and a setup may take by default (STEP_S, SETUP_S)."""
+    a step and a setup may take by default (STEP_S, SETUP_S), and what an open session
+    holds (S: what the rounds use of it, None while there is none)."""
 
     STEP_S = 2.0
     SETUP_S = SETUP_TIMEOUT_S
@@ -64,6 +66,7 @@ class Link:
         self.timeout = params.setup_timeout(self.SETUP_S)
         self.rounds = 0
         self._stack = ExitStack()
+        self._open: S | None = None
 
     @property
     def peer(self) -> str:
@@ -72,7 +75,7 @@ class Link:
     @property
     def is_open(self) -> bool:
         """The session is set up: the next round needs no setup."""
-        return False
+        return self._open is not None
 
     def __enter__(self) -> Self:
         return self
@@ -82,10 +85,11 @@ class Link:
 
     def close(self) -> None:
         """Release the session and everything it holds; safe to call again."""
+        self._open = None
         self._stack.close()
 
 
-class TcpPingLink(Link):
+class TcpPingLink(Link[socket.socket]):
     """A kept `tcp_lat` session: the control and the data connection stay open between
     rounds (the responder echoes whatever arrives, for up to the keepalive between
     rounds). Lighter than fabricprobe.probes.tcp.run_pingpong: no timer calibration, one
@@ -103,7 +107,6 @@ class TcpPingLink(Link):
         self.size = size
         chosen = pick_loop(loop)
         self.loop, self.loop_reason = chosen.name, chosen.reason
-        self._data: socket.socket | None = None
         self._sbuf = bytearray(random.randbytes(size))
         self._rbuf = bytearray(size)
 
@@ -124,24 +127,16 @@ class TcpPingLink(Link):
         except BaseException:
             self.close()
             raise
-        self._data = data
+        self._open = data
         return data
-
-    @property
-    def is_open(self) -> bool:
-        return self._data is not None
-
-    def close(self) -> None:
-        self._data = None
-        super().close()
 
     def round(self, count: int) -> LatencyRound:
         """COUNT ping-pongs after one warm-up exchange (one loop call for all of them:
         the warm-up is the first exchange, its sample dropped)."""
         if count < 0:
             raise ValueError(f"count {count} < 0")
-        kept = self._data is not None
-        data = self._data or self._connect()
+        kept = self._open is not None
+        data = self._open or self._connect()
         step = self.step_s
         samples = array("q", bytes(8 * (count + 1)))
         error, done = None, count + 1

@@ -54,7 +54,7 @@ from fabricprobe.probes.control import (
     require_int,
     require_str,
 )
-from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
+from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams, clock_pair_ns
 
 MIN_SIZE = 1
 MAX_SIZE = 1 << 20  # 1 MiB
@@ -235,12 +235,7 @@ def measure_timer_overhead(n: int = 20_000, loop: str = "python") -> TimerOverhe
     if loop == "native":
         pair = native_loop.clock_overhead_ns()
         return TimerOverhead(pair, pair)
-    clock = time.perf_counter_ns
-    pairs = array("q", bytes(8 * n))
-    for i in range(n):
-        t0 = clock()
-        t1 = clock()
-        pairs[i] = t1 - t0
+    pair = clock_pair_ns(n)
     buf = bytearray(64)
     samples = array("q", bytes(8 * n))
 
@@ -251,7 +246,7 @@ def measure_timer_overhead(n: int = 20_000, loop: str = "python") -> TimerOverhe
         return k
 
     _exchange_loop(null_send, null_recv, buf, buf, samples, 0, n, True, 1 << 62)
-    return TimerOverhead(int(statistics.median(pairs)), int(statistics.median(samples)))
+    return TimerOverhead(pair, int(statistics.median(samples)))
 
 
 # --------------------------------------------------------------------------- sockets

@@ -393,28 +393,14 @@ def _path_row(
     """RDMA SEND, RDMA WRITE and TCP ping-pong on one path; the last cell counts losses
     and failed runs (a probe that fails is shown, never hidden)."""
     cells, rtts, problems = [], {}, 0
-    runs = {
-        "send": lambda: rc.rc_latency(
-            LinkParams(b.ip, port, bind=a.ip, sysfs_root=sysfs_root),
-            op="send",
-            size=64,
-            iters=iters,
-            warmup=20,
-        ),
-        "write": lambda: rc.rc_latency(
-            LinkParams(b.ip, port, bind=a.ip, sysfs_root=sysfs_root),
-            op="write",
-            size=64,
-            iters=iters,
-            warmup=20,
-        ),
-        "tcp": lambda: tcp_lib.run_pingpong(
-            LinkParams(b.ip, port, bind=a.ip), size=64, iters=iters, warmup=20
-        ),
-    }
-    for name, probe in runs.items():
+    rdma = LinkParams(b.ip, port, bind=a.ip, sysfs_root=sysfs_root)
+    tcp = LinkParams(b.ip, port, bind=a.ip)
+    for name in ("send", "write", "tcp"):
         try:
-            res = probe()
+            if name == "tcp":
+                res = tcp_lib.run_pingpong(tcp, size=64, iters=iters, warmup=20)
+            else:
+                res = rc.rc_latency(rdma, op=name, size=64, iters=iters, warmup=20)
         except ProbeError as e:
             cells.append(f"failed: {e}")
             problems += 1

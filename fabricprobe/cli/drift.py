@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.table import Table
 
 from fabricprobe.cli.options import CollectorCredentials
-from fabricprobe.core.hostport import format_hostport, parse_hostport
 
 
 def fleet_query(
@@ -23,16 +22,9 @@ def fleet_query(
     from google.protobuf.json_format import MessageToDict
 
     from fabricprobe.core.api import fabricprobe_pb2 as pb
-    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
-    h, port = parse_hostport(collector, 4794)
-    target = format_hostport(h, port)
-    with creds.channel(target) as channel:
-        reply = pb_grpc.QueryStub(channel).Drift(
-            pb.DriftRequest(host=host, include_waived=include_waived),
-            timeout=timeout,
-            metadata=creds.metadata(),
-        )
+    request = pb.DriftRequest(host=host, include_waived=include_waived)
+    reply = creds.call(collector, "Drift", request, timeout)
     data = MessageToDict(
         reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import typing
@@ -11,9 +12,12 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from fabricprobe.core.hostport import DEFAULT_PORT, parse_hostport
+from fabricprobe.core.hostport import COLLECTOR_PORT, DEFAULT_PORT, format_hostport, parse_hostport
 from fabricprobe.core.settings import Spec, config_var, env_var, specs
 from fabricprobe.probes.fleet import FleetToken
+
+if typing.TYPE_CHECKING:
+    from fabricprobe.probes.measure import LinkParams
 
 sysfs_option = click.option(
     "--sysfs",
@@ -43,6 +47,7 @@ log_level_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # --- the daemons' settings as flags (probe agent, probe collector) ---------------------
 
@@ -121,8 +126,24 @@ def settings_epilog(section: str, key: str) -> str:
     )
 
 
-# --- how a client reaches the collector (probe why, probe report) ---------------------
+# --- how a client reaches the collector (probe why, cost, report, validate --fleet) ----
 _PEM = click.Path(dir_okay=False)
+
+
+def collector_option(help_text: str | None = None) -> Callable[[F], F]:
+    """--collector HOST:PORT, the collector's Query service (127.0.0.1:4794)."""
+    return click.option(
+        "--collector",
+        default=f"127.0.0.1:{COLLECTOR_PORT}",
+        show_default=True,
+        metavar="HOST:PORT",
+        help=help_text,
+    )
+
+
+def collector_address(collector: str) -> str:
+    """COLLECTOR as HOST:PORT (port 4794 when it names none); ValueError for a bad one."""
+    return format_hostport(*parse_hostport(collector, COLLECTOR_PORT))
 
 
 def collector_credential_options(token_help: str) -> Callable[[F], F]:
@@ -161,6 +182,13 @@ class CollectorCredentials:
     key_file: str | None = None
     server_name: str | None = None
 
+    @classmethod
+    def given(cls, options: dict[str, Any]) -> CollectorCredentials:
+        """The credential OPTIONS of a command, checked (see check())."""
+        creds = cls(**options)
+        creds.check()
+        return creds
+
     def check(self) -> None:
         """Fail (exit 2) unless the options make sense together."""
         if bool(self.cert_file) != bool(self.key_file):
@@ -191,6 +219,16 @@ class CollectorCredentials:
             fail(f"{e.filename}: {e.strerror}")
         return grpc.secure_channel(target, creds, options=opts)
 
+    def call(self, collector: str, method: str, request: Any, timeout: float) -> Any:
+        """The reply of METHOD of the Query service at COLLECTOR (HOST[:PORT]) to REQUEST,
+        asked with these credentials; raises grpc.RpcError, and ValueError for a bad
+        address."""
+        from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
+
+        with self.channel(collector_address(collector)) as channel:
+            stub = pb_grpc.QueryStub(channel)
+            return getattr(stub, method)(request, timeout=timeout, metadata=self.metadata())
+
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The bearer token of --token-file as call metadata (none without it)."""
         if not self.token_file:
@@ -203,6 +241,21 @@ class CollectorCredentials:
         if not token or any(c.isspace() for c in token):
             fail(f"{self.token_file}: expected one token")
         return (("authorization", f"Bearer {token}"),)
+
+
+def ask_collector(collector: str, ask: Callable[[], T], *, usage: tuple[str, ...] = ()) -> T:
+    """What ASK gets from the collector at COLLECTOR. A bad address exits 2; a call that
+    fails exits 1, or 2 when its status code is one of USAGE (the collector says the
+    request itself is wrong)."""
+    import grpc
+
+    try:
+        return ask()
+    except ValueError as e:
+        fail(str(e))
+    except grpc.RpcError as e:
+        code = 2 if e.code().name in usage else 1
+        fail(f"collector {collector}: {e.code().name}: {e.details()}", code)
 
 
 def _read(path: str) -> bytes:
@@ -299,6 +352,31 @@ token_file_option = click.option(
 )
 
 
+@dataclass(frozen=True)
+class Peer:
+    """A probe command's peer (PEER and --port, resolved) and how to reach it: --bind,
+    --timeout and the fleet token of --token-file."""
+
+    host: str
+    port: int
+    bind: str | None = None
+    timeout: float | None = None
+    token: FleetToken | None = None
+
+    def tcp_link(self) -> LinkParams:
+        """The TCP probes' link to the peer: the timeout bounds the setup and each step."""
+        from fabricprobe.probes.measure import LinkParams
+
+        return LinkParams(
+            self.host,
+            self.port,
+            bind=self.bind,
+            timeout=self.timeout,
+            step_s=self.timeout,
+            token=self.token,
+        )
+
+
 def load_token(path: str | None) -> FleetToken | None:
     """The fleet token in PATH (None without one); a bad file exits 2."""
     if path is None:
@@ -321,3 +399,34 @@ def timeout_option(default: float | None, default_text: str | None = None) -> Ca
         "(connect, fleet-token handshake, data connections), each exchange, the closing "
         "handshake. A peer that falls silent ends the run within it (as loss mid-run).",
     )
+
+
+def peer_options(
+    timeout_flag: Callable[[F], F], *own: Callable[[F], F]
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The options a probe command takes after its own: --bind, OWN, TIMEOUT_FLAG (a
+    timeout_option), --token-file and --json. The command gets PEER and --port (declared
+    above its own options) with --bind, --timeout and the token as one Peer, its first
+    argument, and the rest by name (--json as `as_json`)."""
+
+    def add(f: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(f)
+        def command(
+            *,
+            peer: str,
+            port: int | None,
+            bind: str | None,
+            timeout: float | None,
+            token_file: str | None,
+            **rest: Any,
+        ) -> None:
+            host, port = resolve_peer(peer, port)
+            f(Peer(host, port, bind, timeout, load_token(token_file)), **rest)
+
+        stack: tuple[Callable[[Any], Any], ...] = (bind_option, *own, timeout_flag)
+        wrapped: Callable[..., None] = command
+        for option in reversed((*stack, token_file_option, json_option)):
+            wrapped = option(wrapped)  # as decorators listed top to bottom would apply
+        return wrapped
+
+    return add

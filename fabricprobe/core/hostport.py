@@ -1,11 +1,13 @@
 """Host:port text as the command line, the configuration files and the agent's
-registration give it, and the port `probe serve` listens on when none is given."""
+registration give it, and the ports `probe serve` and the collector listen on when none
+is given."""
 
 from __future__ import annotations
 
 import ipaddress
 
 DEFAULT_PORT = 4793  # the responder's; 18515 belongs to perftest, so this one does not clash
+COLLECTOR_PORT = 4794  # the collector's agent API and Query service
 
 
 def parse_hostport(

@@ -34,3 +34,11 @@ def setup_logging(level: str = "info", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def warn_once(log: logging.Logger, warned: set[str], key: str, msg: str, *args: object) -> None:
+    """Log MSG % ARGS as a warning the first time KEY (a source: a netdev, a URL) fails, as
+    kept in WARNED: a source that stays down is logged once, not every window."""
+    if key not in warned:
+        warned.add(key)
+        log.warning(msg, *args)

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.hostport import parse_hostport
-from fabricprobe.core.tomlpos import KeyPath, key_lines, line_of
+from fabricprobe.core.tomlpos import KeyPath, TomlError, key_lines, line_of, toml_loads
 
 # Every table a fabricprobe TOML file may hold, and who reads it. One file may serve both
 # daemons (and hold the policy `probe validate --policy` reads); a section missing here is
@@ -415,13 +415,9 @@ def parse_toml(text: str, name: str) -> TomlFile:
     """TEXT of the settings file NAME, parsed (pure); ConfigError for text that is not
     TOML or holds a section no fabricprobe command reads."""
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{name}: not valid TOML: {e}") from None
-    except ValueError as e:  # tomllib's int() of an integer of more than 4,300 digits
-        raise ConfigError(f"{name}: a number too long to read: {str(e)[:80]}") from None
-    except RecursionError:  # arrays or inline tables nested past Python's stack
-        raise ConfigError(f"{name}: nested too deep to read") from None
+        data = toml_loads(text)
+    except TomlError as e:
+        raise ConfigError(f"{name}: {e}") from None
     doc = TomlFile(name, data, key_lines(text))
     known = list(SECTIONS)
     for section, table in data.items():

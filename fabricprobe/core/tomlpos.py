@@ -1,4 +1,7 @@
-"""Where each key of a TOML document is defined: key path -> line number.
+"""TOML from outside, read safely, and where each key of it is defined.
+
+`toml_loads(text)` is tomllib's parse with every way it can fail on hostile text as one
+TomlError: not TOML, an integer too long for int(), nesting past Python's stack.
 
 tomllib returns values without positions, so a settings error could not name its line.
 `key_lines(text)` scans text that tomllib has already accepted and records the first line
@@ -14,8 +17,28 @@ from __future__ import annotations
 import bisect
 import contextlib
 import tomllib
+from typing import Any
 
 KeyPath = tuple[str, ...]
+
+
+class TomlError(ValueError):
+    """Text tomllib cannot read; the message says why in a phrase (`not valid TOML: ...`)
+    that its caller puts after the name of what it read."""
+
+
+def toml_loads(text: str) -> dict[str, Any]:
+    """TEXT parsed by tomllib; TomlError for text it cannot read."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TomlError(f"not valid TOML: {e}") from None
+    except ValueError as e:  # tomllib's int() of an integer of more than 4,300 digits
+        raise TomlError(f"a number too long to read: {str(e)[:80]}") from None
+    except RecursionError:  # arrays or inline tables nested past Python's stack
+        raise TomlError("nested too deep to read") from None
+
+
 _BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _SCALAR_END = frozenset(",]}\n#")
 

@@ -18,63 +18,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
+from fabricprobe.core.hostport import COLLECTOR_PORT
+from fabricprobe.core.price import Price
 
-DEFAULT_PORT = 4794
+DEFAULT_PORT = COLLECTOR_PORT
 MAX_BYTES = 1 << 40  # as the collector bounds it (collector/price.py)
 MAX_HOST = 253
-_FIGURES = (
-    "p50_s",
-    "p99_s",
-    "rtt_p50_s",
-    "rtt_p99_s",
-    "bandwidth_bytes_per_s",
-    "loss_ratio",
-    "age_s",
-)
 
 
 @dataclass(frozen=True)
-class KvCost:
+class KvCost(Price):
     """The collector's price of one transfer, or why there is none."""
 
-    src: str
-    dst: str
-    bytes: int
-    known: bool
-    reason: str = ""
     reachable: bool = True  # False: the collector did not answer (reason says why)
-    p50_s: float | None = None
-    p99_s: float | None = None
-    rtt_p50_s: float | None = None
-    rtt_p99_s: float | None = None
-    bandwidth_bytes_per_s: float | None = None
-    loss_ratio: float | None = None
-    age_s: float | None = None
-    transport: str = ""
-    rtts: int = 0
-
-    @classmethod
-    def from_reply(cls, r: pb.KvCostReply) -> KvCost:
-        figures = {n: getattr(r, n) for n in _FIGURES if r.HasField(n)}
-        return cls(
-            src=r.src,
-            dst=r.dst,
-            bytes=r.bytes,
-            known=r.known,
-            reason=r.reason,
-            transport=r.transport,
-            rtts=r.rtts,
-            **figures,
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 def check_request(src: str, dst: str, nbytes: int) -> None:

@@ -25,6 +25,7 @@ import secrets
 import socket
 import struct
 import time
+from contextlib import ExitStack
 from typing import Any, Protocol
 
 from fabricprobe.core.deadline import Deadline
@@ -32,14 +33,12 @@ from fabricprobe.core.errors import PeerError, ProbeError
 from fabricprobe.core.hostport import DEFAULT_PORT
 from fabricprobe.probes.control import (
     ControlClient,
-    RdmaEndpoint,
     Session,
     SessionHandler,
-    check_endpoint_peer,
-    require_dict,
     require_int,
     require_str,
 )
+from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.tcp import TOKEN_BYTES, accept_streams, data_listener, open_data_connection
 
 SESSION = "kv_sink"
@@ -62,7 +61,30 @@ class KvChannel(Protocol):
 # --------------------------------------------------------------------------- sender side
 
 
-class TcpKvChannel:
+class _KvSession:
+    """What both senders share: the kv_sink session and what it holds (on one ExitStack,
+    released by close()), and the transfers sent over it."""
+
+    ctl: ControlClient
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self.sent = 0
+
+    def _last_words(self) -> None:
+        """What the sink is told before `done` (nothing, unless a transport says so)."""
+
+    def close(self) -> None:
+        try:
+            self._last_words()
+            self.ctl.done({"transfers": self.sent}, timeout=10.0)
+        except (OSError, ProbeError):
+            pass
+        finally:
+            self._stack.close()
+
+
+class TcpKvChannel(_KvSession):
     """A kv_sink session over TCP; send() moves N bytes and returns the seconds it took."""
 
     transport = "tcp"
@@ -71,17 +93,17 @@ class TcpKvChannel:
     def __init__(
         self, peer: str, port: int = DEFAULT_PORT, *, bind: str | None = None, hold_s: float = 600
     ) -> None:
-        self.ctl = ControlClient(peer, port, bind=bind, timeout=SETUP_S)
+        super().__init__()
+        self.ctl = self._stack.enter_context(ControlClient(peer, port, bind=bind, timeout=SETUP_S))
         setup = Deadline(SETUP_S)  # the session and its data connection, together
         try:
             info = self.ctl.open(SESSION, {"transport": "tcp", "hold_s": hold_s}, deadline=setup)
-            self.sock = open_data_connection(self.ctl, info, setup)
+            self.sock = self._stack.enter_context(open_data_connection(self.ctl, info, setup))
         except BaseException:
-            self.ctl.close()
+            self._stack.close()
             raise
         self.sock.settimeout(hold_s)
         self._buf = bytearray(MAX_CHUNK)
-        self.sent = 0
 
     def send(self, nbytes: int, chunk: int | None = None) -> float:
         """Move NBYTES as one frame (CHUNK only matters to RDMA); seconds until acked."""
@@ -101,18 +123,11 @@ class TcpKvChannel:
         self.sent += 1
         return seconds
 
-    def close(self) -> None:
-        try:
-            self.sock.sendall(_FRAME.pack(0))
-            self.ctl.done({"transfers": self.sent}, timeout=10.0)
-        except (OSError, ProbeError):
-            pass
-        finally:
-            self.sock.close()
-            self.ctl.close()
+    def _last_words(self) -> None:
+        self.sock.sendall(_FRAME.pack(0))  # the frame of no bytes: the sink stops reading
 
 
-class RdmaKvChannel:
+class RdmaKvChannel(_KvSession):
     """A kv_sink session over RC: each transfer is WRITEs of up to CHUNK bytes."""
 
     transport = "rdma"
@@ -129,32 +144,27 @@ class RdmaKvChannel:
         step_s: float = 30.0,
         sysfs_root: str = "/sys",
     ) -> None:
-        from fabricprobe.probes.rdma.rc import DEPTH, local_device, source_address
+        from fabricprobe.probes.rdma.rc import DEPTH, prober_session
         from fabricprobe.probes.rdma.verbs import RcEndpoint
 
         if not 1 <= buffer <= MAX_CHUNK:
             raise ValueError(f"buffer {buffer} outside 1..{MAX_CHUNK}")
         self.buffer, self.outstanding, self.step_s = buffer, min(outstanding, DEPTH), step_s
-        self.device, gid_index = local_device(sysfs_root, source_address(peer, port, bind), None)
-        self.ctl = ControlClient(peer, port, bind=bind, timeout=SETUP_S)
-        self.ep = RcEndpoint(self.device, buffer, DEPTH, gid_index)
+        super().__init__()
+        session = prober_session(
+            SESSION,
+            LinkParams(peer, port, bind=bind, sysfs_root=sysfs_root),
+            SETUP_S,
+            {"transport": "rdma", "chunk": buffer, "hold_s": hold_s},
+            lambda dev, gid_index: RcEndpoint(dev, buffer, DEPTH, gid_index),
+        )
         try:
-            info = self.ctl.open(
-                SESSION,
-                {
-                    "transport": "rdma",
-                    "chunk": buffer,
-                    "hold_s": hold_s,
-                    "endpoint": self.ep.endpoint().as_dict(),
-                },
-            )
-            self.remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
+            self.ctl, self.ep, self.remote = self._stack.enter_context(session)
             self.ep.connect(self.remote)
         except BaseException:
-            self.ep.close()
-            self.ctl.close()
+            self._stack.close()
             raise
-        self.sent = 0
+        self.device = self.ep.device
 
     def send(self, nbytes: int, chunk: int | None = None) -> float:
         """Move NBYTES as WRITEs of CHUNK bytes (default: the whole buffer); seconds until
@@ -182,15 +192,6 @@ class RdmaKvChannel:
         seconds = time.perf_counter() - t0
         self.sent += 1
         return seconds
-
-    def close(self) -> None:
-        try:
-            self.ctl.done({"transfers": self.sent}, timeout=10.0)
-        except (OSError, ProbeError):
-            pass
-        finally:
-            self.ep.close()
-            self.ctl.close()
 
 
 def open_channel(transport: str, peer: str, port: int, *, bind: str | None, **kw: Any) -> KvChannel:
@@ -247,16 +248,13 @@ def serve_kv_sink(session: Session) -> dict[str, Any]:
         return {"transfers": transfers, "bytes": total}
     if transport != "rdma":
         raise PeerError(f"params.transport must be rdma or tcp, not {transport!r}")
-    from fabricprobe.probes.rdma.rc import DEPTH, RESPONDER_SYSFS_ROOT, local_device
+    from fabricprobe.probes.rdma.rc import DEPTH, responder_device
     from fabricprobe.probes.rdma.verbs import RcEndpoint
 
     chunk = require_int(p, "chunk", 1, MAX_CHUNK, where="params.")
-    remote = RdmaEndpoint.from_dict(
-        require_dict(p, "endpoint", where="params."), where="params.endpoint"
-    )
-    check_endpoint_peer(remote, session.peer[0])
+    remote = session.rdma_endpoint()
     session.reserve(2 * chunk, "a KV sink's registered buffer")
-    dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
+    dev, gid_index = responder_device(session)
     ep = session.resources.enter_context(
         RcEndpoint(dev, chunk, DEPTH, gid_index, remote_access=True)
     )

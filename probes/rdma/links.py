@@ -49,7 +49,14 @@ def pick_engine(requested: str) -> EngineChoice:
     return EngineChoice("pyverbs", f"pyverbs: the native loop does not load ({why})")
 
 
-class RdmaLink(Link):
+def responder_engine(wanted: object) -> str:
+    """The loop a responder answers a prober that asked for WANTED with: the native one
+    when it asked for that and this host has it built, else pyverbs. A native prober
+    against a Python responder would time the responder's interpreter, not the fabric."""
+    return "native" if wanted == "native" and pick_engine("auto").name == "native" else "pyverbs"
+
+
+class RdmaLink(Link[tuple[ControlClient, Any, Any]]):
     """RC and UD links: the first round opens the session (`_setup`, with the round's
     params in the hello); with a keepalive the responder then holds its end between
     rounds and each later round is one `again`/`go` exchange away. The responder ends its
@@ -59,15 +66,6 @@ class RdmaLink(Link):
         super().__init__(params, keepalive_s=keepalive_s)
         choice = pick_engine(params.engine)
         self.engine, self.engine_reason = choice.name, choice.reason
-        self._open: tuple[ControlClient, Any, Any] | None = None
-
-    @property
-    def is_open(self) -> bool:
-        return self._open is not None
-
-    def close(self) -> None:
-        self._open = None
-        super().close()
 
     def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
         """Open the session for a first round of PARAMS on self._stack: (control, local

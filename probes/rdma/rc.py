@@ -16,7 +16,6 @@ process and reported with every result (`loop_overhead_ns`).
 from __future__ import annotations
 
 import socket
-import statistics
 import time
 from array import array
 from collections.abc import Callable, Iterator
@@ -34,20 +33,18 @@ from fabricprobe.probes.control import (
     RdmaEndpoint,
     Session,
     SessionHandler,
-    check_endpoint_peer,
-    require_dict,
     require_int,
     require_str,
 )
 from fabricprobe.probes.links import SETUP_TIMEOUT_S
 from fabricprobe.probes.measure import (
-    ENGINES,
     BandwidthResult,
     LatencyResult,
     LatencyRound,
     LinkParams,
+    clock_pair_ns,
 )
-from fabricprobe.probes.rdma.links import RdmaLink, pick_engine
+from fabricprobe.probes.rdma.links import RdmaLink, pick_engine, responder_engine
 from fabricprobe.probes.rdma.verbs import RcEndpoint, Spin, device_for_address
 
 LAT_OPS = ("send", "write")
@@ -195,13 +192,7 @@ def loop_overhead_ns(engine: str = "pyverbs", rounds: int = 2000) -> int:
         from fabricprobe.probes.native_loop import clock_overhead_ns
 
         return clock_overhead_ns()
-    clock = time.perf_counter_ns
-    samples = array("q", bytes(8 * rounds))
-    for i in range(rounds):
-        t0 = clock()
-        t1 = clock()
-        samples[i] = t1 - t0
-    return int(statistics.median(samples))
+    return clock_pair_ns(rounds)
 
 
 # ------------------------------------------------------------------------- prober side
@@ -258,34 +249,44 @@ def _pingpong(engine: str, ep: Any, op: str, remote: RdmaEndpoint, loop: PingPon
 
 
 @contextmanager
-def _prober_session(
-    kind: str, link: LinkParams, timeout: float, engine: str, op: str, params: dict[str, Any]
+def prober_session(
+    kind: str,
+    link: LinkParams,
+    timeout: float,
+    params: dict[str, Any],
+    endpoint: Callable[[str, int], Any],
 ) -> Iterator[tuple[ControlClient, Any, RdmaEndpoint]]:
-    """Open a KIND session on LINK's responder with a connected endpoint on our side; the
-    whole setup (our endpoint, connect, hello, the fleet-token challenge, ready) fits in
-    TIMEOUT."""
+    """Open a KIND session with PARAMS on LINK's responder, our endpoint in the hello:
+    ENDPOINT(device, gid_index) makes it on the device of our source address. Yields the
+    control client, our endpoint and the responder's RdmaEndpoint; the whole setup (our
+    endpoint, connect, hello, the fleet-token challenge, ready) fits in TIMEOUT."""
     setup = Deadline(timeout)
     source = source_address(link.peer, link.port, link.bind)
     dev, gid_index = local_device(link.sysfs_root, source, link.device)
     with ControlClient(
         link.peer, link.port, bind=link.bind, timeout=timeout, token=link.token
     ) as ctl:
-        with _endpoint(
-            engine,
-            dev,
-            params["size"],
-            gid_index,
-            op,
-            receives=kind == "rdma_rc_lat" and op == "send",
-        ) as ep:
-            info = ctl.open(
-                kind,
-                {**params, "op": op, "engine": engine, "endpoint": ep.endpoint().as_dict()},
-                deadline=setup,
-            )
-            remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
-            ep.connect(remote)
-            yield ctl, ep, remote
+        with endpoint(dev, gid_index) as ep:
+            hello = {**params, "endpoint": ep.endpoint().as_dict()}
+            info = ctl.open(kind, hello, deadline=setup)
+            yield ctl, ep, RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
+
+
+@contextmanager
+def _prober_session(
+    kind: str, link: LinkParams, timeout: float, engine: str, op: str, params: dict[str, Any]
+) -> Iterator[tuple[ControlClient, Any, RdmaEndpoint]]:
+    """An RC session of KIND (prober_session) with our endpoint connected to the
+    responder's."""
+    receives = kind == "rdma_rc_lat" and op == "send"
+
+    def endpoint(dev: str, gid_index: int) -> Any:
+        return _endpoint(engine, dev, params["size"], gid_index, op, receives=receives)
+
+    hello = {**params, "op": op, "engine": engine}
+    with prober_session(kind, link, timeout, hello, endpoint) as (ctl, ep, remote):
+        ep.connect(remote)
+        yield ctl, ep, remote
 
 
 class RcPingLink(RdmaLink):
@@ -470,23 +471,21 @@ def _session_shape(
         raise ProtocolError(f"params.step_s {step_s} outside 0.01..60")
     if op not in ops:
         raise ProtocolError(f"params.op must be one of {ops}, not {op!r}")
-    # the responder answers with the prober's engine when it has it: a native prober
-    # against a Python responder would time the responder's interpreter, not the fabric
-    wanted = str(p.get("engine", "pyverbs"))
-    native_here = pick_engine("auto").name == "native"
-    engine = wanted if wanted in ENGINES[1:] and native_here else "pyverbs"
-    remote = RdmaEndpoint.from_dict(
-        require_dict(p, "endpoint", where="params."), where="params.endpoint"
-    )
-    check_endpoint_peer(remote, session.peer[0])  # connect only to the address that asked
-    return op, size, iters, step_s, engine, remote
+    engine = responder_engine(p.get("engine", "pyverbs"))
+    return op, size, iters, step_s, engine, session.rdma_endpoint()
+
+
+def responder_device(session: Session) -> tuple[str, int]:
+    """The RDMA device (and GID index) of the address SESSION's control connection
+    arrived at: the one a responder answers on."""
+    return local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
 
 
 def _session_endpoint(
     session: Session, engine: str, size: int, op: str, receives: bool, remote: RdmaEndpoint
 ) -> Any:
     session.reserve(2 * size + DEPTH * 64, "an RC endpoint's registered buffer")
-    dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
+    dev, gid_index = responder_device(session)
     ep = session.resources.enter_context(_endpoint(engine, dev, size, gid_index, op, receives))
     ep.connect(remote)
     session.ready({"endpoint": ep.endpoint().as_dict(), "engine": engine})

@@ -60,7 +60,6 @@ from pyverbs.pyverbs_error import PyverbsRDMAError
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
-from fabricprobe.core.deadline import Deadline
 from fabricprobe.core.errors import PeerError, ProbeError
 from fabricprobe.core.stats import LatencySketch
 from fabricprobe.probes.control import (
@@ -68,13 +67,11 @@ from fabricprobe.probes.control import (
     RdmaEndpoint,
     Session,
     SessionHandler,
-    check_endpoint_peer,
-    require_dict,
     require_int,
 )
 from fabricprobe.probes.measure import LatencyResult, LatencyRound
-from fabricprobe.probes.rdma.links import RdmaLink, pick_engine
-from fabricprobe.probes.rdma.rc import RESPONDER_SYSFS_ROOT, local_device, source_address
+from fabricprobe.probes.rdma.links import RdmaLink, responder_engine
+from fabricprobe.probes.rdma.rc import prober_session, responder_device, source_address
 from fabricprobe.probes.rdma.verbs import (
     PORT,
     Spin,
@@ -246,32 +243,25 @@ class UdLink(RdmaLink):
     names the session's ECMP class once it is open."""
 
     STEP_S = 0.5
-    ports: UdPorts | None = None
     LATE_S = 1.0  # how long a round listens past its last probe for late answers
     _seq = 0  # the next probe's sequence number; each session starts at a random one
+    ports: UdPorts | None = None
 
     def _setup(self, params: dict[str, Any]) -> tuple[ControlClient, Any, Any]:
-        p = self.params
-        setup = Deadline(self.timeout)  # the endpoint, connect, hello -> ready: one deadline
-        source = source_address(p.peer, p.port, p.bind)
-        dev, gid_index = local_device(p.sysfs_root, source, p.device)
-        ctl = self._stack.enter_context(
-            ControlClient(p.peer, p.port, bind=p.bind, timeout=self.timeout, token=p.token)
+        hello = {**params, "step_s": self.step_s, "engine": self.engine}
+        ctl, ep, remote = self._stack.enter_context(
+            prober_session(
+                "rdma_ud",
+                self.params,
+                self.timeout,  # the endpoint, connect, hello -> ready: one deadline
+                hello,
+                lambda dev, gid_index: _ud_endpoint(self.engine, dev, gid_index),
+            )
         )
-        ep = self._stack.enter_context(_ud_endpoint(self.engine, dev, gid_index))
-        info = ctl.open(
-            "rdma_ud",
-            {
-                **params,
-                "step_s": self.step_s,
-                "engine": self.engine,
-                "endpoint": ep.endpoint().as_dict(),
-            },
-            deadline=setup,
-        )
-        remote = RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
         self._seq = random.randrange(1 << 30)
-        self.ports = UdPorts(source, dev, ep.endpoint().qpn, remote.qpn)
+        p = self.params
+        source = source_address(p.peer, p.port, p.bind)  # a UDP connect: nothing is sent
+        self.ports = UdPorts(source, ep.device, ep.endpoint().qpn, remote.qpn)
         return ctl, ep, ep.sender(remote)
 
     def done_timeout(self) -> float:
@@ -471,16 +461,12 @@ def serve_ud(session: Session) -> dict[str, Any]:
     step_s = float(p.get("step_s", 0.5))
     if not 0.01 <= step_s <= 60:
         raise ProbeError(f"params.step_s {step_s} outside 0.01..60")
-    remote = RdmaEndpoint.from_dict(
-        require_dict(p, "endpoint", where="params."), where="params.endpoint"
-    )
-    check_endpoint_peer(remote, session.peer[0])  # ACKs go only to the address that asked
+    remote = session.rdma_endpoint()  # ACKs go only to the address that asked
     session.reserve(UdEndpoint.SLOT * (DEPTH + 1), "a UD endpoint's ring")
-    dev, gid_index = local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
+    dev, gid_index = responder_device(session)
     # the prober's engine when this host has it (the responder's own delay is taken out
     # of every RTT either way, but a pyverbs prober is answered by pyverbs as it asked)
-    wanted = p.get("engine", "pyverbs")
-    engine = "native" if wanted == "native" and pick_engine("auto").name == "native" else "pyverbs"
+    engine = responder_engine(p.get("engine", "pyverbs"))
     ep = session.resources.enter_context(_ud_endpoint(engine, dev, gid_index))
     wr = ep.sender(remote)
     session.ready({"endpoint": ep.endpoint().as_dict(), "engine": engine})

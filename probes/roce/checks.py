@@ -8,8 +8,9 @@ say why (and whether root would have helped).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.counters import counter_delta, counter_width
@@ -30,6 +31,7 @@ from fabricprobe.probes.sysfs import Port, RdmaDevice, find_gid
 # IB MTU overhead the kernel subtracts from the netdev MTU for RoCE (iboe_get_mtu):
 # GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4.
 IBOE_OVERHEAD = 96
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -337,6 +339,59 @@ def _unavailable(runs: list[ToolRun]) -> tuple[str, bool]:
     return "; ".join(r.describe() for r in runs), needs_root
 
 
+def parsed_output(
+    view: HostView,
+    argv: tuple[str, ...],
+    parse: Callable[[str], T],
+    runs: list[ToolRun],
+    ev: list[str],
+) -> T | None:
+    """What PARSE makes of the output of tool ARGV; None when the tool did not run or its
+    output did not parse. The run is added to RUNS, a parse error to EV."""
+    run = view.run(*argv)
+    runs.append(run)
+    if not run.ok:
+        return None
+    try:
+        return parse(run.stdout)
+    except ParseError as e:
+        ev.append(f"{run.command}: {e}")
+        return None
+
+
+def first_answer(
+    view: HostView, sources: Sequence[tuple[tuple[str, ...], Callable[[str], T | None]]]
+) -> tuple[T | None, list[str], list[ToolRun]]:
+    """The first of SOURCES (a tool's argv and its parser) whose output parses into an
+    answer (not None): (the answer, evidence, every run tried, the last one its own)."""
+    ev: list[str] = []
+    runs: list[ToolRun] = []
+    for argv, parse in sources:
+        value = parsed_output(view, argv, parse, runs, ev)
+        if value is not None:
+            return value, ev, runs
+    return None, ev, runs
+
+
+DCB_FIX = "apt install iproute2  # provides dcb; or run as root for mlnx_qos"
+
+
+def _dcb_unreadable(
+    t: Target, check: str, title: str, what: str, nobody: str, ev: list[str], runs: list[ToolRun]
+) -> CheckResult:
+    """SKIP: the DCB tools tried (RUNS) gave no answer; root would help, or NOBODY says why."""
+    why, root = _unavailable(runs)
+    return t.result(
+        check,
+        title,
+        Status.SKIP,
+        f"{what} not readable: " + ("needs root" if root else nobody),
+        [*ev, why],
+        fix=DCB_FIX,
+        needs_root=root,
+    )
+
+
 def check_pfc(view: HostView, t: Target, policy: Policy) -> CheckResult:
     """PFC enabled on the RoCE priority and no other (dcb, mlnx_qos or lldptool)."""
     if t.soft:
@@ -349,33 +404,11 @@ def check_pfc(view: HostView, t: Target, policy: Policy) -> CheckResult:
         (("mlnx_qos", "-i", nd), lambda s: parse_mlnx_qos(s).pfc_enabled),
         (("lldptool", "-t", "-i", nd, "-V", "PFC"), lambda s: parse_lldptool_pfc(s).enabled),
     ]
-    tried: list[ToolRun] = []
-    ev: list[str] = []
-    enabled: frozenset[int] | None = None
-    for argv, parse in sources:
-        run = view.run(*argv)
-        tried.append(run)
-        if not run.ok:
-            continue
-        try:
-            enabled = parse(run.stdout)
-        except ParseError as e:
-            ev.append(f"{run.command}: {e}")
-            continue
-        if enabled is not None:
-            ev.append(f"{run.command}: PFC on {sorted(enabled) or 'no priority'}")
-            break
+    enabled, ev, tried = first_answer(view, sources)
     if enabled is None:
-        why, root = _unavailable(tried)
-        return t.result(
-            "pfc",
-            TITLE_PFC,
-            Status.SKIP,
-            "PFC configuration not readable: " + ("needs root" if root else "no DCB tool answered"),
-            [*ev, why],
-            fix="apt install iproute2  # provides dcb; or run as root for mlnx_qos",
-            needs_root=root,
-        )
+        nobody = "no DCB tool answered"
+        return _dcb_unreadable(t, "pfc", TITLE_PFC, "PFC configuration", nobody, ev, tried)
+    ev.append(f"{tried[-1].command}: PFC on {sorted(enabled) or 'no priority'}")
     v = ",".join(map(str, sorted(enabled))) or "none"  # the priorities with PFC on
     if prio not in enabled:
         on = f"on {', '.join(map(str, sorted(enabled)))}" if enabled else "on no priority"
@@ -414,25 +447,15 @@ def _read_dscp_map(
     """(trust, dscp->prio, evidence, tool runs) from mlnx_qos, else from dcb."""
     ev: list[str] = []
     runs: list[ToolRun] = []
-    run = view.run("mlnx_qos", "-i", nd)
-    runs.append(run)
-    if run.ok:
-        try:
-            q = parse_mlnx_qos(run.stdout)
-            ev.append(f"{run.command}: trust {q.trust}")
-            if q.trust is not None:
-                return q.trust, dict(q.dscp_prio), ev, runs
-        except ParseError as e:
-            ev.append(f"{run.command}: {e}")
-    app = view.run("dcb", "app", "show", "dev", nd)
-    runs.append(app)
-    if not app.ok:
+    q = parsed_output(view, ("mlnx_qos", "-i", nd), parse_mlnx_qos, runs, ev)
+    if q is not None:
+        ev.append(f"{runs[-1].command}: trust {q.trust}")
+        if q.trust is not None:
+            return q.trust, dict(q.dscp_prio), ev, runs
+    table = parsed_output(view, ("dcb", "app", "show", "dev", nd), parse_dcb_app, runs, ev)
+    if table is None:
         return None, None, ev, runs
-    try:
-        table = parse_dcb_app(app.stdout)
-    except ParseError as e:
-        ev.append(f"{app.command}: {e}")
-        return None, None, ev, runs
+    app = runs[-1]
     dscp_prio: dict[int, int] = {}
     for dscp, prios in table.items():
         dscp_prio[dscp] = prios[0]
@@ -440,17 +463,14 @@ def _read_dscp_map(
             ev.append(f"{app.command}: DSCP {dscp} listed for priorities {list(prios)}")
     shown = " ".join(f"{d}:{p}" for d, p in sorted(dscp_prio.items()))
     ev.append(f"{app.command}: dscp-prio {shown or 'none'}")
-    trust_run = view.run("dcb", "apptrust", "show", "dev", nd)
-    runs.append(trust_run)
     trust: str | None
-    if trust_run.ok:
-        try:
-            order = parse_dcb_apptrust(trust_run.stdout)
-            trust = "dscp" if "dscp" in order else "pcp"
-            ev.append(f"{trust_run.command}: order {' '.join(order)}")
-            return trust, dscp_prio, ev, runs
-        except ParseError as e:
-            ev.append(f"{trust_run.command}: {e}")
+    order = parsed_output(
+        view, ("dcb", "apptrust", "show", "dev", nd), parse_dcb_apptrust, runs, ev
+    )
+    if order is not None:
+        trust = "dscp" if "dscp" in order else "pcp"
+        ev.append(f"{runs[-1].command}: order {' '.join(order)}")
+        return trust, dscp_prio, ev, runs
     # mlx5 and bnxt_en classify by DSCP as soon as the APP table holds a DSCP entry.
     trust = "dscp" if dscp_prio else "pcp"
     ev.append(f"trust inferred from the APP table: {trust}")
@@ -466,16 +486,8 @@ def check_trust(view: HostView, t: Target, policy: Policy) -> CheckResult:
     nd = t.netdev
     trust, dscp_prio, ev, runs = _read_dscp_map(view, nd)
     if trust is None or dscp_prio is None:
-        why, root = _unavailable(runs)
-        return t.result(
-            "trust",
-            TITLE_TRUST,
-            Status.SKIP,
-            "trust mode not readable: " + ("needs root" if root else "no tool answered"),
-            [*ev, why],
-            fix="apt install iproute2  # provides dcb; or run as root for mlnx_qos",
-            needs_root=root,
-        )
+        nobody = "no tool answered"
+        return _dcb_unreadable(t, "trust", TITLE_TRUST, "trust mode", nobody, ev, runs)
     # trust mode, then where the RoCE and CNP DSCPs go: "dscp 26:3 48:6"
     v = " ".join([trust, *(f"{d}:{dscp_prio.get(d, 0)}" for d in (policy.dscp, policy.cnp_dscp))])
     if trust != "dscp":

@@ -12,13 +12,19 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from itertools import takewhile
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from fabricprobe.core.errors import ParseError
-from fabricprobe.probes.roce.checks import Target, _soft_skip, _unavailable
+from fabricprobe.probes.roce.checks import (
+    Target,
+    _soft_skip,
+    _unavailable,
+    first_answer,
+    parsed_output,
+)
 from fabricprobe.probes.roce.host import HostView, ToolRun
 from fabricprobe.probes.roce.hwtools import (
     ROCE_UDP_PORT,
@@ -54,32 +60,33 @@ GPU_CLASSES = ("0x0300", "0x0302")
 GPU_VENDORS = {"0x10de": "NVIDIA", "0x1002": "AMD"}
 
 
-def _first(
-    view: HostView, sources: Sequence[tuple[tuple[str, ...], Callable[[str], T]]]
-) -> tuple[T | None, list[str], list[ToolRun]]:
-    """The first source that runs and parses: (value, evidence, every run tried)."""
-    ev: list[str] = []
-    runs: list[ToolRun] = []
-    for argv, parse in sources:
-        run = view.run(*argv)
-        runs.append(run)
-        if not run.ok:
-            continue
-        try:
-            return parse(run.stdout), ev, runs
-        except ParseError as e:
-            ev.append(f"{run.command}: {e}")
-    return None, ev, runs
-
-
 def _dcb_or_mlnx_qos(
     view: HostView, nd: str, obj: str, dcb: Callable[[str], T], mlnx_qos: Callable[[str], T]
 ) -> tuple[T | None, list[str], list[ToolRun]]:
     """OBJ of netdev ND as `dcb OBJ show dev ND` gives it (iproute2), else as `mlnx_qos -i
-    ND` does (Mellanox's tool, for drivers dcb cannot speak to): see _first."""
-    return _first(
+    ND` does (Mellanox's tool, for drivers dcb cannot speak to): see first_answer."""
+    return first_answer(
         view, [(("dcb", obj, "show", "dev", nd), dcb), (("mlnx_qos", "-i", nd), mlnx_qos)]
     )
+
+
+def _judge_dcb(
+    view: HostView,
+    t: Target,
+    policy: Policy,
+    c: _Check,
+    obj: str,
+    dcb: Callable[[str], T],
+    mlnx_qos: Callable[[str], T],
+    what: str,
+    judge: Callable[[Target, Policy, T, list[str]], CheckResult],
+) -> CheckResult:
+    """JUDGE's verdict on the OBJ of C's netdev as dcb or mlnx_qos read it
+    (_dcb_or_mlnx_qos); SKIP when neither can, WHAT naming it."""
+    found, ev, runs = _dcb_or_mlnx_qos(view, c.nd, obj, dcb, mlnx_qos)
+    if found is None:
+        return _skip_unreadable(t, c.name, c.title, what, ev, runs, "apt install iproute2")
+    return judge(t, policy, found, ev)
 
 
 def _skip_unreadable(
@@ -108,11 +115,20 @@ def _skip_unreadable(
     )
 
 
-def _worst(found: list[tuple[Status, str, str | None]]) -> tuple[Status, str, str | None]:
+Finding = tuple[Status, str, str | None]  # a status, its message, its fix
+
+
+def _worst(
+    t: Target, check: str, title: str, found: list[Finding], ev: list[str], value: str
+) -> CheckResult:
+    """One result of several FOUND: the worst status, every message, each fix of what did
+    not PASS (once)."""
     worst = max((s for s, _, _ in found), key=lambda s: s.rank)
     msg = "; ".join(m for _, m, _ in found)
     fixes = [f for s, _, f in found if f and s is not Status.PASS]
-    return worst, msg, "; ".join(dict.fromkeys(fixes)) or None
+    return t.result(
+        check, title, worst, msg, ev, "; ".join(dict.fromkeys(fixes)) or None, value=value
+    )
 
 
 class _Check(NamedTuple):
@@ -158,13 +174,9 @@ TITLE_ETS = "ETS: the RoCE traffic class's share"
 def check_ets(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The RoCE priority's traffic class gets at least roce_bw_min_pct under ETS, and the
     CNP class is not starved."""
-    title, check, nd = c
-    ets, ev, runs = _dcb_or_mlnx_qos(view, nd, "ets", parse_dcb_ets, parse_mlnx_qos_ets)
-    if ets is None:
-        return _skip_unreadable(
-            t, check, title, "ETS configuration", ev, runs, "apt install iproute2"
-        )
-    return judge_ets(t, policy, ets, ev)
+    return _judge_dcb(
+        view, t, policy, c, "ets", parse_dcb_ets, parse_mlnx_qos_ets, "ETS configuration", judge_ets
+    )
 
 
 def _ets_fix(nd: str, policy: Policy) -> str:
@@ -188,7 +200,7 @@ def judge_ets(t: Target, policy: Policy, ets: EtsConfig, ev: list[str]) -> Check
         f"{ets.source}: tc-bw {' '.join(f'{k}:{v}' for k, v in sorted(ets.bw.items()))}",
     ]
     fix = _ets_fix(nd, policy)
-    found: list[tuple[Status, str, str | None]] = []
+    found: list[Finding] = []
     tsa = ets.tsa.get(tc)
     bw = ets.bw.get(tc, 0)
     v = f"tc {tc} {tsa} {bw}%"
@@ -215,8 +227,7 @@ def judge_ets(t: Target, policy: Policy, ets: EtsConfig, ev: list[str]) -> Check
         return t.result(
             "ets", TITLE_ETS, Status.PASS, f"RoCE priority {p} -> TC {tc} with {share}", ev, value=v
         )
-    status, msg, fix_ = _worst(found)
-    return t.result("ets", TITLE_ETS, status, msg, ev, fix_, value=v)
+    return _worst(t, "ets", TITLE_ETS, found, ev, v)
 
 
 # --------------------------------------------------------------------------- global pause
@@ -228,7 +239,7 @@ TITLE_PAUSE_GLOBAL = "802.3x global pause off"
 def check_global_pause(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """Link-level pause must be off: it stops every priority, and PFC replaces it."""
     title, check, nd = c
-    pp, ev, runs = _first(view, [(("ethtool", "-a", nd), parse_ethtool_pause)])
+    pp, ev, runs = first_answer(view, [(("ethtool", "-a", nd), parse_ethtool_pause)])
     if pp is None:
         return _skip_unreadable(
             t, check, title, "pause parameters", ev, runs, "apt install ethtool"
@@ -258,13 +269,10 @@ TITLE_BUFFERS = "prio2buffer and receive buffer sizes"
 @_nic_check("buffers", TITLE_BUFFERS, soft="receive buffers", netdev="buffers")
 def check_buffers(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The RoCE priority has a receive buffer of its own, with room in it."""
-    title, check, nd = c
-    buf, ev, runs = _dcb_or_mlnx_qos(view, nd, "buffer", parse_dcb_buffer, parse_mlnx_qos_buffers)
-    if buf is None:
-        return _skip_unreadable(
-            t, check, title, "receive buffer configuration", ev, runs, "apt install iproute2"
-        )
-    return judge_buffers(t, policy, buf, ev)
+    what = "receive buffer configuration"
+    return _judge_dcb(
+        view, t, policy, c, "buffer", parse_dcb_buffer, parse_mlnx_qos_buffers, what, judge_buffers
+    )
 
 
 def judge_buffers(t: Target, policy: Policy, buf: BufferConfig, ev: list[str]) -> CheckResult:
@@ -326,7 +334,7 @@ def check_dcbx(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckRes
     """Who runs DCBX, and whether an APP entry maps RoCEv2 (UDP 4791) to the RoCE priority."""
     title, check, nd = c
     mode, ev, runs = _dcb_or_mlnx_qos(view, nd, "dcbx", parse_dcb_dcbx, parse_mlnx_qos_dcbx)
-    apps, ev2, runs2 = _first(
+    apps, ev2, runs2 = first_answer(
         view,
         [
             (("dcb", "app", "show", "dev", nd), parse_dcb_app_ports),
@@ -351,7 +359,7 @@ def judge_dcbx(
     """(pure) The verdict on the DCBX mode and the UDP-port APP table."""
     title, check = TITLE_DCBX, "dcbx"
     nd, p = t.netdev or "IF", policy.priority
-    found: list[tuple[Status, str, str | None]] = []
+    found: list[Finding] = []
     if mode is not None:
         ev = [*ev, f"{mode.source}: DCBX managed by {mode.managed_by} {' '.join(mode.versions)}"]
         if policy.dcbx != "any" and mode.managed_by != policy.dcbx:
@@ -411,8 +419,7 @@ def judge_dcbx(
             ev,
             value=v,
         )
-    status, msg, fix_ = _worst(found)
-    return t.result(check, title, status, msg, ev, fix_, value=v)
+    return _worst(t, check, title, found, ev, v)
 
 
 # --------------------------------------------------------------------------- link
@@ -424,7 +431,7 @@ TITLE_LINK = "link speed and lanes"
 def check_link(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """The link runs at the expected speed (policy, else the port's fastest mode) and lanes."""
     title, check, nd = c
-    info, ev, runs = _first(view, [(("ethtool", nd), parse_ethtool_link)])
+    info, ev, runs = first_answer(view, [(("ethtool", nd), parse_ethtool_link)])
     ev.append(
         f"{view.sysfs_root}/class/infiniband/{t.device.name}/ports/{t.port.number}/rate: "
         f"{t.port.rate}"
@@ -449,7 +456,7 @@ def check_link(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckRes
     want = policy.link_speed_gbps or (
         info.max_supported_mbps / 1000 if info.max_supported_mbps else None
     )
-    found: list[tuple[Status, str, str | None]] = []
+    found: list[Finding] = []
     if want is not None and gbps < want:
         status = Status.FAIL if policy.link_speed_gbps else Status.WARN
         src = "policy" if policy.link_speed_gbps else "the port's fastest mode"
@@ -472,8 +479,7 @@ def check_link(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckRes
     if not found:
         lanes = f", {info.lanes} lanes" if info.lanes else ""
         return t.result(check, title, Status.PASS, f"link at {gbps:g} Gb/s{lanes}", ev, value=v)
-    status, msg, fix = _worst(found)
-    return t.result(check, title, status, msg, ev, fix, value=v)
+    return _worst(t, check, title, found, ev, v)
 
 
 # --------------------------------------------------------------------------- FEC
@@ -485,14 +491,14 @@ TITLE_FEC = "FEC mode and bit-error rates"
 def check_fec(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResult:
     """FEC on where the speed needs it; pre-FEC BER within margin; no post-FEC errors."""
     title, check, nd = c
-    fec, ev, runs = _first(view, [(("ethtool", "-I", "--show-fec", nd), parse_ethtool_fec)])
-    ml, ev2, runs2 = _first(view, [(("mlxlink", "-d", t.device.name, "-c"), parse_mlxlink)])
+    fec, ev, runs = first_answer(view, [(("ethtool", "-I", "--show-fec", nd), parse_ethtool_fec)])
+    ml, ev2, runs2 = first_answer(view, [(("mlxlink", "-d", t.device.name, "-c"), parse_mlxlink)])
     ev += ev2
     if fec is None and ml is None:
         return _skip_unreadable(
             t, check, title, "FEC state", ev, runs + runs2, "apt install ethtool"
         )
-    info, _, _ = _first(view, [(("ethtool", nd), parse_ethtool_link)])
+    info, _, _ = first_answer(view, [(("ethtool", nd), parse_ethtool_link)])
     speed = info.speed_mbps if info is not None else None
     return judge_fec(t, policy, fec, ml, speed, ev)
 
@@ -518,7 +524,7 @@ def judge_fec(
             )
     active = (fec.active if fec is not None else None) or (ml.active if ml is not None else None)
     v = active or "unknown"  # the mode only: error counts differ from host to host
-    found: list[tuple[Status, str, str | None]] = []
+    found: list[Finding] = []
     off = active is not None and active.split()[0].lower() in ("off", "none", "no")
     if off and speed_mbps is not None and speed_mbps >= 50_000:
         found.append(
@@ -557,8 +563,7 @@ def judge_fec(
     if not found:
         ber = f", raw BER {ml.raw_ber:.1e}" if ml is not None and ml.raw_ber is not None else ""
         return t.result(check, title, Status.PASS, f"FEC {active or 'unknown'}{ber}", ev, value=v)
-    status, msg, fix = _worst(found)
-    return t.result(check, title, status, msg, ev, fix, value=v)
+    return _worst(t, check, title, found, ev, v)
 
 
 # --------------------------------------------------------------------------- PCIe
@@ -598,7 +603,7 @@ def check_pcie(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckRes
     except ParseError as e:
         return t.result(check, title, Status.SKIP, f"PCIe link attributes unreadable: {e}", ev)
     v = f"x{cw} {cs:g}GT/s" if cs is not None else f"x{cw}"
-    found: list[tuple[Status, str, str | None]] = []
+    found: list[Finding] = []
     if cw is not None and mw is not None and cw < mw:
         found.append(
             (
@@ -619,8 +624,7 @@ def check_pcie(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckRes
         return t.result(
             check, title, Status.PASS, f"PCIe x{cw} at {cs:g} GT/s (the maximum)", ev, value=v
         )
-    status, msg, fix = _worst(found)
-    return t.result(check, title, status, msg, ev, fix, value=v)
+    return _worst(t, check, title, found, ev, v)
 
 
 # --------------------------------------------------------------------------- ACS / ATS
@@ -693,27 +697,17 @@ def check_acs(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResu
             "(NCCL topology PHB/SYS), ACS is not on the path",
             ev,
         )
-    nic_caps = view.run("lspci", "-vvv", "-s", nic)
-    runs = [nic_caps]
+    runs: list[ToolRun] = []
     ats = None
     denied = False
-    if nic_caps.ok:
-        try:
-            caps = parse_lspci_caps(nic_caps.stdout)
-            ats, denied = caps.ats_enabled, caps.denied
-        except ParseError as e:
-            ev.append(f"{nic_caps.command}: {e}")
+    caps = parsed_output(view, ("lspci", "-vvv", "-s", nic), parse_lspci_caps, runs, ev)
+    if caps is not None:
+        ats, denied = caps.ats_enabled, caps.denied
     ev.append(f"NIC ATS: {'enabled' if ats else 'disabled' if ats is False else 'unknown'}")
     redirecting = []
     for br in sorted(bridges):
-        run = view.run("lspci", "-vvv", "-s", br)
-        runs.append(run)
-        if not run.ok:
-            continue
-        try:
-            caps = parse_lspci_caps(run.stdout)
-        except ParseError as e:
-            ev.append(f"{run.command}: {e}")
+        caps = parsed_output(view, ("lspci", "-vvv", "-s", br), parse_lspci_caps, runs, ev)
+        if caps is None:
             continue
         denied = denied or caps.denied
         ev.append(
@@ -780,7 +774,7 @@ def check_firmware(view: HostView, t: Target, policy: Policy, c: _Check) -> Chec
     ev = [f"{view.sysfs_root}/class/infiniband/{t.device.name}/fw_ver: {t.device.fw_ver}"]
     drv = None
     if t.netdev is not None:
-        drv, ev2, _ = _first(view, [(("ethtool", "-i", t.netdev), parse_ethtool_driver)])
+        drv, ev2, _ = first_answer(view, [(("ethtool", "-i", t.netdev), parse_ethtool_driver)])
         ev += ev2
         if drv is not None:
             ev.append(

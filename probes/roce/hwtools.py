@@ -33,26 +33,14 @@ from types import MappingProxyType
 
 from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.numbers import parse_uint
-
-PRIOS = range(8)
-MAX_TEXT = 1 << 20  # no tool prints this much about one port: refuse it rather than scan it
-
-
-def _bounded(text: str, tool: str) -> str:
-    """TEXT after a bound on its size, with every line end (CRLF, CR, LF) as LF, so that
-    the line-anchored patterns below see one line at a time."""
-    if len(text) > MAX_TEXT:
-        raise ParseError(f"{tool}: {len(text)} characters of output, more than any port has")
-    return "\n".join(text.splitlines())
+from fabricprobe.probes.roce.tools import PRIOS, bounded_lines, entries
 
 
 def _pairs(words: list[str], tool: str, key: str) -> dict[int, str]:
     """`0:50 1:0 ...` -> {0: "50", 1: "0"}; the index must be a priority or TC 0..7."""
     out: dict[int, str] = {}
-    for item in words:
-        idx, sep, value = item.partition(":")
-        where = f"{tool}: bad {key} entry {item[:40]!r}"
-        if not sep or not value:
+    for idx, value, where in entries(words, f"{tool}: bad {key} entry"):
+        if not value:
             raise ParseError(where)
         try:
             out[parse_uint(idx, "index", max(PRIOS))] = value
@@ -82,7 +70,7 @@ class EtsConfig:
 def parse_dcb_ets(text: str) -> EtsConfig:
     """`dcb ets show dev IF` -> EtsConfig."""
     fields: dict[str, dict[int, str]] = {}
-    for line in _bounded(text, "dcb ets").splitlines():
+    for line in bounded_lines(text, "dcb ets").splitlines():
         words = line.split()
         if words[:1] and words[0] in ("tc-bw", "tc-tsa", "prio-tc"):
             fields[words[0]] = _pairs(words[1:], "dcb ets", words[0])
@@ -110,7 +98,7 @@ def parse_mlnx_qos_ets(text: str) -> EtsConfig:
     tsa: dict[int, str] = {}
     bw: dict[int, int] = {}
     tc: int | None = None
-    for line in _bounded(text, "mlnx_qos").splitlines():
+    for line in bounded_lines(text, "mlnx_qos").splitlines():
         m = _MLNX_TC.match(line)
         if m:
             tc = int(m.group(1))
@@ -165,7 +153,7 @@ def parse_dcb_buffer(text: str) -> BufferConfig:
     size: dict[int, int] = {}
     total = None
     seen = False
-    for line in _bounded(text, "dcb buffer").splitlines():
+    for line in bounded_lines(text, "dcb buffer").splitlines():
         words = line.split()
         if words[:1] == ["prio-buffer"]:
             seen = True
@@ -191,7 +179,7 @@ _MLNX_BUFROW = re.compile(r"^[ \t]*buffer[ \t]+([0-9](?:[ \t]+[0-9]){7})[ \t]*$"
 
 def parse_mlnx_qos_buffers(text: str) -> BufferConfig:
     """`Receive buffer size (bytes):` and the PFC table's `buffer` row of `mlnx_qos -i IF`."""
-    text = _bounded(text, "mlnx_qos")
+    text = bounded_lines(text, "mlnx_qos")
     sizes_m = _MLNX_BUFSIZE.search(text)
     row_m = _MLNX_BUFROW.search(text)
     if sizes_m is None and row_m is None:
@@ -224,7 +212,7 @@ class DcbxMode:
 
 def parse_dcb_dcbx(text: str) -> DcbxMode:
     """`dcb dcbx show dev IF` -> DcbxMode (DCB_CAP_DCBX_HOST / _LLD_MANAGED flags)."""
-    words = set(_bounded(text, "dcb dcbx").split())
+    words = set(bounded_lines(text, "dcb dcbx").split())
     known = {"host", "lld-managed", "ieee", "cee", "static"}
     if not words & known:
         raise ParseError("dcb dcbx: no DCBX flags in the output")
@@ -235,7 +223,7 @@ def parse_dcb_dcbx(text: str) -> DcbxMode:
 
 def parse_mlnx_qos_dcbx(text: str) -> DcbxMode:
     """`DCBX mode: OS controlled` / `Firmware controlled` of `mlnx_qos -i IF`."""
-    m = re.search(r"^\s*DCBX mode:\s*(.+?)\s*$", _bounded(text, "mlnx_qos"), re.M)
+    m = re.search(r"^\s*DCBX mode:\s*(.+?)\s*$", bounded_lines(text, "mlnx_qos"), re.M)
     if m is None:
         raise ParseError("mlnx_qos: no `DCBX mode:` line in the output")
     value = m.group(1).lower()
@@ -250,15 +238,13 @@ SEL_DGRAM = 3  # IEEE 802.1Qaz APP selector 3: UDP (and DCCP) destination port
 def parse_dcb_app_ports(text: str) -> Mapping[int, tuple[int, ...]]:
     """The `dgram-port-prio PORT:PRIO` entries of `dcb app show dev IF` -> port -> prios."""
     out: dict[int, list[int]] = {}
-    for line in _bounded(text, "dcb app").splitlines():
+    for line in bounded_lines(text, "dcb app").splitlines():
         words = line.split()
         if words[:1] != ["dgram-port-prio"]:
             continue
-        for item in words[1:]:
-            port, sep, prio = item.rpartition(":")
-            where = f"dcb app: bad dgram-port-prio entry {item[:40]!r}"
-            if not sep:
-                raise ParseError(where)
+        for port, prio, where in entries(
+            words[1:], "dcb app: bad dgram-port-prio entry", last=True
+        ):
             try:
                 udp = parse_uint(port, "UDP port", 65535)
                 n = parse_uint(prio, "priority", max(PRIOS))
@@ -273,7 +259,7 @@ _LLDP_APP = re.compile(r"app\s*=\s*\(?\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\)?")
 
 def parse_lldptool_app(text: str) -> Mapping[int, tuple[int, ...]]:
     """`lldptool -t -i IF -V APP -c app` -> UDP port -> prios (selector 3 entries only)."""
-    text = _bounded(text, "lldptool")
+    text = bounded_lines(text, "lldptool")
     if "app" not in text.lower():
         raise ParseError("lldptool: no APP entries in the output")
     out: dict[int, list[int]] = {}
@@ -309,7 +295,7 @@ def _onoff(value: str, tool: str) -> bool:
 
 def parse_ethtool_pause(text: str) -> PauseParams:
     fields: dict[str, str] = {}
-    for line in _bounded(text, "ethtool -a").splitlines():
+    for line in bounded_lines(text, "ethtool -a").splitlines():
         key, sep, value = line.partition(":")
         if sep and key.strip() in ("Autonegotiate", "RX", "TX"):
             fields[key.strip()] = value
@@ -337,7 +323,7 @@ _MODE = re.compile(r"(\d{2,7})base", re.I)
 
 
 def parse_ethtool_link(text: str) -> LinkInfo:
-    text = _bounded(text, "ethtool")
+    text = bounded_lines(text, "ethtool")
     if not re.search(r"^Settings for \S+:", text, re.M):
         raise ParseError("ethtool: no `Settings for IF:` header in the output")
     speed = lanes = None
@@ -378,7 +364,7 @@ class DriverInfo:
 
 def parse_ethtool_driver(text: str) -> DriverInfo:
     fields: dict[str, str] = {}
-    for line in _bounded(text, "ethtool -i").splitlines():
+    for line in bounded_lines(text, "ethtool -i").splitlines():
         key, sep, value = line.partition(":")
         if sep:
             fields[key.strip()] = value.strip()[:200]
@@ -405,7 +391,7 @@ class FecInfo:
 
 
 def parse_ethtool_fec(text: str) -> FecInfo:
-    text = _bounded(text, "ethtool --show-fec")
+    text = bounded_lines(text, "ethtool --show-fec")
     m = re.search(r"^\s*Active FEC encodings?:\s*(.*?)\s*$", text, re.M)
     if m is None:
         raise ParseError("ethtool --show-fec: no `Active FEC encoding:` line in the output")
@@ -437,7 +423,7 @@ def _ber(value: str, tool: str) -> float:
 
 def parse_mlxlink(text: str) -> FecInfo:
     fields: dict[str, str] = {}
-    for line in _bounded(text, "mlxlink").splitlines():
+    for line in bounded_lines(text, "mlxlink").splitlines():
         key, sep, value = line.partition(":")
         if sep:
             fields[" ".join(key.split())] = value.strip()
@@ -494,7 +480,7 @@ def _flag(line: str, name: str) -> bool | None:
 
 
 def parse_lspci_caps(text: str) -> PciCaps:
-    text = _bounded(text, "lspci")
+    text = bounded_lines(text, "lspci")
     if not re.search(r"^[0-9a-f]{2,4}:[0-9a-f]{2}(?::[0-9a-f]{2})?\.[0-7] ", text, re.M | re.I):
         raise ParseError("lspci: no device header line in the output")
     acs = re.search(r"^\s*ACSCtl:(.*)$", text, re.M)

@@ -29,12 +29,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fabricprobe.core.errors import ProbeError
+from fabricprobe.core.tomlpos import TomlError, toml_loads
 
 IB_MTUS = (256, 512, 1024, 2048, 4096)
 # RoCEv2 headers on top of the IB payload: Ethernet 14 + IPv4 20 + UDP 8 + BTH 12, room
@@ -153,13 +153,9 @@ def _typed(section: str, key: str, value: Any, default: Any) -> Any:
 def parse_policy(text: str, base: Policy | None = None) -> Policy:
     """Parse a TOML policy (pure); unknown sections or keys are errors, not ignored."""
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise PolicyError(f"policy is not valid TOML: {e}") from e
-    except ValueError as e:  # tomllib's int() of an integer of more than 4,300 digits
-        raise PolicyError(f"policy holds a number too long to read: {str(e)[:80]}") from None
-    except RecursionError:  # arrays or inline tables nested past Python's stack
-        raise PolicyError("policy is nested too deep to read") from None
+        doc = toml_loads(text)
+    except TomlError as e:
+        raise PolicyError(f"policy: {e}") from None
     base = base or Policy()
     unknown = set(doc) - {"roce", "thresholds"}
     if unknown:

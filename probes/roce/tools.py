@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -42,6 +42,27 @@ class PfcConfig:
 
     enabled: frozenset[int]
     source: str  # "dcb", "mlnx_qos", "lldptool"
+
+
+def bounded_lines(text: str, tool: str) -> str:
+    """TEXT after a bound on its size, with every line end (CRLF, CR, LF) as LF, so that
+    line-anchored patterns see one line at a time."""
+    if len(text) > MAX_TEXT:
+        raise ParseError(f"{tool}: {len(text)} characters of output, more than any port has")
+    return "\n".join(text.splitlines())
+
+
+def entries(
+    words: Iterable[str], where: str, *, last: bool = False
+) -> Iterator[tuple[str, str, str]]:
+    """Each `A:B` of WORDS as (A, B, why), WHY naming the word for a ParseError (WHERE
+    and the word); split at the last ':' with LAST. A word without ':' is a ParseError."""
+    for item in words:
+        a, sep, b = item.rpartition(":") if last else item.partition(":")
+        why = f"{where} {item[:40]!r}"
+        if not sep:
+            raise ParseError(why)
+        yield a, b, why
 
 
 def _prio(text: str, where: str) -> int:
@@ -66,11 +87,7 @@ def parse_dcb_pfc(text: str) -> PfcConfig:
         words = line.split()
         if words[:1] in (["prio-pfc"], ["pg-pfc"]):  # early iproute2 printed pg-pfc
             enabled = set()
-            for item in words[1:]:
-                prio, sep, state = item.partition(":")
-                where = f"dcb pfc: bad priority entry {item[:40]!r}"
-                if not sep:
-                    raise ParseError(where)
+            for prio, state, where in entries(words[1:], "dcb pfc: bad priority entry"):
                 n = _prio(prio, where)
                 if _on_off(state):
                     enabled.add(n)
@@ -105,11 +122,7 @@ def parse_dcb_app(text: str) -> Mapping[int, tuple[int, ...]]:
         words = line.split()
         if words[:1] != ["dscp-prio"]:
             continue
-        for item in words[1:]:
-            key, sep, prio = item.rpartition(":")
-            where = f"dcb app: bad dscp-prio entry {item[:40]!r}"
-            if not sep:
-                raise ParseError(where)
+        for key, prio, where in entries(words[1:], "dcb app: bad dscp-prio entry", last=True):
             n = _prio(prio, where)
             out.setdefault(dscp_value(key), []).append(n)
     return MappingProxyType({k: tuple(v) for k, v in out.items()})
@@ -140,16 +153,9 @@ _DSCP2PRIO = re.compile(r"^[ \t]*prio:[ \t]*([0-7])[ \t]+dscp:[ \t]*([0-9, \t]*)
 _ENABLED_ROW = re.compile(r"^[ \t]*enabled[ \t]+([01](?:[ \t]+[01]){7})[ \t]*$", re.M)
 
 
-def _lines(text: str, tool: str) -> str:
-    """TEXT with every line end (CRLF, CR, LF) as LF, after a bound on its size."""
-    if len(text) > MAX_TEXT:
-        raise ParseError(f"{tool}: {len(text)} characters of output, more than any port has")
-    return "\n".join(text.splitlines())
-
-
 def parse_mlnx_qos(text: str) -> MlnxQos:
     """`mlnx_qos -i IF` -> trust state, DSCP map, PFC priorities."""
-    text = _lines(text, "mlnx_qos")
+    text = bounded_lines(text, "mlnx_qos")
     trust_m = _TRUST.search(text)
     pfc_m = _ENABLED_ROW.search(text)
     if trust_m is None and pfc_m is None:
@@ -176,7 +182,7 @@ def parse_mlnx_qos(text: str) -> MlnxQos:
 
 def parse_lldptool_pfc(text: str) -> PfcConfig:
     """`lldptool -t -i IF -V PFC` -> PfcConfig."""
-    m = re.search(r"PFC enabled:[ \t]*(.*)$", _lines(text, "lldptool"), re.M)
+    m = re.search(r"PFC enabled:[ \t]*(.*)$", bounded_lines(text, "lldptool"), re.M)
     if m is None:
         raise ParseError("lldptool: no 'PFC enabled:' line in the output")
     value = m.group(1).strip()
@@ -204,7 +210,7 @@ def parse_ibv_devinfo(text: str) -> Mapping[int, IbvPort]:
     """`ibv_devinfo -d DEV` -> port number -> IbvPort."""
     ports: dict[int, dict[str, Any]] = {}
     current: dict[str, Any] | None = None
-    for line in _lines(text, "ibv_devinfo").split("\n"):
+    for line in bounded_lines(text, "ibv_devinfo").split("\n"):
         m = re.match(r"^\s*port:\s*(\S+)\s*$", line)
         if m:
             port = parse_uint(m.group(1), "ibv_devinfo: port", 255)

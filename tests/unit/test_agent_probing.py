@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import ClassVar
 
 import pytest
 
@@ -395,3 +396,62 @@ def test_an_agent_probes_a_fleet_responder_with_the_fleet_token() -> None:
         out = tcp_pingpong(spec(r.port), member)
         assert out.error is None and len(out.rtt_ns) == 5
         member.links.close()
+
+
+class _FakeLink:
+    """A kept link that records how it was made and run."""
+
+    made: ClassVar[list[tuple[LinkParams, dict[str, object]]]] = []
+
+    def __init__(self, params: LinkParams, **kw: object) -> None:
+        _FakeLink.made.append((params, kw))
+
+    def round(self, count: int, warmup: int = 0) -> LatencyRound:
+        from array import array
+
+        return LatencyRound(array("q", [1000 + warmup] * count), 0, None, "rxe0", 0.01)
+
+    def close(self) -> None:
+        pass
+
+
+def test_rdma_runners_keep_their_links_and_name_their_outcomes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("pyverbs")
+    from fabricprobe.agent import rdma_runners
+    from fabricprobe.probes.measure import BandwidthResult
+    from fabricprobe.probes.rdma import rc, ud
+
+    _FakeLink.made = []
+    monkeypatch.setattr(rc, "RcPingLink", _FakeLink)
+    monkeypatch.setattr(ud, "UdLink", _FakeLink)
+    streamed: list[tuple[LinkParams, dict[str, object]]] = []
+
+    def rc_bandwidth(link: LinkParams, **kw: object) -> BandwidthResult:
+        streamed.append((link, kw))
+        return BandwidthResult("rdma", "write", link.peer, link.port, 64, 6400, 0.5)
+
+    monkeypatch.setattr(rc, "rc_bandwidth", rc_bandwidth)
+    runners = rdma_runners.rdma_runners()
+    ctx = ProbeContext(bind="127.0.0.1", timeout=1.0)
+    lat = runners["rdma_rc_lat"](spec(4793, kind="rdma_rc_lat", interval_s=60), ctx)
+    assert (lat.transport, lat.op, lat.rtt_ns, lat.failed) == ("rdma", "send", [1001] * 5, False)
+    params, kw = _FakeLink.made[-1]
+    assert kw == {"op": "send", "size": 64, "keepalive_s": 180.0}
+    assert (params.timeout, params.step_s) == (rdma_runners.SETUP_TIMEOUT_S, 1.0)
+    got = runners["rdma_ud"](spec(4793, kind="rdma_ud", count=3), ctx)
+    assert (got.op, got.rtt_ns) == ("ud", [1001] * 3)
+    assert _FakeLink.made[-1][1] == {"keepalive_s": 30.0}
+    bw = runners["rdma_rc_bw"](spec(4793, kind="rdma_rc_bw", count=100), ctx)
+    assert (bw.op, bw.bytes_moved, bw.busy_seconds, bw.failed) == ("write_stream", 6400, 0.5, False)
+    assert streamed[-1][1] == {"op": "write", "size": 64, "iters": 100}
+
+
+def test_a_runner_that_cannot_reach_its_target_reports_a_failed_burst() -> None:
+    ctx = ProbeContext(bind="127.0.0.1", timeout=1.0)
+    bad = spec(0)  # no such port: the link cannot even be described
+    lat = tcp_pingpong(bad, ctx)
+    assert (lat.failed, lat.lost) == (True, 5) and "port" in (lat.error or "")
+    bw = TCP_RUNNERS["tcp_bw"](spec(0, kind="tcp_bw"), ctx)
+    assert (bw.transport, bw.op, bw.failed, bw.bytes_moved) == ("tcp", "stream", True, 0)

@@ -191,3 +191,105 @@ def test_ud_json_and_a_run_that_ended_early(fake_ud: type[_Link]) -> None:
     assert doc["loss"]["ratio"] == 0.1 and doc["loss"]["interval"]["method"] == "wilson"
     assert doc["loss"]["interval"]["low"] < 0.1 < doc["loss"]["interval"]["high"]
     assert doc["loss"]["exchanges_for_1_point"] > 100
+
+
+def _rc_result(transport: str, rtt_ns: int, error: str | None = None) -> LatencyResult:
+    sketch = LatencySketch("rtt")
+    sketch.record_many([rtt_ns] * 10)
+    return LatencyResult(
+        transport=transport,
+        op="send" if transport == "rdma" else "pingpong",
+        peer="192.0.2.2",
+        port=4793,
+        size=64,
+        iters=10,
+        summary=sketch.summary(),
+        duration_s=0.1,
+        error=error,
+        sketch=sketch,
+        engine="pyverbs" if transport == "rdma" else "python",
+        engine_reason="test",
+        device="rxe0" if transport == "rdma" else None,
+        loop_overhead_ns=40,
+    )
+
+
+@pytest.fixture
+def fake_rc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
+    """RC and the TCP run beside it, faked: what each was asked, and the sysfs they read."""
+    pytest.importorskip("pyverbs")  # `probe lat` reads the port number from verbs
+    from fabricprobe.probes.measure import BandwidthResult
+
+    asked: dict[str, Any] = {"sysfs": tmp_path / "sys", "tcp_error": None}
+    shutil.copytree(SYS / "rxe", asked["sysfs"], symlinks=True)
+
+    def rc_latency(link: Any, **kw: Any) -> LatencyResult:
+        asked["rdma"] = (link, kw)
+        return _rc_result("rdma", 10_000)
+
+    def rc_bandwidth(link: Any, **kw: Any) -> BandwidthResult:
+        asked["rdma"] = (link, kw)
+        return BandwidthResult(
+            "rdma", "write", "192.0.2.2", 4793, 4096, 8 << 20, 0.004, iters=2048, completed=2048
+        )
+
+    def run_pingpong(link: Any, **kw: Any) -> LatencyResult:
+        asked["tcp"] = (link, kw)
+        return _rc_result("tcp", 20_000, asked["tcp_error"])
+
+    def run_throughput(link: Any, **kw: Any) -> BandwidthResult:
+        asked["tcp"] = (link, kw)
+        return BandwidthResult("tcp", "stream", "192.0.2.2", 4793, 4096, 8 << 20, 0.008)
+
+    rc = SimpleNamespace(
+        local_device=lambda root, source, device: ("rxe0", 1),
+        source_address=lambda host, port, bind: bind or "192.0.2.1",
+        rc_latency=rc_latency,
+        rc_bandwidth=rc_bandwidth,
+    )
+    monkeypatch.setattr(rdma_cmd, "_rc", lambda: rc)
+    monkeypatch.setattr(rdma_cmd.tcp_lib, "run_pingpong", run_pingpong)
+    monkeypatch.setattr(rdma_cmd.tcp_lib, "run_throughput", run_throughput)
+    return asked
+
+
+def test_rc_latency_with_tcp_beside(fake_rc: dict[str, Any]) -> None:
+    sysfs = str(fake_rc["sysfs"])
+    args = ["192.0.2.2", "--bind", "192.0.2.1", "--tcp", "--timeout", "4", "--sysfs", sysfs]
+    code, out, err = run(*args, "--engine", "pyverbs", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["kernel_bypass_ratio"] == 2.0 and doc["tcp"]["transport"] == "tcp"
+    assert doc["retransmit_counters"]["device"] == "rxe0"
+    link, kw = fake_rc["rdma"]
+    assert (link.bind, link.timeout, link.step_s, link.engine) == ("192.0.2.1", 4.0, 4.0, "pyverbs")
+    assert link.sysfs_root == sysfs and kw["size"] == 2 and kw["iters"] == 1000
+    tcp, kw = fake_rc["tcp"]
+    assert (tcp.bind, tcp.timeout, tcp.step_s, tcp.engine, tcp.device) == (
+        "192.0.2.1",
+        4.0,
+        4.0,
+        "auto",
+        None,
+    )
+    code, out, err = run(*args)
+    assert code == 0, err
+    assert "kernel-bypass ratio (TCP p50 RTT / RDMA p50 RTT): 2.00x" in out
+    fake_rc["tcp_error"] = "peer went quiet"
+    code, out, err = run(*args)
+    assert code == 1 and "run ended early: peer went quiet" in err
+
+
+def test_rc_bandwidth_with_tcp_beside(fake_rc: dict[str, Any]) -> None:
+    args = ["192.0.2.2", "--size", "4K", "--iters", "2048", "--tcp"]
+    res = CliRunner().invoke(main, ["bw", *args, "--json"])
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["rdma_to_tcp_ratio"] == 2.0
+    link, kw = fake_rc["rdma"]
+    assert (link.timeout, link.step_s, kw["size"], kw["iters"]) == (None, None, 4096, 2048)
+    _, kw = fake_rc["tcp"]
+    assert (kw["total_bytes"], kw["chunk_size"], kw["duration"]) == (4096 * 2048, 4096, None)
+    res = CliRunner().invoke(main, ["bw", *args])
+    assert res.exit_code == 0, res.stderr
+    assert "TCP same bytes: 1,048.58 MB/s; RDMA/TCP 2.00x" in " ".join(res.stdout.split())

@@ -24,6 +24,7 @@ from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError, ParseError
 from fabricprobe.core.settings import parse_toml
 from fabricprobe.core.shards import parse_member
+from fabricprobe.core.tomlpos import TomlError, toml_loads
 from fabricprobe.probes import ethtool
 from fabricprobe.probes.counters import parse_counter, read_port_counters
 from fabricprobe.probes.hostload import parse_pressure
@@ -344,6 +345,24 @@ def test_toml_and_json_readers_refuse_deep_and_long_input(
 ) -> None:
     with pytest.raises(ERRORS[kind]):
         fn(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("[roce\n", "not valid TOML: "),
+        (f"a = {GIANT}\n", "a number too long to read: "),
+        ("a = " + "[" * 5000 + "\n", "nested too deep to read"),
+        ("a = " + "{b = " * 5000 + "\n", "nested too deep to read"),
+    ],
+)
+def test_toml_from_outside_fails_one_way_saying_why(text: str, why: str) -> None:
+    with pytest.raises(TomlError) as e:
+        toml_loads(text)
+    assert str(e.value).startswith(why) and len(str(e.value)) < 300
+    with pytest.raises(PolicyError, match=f"^policy: {why}"):
+        parse_policy(text.replace("a = ", "[roce]\npriority = "))
+    assert toml_loads("[roce]\npriority = 3\n") == {"roce": {"priority": 3}}
 
 
 def test_settings_value_of_deep_toml_is_a_value_error() -> None:

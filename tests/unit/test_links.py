@@ -62,3 +62,11 @@ def test_results_keep_each_transports_json() -> None:
     assert rc.as_dict()["lost"] == 1 and rc.bytes_per_second == 2048.0
     tcp_bw = BandwidthResult("tcp", "stream", "h", 1, 4096, 8192, 1.0, streams=2, bytes_sent=9000)
     assert tcp_bw.as_dict()["chunk_size"] == 4096 and "lost" not in tcp_bw.as_dict()
+
+
+def test_a_clock_pair_of_the_python_loops_costs_a_little() -> None:
+    from fabricprobe.probes import tcp
+    from fabricprobe.probes.measure import clock_pair_ns
+
+    assert 0 < clock_pair_ns(2000) < 1_000_000
+    assert 0 < tcp.measure_timer_overhead(2000).pair_ns < 1_000_000

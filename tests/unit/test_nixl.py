@@ -52,3 +52,16 @@ def test_reader_names_the_source_and_survives_a_bad_one() -> None:
     assert r.errors == 2  # the garbage page and the refused one
     with pytest.raises(ValueError):
         NixlReader(["file:///etc/passwd"])
+
+
+def test_a_source_that_stays_down_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from fabricprobe.core.logs import warn_once
+
+    log, warned = logging.getLogger("fabricprobe.test"), set[str]()
+    with caplog.at_level(logging.WARNING, "fabricprobe.test"):
+        for key in ("a", "a", "b", "a"):
+            warn_once(log, warned, key, "%s not read: %s", key, "down")
+    assert [r.getMessage() for r in caplog.records] == ["a not read: down", "b not read: down"]
+    assert warned == {"a", "b"}

@@ -4,6 +4,7 @@ call; the HTTP handler's validation; the scheduler's client."""
 from __future__ import annotations
 
 import math
+from typing import Any
 from urllib.parse import parse_qs
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
@@ -322,3 +323,38 @@ def test_answers_are_counted_and_exported() -> None:
     v = reg.get_sample_value
     assert v("fabricprobe_kv_cost_answers_total", {"answer": "refused"}) == 1
     assert v("fabricprobe_kv_cost_host_pairs", {"state": "known"}) == 0  # no engine pairs
+
+
+@given(
+    st.booleans(),
+    st.text(max_size=60),
+    st.none() | st.floats(allow_nan=True, allow_infinity=True),
+    st.none() | finite,
+    st.sampled_from(["", "rdma", "tcp"]),
+    st.integers(0, 10),
+    st.integers(1, 1 << 40),
+)
+def test_core_price_says_on_the_wire_what_the_collectors_does(
+    known: bool,
+    reason: str,
+    p50: float | None,
+    loss: float | None,
+    transport: str,
+    rtts: int,
+    nbytes: int,
+) -> None:
+    """fabricprobe.core.price.Price, which the collector's own Price can be: the same
+    fields, the same KvCost answer, the same JSON; a client's KvCost is it and whether
+    the collector answered."""
+    from fabricprobe.collector.price import Price as CollectorPrice
+    from fabricprobe.collector.price import price_reply
+    from fabricprobe.core.price import Price
+    from fabricprobe.workload.price import KvCost
+
+    kw: dict[str, Any] = dict(p50_s=p50, loss_ratio=loss, transport=transport, rtts=rtts)
+    theirs = CollectorPrice("a", "b", nbytes, known, reason, **kw)
+    ours = Price("a", "b", nbytes, known, reason, **kw)
+    assert ours.reply().SerializeToString() == price_reply(theirs).SerializeToString()
+    assert ours.as_dict() == theirs.as_dict()
+    got = KvCost.from_reply(ours.reply())
+    assert got.as_dict() == {**Price.from_reply(ours.reply()).as_dict(), "reachable": True}

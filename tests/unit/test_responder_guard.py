@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from fabricprobe.core.errors import PeerError
 from fabricprobe.probes import tcp
 from fabricprobe.probes.control import (
     ControlClient,
+    ProtocolError,
     RdmaEndpoint,
     Refused,
     Session,
@@ -200,6 +202,47 @@ def test_an_rdma_endpoint_must_be_the_control_peer() -> None:
     check_endpoint_peer(v6, "fe80::1")
     with pytest.raises(Refused):
         check_endpoint_peer(v6, "192.0.2.3")
+
+
+def test_a_session_takes_the_rdma_endpoint_of_its_hello_from_its_peer_only() -> None:
+    ep = RdmaEndpoint.datagram(0x42, "::ffff:192.0.2.3", 1)
+
+    def session(params: dict[str, object], peer: str = "192.0.2.3") -> Session:
+        channel: Any = None  # rdma_endpoint() reads only the hello's params and the peer
+        return Session(
+            channel, "rdma_ud", params, (peer, 5000), ("192.0.2.9", 4793), step_timeout=1
+        )
+
+    assert session({"endpoint": ep.as_dict()}).rdma_endpoint() == ep
+    with pytest.raises(Refused) as e:
+        session({"endpoint": ep.as_dict()}, peer="192.0.2.4").rdma_endpoint()
+    assert e.value.reason == "address"
+    with pytest.raises(ProtocolError, match=r"params\.endpoint: expected an object"):
+        session({"endpoint": "nowhere"}).rdma_endpoint()
+    with pytest.raises(ProtocolError, match=r"params\.endpoint"):
+        session({"endpoint": {"qpn": 1}}).rdma_endpoint()
+
+
+def test_a_responder_answers_with_the_probers_engine_where_it_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fabricprobe.probes.rdma import native
+    from fabricprobe.probes.rdma.links import responder_engine
+
+    monkeypatch.setattr(native, "load", lambda: object())  # built here
+    assert [responder_engine(w) for w in ("native", "pyverbs", "auto", None, 7)] == [
+        "native",
+        "pyverbs",
+        "pyverbs",
+        "pyverbs",
+        "pyverbs",
+    ]
+
+    def not_built() -> None:
+        raise native.NativeError("not built")
+
+    monkeypatch.setattr(native, "load", not_built)
+    assert responder_engine("native") == "pyverbs"
 
 
 @pytest.mark.parametrize("kind", ["rdma_ud", "rdma_rc_lat"])

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.roce import (
     HostView,
     Policy,
@@ -23,7 +25,7 @@ from fabricprobe.probes.roce.checks import (
     evaluate_counters,
     iboe_mtu,
 )
-from fabricprobe.probes.roce.host import CounterSample
+from fabricprobe.probes.roce.host import CounterSample, ToolRun
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SYS = FIXTURES / "sys"
@@ -499,3 +501,41 @@ def test_missing_configfs_as_root_is_not_a_privilege_skip(tmp_path: Path) -> Non
     (cm,) = by_check(report, "rdma_cm")
     assert cm.status is Status.SKIP and not cm.needs_root
     assert "needed root" not in report.summary()
+
+
+class _Tools:
+    """A host whose tools answer from a table: argv -> (status, stdout)."""
+
+    def __init__(self, answers: dict[tuple[str, ...], tuple[str, str]]) -> None:
+        self.answers = answers
+
+    def run(self, *argv: str) -> ToolRun:
+        status, out = self.answers.get(argv, ("missing", ""))
+        return ToolRun(argv, status, out)
+
+
+def _number(text: str) -> int | None:
+    if text == "nothing":
+        return None
+    if not text.isdigit():
+        raise ParseError(f"not a number: {text!r}")
+    return int(text)
+
+
+def test_the_first_tool_with_an_answer_wins_and_the_others_are_evidence() -> None:
+    from fabricprobe.probes.roce.checks import first_answer
+
+    view: Any = _Tools(
+        {
+            ("a",): ("ok", "junk"),
+            ("b",): ("ok", "nothing"),
+            ("c",): ("ok", "7"),
+            ("d",): ("ok", "8"),
+        }
+    )
+    sources = [((name,), _number) for name in ("x", "a", "b", "c", "d")]
+    value, ev, runs = first_answer(view, sources)
+    assert value == 7 and [r.command for r in runs] == ["x", "a", "b", "c"]
+    assert ev == ["a: not a number: 'junk'"]  # a tool that says nothing leaves no evidence
+    value, ev, runs = first_answer(view, sources[:3])
+    assert value is None and len(runs) == 3 and runs[0].status == "missing"

@@ -17,6 +17,7 @@ from fabricprobe.probes.roce import Policy, Status, validate
 from fabricprobe.probes.roce import hwtools as hw
 from fabricprobe.probes.roce.checks import Target
 from fabricprobe.probes.roce.hwchecks import check_acs
+from fabricprobe.probes.roce.tools import MAX_TEXT
 from tests.unit.test_validate_checks import TOOLS, by_check, capture, host
 
 MLX = "ens1f0np0"
@@ -495,7 +496,7 @@ BAD = [
     (hw.parse_link_speed, "fast\n"),
     (hw.parse_link_width, "-1\n"),
     (hw.parse_lspci_caps, "ACSCtl: ReqRedir+\n"),
-    (hw.parse_dcb_ets, "x" * (hw.MAX_TEXT + 1)),
+    (hw.parse_dcb_ets, "x" * (MAX_TEXT + 1)),
 ]
 
 

@@ -8,7 +8,9 @@ import pytest
 
 from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.roce.tools import (
+    bounded_lines,
     dscp_value,
+    entries,
     parse_dcb_app,
     parse_dcb_apptrust,
     parse_dcb_pfc,
@@ -206,3 +208,27 @@ def test_parse_ip_addr() -> None:
 def test_parse_ip_addr_bad(text: str, message: str) -> None:
     with pytest.raises(ParseError, match=message):
         parse_ip_addr(text)
+
+
+@pytest.mark.parametrize(
+    ("words", "last", "out"),
+    [
+        (["3:on", "4:off"], False, [("3", "on"), ("4", "off")]),
+        (["a:b:c"], False, [("a", "b:c")]),
+        (["a:b:c"], True, [("a:b", "c")]),
+        (["3:"], False, [("3", "")]),
+        ([], False, []),
+    ],
+)
+def test_entries_split_each_word_once(words: list[str], last: bool, out: list[object]) -> None:
+    got = list(entries(words, "tool: bad entry", last=last))
+    assert [(a, b) for a, b, _ in got] == out
+    assert all(why.startswith("tool: bad entry '") for _, _, why in got)
+
+
+def test_entries_and_lines_refuse_what_is_not_theirs() -> None:
+    with pytest.raises(ParseError, match="tool: bad entry 'nocolon'"):
+        list(entries(["1:on", "nocolon"], "tool: bad entry"))
+    assert bounded_lines("a\r\nb\rc\n", "tool") == "a\nb\nc"
+    with pytest.raises(ParseError, match="more than any port has"):
+        bounded_lines("x" * ((1 << 20) + 1), "tool")

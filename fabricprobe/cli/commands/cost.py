@@ -9,11 +9,12 @@ import click
 from fabricprobe.cli.options import (
     CollectorCredentials,
     OneLineCommand,
+    ask_collector,
     collector_credential_options,
+    collector_option,
     fail,
     print_json,
 )
-from fabricprobe.core.hostport import format_hostport, parse_hostport
 
 EXIT_UNKNOWN = 3  # the collector answered: no fresh figures for that path (reason given)
 MAX_BYTES = 1 << 40
@@ -29,17 +30,10 @@ def query(
 ) -> dict[str, Any]:
     """Ask the collector's Query service for the price (KvCost) as plain data."""
     from fabricprobe.core.api import fabricprobe_pb2 as pb
-    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
     from fabricprobe.workload.price import KvCost
 
-    host, port = parse_hostport(collector, 4794)
-    with creds.channel(format_hostport(host, port)) as channel:
-        reply = pb_grpc.QueryStub(channel).KvCost(
-            pb.KvCostRequest(src=src, dst=dst, bytes=nbytes),
-            timeout=timeout,
-            metadata=creds.metadata(),
-        )
-    return KvCost.from_reply(reply).as_dict()
+    request = pb.KvCostRequest(src=src, dst=dst, bytes=nbytes)
+    return KvCost.from_reply(creds.call(collector, "KvCost", request, timeout)).as_dict()
 
 
 def _text(c: dict[str, Any]) -> str:
@@ -66,7 +60,7 @@ Examples:
 Exit status: 0 with a price, 3 when the path has no fresh figures (the reason is
 printed), 1 when the collector cannot be asked, 2 on bad usage.""",
 )
-@click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT")
+@collector_option()
 @click.option("--src", required=True, help="Prefill host (an agent's name).")
 @click.option("--dst", required=True, help="Decode host.")
 @click.option("--bytes", "nbytes", type=click.IntRange(1, MAX_BYTES), required=True)
@@ -87,19 +81,14 @@ def cost(
     they are. Only the fabric is priced (the protocol's round trips, the bytes at the
     path's bandwidth, retransmits for its loss), not the engines' wait around it. A path
     with no fresh figures is "unknown", with the reason, never a guess."""
-    import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-
-    creds = CollectorCredentials(**cred)
-    creds.check()
+    creds = CollectorCredentials.given(cred)
     if src == dst:
         fail("--src and --dst are the same host")
-    try:
-        got = query(collector, src, dst, nbytes, timeout, creds)
-    except ValueError as e:
-        fail(str(e))
-    except grpc.RpcError as e:
-        code = 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
-        fail(f"collector {collector}: {e.code().name}: {e.details()}", code)
+    got = ask_collector(
+        collector,
+        lambda: query(collector, src, dst, nbytes, timeout, creds),
+        usage=("INVALID_ARGUMENT",),
+    )
     if as_json:
         print_json(got)
     else:

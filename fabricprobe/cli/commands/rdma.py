@@ -3,7 +3,9 @@ UD latency and loss, and RC bandwidth against a peer running `probe serve`."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import click
@@ -11,17 +13,14 @@ from rich.console import Console
 
 from fabricprobe.cli.options import (
     OneLineCommand,
+    Peer,
     SizeParam,
-    bind_option,
     fail,
-    json_option,
-    load_token,
+    peer_options,
     port_option,
     print_json,
-    resolve_peer,
     sysfs_option,
     timeout_option,
-    token_file_option,
 )
 from fabricprobe.cli.render import (
     latency_table,
@@ -39,12 +38,12 @@ from fabricprobe.probes.counters import (
     hw_counter_changes,
     read_port_counters,
 )
-from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.loss import LossEstimate
-from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
 from fabricprobe.probes.sysfs import SysfsError, read_device
 
 T = TypeVar("T")
+R = TypeVar("R", LatencyResult, BandwidthResult)
 SIZE = SizeParam(1, 1 << 20)
 UD_MAX_WARMUP = 100  # UdLink.round's bound
 device_option = click.option(
@@ -67,21 +66,44 @@ tcp_option = click.option(
 )
 
 
-def peer_options(f: Callable[..., None]) -> Callable[..., None]:
-    """The options `probe lat` and `probe bw` share, after their own."""
-    stack = (
-        bind_option,
-        device_option,
-        engine_option,
-        tcp_option,
-        timeout_option(None, "30 for the RDMA setup; 2 per exchange, lat; 5, bw"),
-        token_file_option,
-        json_option,
-    )
-    f = sysfs_option(f)
-    for option in reversed(stack):  # as decorators listed top to bottom would apply
-        f = option(f)
-    return f
+@dataclass(frozen=True)
+class RdmaPeer(Peer):
+    """The peer of `probe lat` or `probe bw`, and how to reach it over RDMA: --device,
+    --sysfs and --engine beside what every probe command takes."""
+
+    device: str | None = None
+    sysfs_root: str = "/sys"
+    engine: str = "auto"
+
+    def link(self, step_s: float | None) -> LinkParams:
+        """The RDMA link to the peer; a bad value exits 2. The timeout bounds the setup and
+        STEP_S each step (None: each probe's defaults)."""
+        try:
+            return replace(
+                self.tcp_link(),
+                step_s=step_s,
+                device=self.device,
+                sysfs_root=self.sysfs_root,
+                engine=self.engine,
+            )
+        except ValueError as e:
+            fail(str(e))
+
+
+def rdma_peer_options(f: Callable[..., None]) -> Callable[..., None]:
+    """The options `probe lat` and `probe bw` share, after their own (peer_options and
+    --device, --engine, --tcp, --sysfs). The command gets the peer and how to reach it as
+    one RdmaPeer, its first argument, and --tcp and --json as `with_tcp` and `as_json`."""
+
+    @functools.wraps(f)
+    def command(to: Peer, *, device: str | None, engine: str, sysfs_root: str, **rest: Any) -> None:
+        f(
+            RdmaPeer(to.host, to.port, to.bind, to.timeout, to.token, device, sysfs_root, engine),
+            **rest,
+        )
+
+    timeout = timeout_option(None, "30 for the RDMA setup; 2 per exchange, lat; 5, bw")
+    return peer_options(timeout, device_option, engine_option, tcp_option)(sysfs_option(command))
 
 
 def _measure(call: Callable[[], T]) -> T:
@@ -94,41 +116,26 @@ def _measure(call: Callable[[], T]) -> T:
         fail(str(e), 1)
 
 
-def _beside(call: Callable[[], T]) -> T:
-    """The TCP run beside the RDMA one; its failure exits 1."""
+def _beside(call: Callable[[], R], errors: list[str]) -> R:
+    """The TCP run beside the RDMA one, its error (if it ended early) added to ERRORS; a
+    run that fails exits 1."""
     try:
-        return call()
+        t = call()
     except ProbeError as e:
         fail(f"TCP beside RDMA failed: {e}", 1)
+    errors += [t.error] if t.error else []
+    return t
 
 
-def _link(
-    host: str,
-    port: int,
-    bind: str | None,
-    device: str | None,
-    sysfs_root: str,
-    engine: str,
-    timeout: float | None,
-    token: FleetToken | None,
-    step_s: float | None,
-) -> LinkParams:
-    """The peer and how to reach it, from the options; a bad value exits 2. TIMEOUT bounds
-    the setup and STEP_S each step (None: each probe's defaults)."""
-    try:
-        return LinkParams(
-            host,
-            port,
-            bind=bind,
-            device=device,
-            sysfs_root=sysfs_root,
-            engine=engine,
-            timeout=timeout,
-            step_s=step_s,
-            token=token,
-        )
-    except ValueError as e:
-        fail(str(e))
+def _times(ratio: float | None) -> str:
+    """A ratio as the commands print it: 2.00x, or - when there is none."""
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _end(errors: list[str]) -> None:
+    """Exit 1 when a run ended early (its figures are shown by then)."""
+    if errors:
+        fail("run ended early: " + "; ".join(errors), 1)
 
 
 def _rc() -> Any:
@@ -234,10 +241,9 @@ Examples:
 @click.option("--size", type=SIZE, default="2", show_default=True, help="Message size, 1 B..1 MiB.")
 @click.option("--iters", type=click.IntRange(1, 10_000_000), default=1000, show_default=True)
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=100, show_default=True)
-@peer_options
+@rdma_peer_options
 def lat(
-    peer: str,
-    port: int | None,
+    to: RdmaPeer,
     qp: str,
     interval: float,
     wait: float | None,
@@ -245,14 +251,8 @@ def lat(
     size: int,
     iters: int,
     warmup: int,
-    bind: str | None,
-    device: str | None,
     with_tcp: bool,
-    timeout: float | None,
     as_json: bool,
-    sysfs_root: str,
-    engine: str,
-    token_file: str | None,
 ) -> None:
     """RC ping-pong latency to PEER, with the port's retransmit counters; or with --qp ud,
     UD latency and loss. Figures are RTTs; one-way columns are RTT/2.
@@ -261,8 +261,6 @@ def lat(
     two ACKs before the next goes; an answer that comes later still counts, with its RTT,
     until --timeout (1 s unless given) after the last probe, and a probe with none by
     then is lost. The loss comes with its 95 % Wilson interval."""
-    host, port = resolve_peer(peer, port)
-    token = load_token(token_file)
     if qp == "ud":
         for name, flag in (("op", "--op"), ("size", "--size"), ("with_tcp", "--tcp")):
             if _given(name):
@@ -271,9 +269,8 @@ def lat(
             fail(f"--warmup: at most {UD_MAX_WARMUP} with --qp ud")
         ud = _ud()
         # --timeout bounds the setup and how late an answer may come; --wait the step
-        link = _link(host, port, bind, device, sysfs_root, engine, timeout, token, wait)
-        late = ud.UdLink.LATE_S if timeout is None else timeout
-        _lat_ud(ud, host, port, iters, min(warmup, UD_MAX_WARMUP), interval, late, link, as_json)
+        late = ud.UdLink.LATE_S if to.timeout is None else to.timeout
+        _lat_ud(ud, to.link(wait), iters, min(warmup, UD_MAX_WARMUP), interval, late, as_json)
         return
     for name, flag in (("interval", "--interval"), ("wait", "--wait")):
         if _given(name):
@@ -281,14 +278,16 @@ def lat(
     rc = _rc()
     from fabricprobe.probes.rdma.verbs import ACK_TIMEOUT_S, PORT  # pyverbs is there now
 
-    link = _link(host, port, bind, device, sysfs_root, engine, timeout, token, timeout)
+    link = to.link(to.timeout)
     try:  # the device the run will go out of, as the probe itself picks it
         dev, _ = _measure(
-            lambda: rc.local_device(sysfs_root, rc.source_address(host, port, bind), device)
+            lambda: rc.local_device(
+                to.sysfs_root, rc.source_address(to.host, to.port, to.bind), to.device
+            )
         )
     except OSError as e:
-        fail(f"no route to {host}: {e.strerror or e}", 1)
-    watch = PortWatch(sysfs_root, dev, PORT)
+        fail(f"no route to {to.host}: {e.strerror or e}", 1)
+    watch = PortWatch(to.sysfs_root, dev, PORT)
     with progress_bar(not as_json and iters >= 5000, f"RDMA {op} ping-pong", "iterations") as bar:
         res = _measure(
             lambda: rc.rc_latency(link, op=op, size=size, iters=iters, warmup=warmup, progress=bar)
@@ -302,24 +301,19 @@ def lat(
     errors = [res.error] if res.error else []
     if with_tcp:
         t = _beside(
-            lambda: tcp_lib.run_pingpong(
-                LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout, token=token),
-                size=size,
-                iters=iters,
-                warmup=warmup,
-            )
+            lambda: tcp_lib.run_pingpong(to.tcp_link(), size=size, iters=iters, warmup=warmup),
+            errors,
         )
         out["tcp"] = t.as_dict()
         rows["tcp"] = t.summary
-        ratio = tcp_lib.kernel_bypass_ratio(t.summary, res.summary)
-        out["kernel_bypass_ratio"] = ratio
-        errors += [t.error] if t.error else []
+        out["kernel_bypass_ratio"] = tcp_lib.kernel_bypass_ratio(t.summary, res.summary)
     if as_json:
         print_json(out)
     else:
         console = Console()
         console.print(
-            f"RC {op} ping-pong {res.device} -> {host}:{port} ({res.engine} loop): {size:,} B, "
+            f"RC {op} ping-pong {res.device} -> {to.host}:{to.port} ({res.engine} loop): "
+            f"{size:,} B, "
             f"{iters:,} measured (+{warmup:,} warm-up)",
             highlight=False,
         )
@@ -343,25 +337,20 @@ def lat(
                 highlight=False,
             )
         if with_tcp:
-            r = out["kernel_bypass_ratio"]
+            ratio = _times(out["kernel_bypass_ratio"])
             console.print(
-                f"kernel-bypass ratio (TCP p50 RTT / RDMA p50 RTT): "
-                f"{'-' if r is None else f'{r:.2f}x'}",
-                highlight=False,
+                f"kernel-bypass ratio (TCP p50 RTT / RDMA p50 RTT): {ratio}", highlight=False
             )
-    if errors:
-        fail("run ended early: " + "; ".join(errors), 1)
+    _end(errors)
 
 
 def _lat_ud(
     ud: Any,
-    host: str,
-    port: int,
+    link: LinkParams,
     probes: int,
     warmup: int,
     interval: float,
     late_s: float,
-    link: LinkParams,
     as_json: bool,
 ) -> None:
     """One UD round of PROBES probes: network RTT, responder delay, loss with its interval."""
@@ -378,7 +367,8 @@ def _lat_ud(
         console = Console()
         pace = f"at most one per {interval * 1e3:,.3f} ms" if interval else "back to back"
         console.print(
-            f"UD probes {res.device} -> {host}:{port} ({res.engine} loop): {probes:,} probes "
+            f"UD probes {res.device} -> {link.peer}:{link.port} ({res.engine} loop): "
+            f"{probes:,} probes "
             f"(+{warmup:,} warm-up), {pace}; each waits {link.step(ud.UdLink.STEP_S):g} s "
             f"for its ACKs before the next goes, late answers count until "
             f"{max(late_s, link.step(ud.UdLink.STEP_S)):g} s after the last",
@@ -430,31 +420,17 @@ Examples:
     show_default=True,
     help="Operations in flight.",
 )
-@peer_options
+@rdma_peer_options
 def bw(
-    peer: str,
-    port: int | None,
-    op: str,
-    size: int,
-    iters: int,
-    outstanding: int,
-    bind: str | None,
-    device: str | None,
-    with_tcp: bool,
-    timeout: float | None,
-    as_json: bool,
-    sysfs_root: str,
-    engine: str,
-    token_file: str | None,
+    to: RdmaPeer, op: str, size: int, iters: int, outstanding: int, with_tcp: bool, as_json: bool
 ) -> None:
     """RC bandwidth to PEER: ITERS operations of SIZE bytes, OUTSTANDING in flight."""
-    host, port = resolve_peer(peer, port)
-    token = load_token(token_file)
     rc = _rc()
+    link = to.link(to.timeout)
     with progress_bar(not as_json and iters >= 2000, f"RDMA {op} bandwidth", "operations") as bar:
         res = _measure(
             lambda: rc.rc_bandwidth(
-                _link(host, port, bind, device, sysfs_root, engine, timeout, token, timeout),
+                link,
                 op=op,
                 size=size,
                 iters=iters,
@@ -467,23 +443,21 @@ def bw(
     if with_tcp:
         t = _beside(
             lambda: tcp_lib.run_throughput(
-                LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout, token=token),
-                duration=None,
-                total_bytes=size * iters,
-                chunk_size=size,
-            )
+                to.tcp_link(), duration=None, total_bytes=size * iters, chunk_size=size
+            ),
+            errors,
         )
         out["tcp"] = t.as_dict()
         out["rdma_to_tcp_ratio"] = (
             res.bytes_per_second / t.bytes_per_second if t.bytes_per_second else None
         )
-        errors += [t.error] if t.error else []
     if as_json:
         print_json(out)
     else:
         console = Console()
         console.print(
-            f"RC {op} bandwidth {res.device} -> {host}:{port} ({res.engine} loop): {size:,} B x "
+            f"RC {op} bandwidth {res.device} -> {to.host}:{to.port} ({res.engine} loop): "
+            f"{size:,} B x "
             f"{res.completed:,}/{iters:,} in {res.duration_s:.3f} s = "
             f"{res.bytes_per_second / 1e6:,.2f} MB/s "
             f"({res.bytes_per_second * 8 / 1e9:.3f} Gb/s)",
@@ -491,12 +465,9 @@ def bw(
         )
         console.print(f"engine: {res.engine_reason}", highlight=False)
         if with_tcp:
-            tcp_bps = out["tcp"]["bytes_per_second"]
-            r = out["rdma_to_tcp_ratio"]
+            tcp_mbps = out["tcp"]["bytes_per_second"] / 1e6
+            ratio = _times(out["rdma_to_tcp_ratio"])
             console.print(
-                f"TCP same bytes: {tcp_bps / 1e6:,.2f} MB/s; RDMA/TCP "
-                f"{'-' if r is None else f'{r:.2f}x'}",
-                highlight=False,
+                f"TCP same bytes: {tcp_mbps:,.2f} MB/s; RDMA/TCP {ratio}", highlight=False
             )
-    if errors:
-        fail("run ended early: " + "; ".join(errors), 1)
+    _end(errors)

@@ -11,11 +11,12 @@ from fabricprobe.cli.commands.why import query
 from fabricprobe.cli.options import (
     CollectorCredentials,
     OneLineCommand,
+    collector_address,
     collector_credential_options,
+    collector_option,
     fail,
 )
 from fabricprobe.core.errors import ConfigError
-from fabricprobe.core.hostport import format_hostport, parse_hostport
 
 
 @click.command(
@@ -27,8 +28,7 @@ Examples:
       --key-file me.key --metrics-url http://10.0.0.9:9794/metrics
   probe report --insecure --prometheus http://127.0.0.1:9090 --window 3600""",
 )
-@click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT",
-              help="Collector's API, for the Why query.")  # fmt: skip
+@collector_option("Collector's API, for the Why query.")
 @click.option(
     "--metrics-url", metavar="URL", help="Collector's /metrics [http://HOST:9794/metrics]."
 )
@@ -63,13 +63,11 @@ def report(
     from fabricprobe.report.build import ReportOptions, gather, write
     from fabricprobe.report.sources import HttpAuth, SourceError
 
-    cc = CollectorCredentials(**creds)  # type: ignore[arg-type]
-    cc.check()
+    cc = CollectorCredentials.given(creds)
     try:
-        host, port = parse_hostport(collector, 4794)
+        target = collector_address(collector)
     except ValueError as e:
         fail(str(e))
-    target = format_hostport(host, port)
     url = metrics_url or f"http://{target.rsplit(':', 1)[0]}:9794/metrics"
     http = HttpAuth(
         ca_file=cc.ca_file or "",

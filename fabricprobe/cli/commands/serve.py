@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any
 
-import click
-
-from fabricprobe.cli.options import (
-    OneLineCommand,
-    fail,
-    log_format_option,
-    log_level_option,
-    settings_epilog,
-    settings_options,
-)
+from fabricprobe.cli.daemon import daemon_command, stop_on_signals
+from fabricprobe.cli.options import fail
 from fabricprobe.cli.sessions import served_sessions
-from fabricprobe.core import settings
-from fabricprobe.core.errors import ConfigError, ProbeError
+from fabricprobe.core.errors import ProbeError
 from fabricprobe.core.hostport import DEFAULT_PORT, format_hostport, parse_hostport
-from fabricprobe.core.logs import setup_logging
 from fabricprobe.core.settings import LISTEN, setting
 from fabricprobe.probes.control import MAX_KEEPALIVE_S
 from fabricprobe.probes.fleet import FleetToken
@@ -74,19 +61,15 @@ class ServeConfig:
     insecure: bool = setting(False, "Serve anyone, without a token (a lab, loopback).")
 
 
-@click.command(
-    cls=OneLineCommand,
-    epilog="""\b
+EXAMPLES = """\b
 Examples:
   probe serve --token-file /etc/fabricprobe/probe-token     # every address, port 4793
   probe serve --token-file T --listen 10.0.0.2:4793          # one host's address
   probe serve --insecure --listen [::1]:5000 --max-sessions 4 --idle-timeout 10"""
-    + settings_epilog("serve", "max_sessions"),
-)
-@settings_options(ServeConfig, "serve")
-@log_level_option
-@log_format_option
-def serve(config_file: str | None, log_level: str, log_format: str, **flags: Any) -> None:
+
+
+@daemon_command(ServeConfig, "serve", EXAMPLES, "max_sessions")
+def serve(cfg: ServeConfig, log_level: str) -> None:
     """Answer probe sessions from peers until SIGINT or SIGTERM.
 
     With --token-file a prober must prove it holds the fleet's token (HMAC of a fresh
@@ -94,15 +77,8 @@ def serve(config_file: str | None, log_level: str, log_format: str, **flags: Any
     per session on stderr (at info): the prober, the session kind, how it ended.
     `--log-level warning` keeps only what went wrong.
     """
-    try:
-        cfg = settings.load(
-            ServeConfig, "serve", file=config_file, env=settings.environ(), flags=flags
-        )
-    except ConfigError as e:
-        fail(str(e))
     host, port = parse_hostport(cfg.listen, DEFAULT_PORT, allow_port_zero=True)
     auth = fleet_token(cfg.token_file or None, cfg.insecure)
-    setup_logging(log_level, log_format)
     responder = Responder(
         host,
         port,
@@ -119,12 +95,7 @@ def serve(config_file: str | None, log_level: str, log_format: str, **flags: Any
         bound = responder.start()
     except ProbeError as e:
         fail(str(e), 1)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        responder.stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop_on_signals(responder.stop)
     kinds = ", ".join(sorted(responder.sessions))
     who = "anyone (--insecure)" if auth is None else "the fleet (token)"
     log.info("listening on %s for %s (sessions: %s)", format_hostport(*bound), who, kinds)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -11,27 +14,25 @@ from rich.table import Table
 
 from fabricprobe.cli.options import (
     OneLineCommand,
+    Peer,
     SizeParam,
-    bind_option,
     fail,
-    json_option,
-    load_token,
+    peer_options,
     port_option,
     print_json,
-    resolve_peer,
     timeout_option,
-    token_file_option,
 )
 from fabricprobe.cli.render import latency_table, loss_line, progress_bar
 from fabricprobe.core.errors import PeerError
 from fabricprobe.core.hostport import format_hostport
 from fabricprobe.probes import tcp as tcp_lib
-from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
+from fabricprobe.probes.measure import BandwidthResult, LatencyResult
 
 DEFAULT_ITERS = 10_000
 DEFAULT_WARMUP = 100
 DEFAULT_DURATION = 5.0
 PROGRESS_MIN_ITERS = 2_000  # shorter runs finish before a bar would be any use
+R = TypeVar("R", LatencyResult, BandwidthResult)
 
 
 @click.command(
@@ -83,13 +84,9 @@ Examples:
     default=None,
     help="--bw: parallel connections (default 1).",
 )
-@bind_option
-@timeout_option(2.0)
-@token_file_option
-@json_option
+@peer_options(timeout_option(2.0))
 def tcp(
-    peer: str,
-    port: int | None,
+    to: Peer,
     size: int | None,
     iters: int | None,
     warmup: int | None,
@@ -97,9 +94,6 @@ def tcp(
     duration: float | None,
     total_bytes: int | None,
     streams: int | None,
-    bind: str | None,
-    timeout: float,
-    token_file: str | None,
     as_json: bool,
 ) -> None:
     """TCP baseline against PEER running `probe serve`: ping-pong RTT, or --bw throughput.
@@ -107,52 +101,61 @@ def tcp(
     Latency figures are round-trip times (RTT); the one-way column is RTT/2, an
     estimate that assumes a symmetric path.
     """
-    host, port = resolve_peer(peer, port)
     _check_args(bw, size, iters, warmup, duration, total_bytes, streams)
-    _check_addresses(host, port, bind)
-    token = load_token(token_file)
+    _check_addresses(to.host, to.port, to.bind)
+    link = to.tcp_link()
     if bw:
         if total_bytes is None and duration is None:
             duration = DEFAULT_DURATION
         unit = "bytes" if total_bytes else "ms"
-        with progress_bar(not as_json, "TCP throughput", unit) as progress:
-            try:
-                bres = tcp_lib.run_throughput(
-                    LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout, token=token),
-                    duration=duration,
-                    total_bytes=total_bytes,
-                    streams=streams or 1,
-                    chunk_size=size or tcp_lib.DEFAULT_CHUNK,
-                    progress=progress,
-                )
-            except PeerError as e:
-                fail(str(e), 1)
-        if as_json:
-            print_json(bres.as_dict())
-        else:
-            _print_throughput(bres)
-        error = bres.error
+        _run(
+            progress_bar(not as_json, "TCP throughput", unit),
+            lambda progress: tcp_lib.run_throughput(
+                link,
+                duration=duration,
+                total_bytes=total_bytes,
+                streams=streams or 1,
+                chunk_size=size or tcp_lib.DEFAULT_CHUNK,
+                progress=progress,
+            ),
+            _print_throughput,
+            as_json,
+        )
+        return
+    n = iters or DEFAULT_ITERS
+    _run(
+        progress_bar(not as_json and n >= PROGRESS_MIN_ITERS, "TCP ping-pong", "iterations"),
+        lambda progress: tcp_lib.run_pingpong(
+            link,
+            size=size or 64,
+            iters=n,
+            warmup=DEFAULT_WARMUP if warmup is None else warmup,
+            progress=progress,
+        ),
+        _print_latency,
+        as_json,
+    )
+
+
+def _run(
+    bar: AbstractContextManager[Any],
+    measure: Callable[[Any], R],
+    show: Callable[[R], None],
+    as_json: bool,
+) -> None:
+    """MEASURE under the progress BAR, then SHOW the result (or print its JSON); a peer
+    that fails the run exits 1, as does a run that ended early (once it is shown)."""
+    with bar as progress:
+        try:
+            res = measure(progress)
+        except PeerError as e:
+            fail(str(e), 1)
+    if as_json:
+        print_json(res.as_dict())
     else:
-        n = iters or DEFAULT_ITERS
-        show = not as_json and n >= PROGRESS_MIN_ITERS
-        with progress_bar(show, "TCP ping-pong", "iterations") as progress:
-            try:
-                lres = tcp_lib.run_pingpong(
-                    LinkParams(host, port, bind=bind, timeout=timeout, step_s=timeout, token=token),
-                    size=size or 64,
-                    iters=n,
-                    warmup=DEFAULT_WARMUP if warmup is None else warmup,
-                    progress=progress,
-                )
-            except PeerError as e:
-                fail(str(e), 1)
-        if as_json:
-            print_json(lres.as_dict())
-        else:
-            _print_latency(lres)
-        error = lres.error
-    if error:
-        fail(f"run ended early: {error}", 1)
+        show(res)
+    if res.error:
+        fail(f"run ended early: {res.error}", 1)
 
 
 def _check_args(

@@ -15,8 +15,10 @@ from rich.text import Text
 from fabricprobe.cli.options import (
     CollectorCredentials,
     OneLineCommand,
+    ask_collector,
     bind_option,
     collector_credential_options,
+    collector_option,
     fail,
     json_option,
     print_json,
@@ -233,7 +235,7 @@ Checks that need root say so and are skipped when run unprivileged.""",
     help="Ask the collector instead: every host's newest checks and the hosts whose "
     "configuration differs from their ToR's or role's.",
 )
-@click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT")
+@collector_option()
 @click.option("--fleet-host", default="", metavar="HOST", help="With --fleet: only this host.")
 @click.option("--include-waived", is_flag=True, help="With --fleet: list waived differences.")
 @collector_credential_options("With --fleet: a file holding a reader token.")
@@ -317,18 +319,12 @@ def _fleet(
     as_json: bool,
     cred: dict[str, Any],
 ) -> NoReturn:
-    import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-
     from fabricprobe.cli.drift import fleet_exit, fleet_query, render_fleet
 
-    creds = CollectorCredentials(**cred)
-    creds.check()
-    try:
-        data = fleet_query(collector, host, include_waived, timeout, creds)
-    except ValueError as e:
-        fail(str(e))
-    except grpc.RpcError as e:
-        fail(f"collector {collector}: {e.code().name}: {e.details()}", 1)
+    creds = CollectorCredentials.given(cred)
+    data = ask_collector(
+        collector, lambda: fleet_query(collector, host, include_waived, timeout, creds)
+    )
     if as_json:
         print_json(data)
         raise SystemExit(fleet_exit(data))

@@ -11,11 +11,11 @@ from rich.table import Table
 from fabricprobe.cli.options import (
     CollectorCredentials,
     OneLineCommand,
+    ask_collector,
     collector_credential_options,
-    fail,
+    collector_option,
     print_json,
 )
-from fabricprobe.core.hostport import format_hostport, parse_hostport
 
 EXIT_EMPTY = 3  # the collector answered, but has no request on a path to show
 
@@ -54,15 +54,10 @@ def query(
 ) -> dict[str, Any]:
     """Ask the collector's Query service for the Why report (plain text without CREDS)."""
     from fabricprobe.core.api import fabricprobe_pb2 as pb
-    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
     creds = creds or CollectorCredentials(insecure=True)
-    host, port = parse_hostport(collector, 4794)
-    target = format_hostport(host, port)
-    with creds.channel(target) as channel:
-        request = pb.WhyRequest(slowest=slowest, window_s=window_s or 0.0, by=by)
-        reply = pb_grpc.QueryStub(channel).Why(request, timeout=timeout, metadata=creds.metadata())
-        return reply_dict(reply)
+    request = pb.WhyRequest(slowest=slowest, window_s=window_s or 0.0, by=by)
+    return reply_dict(creds.call(collector, "Why", request, timeout))
 
 
 def query_links(
@@ -74,59 +69,55 @@ def query_links(
     """The collector's links ranked, and for each of REQUESTS (the Why report's slowest)
     the links its pair's probed ECMP classes cross, the suspect ones among them."""
     from fabricprobe.core.api import fabricprobe_pb2 as pb
-    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
-    creds = creds or CollectorCredentials(insecure=True)
-    host, port = parse_hostport(collector, 4794)
-    with creds.channel(format_hostport(host, port)) as channel:
-        stub = pb_grpc.QueryStub(channel)
-        ask = lambda src="", dst="": stub.Links(  # noqa: E731
-            pb.LinksRequest(src=src, dst=dst), timeout=timeout, metadata=creds.metadata()
-        )
-        whole = ask()
-        links = [
-            {
-                "link": v.link,
-                "rank": v.rank,
-                "suspect": v.suspect,
-                "classes": v.classes,
-                "bad_classes": v.bad_classes,
-                "rtt_rise_s": v.rtt_rise_s,
-                "loss": v.loss,
-                "rail": None if v.rail < 0 else v.rail,
-            }
-            for v in whole.links
-        ]
-        suspects = {v["link"] for v in links if v["suspect"]}
-        pairs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        out = []
-        for r in requests:
-            src, dst = r.get("src") or "", r.get("dst") or ""
-            if not src or not dst or src == dst:
-                continue
-            if (src, dst) not in pairs:
-                pairs[(src, dst)] = [
-                    {"sport": c.sport, "links": list(c.links)} for c in ask(src, dst).classes
-                ]
-            crossed = sorted({link for c in pairs[(src, dst)] for link in c["links"]})
-            out.append(
-                {
-                    "request_id": r.get("request_id", ""),
-                    "src": src,
-                    "dst": dst,
-                    "links": crossed,
-                    "suspect": [link for link in crossed if link in suspects],
-                    "classes": pairs[(src, dst)],
-                    "links_of": "its pair's probed classes (the request's own 5-tuple is "
-                    "not known)",
-                }
-            )
-        return {
-            "configured": whole.configured,
-            "class_paths": whole.class_paths,
-            "links": links,
-            "requests": out,
+    got = creds or CollectorCredentials(insecure=True)
+
+    def ask(src: str = "", dst: str = "") -> Any:
+        return got.call(collector, "Links", pb.LinksRequest(src=src, dst=dst), timeout)
+
+    whole = ask()
+    links = [
+        {
+            "link": v.link,
+            "rank": v.rank,
+            "suspect": v.suspect,
+            "classes": v.classes,
+            "bad_classes": v.bad_classes,
+            "rtt_rise_s": v.rtt_rise_s,
+            "loss": v.loss,
+            "rail": None if v.rail < 0 else v.rail,
         }
+        for v in whole.links
+    ]
+    suspects = {v["link"] for v in links if v["suspect"]}
+    pairs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    out = []
+    for r in requests:
+        src, dst = r.get("src") or "", r.get("dst") or ""
+        if not src or not dst or src == dst:
+            continue
+        if (src, dst) not in pairs:
+            pairs[(src, dst)] = [
+                {"sport": c.sport, "links": list(c.links)} for c in ask(src, dst).classes
+            ]
+        crossed = sorted({link for c in pairs[(src, dst)] for link in c["links"]})
+        out.append(
+            {
+                "request_id": r.get("request_id", ""),
+                "src": src,
+                "dst": dst,
+                "links": crossed,
+                "suspect": [link for link in crossed if link in suspects],
+                "classes": pairs[(src, dst)],
+                "links_of": "its pair's probed classes (the request's own 5-tuple is not known)",
+            }
+        )
+    return {
+        "configured": whole.configured,
+        "class_paths": whole.class_paths,
+        "links": links,
+        "requests": out,
+    }
 
 
 def links_table(doc: dict[str, Any]) -> Table:
@@ -268,7 +259,7 @@ Exit status: 0 with requests to show, 3 when the collector has none (the reason 
 printed: no spans, nothing joined to a path, no fabric windows), 1 when the collector
 cannot be asked, 2 on bad usage.""",
 )
-@click.option("--collector", default="127.0.0.1:4794", show_default=True, metavar="HOST:PORT")
+@collector_option()
 @click.option("--slowest", type=click.IntRange(1, 200), default=10, show_default=True)
 @click.option("--window", "window_s", type=click.FloatRange(1, 86400), help="Seconds [60].")
 @click.option(
@@ -319,18 +310,15 @@ def why(
 
     The collector wants a reader identity: a reader token (--token-file) or a client
     certificate it lists in reader_names; plain text only with --insecure."""
-    import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
+    creds = CollectorCredentials.given(cred)
 
-    creds = CollectorCredentials(**cred)
-    creds.check()
-    try:
-        report = query(collector, slowest, window_s, by, timeout, creds)
+    def ask() -> dict[str, Any]:
+        got = query(collector, slowest, window_s, by, timeout, creds)
         if with_links:
-            report.update(query_links(collector, report.get("slowest", []), timeout, creds))
-    except ValueError as e:
-        fail(str(e))
-    except grpc.RpcError as e:
-        fail(f"collector {collector}: {e.code().name}: {e.details()}", 1)
+            got.update(query_links(collector, got.get("slowest", []), timeout, creds))
+        return got
+
+    report = ask_collector(collector, ask)
     empty = report.get("empty_reason") or ""
     if with_links and not as_json:
         Console(width=max(120, Console().width)).print(links_table(report))
