@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 LANE_HOSTS ?= 3
 
-.PHONY: setup demo test lint unit lane-test lane clean
+.PHONY: setup demo test lint unit lane-test lane-links lane clean
 
 setup:
 	@bash scripts/setup.sh
@@ -22,8 +22,10 @@ unit:
 
 # RDMA tests run inside the soft-RoCE VM lane; they fail (never skip) without it. The leak
 # test runs 3,000 probe runs here (10,000 take 20-40 minutes under emulation):
-# FABRICPROBE_LEAK_RUNS=10000 make lane-test for the long run. The fabric tests run in a
-# second VM whose hosts sit on a routed leaf-spine of two rails (tests/fabric).
+# FABRICPROBE_LEAK_RUNS=10000 make lane-test for the long run. `probe trace` is held to the
+# routers in a second VM whose hosts sit on a routed leaf-spine of two rails
+# (tests/fabric/test_trace.py); `make lane-links` runs the ten link trials there
+# (tests/fabric/test_links.py, 15-25 minutes under emulation, not yet part of `make test`).
 lane-test:
 	@mkdir -p test-results
 	@t0=$$SECONDS; rc=0; \
@@ -36,9 +38,15 @@ lane-test:
 	t1=$$SECONDS; \
 	LANE_TIMEOUT=$${LANE_TIMEOUT:-4500} \
 	  lane/run.sh --hosts 4 --fabric leaf-spine --rails 2 --rwdir test-results -- \
-	  $(BIN)/python -m pytest -p no:cacheprovider -s -q tests/fabric \
+	  $(BIN)/python -m pytest -p no:cacheprovider -s -q tests/fabric/test_trace.py \
 	  --junitxml=test-results/fabric-junit.xml || rc=$$?; \
-	echo "lane: boot + leaf-spine + fabric tests took $$((SECONDS - t1)) s (exit $$rc)"; exit $$rc
+	echo "lane: boot + leaf-spine + trace tests took $$((SECONDS - t1)) s (exit $$rc)"; exit $$rc
+
+lane-links: setup
+	@mkdir -p test-results
+	LANE_TIMEOUT=$${LANE_TIMEOUT:-4500} \
+	  lane/run.sh --hosts 4 --fabric leaf-spine --rails 2 --rwdir test-results -- \
+	  $(BIN)/python -m pytest -p no:cacheprovider -s -q tests/fabric/test_links.py
 
 test: setup lint unit lane-test
 
