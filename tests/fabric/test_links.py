@@ -115,6 +115,10 @@ def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Pat
                 probe_timeout=2.0,
                 probe_workers=8,
                 host_reference=False,
+                # the four agents share this process: each would see all four's CPU as
+                # its own and stretch its probing
+                cpu_budget=4.0,
+                pressure_limit=1.0,
             )
         )
         for h in hosts
