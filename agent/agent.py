@@ -35,7 +35,14 @@ from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
 from fabricprobe.agent.exporter import MetricsServer
 from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
 from fabricprobe.agent.nixl import NixlReader
-from fabricprobe.agent.probing import ProbeContext, ProbeSpec, Scheduler, Sink, class_specs
+from fabricprobe.agent.probing import (
+    MAX_ECMP_CLASSES,
+    ProbeContext,
+    ProbeSpec,
+    Scheduler,
+    Sink,
+    class_specs,
+)
 from fabricprobe.agent.probing import Runner as ProbeRunner
 from fabricprobe.agent.rdma_runners import all_runners
 from fabricprobe.agent.selfload import Readers, SelfLoad
@@ -58,13 +65,14 @@ from fabricprobe.probes.threads import name_os_thread
 
 log = logging.getLogger("fabricprobe.agent")
 
-# Sessions the agent's responder runs at once: up to 64 probing peers with three kept
-# links each (TCP, RC and UD; fabricprobe.agent.probing.Links), and room for one-shot sessions. An
-# idle link holds a thread blocked on a socket (and, for RDMA, a QP); beyond this a
-# prober is told `busy`.
-MAX_SESSIONS = 224
-# One peer's share: its three kept links (TCP, RC, UD) and a few one-shot sessions.
-MAX_PER_SOURCE = 8
+# Sessions the agent's responder runs at once: up to 64 probing peers with six kept links
+# each (TCP, RC, and UD in the collector's default of 4 ECMP classes;
+# fabricprobe.agent.probing.Links), and room for one-shot sessions. An idle link holds a
+# thread blocked on a socket (and, for RDMA, a QP); beyond this a prober is told `busy`.
+MAX_SESSIONS = 416
+# One peer's share: its kept links (TCP, RC, UD in up to MAX_ECMP_CLASSES classes) and a
+# few one-shot sessions.
+MAX_PER_SOURCE = 2 + MAX_ECMP_CLASSES + 4
 # What all sessions together may hold: deploy/ gives the agent 128 MiB in all, and a
 # peer's one-shot tcp_bw alone could ask for 64 MiB of stream buffers.
 MAX_SESSION_MEMORY = 32 << 20
