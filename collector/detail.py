@@ -33,7 +33,7 @@ import heapq
 import threading
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from fabricprobe.collector.pathfold import Folded
 from fabricprobe.collector.store import PathKey
@@ -136,6 +136,14 @@ class Selection:
     omitted_tor_pairs: int
 
 
+class DetailDrops(NamedTuple):
+    """Candidates the bounds kept out so far, by reason, of each kind (a copy)."""
+
+    path: dict[str, int]
+    host: dict[str, int]
+    tor_pair: dict[str, int]
+
+
 class DetailSelector:
     """Keeps the hold times and running p99s between scrapes (one per collector)."""
 
@@ -151,6 +159,10 @@ class DetailSelector:
             "host": dict.fromkeys(HOST_REASONS, 0),
             "tor_pair": dict.fromkeys(TOR_REASONS, 0),
         }
+
+    def dropped_counts(self) -> DetailDrops:
+        with self.lock:
+            return DetailDrops(**{what: dict(by) for what, by in self.dropped.items()})
 
     def select_folded(
         self,

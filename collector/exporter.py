@@ -145,7 +145,7 @@ class FabricCollector(Collector):
 
     def topology(self, host: str) -> str:
         """HOST's ToR label: its registration here, else the plan's, else 'unknown'."""
-        h = self.store.hosts.get(host)
+        h = self.store.host_view(host)
         if h is not None:
             return tor_label(h.info.topology)
         return tor_label((self._topology(host) if self._topology else None) or "")
@@ -156,10 +156,8 @@ class FabricCollector(Collector):
         on counts that only grow, such as thread failures and refusals, fire from the
         agents' own /metrics, which carry the same names.)"""
         rates = self.store.counter_rates(ALERT_RATES)
-        out = [k[0] for k, rate in rates if rate > ALERT_RATES[k[6]]]
-        with self.store.lock:
-            hosts = list(self.store.hosts.items())
-        for name, h in hosts:
+        out = [k.src for k, rate in rates if rate > ALERT_RATES[k.name]]
+        for name, h in self.store.host_views().items():
             a = h.agent
             if a is not None and (
                 a.spool_depth > 0
@@ -179,9 +177,8 @@ class FabricCollector(Collector):
         since = now - int(cfg.fresh_s * 1e9)
         fresh, total = store.fresh_paths(since, 2 * cfg.max_paths)
         requested = store.paths_of_pairs(named) if named else []
-        with store.lock:
-            hosts = list(store.hosts)
-            folded = self.fold.fresh(since)
+        hosts = store.host_names()
+        folded = store.folded(self.fold, since)
         return self.detail.select_folded(
             folded, fresh, requested, total, now, self.alert_hosts(), hosts
         )
@@ -211,7 +208,7 @@ class FabricCollector(Collector):
 
     def _gate_families(self) -> Iterator[Metric]:
         if self.gate is not None:
-            refused, evicted, held, streams = self.gate.limits.snapshot()
+            refused, evicted, held, streams = self.gate.limits.snapshot()  # LimitCounts
             idle = self.gate.idle_cancelled
         else:
             refused, evicted, held, streams, idle = dict.fromkeys(REFUSALS, 0), 0, 0, 0, 0
@@ -242,8 +239,8 @@ class FabricCollector(Collector):
         cancelled.add_metric([], float(idle))
         yield cancelled
         sc = self.scrapes
-        with sc.lock:
-            refused_http, renders = dict(sc.refused), sc.renders
+        counts = sc.snapshot()
+        refused_http, renders = counts.refused, counts.renders
         http = CounterMetricFamily(
             p + "scrapes_refused",
             "Requests to /metrics turned away: busy, unauthorized or not found.",
@@ -576,9 +573,7 @@ class FabricCollector(Collector):
                 f[fam].add_metric([reason], float(chosen.count(reason)))
         f["omitted"].add_metric(["path"], float(sel.omitted_paths))
         f["omitted"].add_metric(["tor_pair"], float(sel.omitted_tor_pairs))
-        with self.detail.lock:
-            dropped = {k: dict(v) for k, v in self.detail.dropped.items()}
-        for what, by in dropped.items():
+        for what, by in self.detail.dropped_counts()._asdict().items():
             for reason, n in by.items():
                 f["detail_dropped"].add_metric([what, reason], float(n))
 
@@ -587,9 +582,9 @@ class FabricCollector(Collector):
         for key, st in snap.paths.items():
             self._fill_path(_path_labels(key), st, f)
         self._fill_ratios(snap, f)
-        newest = {name: h.last_window_end_ns for name, (h, _) in snap.hosts.items()}
+        newest = {name: h.last_window_end_ns for name, h in snap.hosts.items()}
         for ckey, track in snap.counters.items():
-            src, kind, device, port, netdev, prio, name = ckey
+            src, kind, device, port, netdev, prio, name = ckey  # a CounterKey
             rate = track.rate
             if rate is not None and track.last_ns < newest.get(src, 0):
                 # Agents send a counter only when it moved (and once a minute in full):
@@ -608,8 +603,8 @@ class FabricCollector(Collector):
             elif kind == "pfc" and ("pfc:" + name) in f:
                 scale = 1e-6 if name in PFC_DURATIONS else 1.0
                 f["pfc:" + name].add_metric([src, netdev, str(prio)], track.total * scale)
-        for name, (h, stale) in snap.hosts.items():
-            f["up"].add_metric([name], 0.0 if stale else 1.0)
+        for name, h in snap.hosts.items():
+            f["up"].add_metric([name], 0.0 if h.stale else 1.0)
             f["info"].add_metric([name, h.info.topology, h.info.version], 1.0)
             f["last"].add_metric([name], h.last_report_ns / 1e9)
             a = h.agent

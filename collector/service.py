@@ -249,9 +249,8 @@ class AgentApi:
         return their names."""
         gone = self.store.forget_idle(also=released)
         elsewhere = self.remote() - set(gone)
-        stale = [
-            h for h in self.planner.hosts() if h not in self.store.hosts and h not in elsewhere
-        ]
+        here = set(self.store.host_names())
+        stale = [h for h in self.planner.hosts() if h not in here and h not in elsewhere]
         self.planner.remove([*gone, *stale])
         with self._lock:
             for h in [*gone, *stale]:
@@ -319,7 +318,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     def GetAssignments(
         self, request: pb.AssignmentsRequest, context: grpc.ServicerContext
     ) -> pb.Assignments:
-        if request.host not in self.api.store.hosts:
+        if not self.api.store.has_host(request.host):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{request.host}: register first")
         return self.api.assignments(request.host)
 

@@ -343,8 +343,7 @@ class Shard:
         return True
 
     def local_hosts(self) -> set[str]:
-        with self.store.lock:
-            return set(self.store.hosts)
+        return set(self.store.host_names())
 
     def remote_hosts(self) -> frozenset[str]:
         """Hosts of the fleet (in etcd) that the planner keeps though they are not here."""
@@ -371,8 +370,7 @@ class Shard:
 
     def republish(self) -> None:
         """Registrations held here that etcd lacks (an outage, or a lease run out)."""
-        with self.store.lock:
-            held = {name: h.info for name, h in self.store.hosts.items()}
+        held = {name: h.info for name, h in self.store.host_views().items()}
         with self.lock:
             missing = [info for name, info in held.items() if name not in self.fleet]
         for info in missing:
