@@ -8,6 +8,7 @@ with its lock held, and hands readers `HostView` copies.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from fabricprobe.core.api import fabricprobe_pb2 as pb
 MAX_HOSTS = 10_000  # registered hosts (tokens bound them already; plain text does not)
 MAX_EPOCHS = 4  # agent lifetimes whose sequence numbers are kept per host
 MAX_RETIRED = 64  # older lifetimes remembered per host: their replays are not counted again
+MAX_STAT = 1e15  # agent self-figures (CPU seconds, probe rate)
 
 
 class SeqSet:
@@ -131,6 +133,38 @@ class HostTable:
         state.last_report_ns = max(state.last_report_ns, now)
         return state, moved
 
+    def admit(self, state: HostState, epoch: int, seq: int, now: int) -> tuple[int, int] | None:
+        """Take the report (EPOCH, SEQ) of STATE's host: its (lifetime, seq) order, or None
+        for one taken before (a replay of a retired lifetime is counted as stale_epoch)."""
+        lifetime = state.lifetime(epoch)
+        if lifetime is None:  # a lifetime older than the ones kept: taken long ago
+            self.drops["stale_epoch"] += 1
+            state.duplicates += 1
+            return None
+        seqs = state.seen[epoch][1]
+        if seq in seqs:
+            state.duplicates += 1
+            return None
+        seqs.add(seq)
+        state.last_report_ns = now
+        state.reports += 1
+        return (lifetime, seq)
+
+    def newest(
+        self, state: HostState, order: tuple[int, int], end_ns: int, agent: pb.AgentStats | None
+    ) -> None:
+        """A report taken in ORDER ended at END_NS with the agent's figures AGENT: the host's
+        newest, unless a later one came first (newest by lifetime and seq: clocks may step)."""
+        if order <= state.newest:
+            return
+        state.newest = order
+        state.last_window_end_ns = end_ns
+        if agent is not None:
+            if _agent_ok(agent):
+                state.agent = agent
+            else:
+                self.drops["value"] += 1
+
     def is_stale(self, state: HostState, now: int) -> bool:
         return (now - state.last_report_ns) / 1e9 > self.stale_after
 
@@ -158,3 +192,7 @@ class HostTable:
 
     def views(self, now: int) -> dict[str, HostView]:
         return {name: self.view(h, now) for name, h in self.by_name.items()}
+
+
+def _agent_ok(a: pb.AgentStats) -> bool:
+    return all(math.isfinite(v) and 0.0 <= v <= MAX_STAT for v in (a.cpu_seconds, a.probe_rate))

@@ -14,7 +14,6 @@ the path figures (collector/pathtable.py) and the counter tracks
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
@@ -52,7 +51,6 @@ MAX_DEVICE = 64  # RDMA device and netdev names (the kernel's are shorter)
 # Bounds of what one host can make the collector hold (collector/README.md lists them;
 # the tables' own are in their modules: MAX_HOSTS, MAX_PATHS_PER_HOST, MAX_COUNTERS_PER_HOST).
 FUTURE_TOLERANCE_S = 300.0  # a window may end this far past the collector's clock
-MAX_STAT = 1e15  # agent self-figures (CPU seconds, probe rate)
 DROPS = (
     "path",  # a new path over the host's bound
     "counter",  # a new counter over the host's bound
@@ -208,31 +206,14 @@ class WindowStore:
                     f"window ends {ahead:,.0f} s after the collector's clock"
                     f" (tolerance {self.future_tolerance_ns / 1e9:g} s): check the agent's clock"
                 )
-            lifetime = state.lifetime(report.epoch)
-            if lifetime is None:  # a lifetime older than the ones kept: taken long ago
-                self.dropped["stale_epoch"] += 1
-                state.duplicates += 1
+            order = self.host_table.admit(state, report.epoch, report.seq, now)
+            if order is None:
                 self.duplicates_total += 1
                 return TakeResult(duplicate=True, probes=0, counters=0)
-            seqs = state.seen[report.epoch][1]
-            if report.seq in seqs:
-                state.duplicates += 1
-                self.duplicates_total += 1
-                return TakeResult(duplicate=True, probes=0, counters=0)
-            seqs.add(report.seq)
-            state.last_report_ns = now
-            state.reports += 1
             self.reports_total += 1
-            order = (lifetime, report.seq)
-            if order > state.newest:  # newest by lifetime and seq: clocks may step
-                state.newest = order
-                state.last_window_end_ns = report.window_end_unix_ns
-                if report.HasField("agent"):
-                    if _agent_ok(report.agent):
-                        state.agent = report.agent
-                    else:
-                        self.dropped["value"] += 1
             end = report.window_end_unix_ns
+            agent = report.agent if report.HasField("agent") else None
+            self.host_table.newest(state, order, end, agent)
             windows: list[tuple[PathKey, MergedSketch]] = []
             delays: dict[PathKey, MergedSketch] = {}
             touched: list[PathKey] = []
@@ -437,10 +418,6 @@ def _prober_delay(w: pb.ProbeWindow, rtt: MergedSketch | None) -> MergedSketch:
         have = 0 if rtt is None else rtt.count
         raise ReportError(f"probe window to {w.dst}: {sk.count} prober delays for {have} RTTs")
     return sk
-
-
-def _agent_ok(a: pb.AgentStats) -> bool:
-    return all(math.isfinite(v) and 0.0 <= v <= MAX_STAT for v in (a.cpu_seconds, a.probe_rate))
 
 
 @dataclass(frozen=True)

@@ -217,3 +217,20 @@ def test_the_store_hands_out_named_copies() -> None:
     assert snap.hosts["a"].name == "a" and snap.hosts["a"].last_window_end_ns == 100 * S
     (key,) = snap.counters
     assert key.src == "a" and key.name == "packet_seq_err" and key.device == "d"
+
+
+def test_host_table_admits_each_report_once_and_keeps_the_newest() -> None:
+    d = drops()
+    t = HostTable(d, stale_after=30, forget_after=100)
+    h, _ = t.register(pb.HostInfo(host="a"), 0)
+    assert t.admit(h, 7, 2, 5 * S) == (1, 2) and h.last_report_ns == 5 * S
+    assert t.admit(h, 7, 2, 6 * S) is None and h.duplicates == 1 and h.reports == 1
+    assert t.admit(h, 7, 1, 6 * S) == (1, 1)
+    t.newest(h, (1, 2), 20 * S, pb.AgentStats(probes=3))
+    t.newest(h, (1, 1), 10 * S, pb.AgentStats(probes=1))  # older: changes nothing
+    assert h.last_window_end_ns == 20 * S and h.agent is not None and h.agent.probes == 3
+    t.newest(h, (1, 3), 30 * S, pb.AgentStats(cpu_seconds=float("nan")))
+    assert h.last_window_end_ns == 30 * S and h.agent.probes == 3 and d["value"] == 1
+    for epoch in range(8, 8 + 4):  # four newer lifetimes retire lifetime 7
+        t.admit(h, epoch, 1, 7 * S)
+    assert t.admit(h, 7, 3, 8 * S) is None and d["stale_epoch"] == 1
