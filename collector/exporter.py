@@ -77,7 +77,7 @@ class FabricCollector(Collector):
         http: dict[str, WebStats] | None = None,
     ) -> None:
         self.store = store
-        # listener -> its HTTP server's counts (core/web.py)
+        # the service's own figures; HTTP: listener -> its server's counts (core/web.py)
         self.server = ServerFamilies(rpc or RpcStats(), gate, scrapes or ScrapeStats(), http or {})
         self.detail = detail or DetailSelector()
         self._topology = topology  # a host this collector does not hold (the fleet's plan)
@@ -165,7 +165,8 @@ def fill_store(snap: StoreSnapshot, f: Families, shown: dict[str, str] | None = 
 
 
 def _path_labels(key: PathKey) -> list[str]:
-    return [key[0], key[1], key[2], key[3], str(key[4])]
+    src, dst, transport, op, size = key
+    return [src, dst, transport, op, str(size)]
 
 
 def fill_path(labels: list[str], st: PathStats, f: Families) -> None:

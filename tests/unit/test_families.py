@@ -121,40 +121,23 @@ def test_server_families_read_their_owners() -> None:
     assert set(samples(bare[p + "calls_refused"]).values()) == {0.0}
 
 
+RDMA = {"kind": "rdma", "device": "mlx5_0", "port": 1, "priority": -1, "name": "out_of_buffer"}
+PAUSE = {"kind": "pfc", "netdev": "eth0", "priority": 3, "name": "rx_pause_duration_us"}
+
+
 def report_store() -> WindowStore:
+    """Host a with two windows (an RDMA counter read twice, a PFC one once, agent
+    figures), host b registered only."""
     store = WindowStore(clock=lambda: 100 * S)
     store.register(pb.HostInfo(host="a", topology="t1", version="9"))
     store.register(pb.HostInfo(host="b"))
     r = pb.WindowReport(host="a", epoch=1, seq=1, window_end_unix_ns=90 * S)
-    r.counters.add(
-        kind="rdma",
-        device="mlx5_0",
-        port=1,
-        priority=-1,
-        name="out_of_buffer",
-        value=2_000_000,
-        width=64,
-    )
-    r.counters.add(
-        kind="pfc",
-        netdev="eth0",
-        priority=3,
-        name="rx_pause_duration_us",
-        value=2_000_000,
-        width=64,
-    )
+    r.counters.add(**RDMA, value=2_000_000, width=64)  # type: ignore[arg-type]
+    r.counters.add(**PAUSE, value=2_000_000, width=64)  # type: ignore[arg-type]
     r.agent.CopyFrom(pb.AgentStats(cpu_seconds=2.0, spool_depth=4, self_throttle=0.0))
     store.take(r)
     r2 = pb.WindowReport(host="a", epoch=1, seq=2, window_end_unix_ns=100 * S)
-    r2.counters.add(
-        kind="rdma",
-        device="mlx5_0",
-        port=1,
-        priority=-1,
-        name="out_of_buffer",
-        value=3_000_000,
-        width=64,
-    )
+    r2.counters.add(**RDMA, value=3_000_000, width=64)  # type: ignore[arg-type]
     store.take(r2)
     return store
 
