@@ -342,25 +342,7 @@ class Agent:
         return sorted(k for k in self.runners if self.devices or not k.startswith("rdma"))
 
     def apply(self, a: pb.Assignments) -> None:
-        specs = [
-            spec
-            for t in a.targets
-            if t.dst != self.cfg.host
-            for spec in class_specs(
-                ProbeSpec(
-                    dst=t.dst,
-                    address=t.address,
-                    port=t.port,
-                    kind=t.kind,
-                    size=t.size,
-                    count=t.count,
-                    interval_s=t.interval_ms / 1000.0,
-                    device=t.device,
-                    gid=t.gid,
-                ),
-                t.ecmp_classes,
-            )
-        ]
+        specs = assigned_specs(a, self.cfg.host)
         ref = self.reference_spec()
         self.scheduler.set_targets(
             [*specs, *([ref] if ref is not None and specs else [])],
@@ -395,6 +377,29 @@ class Agent:
     def _checks_loop(self) -> None:
         assert self.checks is not None
         self.checks.loop(self._stop, after=self._wake.set)  # the sender takes the verdicts
+
+
+def assigned_specs(a: pb.Assignments, host: str) -> list[ProbeSpec]:
+    """The probes A assigns HOST (none towards itself), each target in its ECMP classes."""
+    return [
+        spec
+        for t in a.targets
+        if t.dst != host
+        for spec in class_specs(
+            ProbeSpec(
+                dst=t.dst,
+                address=t.address,
+                port=t.port,
+                kind=t.kind,
+                size=t.size,
+                count=t.count,
+                interval_s=t.interval_ms / 1000.0,
+                device=t.device,
+                gid=t.gid,
+            ),
+            t.ecmp_classes,
+        )
+    ]
 
 
 def _wanted(cfg: AgentConfig, device: RdmaDevice) -> bool:

@@ -25,10 +25,10 @@ import random
 import statistics
 import time
 
-from fabricprobe.collector.exporter import RTT_BUCKETS_S
 from fabricprobe.collector.exposition import render
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.cumulative import RTT_BUCKETS_S
 from fabricprobe.core.nativehist import to_native
 from fabricprobe.core.promproto import decode, encode
 from fabricprobe.core.sketchwire import from_wire, to_wire

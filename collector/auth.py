@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
@@ -375,6 +375,15 @@ class _Entry:
 REFUSALS = ("unauthenticated", "permission", "rate", "streams", "busy")
 
 
+class LimitCounts(NamedTuple):
+    """A copy of the limits table's figures."""
+
+    refused: dict[str, int]  # reason (REFUSALS) -> calls
+    evicted: int  # identities forgotten to make room
+    identities: int  # identities held now
+    streams: int  # streams open now
+
+
 class Limits:
     """Per-identity token buckets and stream counts in a table of bounded size.
 
@@ -442,10 +451,9 @@ class Limits:
         with self.lock:
             self.refused[reason] += 1
 
-    def snapshot(self) -> tuple[dict[str, int], int, int, int]:
-        """(refusals by reason, identities evicted, identities held, streams open)."""
+    def snapshot(self) -> LimitCounts:
         with self.lock:
-            return dict(self.refused), self.evicted, len(self.table), self.streams
+            return LimitCounts(dict(self.refused), self.evicted, len(self.table), self.streams)
 
 
 # -- the interceptor --------------------------------------------------------------------

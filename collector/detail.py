@@ -33,7 +33,7 @@ import heapq
 import threading
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from fabricprobe.collector.pathfold import Folded
 from fabricprobe.collector.store import PathKey
@@ -136,6 +136,14 @@ class Selection:
     omitted_tor_pairs: int
 
 
+class DetailDrops(NamedTuple):
+    """Candidates the bounds kept out so far, by reason, of each kind (a copy)."""
+
+    path: dict[str, int]
+    host: dict[str, int]
+    tor_pair: dict[str, int]
+
+
 class DetailSelector:
     """Keeps the hold times and running p99s between scrapes (one per collector)."""
 
@@ -151,6 +159,10 @@ class DetailSelector:
             "host": dict.fromkeys(HOST_REASONS, 0),
             "tor_pair": dict.fromkeys(TOR_REASONS, 0),
         }
+
+    def dropped_counts(self) -> DetailDrops:
+        with self.lock:
+            return DetailDrops(**{what: dict(by) for what, by in self.dropped.items()})
 
     def select_folded(
         self,
@@ -172,7 +184,6 @@ class DetailSelector:
         lossy: list[tuple[float, PathKey]] = []
         alerts: list[tuple[int, PathKey]] = []
         ranked = 0
-        push, replace = heapq.heappush, heapq.heapreplace
         for f in folded:
             ranked += f.ranked
             for tk, (p99, sent, lost, first) in f.tor.items():
@@ -190,20 +201,8 @@ class DetailSelector:
                 heap = heaps.get(c)
                 if heap is None:
                     heap = heaps[c] = []
-                for item in best:  # best first: once one does not get in, none after does
-                    if len(heap) < k:
-                        push(heap, item)
-                    elif item > heap[0]:
-                        replace(heap, item)
-                    else:
-                        break
-            for loss_item in f.lossy:
-                if len(lossy) < k:
-                    push(lossy, loss_item)
-                elif loss_item > lossy[0]:
-                    replace(lossy, loss_item)
-                else:
-                    break
+                _keep_best(heap, best, k)
+            _keep_best(lossy, f.lossy, k)
             alerts += f.alerts
         # the walk meets each ToR pair first at its first path in the store's order
         tor_acc = {tk: acc[:3] for tk, acc in sorted(tor.items(), key=lambda kv: kv[1][3])}
@@ -276,6 +275,18 @@ class DetailSelector:
         # a held pair with no fresh window this scrape has no figure to show
         reasons = {tk: why for tk, why in got.kept.items() if tk in figs}
         return {tk: figs[tk] for tk in reasons}, reasons, len(figs) - len(reasons)
+
+
+def _keep_best(heap: list[Any], best: Iterable[Any], k: int) -> None:
+    """Offer BEST's items (best first) to HEAP, the k best so far: once one does not get
+    in, none after it does."""
+    for item in best:
+        if len(heap) < k:
+            heapq.heappush(heap, item)
+        elif item > heap[0]:
+            heapq.heapreplace(heap, item)
+        else:
+            break
 
 
 def tor_label(topology: str) -> str:

@@ -282,6 +282,14 @@ def find_drift(
     return out
 
 
+@dataclass(frozen=True)
+class ReportCounts:
+    """Verdict reports the book took and refused (a copy)."""
+
+    taken: int
+    rejected: dict[str, int]  # reason -> reports
+
+
 @dataclass
 class DriftBook:
     """The newest verdicts of each registered host, and the drift they show."""
@@ -306,8 +314,7 @@ class DriftBook:
             with self.lock:
                 self.rejected[reason] += 1
             raise
-        with self.store.lock:
-            known = v.host in self.store.hosts
+        known = self.store.has_host(v.host)
         with self.lock:
             if not known:
                 self.rejected["unregistered"] += 1
@@ -322,8 +329,7 @@ class DriftBook:
 
     def members(self) -> dict[str, Member]:
         """Hosts with verdicts that the store still holds; forgotten hosts go here too."""
-        with self.store.lock:
-            infos = {h: (s.info.topology, s.info.role) for h, s in self.store.hosts.items()}
+        infos = {h: (v.info.topology, v.info.role) for h, v in self.store.host_views().items()}
         with self.lock:
             for h in [h for h in self.hosts if h not in infos]:
                 del self.hosts[h]
@@ -347,6 +353,10 @@ class DriftBook:
             self._cached = (version, today.toordinal(), rows)
         return rows
 
+    def counts(self) -> ReportCounts:
+        with self.lock:
+            return ReportCounts(self.reports_total, dict(self.rejected))
+
     def reply(self, host: str = "", include_waived: bool = False) -> pb.DriftReply:
         members = self.members()
         rows = [
@@ -354,8 +364,7 @@ class DriftBook:
             for d in self.drift(members)
             if (not host or d.host == host) and (include_waived or not d.waived)
         ]
-        with self.store.lock:
-            registered = set(self.store.hosts)
+        registered = set(self.store.host_names())
         msg = pb.DriftReply(hosts_without_checks=len(registered - set(members)))
         for d in rows:
             msg.drift.append(
@@ -446,8 +455,8 @@ class DriftCollector:
                     [d.host, d.check, d.group_by, d.group, "true" if d.waived else "false"], 1.0
                 )
             drifting.add_metric([], float(len({d.host for d in rows if not d.waived})))
-            with b.lock:
-                taken.add_metric([], float(b.reports_total))
-                for reason, n in sorted(b.rejected.items()):
-                    refused.add_metric([reason], float(n))
+            counts = b.counts()
+            taken.add_metric([], float(counts.taken))
+            for reason, n in sorted(counts.rejected.items()):
+                refused.add_metric([reason], float(n))
         return [status, drift, age, drifting, taken, refused]

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
@@ -170,6 +170,14 @@ def render(registry: CollectorRegistry) -> bytes:
 # -- serving /metrics ------------------------------------------------------------------
 
 
+class ScrapeCounts(NamedTuple):
+    """A copy of ScrapeStats' figures."""
+
+    renders: int
+    served: int
+    refused: dict[str, int]  # reason -> requests
+
+
 class ScrapeStats:
     """What the /metrics server did: renders, and requests it turned away (by reason)."""
 
@@ -189,6 +197,10 @@ class ScrapeStats:
                 self.renders += 1
             else:
                 self.served += 1
+
+    def snapshot(self) -> ScrapeCounts:
+        with self.lock:
+            return ScrapeCounts(self.renders, self.served, dict(self.refused))
 
 
 @dataclass

@@ -154,10 +154,11 @@ class FabricHistory:
         if store is not None:
             # each watched host's path to itself is its reference (agent.reference_spec)
             for a, b in [*new, *((h, h) for h in sorted(fresh))]:
-                for key, end, sketch, prober in store.newest_windows(a, b):
-                    self.report_taken(
-                        end, [(key, sketch)], [], None if prober is None else {key: prober}
-                    )
+                for v in store.pair_paths(a, b):
+                    if v.rtt is None:
+                        continue
+                    delays = None if v.last_prober_delay is None else {v.key: v.last_prober_delay}
+                    self.report_taken(v.last_end_ns, [(v.key, v.rtt)], [], delays)
 
     def report_taken(
         self,
@@ -171,7 +172,7 @@ class FabricHistory:
         the windows of watched pairs and the counters of watched hosts in an explanatory
         category."""
         pairs = self.pairs
-        nixl = [r for r in rates if r[0][1] == "nixl"]
+        nixl = [r for r in rates if r[0].kind == "nixl"]
         if not pairs and not nixl:
             return
         hosts = self.hosts
@@ -180,12 +181,12 @@ class FabricHistory:
             for k, sk in windows
             if host_pair(k[0], k[1]) in pairs or (k[0] == k[1] and k[0] in hosts)
         ]
-        if rates and rates[0][0][0] not in self.hosts:
+        if rates and rates[0][0].src not in self.hosts:
             rates = nixl  # one report, one host
         cats = self._category
         kept: list[_Rate] = []
         for key, rate in rates:
-            kn = (key[1], key[6])
+            kn = (key.kind, key.name)
             cat = cats.get(kn, "")
             if cat == "":
                 cat = cats[kn] = counter_category(*kn)
@@ -223,8 +224,8 @@ class FabricHistory:
                 start = prev if prev is not None else end - self.first_window_ns
                 rows.append(window_from_sketch(key, start, end, sketch, delays.get(key)))
             for ckey, cat, rate in kept:  # the store updates a rate only for a newer reading
-                src, _kind, device, _port, netdev, _prio, name = ckey
-                rates.append(CounterRate(src, device or netdev, cat, name, end, rate))
+                device = ckey.device or ckey.netdev
+                rates.append(CounterRate(ckey.src, device, cat, ckey.name, end, rate))
         with self.lock:
             self.windows.extend(rows)
             self.rates.extend(rates)

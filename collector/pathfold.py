@@ -32,7 +32,7 @@ Class = tuple[str, str, int]  # transport, op, size
 
 
 class Ranked(Protocol):
-    """What a fold reads of a path (collector/store.py PathStats)."""
+    """What a fold reads of a path (collector/pathtable.py PathStats)."""
 
     seq: int
     touched_ns: int

@@ -10,7 +10,7 @@ figures, or figures older than `max_age_s`, is answered "unknown" with the reaso
 never a guess. Only the fabric is priced; the engines' own wait around a transfer is
 not the path's.
 
-`kv_price()` reads the store (under its lock, O(paths of the pair)); `kv_cost_http()`
+`kv_price()` reads the store's views of the pair's paths (O(paths of the pair)); `kv_cost_http()`
 is the `GET /v1/kv-cost` handler as a plain function (query parameters in, status and
 JSON body out) for the collector's HTTP server to mount; `price_reply()` is the Query
 API's KvCost answer.
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fabricprobe.collector.kvparts import DEFAULT_RTTS, PROTOCOL_RTTS, fabric_seconds
-from fabricprobe.collector.store import PathStats, WindowStore, host_pair
+from fabricprobe.collector.store import PathView, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.web import Call, Reply, Route
 
@@ -118,15 +118,15 @@ def check_bytes(value: object, cfg: PriceConfig = PriceConfig()) -> int:
     return value
 
 
-def _newest(cands: Sequence[tuple[str, PathStats]]) -> tuple[str, PathStats] | None:
+def _newest(cands: Sequence[PathView]) -> PathView | None:
     """The candidate of the best transport (TRANSPORT_ORDER), newest within it."""
     if not cands:
         return None
 
-    def rank(c: tuple[str, PathStats]) -> tuple[int, int]:
-        t = c[0]
+    def rank(v: PathView) -> tuple[int, int]:
+        t = v.transport
         order = TRANSPORT_ORDER.index(t) if t in TRANSPORT_ORDER else len(TRANSPORT_ORDER)
-        return (-order, c[1].last_end_ns)
+        return (-order, v.last_end_ns)
 
     return max(cands, key=rank)
 
@@ -151,43 +151,39 @@ def kv_price(
         return Price(src, dst, nbytes, known=False, reason=reason, age_s=age_s)
 
     now = store.clock() if now_ns is None else now_ns
-    with store.lock:
-        for host in (src, dst):
-            if host not in store.hosts:
-                return unknown(f"host {host} is not registered")
-        keys = store._pair_paths.get(host_pair(src, dst), ())
-        rtt: list[tuple[str, PathStats]] = []
-        bw_fwd: list[tuple[str, PathStats]] = []
-        bw_rev: list[tuple[str, PathStats]] = []
-        for key in keys:
-            st = store.paths.get(key)
-            if st is None or key[0] == key[1]:
-                continue
-            if st.last_rtt is not None and st.last_rtt.kind == "rtt" and st.last_rtt.count:
-                rtt.append((key[2], st))
-            if st.last_bytes_per_second:
-                (bw_fwd if key[0] == src else bw_rev).append((key[2], st))
-        got_rtt = _newest(rtt)
-        got_bw = _newest(bw_fwd) or _newest(bw_rev)
-        if got_rtt is None:
-            return unknown(f"no RTT probes between {src} and {dst}")
-        if got_bw is None:
-            return unknown(f"no bandwidth probes (tcp_bw, rdma_rc_bw) between {src} and {dst}")
-        transport, rst = got_rtt
-        sketch = rst.last_rtt
-        assert sketch is not None
-        p50_ns, p99_ns = sketch.percentiles_ns((50.0, 99.0))
-        loss = sketch.loss_ratio
-        # the path's capacity as its windows measured it, as the KV split uses it
-        # (Attribution.bandwidth); its freshness is the newest bandwidth window's
-        bps = float(got_bw[1].peak_bytes_per_second or 0.0)
-        age_ns = now - min(rst.last_end_ns, got_bw[1].last_end_ns)
-    age = max(0.0, age_ns / 1e9)
+    for host in (src, dst):
+        if not store.has_host(host):
+            return unknown(f"host {host} is not registered")
+    rtt: list[PathView] = []
+    bw_fwd: list[PathView] = []
+    bw_rev: list[PathView] = []
+    for v in store.pair_paths(src, dst):
+        if v.src == v.dst:
+            continue
+        if v.rtt is not None and v.rtt.count:
+            rtt.append(v)
+        if v.last_bytes_per_second:
+            (bw_fwd if v.src == src else bw_rev).append(v)
+    got_rtt = _newest(rtt)
+    got_bw = _newest(bw_fwd) or _newest(bw_rev)
+    if got_rtt is None:
+        return unknown(f"no RTT probes between {src} and {dst}")
+    if got_bw is None:
+        return unknown(f"no bandwidth probes (tcp_bw, rdma_rc_bw) between {src} and {dst}")
+    sketch = got_rtt.rtt
+    assert sketch is not None
+    p50_ns, p99_ns = sketch.percentiles_ns((50.0, 99.0))
+    loss = sketch.loss_ratio
+    # the path's capacity as its windows measured it, as the KV split uses it
+    # (Attribution.bandwidth); its freshness is the newest bandwidth window's
+    bps = float(got_bw.peak_bytes_per_second or 0.0)
+    age = max(0.0, (now - min(got_rtt.last_end_ns, got_bw.last_end_ns)) / 1e9)
     if age > cfg.max_age_s:
         return unknown(f"figures {age:.0f} s old (fresh within {cfg.max_age_s:g} s)", age)
     if p50_ns is None or p99_ns is None or not bps > 0:
         return unknown("the path's newest window holds no figures")
     rtt50, rtt99 = p50_ns / 1e9, p99_ns / 1e9
+    transport = got_rtt.transport
     return Price(
         src=src,
         dst=dst,
@@ -269,8 +265,7 @@ def _kv_cost_http(
         if src == dst:
             raise CostError("src and dst are the same host: no fabric between them")
         nbytes = check_bytes(got["bytes"], cfg)
-        with store.lock:
-            missing = [h for h in (src, dst) if h not in store.hosts]
+        missing = [h for h in (src, dst) if not store.has_host(h)]
         if missing:
             raise CostError(f"host {missing[0]} is not registered", 404)
     except CostError as e:
@@ -308,9 +303,8 @@ def tor_prices(
     worst: dict[tuple[str, str], tuple[float, float]] = {}
     known = unknown = 0
     for a, b in pairs:
-        with store.lock:
-            ha, hb = store.hosts.get(a), store.hosts.get(b)
-            tors = (ha.info.topology, hb.info.topology) if ha and hb else None
+        ha, hb = store.host_view(a), store.host_view(b)
+        tors = (ha.info.topology, hb.info.topology) if ha and hb else None
         p = kv_price(store, a, b, nbytes, now_ns=now, cfg=cfg) if tors else None
         if p is None or not p.known or p.p50_s is None or p.p99_s is None:
             unknown += 1

@@ -6,13 +6,21 @@ import bisect
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
 RPC_BUCKETS_S: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+
+
+class RpcCounts(NamedTuple):
+    """A copy of RpcStats' figures."""
+
+    buckets: dict[str, list[int]]  # method -> counts per bucket, then +Inf
+    sums: dict[str, float]  # method -> seconds
+    codes: dict[tuple[str, str], int]  # (method, code) -> calls
 
 
 class RpcStats:
@@ -33,9 +41,9 @@ class RpcStats:
             self.sums[method] = self.sums.get(method, 0.0) + seconds
             self.codes[(method, code)] = self.codes.get((method, code), 0) + 1
 
-    def snapshot(self) -> tuple[dict[str, list[int]], dict[str, float], dict[tuple[str, str], int]]:
+    def snapshot(self) -> RpcCounts:
         with self._lock:
-            return (
+            return RpcCounts(
                 {m: list(b) for m, b in self.buckets.items()},
                 dict(self.sums),
                 dict(self.codes),

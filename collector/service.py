@@ -261,9 +261,8 @@ class AgentApi:
         return their names."""
         gone = self.store.forget_idle(also=released)
         elsewhere = self.remote() - set(gone)
-        stale = [
-            h for h in self.planner.hosts() if h not in self.store.hosts and h not in elsewhere
-        ]
+        here = set(self.store.host_names())
+        stale = [h for h in self.planner.hosts() if h not in here and h not in elsewhere]
         self.planner.remove([*gone, *stale])
         with self._lock:
             for h in [*gone, *stale]:
@@ -331,7 +330,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     def GetAssignments(
         self, request: pb.AssignmentsRequest, context: grpc.ServicerContext
     ) -> pb.Assignments:
-        if request.host not in self.api.store.hosts:
+        if not self.api.store.has_host(request.host):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{request.host}: register first")
         return self.api.assignments(request.host)
 
@@ -450,12 +449,48 @@ class CollectorServer:
         workers = max(4, cfg.workers)
         gate_cfg = replace(cfg.gate, max_streams=min(cfg.gate.max_streams, max(1, workers // 2)))
         self.gate = Gate(self.auth, policy(gate_cfg), gate_cfg)
-        self.registry = CollectorRegistry()
         self.scrapes = ScrapeStats()
         self.http_stats = {"otlp": WebStats(), "metrics": WebStats()}  # by listener
         self.web = load_web_config(cfg.web_config) if cfg.web_config else WebConfig()
         self.detail = DetailSelector(cfg.detail)
-        self.registry.register(
+        self.drift = DriftBook(
+            self.store, min_group=cfg.drift_min_group, waivers=tuple(cfg.drift_waivers)
+        )
+        self.shard = self._shard(cfg.shard) if cfg.shard is not None else None
+        self.raw = RawWindowWriter(cfg.raw) if cfg.raw is not None else None
+        if self.raw is not None:
+            self.store.listeners.append(self.raw)
+        self.registry = self._registry()
+        self.health = health.HealthServicer()
+        self.port = 0
+        self.metrics_port = 0
+        self.otlp_http_port = 0
+        self._server: grpc.Server | None = None
+        self._http: Any = None
+        self._otlp_http: Any = None
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    def _shard(self, cfg: ShardConfig) -> Shard:
+        """This collector as one shard of many: the agent API learns the other shards'
+        hosts from it and publishes registrations through it."""
+        shard = Shard(
+            cfg,
+            self.store,
+            self.planner,
+            admit,
+            match=self.cfg.match,
+            forget_after=self.cfg.forget_after,
+        )
+        self.api.remote = shard.remote_hosts
+        self.api.on_register = shard.publish
+        return shard
+
+    def _registry(self) -> CollectorRegistry:
+        """/metrics' collectors, in the order they are written (the attribution's joins
+        them at start())."""
+        registry = CollectorRegistry()
+        registry.register(
             FabricCollector(
                 self.store,
                 self.rpc_stats,
@@ -466,38 +501,13 @@ class CollectorServer:
                 http=self.http_stats,
             )
         )
-        self.drift = DriftBook(
-            self.store, min_group=cfg.drift_min_group, waivers=tuple(cfg.drift_waivers)
-        )
-        self.registry.register(DriftCollector(self.drift))
-        self.api.links = attach_links(cfg.fabric, self.registry)
-        self.shard: Shard | None = None
-        if cfg.shard is not None:
-            self.shard = Shard(
-                cfg.shard,
-                self.store,
-                self.planner,
-                admit,
-                match=cfg.match,
-                forget_after=cfg.forget_after,
-            )
-            self.api.remote = self.shard.remote_hosts
-            self.api.on_register = self.shard.publish
-            self.registry.register(ShardCollector(self.shard))
-        self.health = health.HealthServicer()
-        self.port = 0
-        self.metrics_port = 0
-        self._server: grpc.Server | None = None
-        self._http: Any = None
-        self._otlp_http: Any = None
-        self.otlp_http_port = 0
-        self._stop = threading.Event()
-        self._reaper: threading.Thread | None = None
-        self.raw: RawWindowWriter | None = None
-        if cfg.raw is not None:
-            self.raw = RawWindowWriter(cfg.raw)
-            self.store.listeners.append(self.raw)
-            self.registry.register(RawStoreCollector(self.raw))
+        registry.register(DriftCollector(self.drift))
+        if self.shard is not None:
+            registry.register(ShardCollector(self.shard))
+        if self.raw is not None:
+            registry.register(RawStoreCollector(self.raw))
+        self.api.links = attach_links(self.cfg.fabric, registry)
+        return registry
 
     def start(self) -> None:
         workers = max(4, self.cfg.workers)
@@ -517,7 +527,7 @@ class CollectorServer:
             maximum_concurrent_rpcs=workers * 2,
         )
         pb_grpc.add_CollectorServicer_to_server(CollectorServicer(self.api, self.drift), server)
-        # OTLP stage spans joined with the fabric (collector/attribution.py), and Query
+        # OTLP stage spans joined with the fabric (collector/attribution/), and Query
         self.attribution = attach_attribution(
             server,
             self.store,

@@ -15,8 +15,9 @@ records and registrations as it is made; the fleet is read in full again every
 new watch is in place the shard polls the store's revision every `refresh_s` and reads
 in full when it moved.
 
-Spans reach the shard that owns their path through `spans`, its SpanRouter
-(collector/spanroute.py).
+The view of the fleet (member records, registrations and their leases) and the watch that
+keeps it current are in collector/shardfleet.py. Spans reach the shard that owns their
+path through `spans`, its SpanRouter (collector/spanroute.py).
 
 A shard takes any host that registers or reports to it (agents choose their owner; a
 refusal would only strand a host whose view of the members lags), and lets go of a host
@@ -26,44 +27,37 @@ shard's lease) and stopped reporting here.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from google.protobuf.message import DecodeError
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from fabricprobe.collector.assign import HostSpec, Planner
+from fabricprobe.collector.assign import Planner
 from fabricprobe.collector.attribution.linking import HostDirectory, MatchConfig
+from fabricprobe.collector.shardfleet import Admit, Fleet, Watch
 from fabricprobe.collector.shardlease import Leases
 from fabricprobe.collector.spanroute import Forwarder, SpanRouter
 from fabricprobe.collector.store import MAX_HOSTS, HostState, WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.shards import (
     DEFAULT_PREFIX,
-    MAX_MEMBERS,
     Change,
     Etcd,
     EtcdError,
     Member,
     b64,
     owner_of,
-    parse_member,
 )
 
 log = logging.getLogger("fabricprobe.collector.shard")
 
-MAX_REGISTRATION = 64 << 10  # bytes of one host's registration in etcd
-
 
 @dataclass(frozen=True)
 class ShardConfig:
-    """How a collector joins the shards (collector/config.py fills one)."""
+    """How a collector joins the shards (collector/configsections.py fills one)."""
 
     etcd: tuple[tuple[str, int], ...]
     name: str
@@ -81,7 +75,7 @@ class ShardConfig:
     key_file: str = ""
     server_name: str = ""
     # engine spans wait this long on the shard owning their trace for the side that
-    # names their path (collector/spanpath.py), then go by their own host
+    # names their path (collector/attribution/spanpath.py), then go by their own host
     span_hold_s: float = 10.0
     # while etcd's watch stream delivers the changes, the fleet is read in full only
     # this often (a check on the watch); without the watch, every refresh_s it moved
@@ -89,9 +83,6 @@ class ShardConfig:
     etcd_ca_file: str = ""
     etcd_cert_file: str = ""
     etcd_key_file: str = ""
-
-
-Admit = Callable[[pb.HostInfo], HostSpec]  # checks a registration, returns its plan entry
 
 
 class Shard:
@@ -108,72 +99,54 @@ class Shard:
         forget_after: float = 600.0,
         etcd: Etcd | None = None,
     ) -> None:
-        self.cfg, self.store, self.planner, self.admit = cfg, store, planner, admit
-        self.match = match or MatchConfig()
+        self.cfg, self.store, self.planner = cfg, store, planner
         self.forget_after = forget_after
-
-        def client() -> Etcd:
-            return Etcd(
-                cfg.etcd,
-                prefix=cfg.prefix,
-                ca_file=cfg.etcd_ca_file,
-                cert_file=cfg.etcd_cert_file,
-                key_file=cfg.etcd_key_file,
-            )
-
-        self.etcd = etcd or client()
+        self.etcd = etcd or etcd_client(cfg)
+        # the lease keep-alive has a client of its own: a watch or a read never delays it
         self.leases = Leases(
             self.etcd,
-            etcd or client(),
+            etcd or etcd_client(cfg),
             prefix=cfg.prefix,
             ttl_s=cfg.ttl_s,
             forget_after=forget_after,
         )
         self.member = Member(cfg.name, cfg.advertise_api)
-        self.lock = threading.Lock()
-        self.members: tuple[Member, ...] = ()
-        self.fleet: dict[str, pb.HostInfo] = {}  # every registration in etcd, by host
-        self.fleet_leases: dict[str, int] = {}
-        self._revision = -1
+        self.fleet = Fleet(admit, cfg.prefix, match or MatchConfig())
+        self.watch = Watch(
+            self.etcd, self.fleet, self.apply, cfg.refresh_s, lambda: self.member.name
+        )
+        self.spans = SpanRouter(self, Forwarder(cfg), store.clock, hold_s=cfg.span_hold_s)
         self._stop = threading.Event()
         self._sync_lock = threading.RLock()  # a full read and a watch's changes, one at a time
-        self._watching = False
-        self._watch_open: list[Any] = []  # the watch's open response (stop() closes it)
-        self._read_at = 0.0  # monotonic time of the last full read
-        self.watched = 0  # changes the watch delivered
-        self.watch_restarts = 0
-        self._watcher: threading.Thread | None = None
-        self._thread: threading.Thread | None = None
-        self._beat: threading.Thread | None = None
-        self._fleet_version = 0
-        self._directory: tuple[int, HostDirectory] | None = None
-        self.spans = SpanRouter(self, Forwarder(cfg), store.clock, hold_s=cfg.span_hold_s)
-        self.records_unreadable = 0  # member or host records in etcd, at the last read
+        self._threads: list[threading.Thread] = []
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self, member: Member) -> None:
-        """Join as MEMBER: its record under a fresh lease, the fleet read once, then a
-        thread that keeps both up to date. Raises EtcdError when etcd cannot be reached."""
+        """Join as MEMBER: its record under a fresh lease, the fleet read once, then
+        threads that keep both up to date. Raises EtcdError when etcd cannot be reached."""
         self.member = member
         self.leases.grant(member)
         self.sync(force=True)
         self.spans.forwarder.start()
-        self._thread = threading.Thread(target=self._loop, name="shard", daemon=True)
-        self._thread.start()
-        self._beat = threading.Thread(target=self._beat_loop, name="shard-beat", daemon=True)
-        self._beat.start()
-        self._watcher = threading.Thread(target=self._watch_loop, name="shard-watch", daemon=True)
-        self._watcher.start()
-        log.info("shard %s joined: api=%s members=%d", member.name, member.api, len(self.members))
+        for name, run in (
+            ("shard", self._loop),
+            ("shard-beat", self._beat_loop),
+            ("shard-watch", lambda: self.watch.run(self._stop)),
+        ):
+            t = threading.Thread(target=run, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        members = len(self.fleet.current_members())
+        log.info("shard %s joined: api=%s members=%d", member.name, member.api, members)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.cfg.refresh_s):
             self.spans.relay.expire()
             try:
-                if not self._watching:
+                if not self.watch.watching:
                     self.sync()
-                elif time.monotonic() - self._read_at > self.cfg.resync_s:
+                elif time.monotonic() - self.fleet.read_at > self.cfg.resync_s:
                     self.sync(force=True)  # the watch's check: the whole fleet once more
                 self.republish()
             except EtcdError as e:
@@ -183,173 +156,55 @@ class Shard:
         while not self._stop.wait(max(2, self.cfg.ttl_s) / 3):
             try:
                 if self.leases.keepalive(self.member):
-                    self._revision = -1  # the next sync reads all, republish() puts ours back
+                    # the next sync reads all, republish() puts ours back
+                    self.fleet.forget_revision()
             except EtcdError as e:
                 log.warning("shard %s: %s", self.member.name, e)
-
-    def _watch_loop(self) -> None:
-        """Apply etcd's changes as its watch delivers them, from the revision of the last
-        full read on; a stream that breaks is counted, and the fleet is read in full again
-        (by the refresh loop) before the next watch starts."""
-        while not self._stop.is_set():
-            start = self._revision
-            if start < 0:  # not read yet, or the last watch broke: wait for a full read
-                self._stop.wait(min(self.cfg.refresh_s, 1.0))
-                continue
-            opened: list[Any] = []
-            self._watch_open = opened
-            try:
-                for changes in self.etcd.watch(start + 1, opened):
-                    self._watching = True
-                    if changes:
-                        self.apply(changes)
-            except EtcdError as e:
-                if self._stop.is_set():
-                    return
-                self.watch_restarts += 1
-                log.warning("shard %s: %s; reading etcd in full", self.member.name, e)
-            self._watching = False
-            with self.lock:
-                self._revision = -1
-            self._stop.wait(self.cfg.refresh_s)
-
-    def _close_watch(self) -> None:
-        """End the watch's stream from another thread (a blocked read sees its socket shut)."""
-        for resp in list(self._watch_open):
-            with contextlib.suppress(Exception):
-                fd = resp.raw._fp.fileno()  # the HTTP response's socket
-                sock = socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM)
-                sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            with contextlib.suppress(Exception):
-                resp.close()
-
-    def apply(self, changes: list[Change]) -> None:
-        """Changes the watch delivered: member records and host registrations put or
-        deleted, checked as a full read checks them."""
-        shards_key, hosts_key = self.cfg.prefix + "shards/", self.cfg.prefix + "hosts/"
-        upserts: list[HostSpec] = []
-        removes: list[str] = []
-        with self._sync_lock:
-            local = self.local_hosts()
-            with self.lock:
-                by = {m.name: m for m in self.members}
-                moved = False
-                for ch in changes:
-                    self.watched += 1
-                    key = ch.key.decode(errors="replace")
-                    if key.startswith(shards_key):
-                        name = key[len(shards_key) :]
-                        if ch.deleted:
-                            by.pop(name, None)
-                            continue
-                        try:
-                            m = parse_member(ch.value)
-                            if m.name != name:
-                                raise ValueError("key and name differ")
-                        except ValueError:
-                            self.records_unreadable += 1
-                            continue
-                        if name in by or len(by) < MAX_MEMBERS:
-                            by[name] = m
-                    elif key.startswith(hosts_key):
-                        name = key[len(hosts_key) :]
-                        if ch.deleted:
-                            if self.fleet.pop(name, None) is not None:
-                                self.fleet_leases.pop(name, None)
-                                moved = True
-                                if name not in local:
-                                    removes.append(name)
-                            continue
-                        try:
-                            info, spec = self._registration(name, ch.value)
-                        except (DecodeError, ValueError):
-                            self.records_unreadable += 1
-                            continue
-                        if name not in self.fleet and len(self.fleet) >= MAX_HOSTS:
-                            self.records_unreadable += 1
-                            continue
-                        self.fleet[name], self.fleet_leases[name] = info, ch.lease
-                        moved = True
-                        if name not in local:
-                            upserts.append(spec)
-                self.members = tuple(sorted(by.values()))
-                if moved:
-                    self._fleet_version += 1
-            for spec in upserts:
-                self.planner.upsert(spec)
-            if removes:
-                self.planner.remove(removes)
-
-    def _registration(self, name: str, value: bytes) -> tuple[pb.HostInfo, HostSpec]:
-        """A host's registration from etcd, checked; DecodeError or ValueError when bad."""
-        if len(value) > MAX_REGISTRATION:
-            raise ValueError("registration too large")
-        info = pb.HostInfo.FromString(value)
-        if info.host != name:
-            raise ValueError("key and host differ")
-        return info, self.admit(info)
 
     def stop(self) -> None:
         """Leave: revoke the member lease so the others take this shard's hosts at once."""
         self._stop.set()
-        self._close_watch()
-        for t in (self._thread, self._beat, self._watcher):
-            if t is not None:
-                t.join(timeout=5)
+        self.watch.close()
+        for t in self._threads:
+            t.join(timeout=5)
         self.spans.forwarder.stop()
         self.leases.revoke(self.member)
+
+    # -- the fleet in etcd --------------------------------------------------------------
+
+    def apply(self, changes: list[Change]) -> None:
+        """Changes the watch delivered, into the view and the planner."""
+        with self._sync_lock:
+            plan = self.fleet.apply(changes, self.local_hosts())
+            for spec in plan.upserts:
+                self.planner.upsert(spec)
+            if plan.removes:
+                self.planner.remove(plan.removes)
 
     def sync(self, *, force: bool = False) -> bool:
         """Re-read members and registrations if etcd changed; True when it did."""
         with self._sync_lock:
-            return self._sync(force)
-
-    def _sync(self, force: bool) -> bool:
-        rev = self.etcd.revision()
-        if rev == self._revision and not force:
-            return False
-        members, bad = self.etcd.members()
-        rows = self.etcd.read_prefix("hosts/", MAX_HOSTS + 1)
-        bad += max(0, len(rows) - MAX_HOSTS)
-        fleet: dict[str, pb.HostInfo] = {}
-        leases: dict[str, int] = {}
-        specs: list[HostSpec] = []
-        for key, value, lease in rows[:MAX_HOSTS]:
-            name = key.decode(errors="replace").rpartition("/")[2]
-            try:
-                info, spec = self._registration(name, value)
-            except (DecodeError, ValueError):
-                bad += 1
-                continue
-            specs.append(spec)
-            fleet[name], leases[name] = info, lease
-        with self.lock:
-            self.members = tuple(members)
-            if fleet.keys() != self.fleet.keys() or any(
-                list(fleet[h].addresses) != list(self.fleet[h].addresses) for h in fleet
-            ):
-                self._fleet_version += 1
-            self.fleet, self.fleet_leases = fleet, leases
-            self.records_unreadable = bad
-            self._revision = rev
-            self._read_at = time.monotonic()
-        local = self.local_hosts()
-        for spec in specs:
-            if spec.name not in local:  # a host that registered here is planned from here
-                self.planner.upsert(spec)
-        gone = [h for h in self.planner.hosts() if h not in fleet and h not in local]
-        self.planner.remove(gone)
-        return True
+            rev = self.etcd.revision()
+            if rev == self.fleet.revision and not force:
+                return False
+            members, bad = self.etcd.members()
+            rows = self.etcd.read_prefix("hosts/", MAX_HOSTS + 1)
+            specs = self.fleet.replace(members, rows, bad, rev)
+            local = self.local_hosts()
+            for spec in specs:
+                if spec.name not in local:  # a host that registered here is planned from here
+                    self.planner.upsert(spec)
+            fleet = self.fleet.names()
+            gone = [h for h in self.planner.hosts() if h not in fleet and h not in local]
+            self.planner.remove(gone)
+            return True
 
     def local_hosts(self) -> set[str]:
-        with self.store.lock:
-            return set(self.store.hosts)
+        return set(self.store.host_names())
 
     def remote_hosts(self) -> frozenset[str]:
         """Hosts of the fleet (in etcd) that the planner keeps though they are not here."""
-        with self.lock:
-            return frozenset(self.fleet)
+        return self.fleet.names()
 
     def publish(self, info: pb.HostInfo) -> None:
         """Put INFO's registration in etcd under this shard's long lease (a failure is
@@ -364,26 +219,20 @@ class Shard:
                 "shard %s: registration of %s not published: %s", self.member.name, info.host, e
             )
             return
-        with self.lock:
-            self.fleet[info.host] = info
-            self.fleet_leases[info.host] = lease
-            self._fleet_version += 1
+        self.fleet.put(info, lease)
 
     def republish(self) -> None:
         """Registrations held here that etcd lacks (an outage, or a lease run out)."""
-        with self.store.lock:
-            held = {name: h.info for name, h in self.store.hosts.items()}
-        with self.lock:
-            missing = [info for name, info in held.items() if name not in self.fleet]
-        for info in missing:
+        held = {name: h.info for name, h in self.store.host_views().items()}
+        published = self.fleet.names()
+        for info in [info for name, info in held.items() if name not in published]:
             self.publish(info)
 
     def released(self, quiet_s: float) -> Callable[[str, HostState], bool]:
         """Picks the hosts this shard lets go of: registered since with another shard (their
         registration in etcd is under another shard's lease) and silent here for QUIET_S
         seconds. Called with the store locked."""
-        with self.lock:
-            leases, mine = dict(self.fleet_leases), self.leases.registrations
+        leases, mine = self.fleet.lease_of(), self.leases.registrations
         now = self.store.clock()
 
         def pick(name: str, state: HostState) -> bool:
@@ -419,30 +268,33 @@ class Shard:
     # -- ownership ------------------------------------------------------------------
 
     def current_members(self) -> tuple[Member, ...]:
-        with self.lock:
-            return self.members
+        return self.fleet.current_members()
 
     def owner(self, host: str) -> Member | None:
         return owner_of(host, self.current_members())
 
     def hosts_owned(self) -> int:
-        with self.lock:
-            members, names = self.members, set(self.fleet)
+        members, names = self.fleet.current_members(), set(self.fleet.names())
         names |= self.local_hosts()
         return sum(1 for h in names if owner_of(h, members) == self.member)
 
     def fleet_addresses(self) -> list[tuple[str, list[str]]]:
         """(host, addresses) of every registration in etcd."""
-        with self.lock:
-            return [(h, list(i.addresses)) for h, i in self.fleet.items()]
+        return self.fleet.addresses()
 
     def directory(self) -> HostDirectory:
         """The fleet's hosts and addresses (kept until the fleet changes)."""
-        with self.lock:
-            if self._directory is None or self._directory[0] != self._fleet_version:
-                hosts = [(h, list(i.addresses)) for h, i in self.fleet.items()]
-                self._directory = (self._fleet_version, HostDirectory(hosts, self.match))
-            return self._directory[1]
+        return self.fleet.directory()
+
+
+def etcd_client(cfg: ShardConfig) -> Etcd:
+    return Etcd(
+        cfg.etcd,
+        prefix=cfg.prefix,
+        ca_file=cfg.etcd_ca_file,
+        cert_file=cfg.etcd_cert_file,
+        key_file=cfg.etcd_key_file,
+    )
 
 
 class ShardCollector:
@@ -456,18 +308,17 @@ class ShardCollector:
 
     def collect(self) -> list[Metric]:
         s = self.shard
-        with s.lock:
-            members, fleet = len(s.members), len(s.fleet)
+        fleet = s.fleet.counts()
         out: list[Metric] = [
             GaugeMetricFamily(
                 "fabricprobe_shard_members",
                 "Collector shards live in etcd, as this one sees them.",
-                members,
+                fleet.members,
             ),
             GaugeMetricFamily(
                 "fabricprobe_shard_fleet_hosts",
                 "Hosts registered with any shard (the plan's fleet).",
-                fleet,
+                fleet.hosts,
             ),
             GaugeMetricFamily(
                 "fabricprobe_shard_hosts_owned",
@@ -482,7 +333,7 @@ class ShardCollector:
             CounterMetricFamily(
                 "fabricprobe_shard_etcd_watch_restarts",
                 "Times etcd's watch stream broke and the fleet was read in full again.",
-                s.watch_restarts,
+                s.watch.restarts,
             ),
             CounterMetricFamily(
                 "fabricprobe_shard_leases_lost",
@@ -492,7 +343,7 @@ class ShardCollector:
             GaugeMetricFamily(
                 "fabricprobe_shard_records_unreadable",
                 "Member or host records in etcd that could not be read, at the last read.",
-                s.records_unreadable,
+                fleet.unreadable,
             ),
         ]
         fwd = CounterMetricFamily(
@@ -500,9 +351,8 @@ class ShardCollector:
             "Spans sent on to the shard owning their path, by result.",
             labels=["result"],
         )
-        with s.spans.forwarder.lock:
-            for result, n in s.spans.forwarder.spans.items():
-                fwd.add_metric([result], n)
+        for result, n in s.spans.forwarder.counts().items():
+            fwd.add_metric([result], n)
         out.append(fwd)
         routed = CounterMetricFamily(
             "fabricprobe_shard_routed_spans",
@@ -511,9 +361,8 @@ class ShardCollector:
             " host its resource names.",
             labels=["by"],
         )
-        with s.spans.lock:
-            for by, n in s.spans.routed.items():
-                routed.add_metric([by], n)
+        for by, n in s.spans.routed_counts().items():
+            routed.add_metric([by], n)
         out.append(routed)
         out.append(
             GaugeMetricFamily(

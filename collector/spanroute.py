@@ -94,6 +94,11 @@ class SpanRouter:
         self.local: Callable[[Any], object] | None = None
         self.relay = PathRelay(self._emit, view.directory, clock, hold_s=hold_s)
 
+    def routed_counts(self) -> dict[str, int]:
+        """Spans routed, by how their shard was found (a copy)."""
+        with self.lock:
+            return dict(self.routed)
+
     def route(self, request: ts_pb.ExportTraceServiceRequest) -> tuple[Any, int]:
         """(the part of REQUEST this shard keeps, spans handed on: forwarded, or gathered
         under their trace until their path is known)."""
@@ -245,6 +250,11 @@ class Forwarder:
                 private_key=_read(cfg.key_file) if cfg.key_file else None,
                 certificate_chain=_read(cfg.cert_file) if cfg.cert_file else None,
             )
+
+    def counts(self) -> dict[str, int]:
+        """Spans forwarded, by result (a copy)."""
+        with self.lock:
+            return dict(self.spans)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="forward", daemon=True)

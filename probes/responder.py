@@ -20,7 +20,8 @@ It serves only the fleet, within bounds that no peer can stretch:
 - *RDMA endpoints are the peer's.* An RC or UD hello whose GID is not the control
   connection's address is refused: ACKs and connections go only to who asked.
 
-Every refusal is counted by reason (`refusals`; the agent exports them).
+Every refusal is counted by reason (`refusals`; the agent exports them). The hello, the
+challenge and the slots are in fabricprobe.probes.admission.
 
 One listening socket; each accepted control connection gets its own thread, up to
 `max_sessions` at once (beyond that a prober is refused with `error busy` at once,
@@ -38,31 +39,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 import selectors
 import socket
 import threading
 import time
 from collections import Counter
-from typing import Any
 
-from fabricprobe.core.errors import REFUSAL_REASONS, ParseError, PeerError, ProbeError
+from fabricprobe.core.errors import ParseError, PeerError, ProbeError
 from fabricprobe.core.hostport import DEFAULT_PORT, format_hostport
+from fabricprobe.probes.admission import Handshake, Slots
 from fabricprobe.probes.control import (
     MAX_KEEPALIVE_S,
-    PROTOCOL_VERSION,
     Channel,
     MemoryBudget,
-    Message,
-    PeerClosed,
     Refused,
     Session,
     SessionTable,
-    require_dict,
-    require_str,
     session_table,
 )
-from fabricprobe.probes.fleet import NONCE_BYTES, FleetToken, canonical_ip
+from fabricprobe.probes.fleet import FleetToken, canonical_ip
 from fabricprobe.probes.threads import name_os_thread
 
 log = logging.getLogger("fabricprobe.responder")
@@ -93,32 +88,31 @@ class Responder:
         if not 0 <= max_keepalive_s <= MAX_KEEPALIVE_S:
             raise ValueError(f"max_keepalive_s outside 0..{MAX_KEEPALIVE_S:g}")
         self.host, self.port = host, port
-        self.auth = auth
-        self.max_sessions = max_sessions
-        self.max_per_source = max_per_source
         self.max_keepalive_s = max_keepalive_s
-        self.hello_timeout = min(hello_timeout, idle_timeout)
         self.idle_timeout = idle_timeout
         self.grace = grace
         self.budget = MemoryBudget(max_memory_bytes)
         self.sessions = session_table(sessions)
+        self.handshake = Handshake(auth, min(hello_timeout, idle_timeout))
+        self.slots = Slots(max_sessions, max_per_source)
         self._listener: socket.socket | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        # every connection's thread: a Session once it has one, else its socket
-        self._threads: dict[threading.Thread, Session | socket.socket] = {}
-        self._admitted: set[threading.Thread] = set()  # those holding a session slot
-        self._pending_by_src: Counter[str] = Counter()
-        self._sessions_by_src: Counter[str] = Counter()
         self._thread: threading.Thread | None = None
-        self.served = 0
-        self.refusals: Counter[str] = Counter({r: 0 for r in REFUSAL_REASONS})
+
+    @property
+    def refusals(self) -> Counter[str]:
+        """Probers turned away so far, by reason (REFUSAL_REASONS)."""
+        return self.slots.refusals
 
     @property
     def refused(self) -> int:
-        """Probers turned away so far, for any reason in REFUSAL_REASONS."""
+        """Probers turned away so far, for any reason."""
         return sum(self.refusals.values())
+
+    @property
+    def served(self) -> int:
+        return self.slots.served
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> tuple[str, int]:
@@ -152,8 +146,7 @@ class Responder:
 
     def active_sessions(self) -> int:
         """Connections being served now: sessions, and those still in their hello."""
-        with self._lock:
-            return len(self._threads)
+        return self.slots.active()
 
     def serve_forever(self) -> None:
         """Accept sessions until stop(); then drain, abort, join and close everything."""
@@ -199,28 +192,19 @@ class Responder:
             return  # the prober gave up between select and accept
         peer = (str(addr[0]), int(addr[1]))
         src = canonical_ip(peer[0])
-        with self._lock:
-            pending = len(self._threads) - len(self._admitted)
-            if pending >= self.max_sessions or self._pending_by_src[src] >= self.max_per_source:
-                # a flood of connections that have not said hello: not even a reply
-                self.refusals["busy" if pending >= self.max_sessions else "source"] += 1
-                conn.close()
-                return
-            t = threading.Thread(target=self._run_session, args=(conn, peer, src), name="answer")
-            self._threads[t] = conn
-            self._pending_by_src[src] += 1
+        t = threading.Thread(target=self._run_session, args=(conn, peer, src), name="answer")
+        if not self.slots.enter(t, conn, src):
+            conn.close()  # a flood of connections that have not said hello: not even a reply
+            return
         t.start()
 
     def _drain(self) -> None:
-        with self._lock:  # links between rounds lose nothing: let them go at once
-            idle = [s for s in self._threads.values() if isinstance(s, Session) and s.idle]
-        for link in idle:
+        for link in self.slots.idle_links():  # links between rounds lose nothing
             link.abort()
         deadline = time.monotonic() + self.grace
         while self.active_sessions() and time.monotonic() < deadline:
             time.sleep(0.02)
-        with self._lock:
-            items = list(self._threads.items())
+        items = self.slots.held()
         for _, session in items:
             if isinstance(session, Session):
                 session.abort()
@@ -239,80 +223,11 @@ class Responder:
             with conn:
                 kind, outcome, detail = self._session(channel, peer, src, me)
         finally:
-            with self._lock:
-                self._threads.pop(me, None)
-                if me in self._admitted:
-                    self._admitted.discard(me)
-                    self._sessions_by_src[src] -= 1
-                    self.served += 1
-                else:
-                    self._pending_by_src[src] -= 1
+            self.slots.leave(me, src)
         elapsed = time.monotonic() - started
         tail = f" ({detail})" if detail else ""
         who = format_hostport(*peer)
         log.info("session %s from %s: %s in %.3f s%s", kind, who, outcome, elapsed, tail)
-
-    def _handshake(
-        self, channel: Channel, peer: tuple[str, int], local: tuple[str, int]
-    ) -> tuple[str, dict[str, Any]]:
-        """Read the hello (and, with a fleet token, check the answer to our challenge)
-        within the hello deadline; return the session kind and its params."""
-        end = time.monotonic() + self.hello_timeout
-
-        def left() -> float:
-            return max(0.001, end - time.monotonic())
-
-        try:
-            hello = channel.recv(expect="hello", timeout=left())
-        except PeerError as e:
-            if isinstance(e, ParseError | PeerClosed):  # garbage, or a port check
-                raise
-            raise Refused(f"no hello within {self.hello_timeout:g} s ({e})", "hello") from None
-        kind = require_str(hello.body, "session", 32, where="hello.")
-        version = hello.body.get("version")
-        if version != PROTOCOL_VERSION:
-            raise ProbeError(f"protocol version {version!r} not supported")
-        params = require_dict(hello.body, "params", where="hello.")
-        if self.auth is not None:
-            nonce = secrets.token_bytes(NONCE_BYTES)
-            channel.send("challenge", {"nonce": nonce.hex(), "mac": "hmac-sha256"})
-            try:
-                answer = channel.recv(timeout=left())
-            except PeerError as e:
-                if isinstance(e, ParseError):
-                    raise
-                raise Refused(
-                    f"unauthenticated: no answer to the challenge ({e})", "hello"
-                ) from None
-            if not self._verified(answer, nonce, peer, local, kind, params):
-                raise Refused("unauthenticated: not a member of this fleet", "unauthenticated")
-        return kind, params
-
-    def _verified(
-        self,
-        answer: Message,
-        nonce: bytes,
-        peer: tuple[str, int],
-        local: tuple[str, int],
-        kind: str,
-        params: dict[str, Any],
-    ) -> bool:
-        mac = answer.body.get("mac")
-        if answer.kind != "auth" or not isinstance(mac, str) or len(mac) != 64:
-            return False
-        assert self.auth is not None
-        return self.auth.verify(mac, nonce, peer[0], local[0], kind, params)
-
-    def _admit(self, me: threading.Thread, src: str) -> None:
-        """Take a session slot for ME, or refuse: the responder or the source is full."""
-        with self._lock:
-            if len(self._admitted) >= self.max_sessions:
-                raise Refused(f"busy: {self.max_sessions} sessions running", "busy")
-            if self._sessions_by_src[src] >= self.max_per_source:
-                raise Refused(f"busy: {src} already holds {self.max_per_source} sessions", "source")
-            self._admitted.add(me)
-            self._pending_by_src[src] -= 1
-            self._sessions_by_src[src] += 1
 
     def _session(
         self, channel: Channel, peer: tuple[str, int], src: str, me: threading.Thread
@@ -324,12 +239,12 @@ class Responder:
             channel.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             l_addr = channel.sock.getsockname()
             local = (str(l_addr[0]), int(l_addr[1]))
-            kind, params = self._handshake(channel, peer, local)
+            kind, params = self.handshake.read(channel, peer, local)
             handler = self.sessions.get(kind)
             if handler is None:
                 known = ", ".join(sorted(self.sessions)) or "none"
                 raise ProbeError(f"unknown session kind {kind!r} (this responder has {known})")
-            self._admit(me, src)
+            self.slots.admit(me, src)
             session = Session(
                 channel,
                 kind,
@@ -340,8 +255,7 @@ class Responder:
                 max_keepalive_s=self.max_keepalive_s,
                 budget=self.budget,
             )
-            with self._lock:
-                self._threads[me] = session
+            self.slots.hold(me, session)
             if self._stop.is_set():
                 raise ProbeError("responder is shutting down")
             with session.resources:
@@ -358,8 +272,7 @@ class Responder:
                 figures += f" rounds={session.rounds}"
             return kind, "ok", figures
         except Refused as e:
-            with self._lock:
-                self.refusals[e.reason] += 1
+            self.slots.refuse(e.reason)
             channel.send_error(str(e))
             return kind, f"refused {e.reason}", str(e)
         except ProbeError as e:  # PeerError, ParseError, and refusals of a bad request

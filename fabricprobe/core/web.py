@@ -35,7 +35,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -154,6 +154,14 @@ class Route:
     handler: Handler
 
 
+class WebCounts(NamedTuple):
+    """A copy of WebStats' figures."""
+
+    refused: dict[str, int]  # reason -> requests or connections
+    served: int
+    connections: int  # open now
+
+
 class WebStats:
     """Requests served and refused (by reason), and connections open; thread-safe."""
 
@@ -170,9 +178,9 @@ class WebStats:
         if self.on_refused is not None:
             self.on_refused(reason)
 
-    def snapshot(self) -> tuple[dict[str, int], int, int]:
+    def snapshot(self) -> WebCounts:
         with self.lock:
-            return dict(self.refused), self.served, self.connections
+            return WebCounts(dict(self.refused), self.served, self.connections)
 
 
 class _Shared:

@@ -89,13 +89,13 @@ def test_a_shard_joins_follows_and_leaves_over_mutual_tls(
         assert shard is not None
         members, bad = client.members()
         assert [m.name for m in members] == ["shard-tls"] and bad == 0
-        wait_for(lambda: shard._watching, 10, "the watch open over TLS")
-        read_at = shard._read_at
+        wait_for(lambda: shard.watch.watching, 10, "the watch open over TLS")
+        read_at = shard.fleet.read_at
         info = pb.HostInfo(host="t-1", addresses=["127.0.0.5"]).SerializeToString()
         body = {"key": b64("/fabricprobe/hosts/t-1"), "value": b64(info)}
         client.call("put", lambda c: c.post(c.get_url("/kv/put"), json=body))
-        wait_for(lambda: "t-1" in shard.fleet, 5, "t-1 through the watch")
-        assert shard._read_at == read_at  # the watch brought it, not a full read
+        wait_for(lambda: "t-1" in shard.fleet.hosts, 5, "t-1 through the watch")
+        assert shard.fleet.read_at == read_at  # the watch brought it, not a full read
         out = CliRunner().invoke(
             main,
             ["shards", "--etcd", f"127.0.0.1:{etcd}", "--ca-file", str(pki / "ca.pem"),

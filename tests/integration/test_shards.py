@@ -174,7 +174,7 @@ def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
             view = shards[0].shard
             assert view is not None
             view.sync()
-            return list(view.members)
+            return list(view.current_members())
 
         wait_for(lambda: len(members()) == 3, 30, "three shards in etcd")
         victim = next(m for m in members() if m.name == doomed)
@@ -182,7 +182,7 @@ def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
         def owner(host: str) -> CollectorServer | None:
             view = shards[0].shard
             assert view is not None
-            m = owner_of(host, view.members)
+            m = owner_of(host, view.current_members())
             assert m is not None
             return by_name[m.name]
 
@@ -509,7 +509,9 @@ def test_the_two_sides_of_disaggregated_engines_meet_on_their_paths_owner(etcd: 
                 owns(h).api.register(pb.HostInfo(host=h, addresses=[addresses.get(h, "127.0.0.9")]))
         wait_for(
             lambda: all(
-                s.shard is not None and len(s.shard.members) == 2 and len(s.shard.fleet) == 8
+                s.shard is not None
+                and len(s.shard.fleet.members) == 2
+                and len(s.shard.fleet.hosts) == 8
                 for s in servers
             ),
             20,
@@ -624,10 +626,10 @@ def test_a_shard_follows_etcd_through_its_watch_and_reads_in_full_when_it_breaks
     try:
         shard = server.shard
         assert shard is not None
-        wait_for(lambda: shard._watching, 10, "the watch open")
-        read_at = shard._read_at
+        wait_for(lambda: shard.watch.watching, 10, "the watch open")
+        read_at = shard.fleet.read_at
         put("hosts/w-1", pb.HostInfo(host="w-1", addresses=["127.0.0.5"]).SerializeToString())
-        wait_for(lambda: "w-1" in shard.fleet and "w-1" in shard.planner.hosts(), 5, "w-1")
+        wait_for(lambda: "w-1" in shard.fleet.hosts and "w-1" in shard.planner.hosts(), 5, "w-1")
         lease = int(
             client.call(
                 "grant",
@@ -635,19 +637,25 @@ def test_a_shard_follows_etcd_through_its_watch_and_reads_in_full_when_it_breaks
             )
         )
         put("shards/shard-z", Member("shard-z", "127.0.0.1:4999").record(), lease)
-        wait_for(lambda: [m.name for m in shard.members] == ["shard-w", "shard-z"], 5, "shard-z")
+        wait_for(
+            lambda: [m.name for m in shard.fleet.members] == ["shard-w", "shard-z"], 5, "shard-z"
+        )
         put("hosts/bad", b"\xff not a registration")
         delete("hosts/w-1")
-        wait_for(lambda: "w-1" not in shard.fleet and "w-1" not in shard.planner.hosts(), 5, "-w-1")
+        wait_for(
+            lambda: "w-1" not in shard.fleet.hosts and "w-1" not in shard.planner.hosts(), 5, "-w-1"
+        )
         # the lease runs out (no keepalive): etcd deletes the record, the watch says so
-        wait_for(lambda: [m.name for m in shard.members] == ["shard-w"], 10, "shard-z gone")
-        assert shard._read_at == read_at and shard.records_unreadable >= 1
-        assert shard.watched >= 5 and shard.watch_restarts == 0
+        wait_for(lambda: [m.name for m in shard.fleet.members] == ["shard-w"], 10, "shard-z gone")
+        assert shard.fleet.read_at == read_at and shard.fleet.records_unreadable >= 1
+        assert shard.fleet.watched >= 5 and shard.watch.restarts == 0
         # the stream breaks: counted, the fleet read in full, a new watch
-        shard._close_watch()
-        wait_for(lambda: shard.watch_restarts == 1 and shard._read_at > read_at, 10, "a full read")
+        shard.watch.close()
+        wait_for(
+            lambda: shard.watch.restarts == 1 and shard.fleet.read_at > read_at, 10, "a full read"
+        )
         put("hosts/w-2", pb.HostInfo(host="w-2", addresses=["127.0.0.6"]).SerializeToString())
-        wait_for(lambda: "w-2" in shard.fleet, 10, "w-2 through the next watch")
-        assert shard.watch_restarts == 1
+        wait_for(lambda: "w-2" in shard.fleet.hosts, 10, "w-2 through the next watch")
+        assert shard.watch.restarts == 1
     finally:
         server.stop(0)

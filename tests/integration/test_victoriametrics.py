@@ -85,12 +85,12 @@ class Fleet:
         view = self.shards[0].shard
         assert view is not None
         view.sync()
-        return list(view.members)
+        return list(view.current_members())
 
     def owner(self, host: str) -> CollectorServer:
         view = self.shards[0].shard
         assert view is not None
-        m = owner_of(host, view.members)
+        m = owner_of(host, view.current_members())
         assert m is not None
         return next(s for s in self.shards if s.shard is not None and s.shard.member.name == m.name)
 

@@ -299,7 +299,7 @@ def test_kv_pairs_watched_are_bounded_and_only_between_fleet_hosts() -> None:
 
 
 def test_dedup_sets_are_bounded() -> None:
-    from fabricprobe.collector.store import MAX_EPOCHS, MAX_RETIRED
+    from fabricprobe.collector.hosttable import MAX_EPOCHS, MAX_RETIRED
 
     a, store, now = api()
     a.register(pb.HostInfo(host="h1"))

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fabricprobe.collector.exporter import RTT_BUCKETS_S, FabricCollector, sketch_histogram
+from fabricprobe.collector.exporter import FabricCollector
+from fabricprobe.collector.families import sketch_histogram
 from fabricprobe.collector.rpcstats import RpcStats
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.cumulative import RTT_BUCKETS_S
 from fabricprobe.core.sketchwire import from_wire, merged, to_wire
 from fabricprobe.core.stats import LatencySketch
 

@@ -127,8 +127,10 @@ def fresh_api() -> AgentApi:
 def clean_scrape(store: WindowStore) -> None:
     reg = CollectorRegistry()
     reg.register(FabricCollector(store))
-    for line in render(reg).decode().splitlines():
-        if not line.startswith("#"):
+    # lines end at "\n" only, as the format's do: a label value may hold any other line
+    # separator str.splitlines() would split at (U+0085, U+2028...)
+    for line in render(reg).decode().split("\n"):
+        if line and not line.startswith("#"):
             value = float(line.rsplit(" ", 1)[1])
             assert math.isfinite(value) and value >= 0, line
     # the protobuf form: every native histogram's buckets add up to its count

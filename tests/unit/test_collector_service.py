@@ -191,3 +191,36 @@ def test_silent_hosts_are_forgotten_and_the_fleet_replanned() -> None:
     after = api.assignments("h1")
     assert after.generation > before.generation
     assert {t.dst for t in after.targets} == {"h2"}
+
+
+def test_a_server_is_wired_before_it_starts(tmp_path: Path) -> None:
+    """Its parts exist and know each other at construction: the shard tells the agent API
+    the other shards' hosts, the raw windows listen to the store, and /metrics' collectors
+    are registered in the order they are written."""
+    from fabricprobe.collector.rawstore import RawStoreConfig
+    from fabricprobe.collector.shard import ShardConfig
+
+    cfg = ServerConfig(
+        listen="127.0.0.1:0",
+        metrics_listen="",
+        raw=RawStoreConfig(str(tmp_path / "windows")),
+        shard=ShardConfig(etcd=(("127.0.0.1", 1),), name="s"),
+    )
+    server = CollectorServer(cfg)
+    assert server.shard is not None and server.raw is not None
+    assert server.api.remote == server.shard.remote_hosts
+    assert server.api.on_register == server.shard.publish
+    assert server.store.listeners == [server.raw]
+    names = [m.name for m in server.registry.collect()]
+    firsts = [
+        names.index(n)
+        for n in (
+            "fabricprobe_rtt_seconds",
+            "fabricprobe_host_check_status",
+            "fabricprobe_shard_members",
+            "fabricprobe_raw_windows_rows",
+        )
+    ]
+    assert firsts == sorted(firsts)
+    bare = CollectorServer(ServerConfig(listen="127.0.0.1:0", metrics_listen=""))
+    assert bare.shard is None and bare.raw is None and bare.store.listeners == []

@@ -474,7 +474,7 @@ def test_stop_lets_idle_links_go_at_once() -> None:
     r.__enter__()
     with client(r) as c:
         c.open("rounds", {"n": 1, "keepalive_s": 60})
-        _wait_until(lambda: any(getattr(s, "idle", False) for s in r._threads.values()))
+        _wait_until(lambda: bool(r.slots.idle_links()))
         t0 = time.monotonic()
         r.__exit__(None, None, None)
         assert time.monotonic() - t0 < 5.0  # not the 20 s grace of a session mid-round

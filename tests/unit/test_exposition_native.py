@@ -14,8 +14,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from fabricprobe.agent.exporter import MetricsServer as AgentMetricsServer
-from fabricprobe.collector.exporter import FabricCollector, sketch_histogram
+from fabricprobe.collector.exporter import FabricCollector
 from fabricprobe.collector.exposition import serve_metrics
+from fabricprobe.collector.families import sketch_histogram
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import prom_metrics_pb2 as mpb

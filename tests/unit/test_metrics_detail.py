@@ -288,15 +288,15 @@ def test_hosts_over_an_alert_threshold_are_shown_first() -> None:
 
 
 def test_named_pairs_and_fleet_classes_are_bounded() -> None:
-    from fabricprobe.collector import store as store_mod
+    from fabricprobe.collector import pathtable as store_mod
 
     s = WindowStore()
     s.name_pairs((f"a{i}", f"b{i}") for i in range(store_mod.MAX_NAMED_PAIRS + 10))
-    assert len(s.named) == store_mod.MAX_NAMED_PAIRS
-    assert ("a0", "b0") not in s.named  # the oldest went first
+    assert len(s.named.at) == store_mod.MAX_NAMED_PAIRS
+    assert ("a0", "b0") not in s.named.at  # the oldest went first
     s.register(pb.HostInfo(host="a"))
     r = pb.WindowReport(host="a", epoch=1, seq=1, window_end_unix_ns=s.clock())
     for i in range(store_mod.MAX_FLEET_CLASSES + 3):
         r.probes.add(dst="b", transport="tcp", op="pingpong", size=i + 1, rtt=sketch(20_000))
     s.take(r)
-    assert len(s.fleet) == store_mod.MAX_FLEET_CLASSES and s.dropped["class"] == 3
+    assert len(s.path_table.fleet) == store_mod.MAX_FLEET_CLASSES and s.dropped["class"] == 3

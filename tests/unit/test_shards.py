@@ -143,9 +143,9 @@ def shard_with(members: list[Member], me: Member) -> Shard:
         admit,
         etcd=FakeEtcd(members),  # type: ignore[arg-type]
     )
-    s.member, s.members = me, tuple(members)
+    s.member, s.fleet.members = me, tuple(members)
     for h in ("gpu-1", "gpu-2", "gpu-3", "gpu-4"):
-        s.fleet[h] = pb.HostInfo(host=h, addresses=[f"10.0.0.{h[-1]}"])
+        s.fleet.hosts[h] = pb.HostInfo(host=h, addresses=[f"10.0.0.{h[-1]}"])
     return s
 
 
@@ -252,7 +252,7 @@ def test_a_shard_lets_go_of_hosts_that_registered_with_another_shard() -> None:
     hosts = [f"gpu-{i}" for i in range(6)]
     for h in hosts:
         s.store.register(pb.HostInfo(host=h, addresses=["10.0.0.1"]))
-    s.fleet_leases = {"gpu-0": 7, "gpu-1": 9, "gpu-2": 9}  # gpu-1, gpu-2 under B's lease
+    s.fleet.leases = {"gpu-0": 7, "gpu-1": 9, "gpu-2": 9}  # gpu-1, gpu-2 under B's lease
     now[0] += 10 * S  # silent here for 10 s
     assert s.store.forget_idle(also=s.released(30.0)) == []  # not yet quiet long enough
     assert sorted(s.store.forget_idle(also=s.released(5.0))) == ["gpu-1", "gpu-2"]
