@@ -16,6 +16,7 @@ from fabricprobe.collector.configsections import (
     DetailSettings,
     DriftSettings,
     EngineSettings,
+    FabricSettings,
     HttpSettings,
     ListenSettings,
     PlanSettings,
@@ -35,6 +36,7 @@ SECTIONS = (
     WindowsSettings,
     DetailSettings,
     DriftSettings,
+    FabricSettings,
     ShardSettings,
 )
 
