@@ -12,23 +12,22 @@ not the path's.
 
 `kv_price()` reads the store's views of the pair's paths (O(paths of the pair)); `kv_cost_http()`
 is the `GET /v1/kv-cost` handler as a plain function (query parameters in, status and
-JSON body out) for the collector's HTTP server to mount; `price_reply()` is the Query
-API's KvCost answer.
+JSON body out) for the collector's HTTP server to mount; `Price.reply()`
+(fabricprobe.core.price) is the Query API's KvCost answer.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from fabricprobe.collector.kvparts import DEFAULT_RTTS, PROTOCOL_RTTS, fabric_seconds
 from fabricprobe.collector.store import PathView, WindowStore
-from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.price import Price
 from fabricprobe.core.web import Call, Reply, Route
 
 MAX_BYTES = 1 << 40  # 1 TiB: more than any request's KV cache
@@ -70,29 +69,6 @@ class CostError(ValueError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass(frozen=True)
-class Price:
-    """The predicted KV-transfer time on a path, or why it is unknown."""
-
-    src: str
-    dst: str
-    bytes: int
-    known: bool
-    reason: str = ""  # why unknown ("" when known)
-    p50_s: float | None = None
-    p99_s: float | None = None
-    rtt_p50_s: float | None = None
-    rtt_p99_s: float | None = None
-    bandwidth_bytes_per_s: float | None = None
-    loss_ratio: float | None = None
-    age_s: float | None = None  # of the oldest figure used
-    transport: str = ""
-    rtts: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def check_host(name: str, what: str) -> str:
@@ -199,32 +175,6 @@ def kv_price(
         transport=transport,
         rtts=PROTOCOL_RTTS.get(transport, DEFAULT_RTTS),
     )
-
-
-def price_reply(p: Price) -> pb.KvCostReply:
-    """PRICE as the Query API's KvCost answer (figures absent where unknown)."""
-    msg = pb.KvCostReply(
-        known=p.known,
-        reason=p.reason,
-        transport=p.transport,
-        rtts=p.rtts,
-        src=p.src,
-        dst=p.dst,
-        bytes=p.bytes,
-    )
-    for name in (
-        "p50_s",
-        "p99_s",
-        "rtt_p50_s",
-        "rtt_p99_s",
-        "bandwidth_bytes_per_s",
-        "loss_ratio",
-        "age_s",
-    ):
-        v = getattr(p, name)
-        if v is not None and math.isfinite(v):
-            setattr(msg, name, float(v))
-    return msg
 
 
 def kv_cost_http(

@@ -26,7 +26,6 @@ from fabricprobe.collector.price import (
     check_bytes,
     check_host,
     kv_price,
-    price_reply,
 )
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
@@ -232,7 +231,7 @@ class QueryServicer(pb_grpc.QueryServicer):
             raise AssertionError("context.abort returned")  # pragma: no cover
         got = kv_price(store, src, dst, nbytes, cfg=self.price)
         self.price_answers.count("known" if got.known else "unknown")
-        return price_reply(got)
+        return got.reply()
 
     def Links(self, request: pb.LinksRequest, context: grpc.ServicerContext) -> pb.LinksReply:
         """The links ranked (collector/fabric); the classes from src to dst when asked."""
