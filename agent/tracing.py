@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.errors import ProbeError
-from fabricprobe.probes.trace import TraceConfig, TraceResult, route_source, trace_udp
+from fabricprobe.probes.measure import source_address
+from fabricprobe.probes.trace import ROCE_V2_PORT, TraceConfig, TraceResult, trace_udp
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -115,7 +116,7 @@ class ClassTracer:
         n = 0
         for (dst, address), wants in by_peer.items():
             try:
-                source = self.source or route_source(address)
+                source = source_address(address, ROCE_V2_PORT, self.source)
                 res = self.trace(source, address, [w.sport for w in wants], self.config, "")
             except (ProbeError, OSError, ValueError) as err:
                 self.counts.failed += len(wants)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import socket
 import statistics
 import time
 from array import array
@@ -241,3 +242,13 @@ def _head(r: LatencyResult | BandwidthResult, optional: tuple[str, ...]) -> dict
         if getattr(r, name) is not None:
             d[name] = getattr(r, name)
     return d
+
+
+def source_address(peer: str, port: int, bind: str | None = None) -> str:
+    """The local address the kernel would use towards PEER:PORT (a UDP connect sends
+    nothing), or BIND when given."""
+    if bind:
+        return bind
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, port))
+        return str(s.getsockname()[0])

@@ -362,13 +362,6 @@ def raw_icmp_socket() -> socket.socket:
     return s
 
 
-def route_source(peer: str) -> str:
-    """The address this host's routes send from towards PEER's 4791 (nothing is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((peer, ROCE_V2_PORT))
-        return str(s.getsockname()[0])
-
-
 def check_addresses(source: str, peer: str) -> None:
     for what, a in (("source", source), ("peer", peer)):
         try:

@@ -15,7 +15,6 @@ process and reported with every result (`loop_overhead_ns`).
 
 from __future__ import annotations
 
-import socket
 import time
 from array import array
 from collections.abc import Callable, Iterator
@@ -43,6 +42,7 @@ from fabricprobe.probes.measure import (
     LatencyRound,
     LinkParams,
     clock_pair_ns,
+    source_address,
 )
 from fabricprobe.probes.rdma.links import RdmaLink, pick_engine, responder_engine
 from fabricprobe.probes.rdma.verbs import RcEndpoint, Spin, device_for_address
@@ -196,15 +196,6 @@ def loop_overhead_ns(engine: str = "pyverbs", rounds: int = 2000) -> int:
 
 
 # ------------------------------------------------------------------------- prober side
-
-
-def source_address(peer: str, port: int, bind: str | None) -> str:
-    """The local address the kernel would use towards PEER (a UDP connect sends nothing)."""
-    if bind:
-        return bind
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((peer, port))
-        return str(s.getsockname()[0])
 
 
 def local_device(sysfs_root: str | Path, source: str, device: str | None) -> tuple[str, int]:

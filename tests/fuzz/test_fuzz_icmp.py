@@ -20,8 +20,9 @@ FUZZ = settings(
 
 @FUZZ
 @given(st.lists(st.binary(max_size=120), min_size=16, max_size=16))
-def test_any_bytes(batch: list[bytes]) -> None:
+def test_any_bytes(fuzz_inputs: FuzzCounter, batch: list[bytes]) -> None:
     for b in batch:
+        fuzz_inputs.tried("trace.parse_icmp_error")
         q = trace.parse_icmp_error(b)
         assert q is None or isinstance(q, trace.Quote)
 
@@ -66,7 +67,3 @@ def test_a_real_error_queue_message() -> None:
         trace._errqueue_answer(data, [(socket.IPPROTO_IP, trace.IP_RECVERR, local + offender)])
         is None
     )
-
-
-def test_counted(fuzz_inputs: FuzzCounter) -> None:
-    fuzz_inputs.tried("trace.parse_icmp_error")

@@ -15,13 +15,14 @@ from fabricprobe.cli.options import (
     sysfs_option,
 )
 from fabricprobe.core.errors import ProbeError
+from fabricprobe.probes.measure import source_address
 from fabricprobe.probes.trace import (
     MAX_CLASSES,
     MAX_HOPS,
+    ROCE_V2_PORT,
     TraceConfig,
     TraceResult,
     check_addresses,
-    route_source,
     spread_sports,
     trace_udp,
 )
@@ -85,7 +86,7 @@ def trace(
     try:
         check_addresses(bind or "0.0.0.0", peer)
         config = TraceConfig(max_hops=max_hops, timeout_s=timeout)
-        source = bind or route_source(peer)
+        source = source_address(peer, ROCE_V2_PORT, bind)
         result = _run(source, peer, classes, config, method, sysfs_root)
     except ValueError as e:
         fail(str(e))
