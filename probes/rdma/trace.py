@@ -29,6 +29,7 @@ from pyverbs.wr import SGE, SendWR
 from fabricprobe.core.errors import ProbeError
 from fabricprobe.probes.rdma.verbs import (
     PORT,
+    Spin,
     VerbsEndpoint,
     device_for_address,
     e,
@@ -56,6 +57,7 @@ DEPTH = 16
 PAYLOAD_BYTES = 16
 BTH = struct.Struct("!BBHII")  # opcode, flags, pkey, dest QPN (with a reserved byte), PSN
 QP_ATTEMPTS = 8  # QPs made per class wanted, at most, to find distinct source ports
+REAP_S = 1.0  # a send completion comes long before this, or the device is stuck
 
 
 class TraceQps(VerbsEndpoint):
@@ -148,13 +150,17 @@ class TraceQps(VerbsEndpoint):
         return psn
 
     def _reap(self) -> None:
+        """Take the send completions that are in; with half the queue outstanding, wait
+        for them (pausing, as every verbs wait does), REAP_S at most."""
+        spin = Spin(time.monotonic() + REAP_S)
         while self._posted:
             n, _ = self.send_cq.poll(DEPTH)
-            if not n:
-                if self._posted < DEPTH // 2:
-                    return
-                continue
-            self._posted -= n
+            if n:
+                self._posted -= n
+            elif self._posted < DEPTH // 2:
+                return
+            elif spin.expired():
+                raise ProbeError(f"{self.device}: {self._posted} UD trace sends did not complete")
 
 
 class UdProber:
