@@ -97,13 +97,23 @@ def rank_correlation(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -
     return pd.DataFrame(rows, columns=cols)
 
 
-def _leave_one_out_median(values: pd.Series) -> pd.Series:
-    """For each entry, the median of all the others (NaN when it stands alone)."""
-    out = {}
-    for key in values.index:
-        rest = values.drop(key).dropna()
-        out[key] = float(rest.median()) if len(rest) else np.nan
-    return pd.Series(out, dtype=float)
+def leave_one_out_median(values: pd.Series) -> pd.Series:
+    """For each entry, the median of all the others' values (NaN ones left out; NaN when
+    none is left). One sort: the others of the k-th smallest are the sorted values without
+    the k-th, so their middle is read at an index shifted past k."""
+    x = values.to_numpy(dtype=float, na_value=np.nan)
+    ok = ~np.isnan(x)
+    v = np.sort(x[ok])
+    out = np.full(len(x), np.nan)
+    if len(v):
+        out[~ok] = np.median(v)  # a NaN entry's others are all the values
+    if len(v) >= 2:
+        k = np.empty(len(v), dtype=np.int64)
+        k[np.argsort(x[ok], kind="stable")] = np.arange(len(v))  # each entry's place
+        r = len(v) - 1  # the others' count
+        lo, hi = (r - 1) // 2, r // 2
+        out[ok] = (v[lo + (lo >= k)] + v[hi + (hi >= k)]) / 2
+    return pd.Series(out, index=values.index, dtype=float)
 
 
 def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.DataFrame:
@@ -185,26 +195,26 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         # too, and counting its paths in would hide a slow path beside them
         quiet = judged & (g["host_share"].fillna(0) < 0.5)
         base = quiet if quiet.sum() >= 2 else judged
-        ref_bpb = _leave_one_out_median(g["s_per_byte"].where(base))
+        ref_bpb = leave_one_out_median(g["s_per_byte"].where(base))
         ratios, rises = [], []
         # a floor needs no quiet reference (host noise cannot raise it): every judged
         # path's, so that one path dropped as host-bound does not leave a lone reference
         floors = g["rtt_min_s"]
-        ref_floor = _leave_one_out_median(floors.where(judged))
+        ref_floor = leave_one_out_median(floors.where(judged))
         floor_rise = (
             (floors / ref_floor >= cfg.fault_ratio) & (floors - ref_floor > HOST_FLOOR_S) & judged
         ).fillna(False)
         host = g["host_delay_s"].fillna(0.0).clip(lower=HOST_FLOOR_S)
         for stat in cfg.rtt_evidence:
             col = g[net_of.get(stat, stat)]
-            ref_stat = _leave_one_out_median(col.where(base))
+            ref_stat = leave_one_out_median(col.where(base))
             ratios.append(col / ref_stat)
             # a rise the hosts' own delay could account for is no evidence of the network;
             # the minimum of a window keeps its quietest exchange, which host noise (it
             # only ever adds delay) leaves alone, so it needs only to clear the floor
             room = HOST_FLOOR_S if stat == "rtt_min_s" else host
             rises.append((col / ref_stat >= cfg.rtt_ratio) & (col - ref_stat > room))
-        ref_cong = _leave_one_out_median(g["congestion_per_s"].where(base))
+        ref_cong = leave_one_out_median(g["congestion_per_s"].where(base))
         g["kv_ratio"] = g["s_per_byte"] / ref_bpb
         g["rtt_ratio"] = pd.concat(ratios, axis=1).max(axis=1) if ratios else np.nan
         g["rtt_evidence"] = pd.concat(rises, axis=1).any(axis=1) if rises else False

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fabricprobe.collector.attribution.analysis import (
     AnalysisConfig,
     communication_bound,
     goodput,
+    leave_one_out_median,
     rank_correlation,
     rank_paths,
     spearman,
@@ -174,3 +177,20 @@ def test_counters_alone_are_no_fault() -> None:
     kv.loc[(kv["src"] == "h1"), "src_pfc_pause_per_s"] = 0.0
     out = rank_paths(kv)
     assert not out["fabric_fault"].any() and not out["fabric_bound"].any()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.none(), st.floats(min_value=-1e3, max_value=1e3), st.sampled_from([1.0, 2.0])),
+        max_size=30,
+    )
+)
+def test_leave_one_out_median_is_the_median_of_the_others(values: list[float | None]) -> None:
+    s = pd.Series(values, index=[f"p{i}" for i in range(len(values))], dtype=float)
+    got = leave_one_out_median(s)
+    assert list(got.index) == list(s.index)
+    for key in s.index:
+        rest = s.drop(key).dropna()
+        want = float(rest.median()) if len(rest) else float("nan")
+        assert got[key] == pytest.approx(want, rel=1e-12, abs=1e-12, nan_ok=True), key
