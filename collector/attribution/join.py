@@ -21,9 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
 import pandas as pd
 
+from fabricprobe.collector.attribution.fabricjoin import (
+    HOST_FIELDS,
+    HOST_FLOOR_S,
+    JOIN_FIELDS,
+    NIXL_FIELDS,
+    RATE_FIELDS,
+    FabricIndex,
+    join_transfer,
+)
 from fabricprobe.collector.attribution.linking import PathInfo
 from fabricprobe.collector.attribution.stages import (
     FABRIC_STAGES,
@@ -31,7 +39,6 @@ from fabricprobe.collector.attribution.stages import (
     RequestRecord,
     StageRecord,
 )
-from fabricprobe.collector.history import COUNTER_CATEGORIES, NIXL_CATEGORY
 from fabricprobe.collector.kvparts import PART_COLUMNS, split_parts
 
 STAGE_COLUMNS = [
@@ -59,7 +66,6 @@ REQUEST_COLUMNS = [
     "prompt_tokens",
     "model",
 ]
-RATE_FIELDS = [f"{end}_{c}_per_s" for end in ("src", "dst") for c in COUNTER_CATEGORIES]
 PATH_COLUMNS = [
     "request_id",
     "engine",
@@ -70,15 +76,8 @@ PATH_COLUMNS = [
     "path_detail",
     "kv_source",
 ]
-NIXL_FIELDS = [
-    "nixl_bytes_per_s",
-    "nixl_transfers_per_s",
-    "nixl_mean_bytes",
-    "nixl_mean_xfer_s",
-    "nixl_speed_bytes_per_s",
-    "nixl_errors_per_s",
-]
 SPEED_SLACK = 1.1  # a KV speed this far above the measured bandwidth is flagged
+__all__ = ["HOST_FIELDS", "HOST_FLOOR_S", "NIXL_FIELDS", "RATE_FIELDS"]  # fabricjoin's, here too
 
 
 def paths_frame(paths: Iterable[PathInfo], stages: Iterable[StageRecord]) -> pd.DataFrame:
@@ -131,62 +130,6 @@ def measured_first(stages: pd.DataFrame) -> pd.DataFrame:
     return stages[keep]
 
 
-class _PathIndex:
-    """Probe windows split by path once, so each stage looks up its own (a join of
-    hundreds of stages must not filter the whole history for each one)."""
-
-    def __init__(self, windows: pd.DataFrame) -> None:
-        self.empty = windows.iloc[0:0]
-        self.exact = {k: g for k, g in windows.groupby(["src", "dst", "transport"], sort=False)}
-        self.any = {k: g for k, g in windows.groupby(["src", "dst"], sort=False)}
-        self._floors: dict[tuple[str, str, str], float] = {}
-        self._prober_floors: dict[tuple[str, str], float] = {}
-
-    def floor(self, key: tuple[str, str, str]) -> float:
-        """The lowest RTT minimum of path KEY's windows, computed once per join."""
-        if key not in self._floors:
-            self._floors[key] = float(self.exact[key]["rtt_min_s"].min())
-        return self._floors[key]
-
-    def prober_floor(self, key: tuple[str, str]) -> float:
-        """The lowest prober delay of the windows from KEY's prober to its responder (UD
-        probes, whatever the transport asked), computed once per join."""
-        if key not in self._prober_floors:
-            self._prober_floors[key] = float(self.any[key]["prober_delay_min_s"].min())
-        return self._prober_floors[key]
-
-    def get(self, src: str, dst: str, transport: str) -> pd.DataFrame:
-        if transport:
-            fwd = self.exact.get((src, dst, transport))
-            rev = self.exact.get((dst, src, transport))
-        else:
-            fwd, rev = self.any.get((src, dst)), self.any.get((dst, src))
-        if fwd is not None and not fwd.empty:
-            return fwd
-        return rev if rev is not None else self.empty
-
-
-def _nixl_figures(rates: pd.DataFrame, start_ns: int, end_ns: int) -> dict[str, float]:
-    """NIXL rates of one host for the counter window a transfer ran in (NaN: none)."""
-    out = dict.fromkeys(NIXL_FIELDS, np.nan)
-    r = rates[(rates["t_ns"] >= start_ns) & (rates["t_ns"] <= end_ns)]
-    if r.empty:
-        return out
-    first = r.sort_values("t_ns").drop_duplicates(["device", "name"], keep="first")
-    per = first.groupby("name")["rate"].sum()
-    nbytes, n = per.get("bytes", np.nan), per.get("transfers", np.nan)
-    busy = per.get("xfer_time_us", np.nan) / 1e6  # transfer seconds per second
-    out["nixl_bytes_per_s"] = float(nbytes)
-    out["nixl_transfers_per_s"] = float(n)
-    out["nixl_errors_per_s"] = float(per.get("errors", np.nan))
-    if n and n > 0:
-        out["nixl_mean_bytes"] = float(nbytes / n)
-        out["nixl_mean_xfer_s"] = float(busy / n)
-    if busy and busy > 0:
-        out["nixl_speed_bytes_per_s"] = float(nbytes / busy)
-    return out
-
-
 def split_kv(kv: pd.DataFrame) -> pd.DataFrame:
     """The three parts of each KV wait (collector/kvparts.py: kv_wait_s, fabric_s,
     transfer_stack_s, engine_wait_s, the bytes used and where each figure came from)
@@ -198,84 +141,6 @@ def split_kv(kv: pd.DataFrame) -> pd.DataFrame:
     bw = out["bandwidth_bytes_per_s"]
     above = (speed > bw * SPEED_SLACK).where(speed.notna() & bw.notna())
     return out.assign(kv_speed_above_path=above)
-
-
-# A probe's RTT holds the prober's and the responder's host delay beside the network's.
-# Each agent measures its own: the same TCP probe against its own responder, turned
-# around in the loopback device (no NIC, no wire). What that reference takes beyond its
-# quietest window is this host's stack and scheduling delay for a prober and a
-# responder both, so a path's share is half of each end's. RDMA probes measure their
-# prober's delay themselves, on the path (software-timed: UD from the last empty poll of
-# the receive CQ to the poll that found the answer, probes/rdma/ud.py; RC from a clock
-# read the wait took before its answer came, probes/rdma/rc.py): where a path's windows carry
-# it, what it takes beyond the path's quietest prober delay is the prober end's estimate
-# in full, in place of half the prober's reference; the responder end keeps half its
-# reference (a UD RTT has the responder's processing taken out already, but not the time
-# its loop took to see the probe). A window is host-bound when the estimate is at least
-# HOST_SHARE of what the path's RTT rose above its own floor at its median, or when the
-# prober's own delay, measured on the path, is that share of its p99's rise (a prober
-# spinning on a shared CPU sees most answers at once and loses a slice now and then:
-# its tail is the host's while its median is the path's). A reference's tail is no
-# such measure: a quiet host's loopback TCP has tens of µs of it, an RDMA path's p99 a
-# few.
-HOST_SHARE = 0.5
-HOST_FLOOR_S = 20e-6  # host delay below this is noise of the reference itself
-HOST_FIELDS = ["host_delay_s", "rtt_p50_net_s", "rtt_p99_net_s", "host_bound"]
-PROBER_FIELDS = ["prober_delay_min_s", "prober_delay_p50_s", "prober_delay_p99_s"]
-
-
-def _dominates(delay: float, rise: float) -> bool:
-    """Whether the hosts' DELAY accounts for a rise of RISE above the path's floor (and is
-    more than the reference's own noise)."""
-    return bool(delay >= HOST_FLOOR_S and delay >= HOST_SHARE * rise)
-
-
-def _windows_over(
-    frame: pd.DataFrame, start_ns: int, end_ns: int, slack: int, horizon: int
-) -> pd.DataFrame:
-    """FRAME's windows overlapping [START, END] (SLACK either side); with none, the first
-    that ended after END, within HORIZON (a gap, or a first window's estimated start)."""
-    w = frame[(frame["start_ns"] <= end_ns + slack) & (frame["end_ns"] >= start_ns - slack)]
-    if w.empty and not frame.empty:
-        later = frame[(frame["end_ns"] >= end_ns) & (frame["end_ns"] <= end_ns + horizon)]
-        w = later.sort_values("end_ns").head(1)
-    return w
-
-
-def _host_excess(
-    paths: _PathIndex, host: str, start_ns: int, end_ns: int, slack: int, horizon: int
-) -> tuple[float, float]:
-    """(p50, p99) of HOST's reference over [START, END] beyond its floor; NaN if none."""
-    key = (host, host, "tcp")
-    ref = paths.exact.get(key)
-    if ref is None or ref.empty:
-        return np.nan, np.nan
-    w = _windows_over(ref, start_ns, end_ns, slack, horizon)
-    if w.empty:
-        return np.nan, np.nan
-    floor = paths.floor(key)
-    return (
-        max(0.0, float(w["rtt_p50_s"].mean()) - floor),
-        max(0.0, float(w["rtt_p99_s"].max()) - floor),
-    )
-
-
-def _prober_excess(paths: _PathIndex, w: pd.DataFrame) -> tuple[str, float, float]:
-    """(prober host, p50, p99) of the prober's own delay in windows W (one path) beyond
-    the path's quietest prober delay; NaN figures when W carries none."""
-    if w.empty:
-        return "", np.nan, np.nan
-    first = w.iloc[0]
-    prober = str(first["src"])
-    own = w["prober_delay_p50_s"].dropna()
-    floor = paths.prober_floor((prober, str(first["dst"]))) if len(own) else np.nan
-    if np.isnan(floor):
-        return prober, np.nan, np.nan
-    return (
-        prober,
-        max(0.0, float(own.mean()) - floor),
-        max(0.0, float(w["prober_delay_p99_s"].max()) - floor),
-    )
 
 
 def join_fabric(
@@ -301,109 +166,39 @@ def join_fabric(
     # only transfers whose path is known cross a path; the others stay in the breakdown
     fab = stages[
         stages["stage"].isin(FABRIC_STAGES) & (stages["src"] != "") & (stages["dst"] != "")
-    ].copy()
+    ]
+    index = FabricIndex.from_frames(windows, rates)
+    return join_indexed(
+        fab, index, slack_s=slack_s, horizon_s=horizon_s, bandwidth=bandwidth,
+        model_bytes=model_bytes,
+    )  # fmt: skip
+
+
+def join_indexed(
+    fab: pd.DataFrame,
+    index: FabricIndex,
+    *,
+    slack_s: float = 1.0,
+    horizon_s: float = 30.0,
+    bandwidth: dict[tuple[str, str], float] | None = None,
+    model_bytes: dict[str, float] | None = None,
+) -> pd.DataFrame:
+    """join_fabric over an index of the fabric history (attribution/fabricjoin.py) and the
+    fabric stages FAB whose path is known: each joined on its own (join_transfer)."""
     bandwidth = bandwidth or {}
-    slack = int(slack_s * 1e9)
-    horizon = int(horizon_s * 1e9)
-    rmin: list[float] = []
-    p50: list[float] = []
-    p99: list[float] = []
-    loss: list[float] = []
-    matched: list[int] = []
-    rate_cols: dict[str, list[float]] = {c: [] for c in RATE_FIELDS}
-    nixl_cols: dict[str, list[float]] = {c: [] for c in NIXL_FIELDS}
-    bw_col: list[float] = []
-    host_cols: dict[str, list[float]] = {c: [] for c in HOST_FIELDS}
-    # windows without a prober delay (TCP, RC, older frames) hold NaN there
-    windows = windows.assign(
-        **{
-            c: pd.to_numeric(windows[c], errors="coerce") if c in windows else np.nan
-            for c in PROBER_FIELDS
-        }
-    )
-    paths = _PathIndex(windows)
-    is_nixl = rates["category"] == NIXL_CATEGORY
-    by_host = {h: g for h, g in rates[~is_nixl].groupby("host", sort=False)}
-    nixl_by_host = {h: g for h, g in rates[is_nixl].groupby("host", sort=False)}
-    no_rates = rates.iloc[0:0]
-    for row in fab.itertuples(index=False):
-        bw = bandwidth.get((row.src, row.dst)) or bandwidth.get((row.dst, row.src))
-        bw_col.append(float(bw) if bw else np.nan)
-        # NIXL counts a transfer where it is posted: the decode side reads remote KV
-        nx = dict.fromkeys(NIXL_FIELDS, np.nan)
-        for host in (row.dst, row.src):
-            nr = nixl_by_host.get(host)
-            if nr is not None:
-                nx = _nixl_figures(nr, row.start_ns, row.end_ns + horizon)
-                if not np.isnan(nx["nixl_bytes_per_s"]):
-                    break
-        for c in NIXL_FIELDS:
-            nixl_cols[c].append(nx[c])
-        pw = paths.get(row.src, row.dst, row.transport)
-        w = _windows_over(pw, row.start_ns, row.end_ns, slack, horizon)
-        matched.append(len(w))
-        rmin.append(float(w["rtt_min_s"].min()) if len(w) else np.nan)
-        p50.append(float(w["rtt_p50_s"].mean()) if len(w) else np.nan)
-        p99.append(float(w["rtt_p99_s"].max()) if len(w) else np.nan)
-        loss.append(float(w["loss_ratio"].mean()) if len(w) else np.nan)
-        # each end's share: the prober's own delay where its windows carry one, else
-        # half its reference
-        prober, own50, own99 = _prober_excess(paths, w)
-        ends = []
-        measured99 = np.nan  # the prober's own tail, where it measured it on the path
-        for h in (row.src, row.dst):
-            if h == prober and not np.isnan(own50):
-                ends.append((own50, own99))
-                measured99 = own99
-            else:
-                e = _host_excess(paths, h, row.start_ns, row.end_ns, slack, horizon)
-                ends.append((e[0] / 2, e[1] / 2))
-        known = [e for e in ends if not np.isnan(e[0])]
-        delay = sum(e[0] for e in known) if known else np.nan
-        delay99 = sum(e[1] for e in known) if known else np.nan
-        floor = float(pw["rtt_min_s"].min()) if len(pw) else np.nan
-        rise = p50[-1] - floor
-        rise99 = p99[-1] - floor
-        host_cols["host_delay_s"].append(delay)
-        host_cols["rtt_p50_net_s"].append(
-            max(rmin[-1], p50[-1] - delay) if known and len(w) else p50[-1]
+    slack, horizon = int(slack_s * 1e9), int(horizon_s * 1e9)
+    rows = [
+        join_transfer(
+            index, row, slack=slack, horizon=horizon,
+            bandwidth=bandwidth.get((row.src, row.dst)) or bandwidth.get((row.dst, row.src)),
         )
-        host_cols["rtt_p99_net_s"].append(
-            max(rmin[-1], p99[-1] - delay99) if known and len(w) else p99[-1]
-        )
-        host_cols["host_bound"].append(
-            float(_dominates(delay, rise) or _dominates(measured99, rise99))
-            if known and len(w) and not np.isnan(rise)
-            else np.nan
-        )
-        for end, host, device in (
-            ("src", row.src, row.src_device),
-            ("dst", row.dst, row.dst_device),
-        ):
-            hr = by_host.get(host, no_rates)
-            r = hr[(hr["t_ns"] >= row.start_ns) & (hr["t_ns"] <= row.end_ns + horizon)]
-            if device:
-                # RDMA counters are per device; netdev ones (PFC, ECN) stay whatever device
-                r = r[(r["device"] == device) | r["category"].isin(("pfc_pause", "ecn_mark"))]
-            first = r.sort_values("t_ns").drop_duplicates(["device", "name"], keep="first")
-            per_cat = first.groupby("category")["rate"].sum()
-            for cat in COUNTER_CATEGORIES:
-                col = f"{end}_{cat}_per_s"
-                rate_cols[col].append(float(per_cat.get(cat, np.nan)) if len(r) else np.nan)
-    fab["rtt_min_s"] = rmin
-    fab["rtt_p50_s"] = p50
-    fab["rtt_p99_s"] = p99
-    fab["loss_ratio"] = loss
-    fab["fabric_windows"] = matched
-    for col, values in rate_cols.items():
-        fab[col] = values
-    fab["bandwidth_bytes_per_s"] = bw_col
-    for col, values in host_cols.items():
-        fab[col] = values
-    for col, values in nixl_cols.items():
-        fab[col] = values
-    fab["model_bytes"] = fab["request_id"].map(model_bytes or {}).astype(float)
-    return split_kv(fab.reset_index(drop=True))
+        for row in fab.itertuples(index=False)
+    ]  # fmt: skip
+    joined = pd.DataFrame(rows, columns=JOIN_FIELDS, index=fab.index, dtype=float)
+    joined["fabric_windows"] = joined["fabric_windows"].astype("int64")
+    out = pd.concat([fab, joined], axis=1)
+    out["model_bytes"] = out["request_id"].map(model_bytes or {}).astype(float)
+    return split_kv(out.reset_index(drop=True))
 
 
 PER_REQUEST_SUMS = [
