@@ -115,25 +115,29 @@ def kv_price(
     *,
     now_ns: int | None = None,
     cfg: PriceConfig = PriceConfig(),
+    views: list[PathView] | None = None,
 ) -> Price:
     """The price of moving NBYTES from SRC to DST now (arguments checked by the caller:
     check_host, check_bytes). The path's RTT comes from its newest latency window (either
     direction: a round trip crosses both), its bandwidth from its newest throughput
     window (the direction the bytes flow first), at the highest throughput that path's
     windows measured; either missing or older than
-    cfg.max_age_s makes the price unknown."""
+    cfg.max_age_s makes the price unknown. VIEWS: the pair's paths (store.pair_paths),
+    when the caller has them and knows both hosts are registered."""
 
     def unknown(reason: str, age_s: float | None = None) -> Price:
         return Price(src, dst, nbytes, known=False, reason=reason, age_s=age_s)
 
     now = store.clock() if now_ns is None else now_ns
-    for host in (src, dst):
-        if not store.has_host(host):
-            return unknown(f"host {host} is not registered")
+    if views is None:
+        for host in (src, dst):
+            if not store.has_host(host):
+                return unknown(f"host {host} is not registered")
+        views = store.pair_paths(src, dst)
     rtt: list[PathView] = []
     bw_fwd: list[PathView] = []
     bw_rev: list[PathView] = []
-    for v in store.pair_paths(src, dst):
+    for v in views:
         if v.src == v.dst:
             continue
         if v.rtt is not None and v.rtt.count:
@@ -252,10 +256,21 @@ def tor_prices(
     now = store.clock()
     worst: dict[tuple[str, str], tuple[float, float]] = {}
     known = unknown = 0
+    labels: dict[str, str | None] = {}  # host -> its topology label (None: not registered)
+
+    def tor(host: str) -> str | None:
+        if host not in labels:
+            view = store.host_view(host)
+            labels[host] = None if view is None else view.info.topology
+        return labels[host]
+
     for a, b in pairs:
-        ha, hb = store.host_view(a), store.host_view(b)
-        tors = (ha.info.topology, hb.info.topology) if ha and hb else None
-        p = kv_price(store, a, b, nbytes, now_ns=now, cfg=cfg) if tors else None
+        ta, tb = tor(a), tor(b)
+        tors = (ta, tb) if ta is not None and tb is not None else None
+        views = store.pair_paths(a, b) if tors else []
+        # no throughput window between them: no price (the reason is not shown here)
+        priced = any(v.last_bytes_per_second and v.src != v.dst for v in views)
+        p = kv_price(store, a, b, nbytes, now_ns=now, cfg=cfg, views=views) if priced else None
         if p is None or not p.known or p.p50_s is None or p.p99_s is None:
             unknown += 1
             continue
