@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pandas as pd
 
@@ -64,7 +65,7 @@ def counter_category(kind: str, name: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FabricWindow:
     src: str
     dst: str
@@ -89,7 +90,7 @@ _Rate = tuple[CounterKey, str, float]  # counter, category, rate
 _Taken = tuple[int, list[tuple[PathKey, MergedSketch]], list[_Rate], dict[PathKey, MergedSketch]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CounterRate:
     host: str
     device: str
@@ -139,6 +140,9 @@ class FabricHistory:
         # replaced whole, never changed in place: report_taken() reads them without a lock
         self.pairs: frozenset[tuple[str, str]] = frozenset()
         self.hosts: frozenset[str] = frozenset()
+        # told of the rows each drain adds and lets go of (the join's index of them)
+        self.sink: RowSink | None = None
+        self.rows_dropped = 0  # rows let go of for room before keep_s had passed
 
     def watch(self, pairs: set[tuple[str, str]], store: WindowStore | None = None) -> None:
         """Keep windows of the paths between each of PAIRS (host names, either order)
@@ -226,18 +230,25 @@ class FabricHistory:
             for ckey, cat, rate in kept:  # the store updates a rate only for a newer reading
                 device = ckey.device or ckey.netdev
                 rates.append(CounterRate(ckey.src, device, cat, ckey.name, end, rate))
+        n_w, n_r = self.windows.maxlen or 0, self.rates.maxlen or 0
+        over = max(0, len(rows) - n_w) + max(0, len(rates) - n_r)
+        rows, rates = (
+            rows[len(rows) - n_w :] if over else rows,
+            rates[len(rates) - n_r :] if over else rates,
+        )
         with self.lock:
-            self.windows.extend(rows)
-            self.rates.extend(rates)
-            self._trim(now_ns)
+            self.rows_dropped += over
+            gone_w = _push(self.windows, rows)
+            gone_r = _push(self.rates, rates)
+            self.rows_dropped += len(gone_w) + len(gone_r)
+            floor = now_ns - self.keep_ns
+            while self.windows and self.windows[0].end_ns < floor:
+                gone_w.append(self.windows.popleft())
+            while self.rates and self.rates[0].t_ns < floor:
+                gone_r.append(self.rates.popleft())
+        if self.sink is not None:
+            self.sink(rows, rates, gone_w, gone_r)
         return len(rows) + len(rates)
-
-    def _trim(self, now_ns: int) -> None:
-        floor = now_ns - self.keep_ns
-        while self.windows and self.windows[0].end_ns < floor:
-            self.windows.popleft()
-        while self.rates and self.rates[0].t_ns < floor:
-            self.rates.popleft()
 
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(windows, rates) as DataFrames with the dataclasses' fields as columns."""
@@ -246,13 +257,33 @@ class FabricHistory:
         return windows_frame(ws), rates_frame(rs)
 
 
+# (windows added, rates added, windows let go of, rates let go of) by one drain
+RowSink = Callable[
+    [list[FabricWindow], list[CounterRate], list[FabricWindow], list[CounterRate]], None
+]
+
+
+T = TypeVar("T")
+
+
+def _push(rows: deque[T], new: list[T]) -> list[T]:
+    """NEW onto ROWS (bounded, and NEW no longer than its bound); the oldest rows it
+    pushed out."""
+    room = (rows.maxlen or 0) - len(rows)
+    gone = [rows.popleft() for _ in range(min(len(rows), max(0, len(new) - room)))]
+    rows.extend(new)
+    return gone
+
+
 WINDOW_COLUMNS = [f for f in FabricWindow.__dataclass_fields__]
 RATE_COLUMNS = [f for f in CounterRate.__dataclass_fields__]
 
 
 def windows_frame(ws: list[FabricWindow]) -> pd.DataFrame:
-    return pd.DataFrame([w.__dict__ for w in ws], columns=WINDOW_COLUMNS)
+    return pd.DataFrame(
+        [[getattr(w, c) for c in WINDOW_COLUMNS] for w in ws], columns=WINDOW_COLUMNS
+    )
 
 
 def rates_frame(rs: list[CounterRate]) -> pd.DataFrame:
-    return pd.DataFrame([r.__dict__ for r in rs], columns=RATE_COLUMNS)
+    return pd.DataFrame([[getattr(r, c) for c in RATE_COLUMNS] for r in rs], columns=RATE_COLUMNS)

@@ -355,6 +355,13 @@ class WindowStore:
         with self.lock:
             return list(self.hosts)
 
+    def window_ends(self, hosts: Iterable[str]) -> dict[str, int]:
+        """The end of each of HOSTS' newest window taken (0 before its first), for those
+        registered here."""
+        with self.lock:
+            got = {h: self.hosts.get(h) for h in hosts}
+            return {h: st.last_window_end_ns for h, st in got.items() if st is not None}
+
     def has_host(self, name: str) -> bool:
         with self.lock:
             return name in self.hosts

@@ -69,9 +69,22 @@ class Analysis:
 def spearman(x: pd.Series, y: pd.Series) -> float:
     """Spearman's rho: Pearson correlation of the ranks; NaN when either is constant."""
     both = pd.concat([x, y], axis=1).dropna()
-    if len(both) < 3:
+    return spearman_arrays(both.iloc[:, 0].to_numpy(float), both.iloc[:, 1].to_numpy(float))
+
+
+def _ranks(a: np.ndarray) -> np.ndarray:
+    """1-based ranks of A, ties given their average rank (pandas' rank())."""
+    _, inverse, counts = np.unique(a, return_inverse=True, return_counts=True)
+    upto = np.cumsum(counts)
+    return (upto - (counts - 1) / 2)[inverse].astype(float)
+
+
+def spearman_arrays(x: np.ndarray, y: np.ndarray) -> float:
+    """spearman() of two arrays of floats, pairs with a NaN left out."""
+    keep = ~(np.isnan(x) | np.isnan(y))
+    if keep.sum() < 3:
         return float("nan")
-    rx, ry = both.iloc[:, 0].rank(), both.iloc[:, 1].rank()
+    rx, ry = _ranks(x[keep]), _ranks(y[keep])
     if rx.std() == 0 or ry.std() == 0:
         return float("nan")
     return float(np.corrcoef(rx, ry)[0, 1])
@@ -116,51 +129,47 @@ def leave_one_out_median(values: pd.Series) -> pd.Series:
     return pd.Series(out, index=values.index, dtype=float)
 
 
-def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.DataFrame:
-    """Paths ranked by the KV-transfer seconds they explain, with the fabric evidence.
+RANK_COLUMNS = [
+    "src",
+    "dst",
+    "transport",
+    "transfers",
+    "kv_median_s",
+    "kv_ratio",
+    "rtt_min_s",
+    "rtt_p50_s",
+    "rtt_p99_s",
+    "rtt_ratio",
+    "congestion_per_s",
+    "explained_s",
+    "fabric_bound",
+    "fabric_fault",
+    "host_bound",
+    "host_delay_s",
+    "rank",
+]
+PATH = ["src", "dst", "transport"]
+# a path's figures over its transfers, what rank_figures judges it by
+FIGURE_COLUMNS = [
+    "transfers",
+    "kv_median_s",
+    "s_per_byte",
+    "rtt_min_s",
+    "rtt_p50_s",
+    "rtt_p99_s",
+    "rtt_p50_net_s",
+    "rtt_p99_net_s",
+    "congestion_per_s",
+    "host_share",
+    "host_delay_s",
+    "kv_bytes",
+]
 
-    A path's speed is the `kv_quantile` of its transfers' seconds per byte, its reference
-    the median of the other paths' speeds (same transport); the time it explains is its
-    transfer count times that quantile of the time its transfers took beyond the
-    reference. It is fabric_bound when it is
-    slow by `kv_ratio` and its probe RTT (the `rtt_evidence` statistics) exceeds the
-    other paths' by `rtt_ratio`, or its ends show congestion counters moving where the
-    others' do not. The RTT evidence uses the figures with the hosts' own delay taken
-    out (rtt_p50_net_s, rtt_p99_net_s: attribution/join.py) where the ends measured it, so
-    a busy prober does not pass for a slow path. A path most of whose transfers ran in
-    host-bound windows, and that the fabric does not explain, is host_bound: its time
-    is the hosts', not the network's.
 
-    fabric_fault is the evidence host noise cannot make, with or without slow transfers:
-    the path's RTT floor at `fault_ratio` times the other judged paths' and HOST_FLOOR_S
-    over it (any path's: noise cannot raise a floor, so none is left out). Counters are
-    no such evidence (a busy receiver's slow drain moves retransmits and pauses too, and
-    they are per device, shared by every path of the host). On a busy sender a path's
-    added latency can hide inside the sender's own stalls (its transfers come out no
-    slower than the others'), while its probes' quietest exchange still carries it.
-    Paths go in order of the fabric's blame: fabric-bound first, then faulty ones, each
-    by the time they explain."""
-    cols = [
-        "src",
-        "dst",
-        "transport",
-        "transfers",
-        "kv_median_s",
-        "kv_ratio",
-        "rtt_min_s",
-        "rtt_p50_s",
-        "rtt_p99_s",
-        "rtt_ratio",
-        "congestion_per_s",
-        "explained_s",
-        "fabric_bound",
-        "fabric_fault",
-        "host_bound",
-        "host_delay_s",
-        "rank",
-    ]
-    if kv.empty:
-        return pd.DataFrame(columns=cols)
+def transfer_figures(kv: pd.DataFrame) -> pd.DataFrame:
+    """KV with what a path's figures are made of, per transfer: s_per_byte (NaN without
+    bytes), congestion (the counter rates of both ends, summed), the RTTs with the hosts'
+    delay taken out (the raw ones where it was not), host_bound and host_delay_s."""
     rate_cols = [
         c for c in kv.columns if c.endswith("_per_s") and c.split("_", 1)[0] in ("src", "dst")
     ]
@@ -173,7 +182,17 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
     for col in ("host_bound", "host_delay_s"):
         if col not in df:
             df[col] = np.nan
-    per = df.groupby(["src", "dst", "transport"]).agg(
+    return df
+
+
+def path_figures(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.DataFrame:
+    """Each path's figures (FIGURE_COLUMNS, by src, dst, transport) over its transfers:
+    their count, median time, the `kv_quantile` of their seconds per byte, medians of the
+    RTT statistics, congestion and host delay, the share of host-bound ones and the
+    bytes moved."""
+    df = transfer_figures(kv)
+    df["kv_bytes"] = df["bytes"].where(df["bytes"] > 0, 0.0)
+    return df.groupby(PATH).agg(
         transfers=("duration_s", "size"),
         kv_median_s=("duration_s", "median"),
         s_per_byte=("s_per_byte", lambda x: x.quantile(cfg.kv_quantile)),
@@ -185,7 +204,46 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         congestion_per_s=("congestion", "median"),
         host_share=("host_bound", "mean"),
         host_delay_s=("host_delay_s", "median"),
+        kv_bytes=("kv_bytes", "sum"),
     )
+
+
+def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.DataFrame:
+    """Paths ranked by the KV-transfer seconds they explain, with the fabric evidence:
+    rank_figures over each path's figures (path_figures)."""
+    if kv.empty:
+        return pd.DataFrame(columns=RANK_COLUMNS)
+    return rank_figures(path_figures(kv, cfg), cfg)
+
+
+def rank_figures(per: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.DataFrame:
+    """Paths ranked by the KV-transfer seconds they explain, with the fabric evidence,
+    from each path's figures (PER: FIGURE_COLUMNS by src, dst, transport; path_figures
+    makes them of transfers, attribution/kvfold.py as transfers arrive).
+
+    A path's speed is the `kv_quantile` of its transfers' seconds per byte, its reference
+    the median of the other paths' speeds (same transport); the time it explains is what
+    the bytes it moved took beyond the reference at its speed (kv_bytes x (speed -
+    reference), none when it is faster). It is fabric_bound when it is
+    slow by `kv_ratio` and its probe RTT (the `rtt_evidence` statistics) exceeds the
+    other paths' by `rtt_ratio`, or its ends show congestion counters moving where the
+    others' do not. The RTT evidence uses the figures with the hosts' own delay taken
+    out (rtt_p50_net_s, rtt_p99_net_s: attribution/fabricjoin.py) where the ends measured
+    it, so a busy prober does not pass for a slow path. A path most of whose transfers ran
+    in host-bound windows, and that the fabric does not explain, is host_bound: its time
+    is the hosts', not the network's.
+
+    fabric_fault is the evidence host noise cannot make, with or without slow transfers:
+    the path's RTT floor at `fault_ratio` times the other judged paths' and HOST_FLOOR_S
+    over it (any path's: noise cannot raise a floor, so none is left out). Counters are
+    no such evidence (a busy receiver's slow drain moves retransmits and pauses too, and
+    they are per device, shared by every path of the host). On a busy sender a path's
+    added latency can hide inside the sender's own stalls (its transfers come out no
+    slower than the others'), while its probes' quietest exchange still carries it.
+    Paths go in order of the fabric's blame: fabric-bound first, then faulty ones, each
+    by the time they explain."""
+    if per.empty:
+        return pd.DataFrame(columns=RANK_COLUMNS)
     net_of = {"rtt_p50_s": "rtt_p50_net_s", "rtt_p99_s": "rtt_p99_net_s"}
     parts = []
     for _tr, g in per.groupby(level="transport"):
@@ -223,15 +281,8 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         g["floor_rise"] = floor_rise.astype(bool)
         parts.append(g)
     per = pd.concat(parts)
-    ref = per["ref_s_per_byte"]
-    joined = df.join(ref.rename("ref"), on=["src", "dst", "transport"])
-    excess = joined["duration_s"] - joined["bytes"] * joined["ref"]
-    # transfers x the typical excess (same quantile): one stalled transfer (a scheduling
-    # hiccup on the sender) must not outweigh a path that is slow every time
-    typical = excess.groupby([joined["src"], joined["dst"], joined["transport"]]).quantile(
-        cfg.kv_quantile
-    )
-    per["explained_s"] = (typical.clip(lower=0) * per["transfers"]).fillna(0.0)
+    beyond = (per["s_per_byte"] - per["ref_s_per_byte"]).clip(lower=0)
+    per["explained_s"] = (per["kv_bytes"] * beyond).fillna(0.0)
     slow = (per["kv_ratio"] >= cfg.kv_ratio) & (per["transfers"] >= cfg.min_transfers)
     evidence = per["rtt_evidence"].astype(bool) | per["congested"]
     per["fabric_bound"] = (slow & evidence).astype(bool)
@@ -241,7 +292,7 @@ def rank_paths(kv: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> pd.D
         ["fabric_bound", "fabric_fault", "explained_s"], ascending=False
     ).reset_index()
     per["rank"] = np.arange(1, len(per) + 1)
-    return per[cols]
+    return per[RANK_COLUMNS]
 
 
 def communication_bound(
@@ -266,17 +317,22 @@ def communication_bound(
         compute_s=("compute", "median"),
     )
     bins = bins.reset_index()[cols]
+    return comm_flag(bins, cfg), bins
+
+
+def comm_flag(bins: pd.DataFrame, cfg: AnalysisConfig = AnalysisConfig()) -> bool:
+    """communication_bound's flag over its per-window medians BINS (window, kv_transfer_s,
+    queue_s, compute_s), in window order."""
     b = bins.dropna()
     if len(b) < 3:
-        return False, bins
+        return False
     rho = spearman(b["kv_transfer_s"], b["queue_s"])
     first, last = b.iloc[0], b.iloc[-1]
     rising = last["kv_transfer_s"] >= first["kv_transfer_s"] * (1 + cfg.rise)
     queue_up = last["queue_s"] > first["queue_s"]
     comp = b["compute_s"]
     flat = (comp.max() - comp.min()) <= cfg.flat_tol * comp.median()
-    flag = bool(rho >= cfg.rho_min and rising and queue_up and flat)
-    return flag, bins
+    return bool(rho >= cfg.rho_min and rising and queue_up and flat)
 
 
 def goodput(
@@ -316,9 +372,12 @@ def goodput(
 __all__ = [
     "COUNTER_CATEGORIES",
     "AnalysisConfig",
+    "comm_flag",
     "communication_bound",
     "goodput",
+    "path_figures",
     "rank_correlation",
+    "rank_figures",
     "rank_paths",
     "spearman",
 ]

@@ -1,9 +1,9 @@
-"""The analysis kept between scrapes: the newest one, served again for a second, and the
-last one that did not fail, served when an analysis fails.
+"""The analysis kept between queries: the newest one, served again for a second; and the
+last view of the fold that did not fail, served when one fails.
 
-A scrape never fails for what one batch of spans held: a failed analysis is counted
-(`fabricprobe_attribution_failures_total`), said once in full in the log, and the last
-good one is shown instead.
+A scrape never fails for what one batch of spans held: a failed view (or analysis) is
+counted (`fabricprobe_attribution_failures_total`), said once in full in the log, and
+the last good one is shown instead.
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from fabricprobe.collector.attribution.analysis import Analysis
 
 log = logging.getLogger("fabricprobe.collector")
+T = TypeVar("T")
 
 
 class AnalysisCache:
@@ -23,7 +25,7 @@ class AnalysisCache:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._newest: Analysis | None = None  # dropped when new records arrive
-        self.last_good: Analysis | None = None  # what a scrape shows when analysis fails
+        self.last_good: Any = None  # what a scrape shows when the next one fails
         self.failures = 0
 
     def fresh(self, now_ns: int, max_age_s: float) -> Analysis | None:
@@ -53,11 +55,11 @@ class AnalysisCache:
         with self.lock:
             return self.failures
 
-    def or_last(self, analyse: Callable[[], Analysis]) -> Analysis | None:
-        """ANALYSE(), or when it fails the last analysis that did not (the failure
-        counted): a scrape never fails for what one batch of spans held."""
+    def or_last(self, make: Callable[[], T]) -> T | None:
+        """MAKE(), or when it fails the last one that did not (the failure counted): a
+        scrape never fails for what one batch of spans held."""
         try:
-            res = analyse()
+            res = make()
         except Exception as e:  # pandas raises many kinds; the scrape must go on
             n = self.count_failure()
             first = n == 1
@@ -71,7 +73,7 @@ class AnalysisCache:
                 exc_info=first,
             )
             with self.lock:
-                return self.last_good
+                return cast(T | None, self.last_good)
         with self.lock:
             self.last_good = res
         return res

@@ -1,12 +1,15 @@
 """Stage spans x fabric: what the collector keeps of requests, and the analysis over it.
 
 `Attribution` takes stage and request records and engine fragments from the OTLP
-receiver and hands them to its parts: the recent records (attribution/records.py), the
-running histograms for /metrics (histograms.py), the engine requests being linked
-(linker.py), the fabric history the join reads (fabric.py, fed by the window store),
-the analysis kept between scrapes (cache.py) and the sync that brings them up to date
-(sync.py). `analyse()` runs the pure join and analysis functions over the last window.
-(attribution/exporter.py wires it into the server.)
+receiver and hands them to its parts: the running histograms for /metrics
+(histograms.py), the engine requests being linked (linker.py), the requests being
+assembled until they settle (assembly.py), the fabric history and its index the join
+reads (fabric.py, fed by the window store), the fold of the settled requests that
+/metrics reads (settle.py, kvfold.py), and the sync that brings them up to date
+(sync.py). A request is joined with its path's fabric figures once, as it settles;
+a scrape reads the fold (`view()`), whose cost follows the paths, not the requests.
+`analyse()` runs the pure analysis functions over the newest settled requests and the
+open ones, for `probe why`. (attribution/exporter.py wires it into the server.)
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fabricprobe.collector.attribution.analysis import (
     Analysis,
@@ -24,26 +28,32 @@ from fabricprobe.collector.attribution.analysis import (
     rank_correlation,
     rank_paths,
 )
+from fabricprobe.collector.attribution.assembly import Open, RequestAssembly
 from fabricprobe.collector.attribution.cache import AnalysisCache
 from fabricprobe.collector.attribution.engines.common import Fragment
 from fabricprobe.collector.attribution.fabric import FabricFeed
 from fabricprobe.collector.attribution.histograms import StageHistograms
-from fabricprobe.collector.attribution.join import (
-    join_fabric,
-    paths_frame,
-    request_breakdown,
-    requests_frame,
-    stages_frame,
-)
+from fabricprobe.collector.attribution.join import request_breakdown
+from fabricprobe.collector.attribution.kvfold import FoldView, KvFold
 from fabricprobe.collector.attribution.linker import ReasonCount, RequestLinker
 from fabricprobe.collector.attribution.linking import HostDirectory, Linked, MatchConfig
 from fabricprobe.collector.attribution.otlp import TraceIngest
 from fabricprobe.collector.attribution.records import MAX_RECORDS, RecentRecords
+from fabricprobe.collector.attribution.settle import (
+    WHY_REQUESTS,
+    Settled,
+    Settler,
+    join_open,
+    request_figures,
+    why_frames,
+)
 from fabricprobe.collector.attribution.stages import FABRIC_STAGES, RequestRecord, StageRecord
 from fabricprobe.collector.attribution.sync import Sync
-from fabricprobe.collector.kvshape import KvShape, model_bytes
+from fabricprobe.collector.kvshape import KvShape
 from fabricprobe.collector.price import AnswerCounts
 from fabricprobe.collector.store import WindowStore
+
+HORIZON_S = 30.0  # a KV transfer waits this long at most for its hosts' reports
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,7 @@ class AttributionCounts:
     analysis_failures: int
     path_known: int  # engine requests counted with their path found
     path_unknown: tuple[ReasonCount, ...]  # ... and without, by reason
+    fold_dropped: tuple[tuple[str, int], ...]  # what the bounds left out, by what
 
 
 class Attribution:
@@ -72,6 +83,7 @@ class Attribution:
         link_wait_s: float = 5.0,
         pair_wait_s: float = 300.0,
         kv_models: dict[str, KvShape] | None = None,
+        why_requests: int = WHY_REQUESTS,
     ) -> None:
         self.store, self.clock = store, clock
         self.cfg = cfg or AnalysisConfig()
@@ -83,12 +95,19 @@ class Attribution:
         # a collector shard's other hosts (name, addresses): a request's decode host may
         # report to another shard (collector/shard.py sets it)
         self.fleet: Callable[[], list[tuple[str, list[str]]]] | None = None
-        self.records = RecentRecords(max_records)
+        self.records = RecentRecords(0)  # checked and counted; the assembly keeps them
         self.histograms = StageHistograms()
         self.linker = RequestLinker(max_records, link_wait_s=link_wait_s, pair_wait_s=pair_wait_s)
         self.fabric = FabricFeed(store, keep_s=max(3600.0, 4 * self.cfg.window_s))
         self.cache = AnalysisCache()
+        self.fold = KvFold(self.cfg)
+        self.settler = Settler(self.fold, self.cfg, keep=why_requests)
+        link_cap = max(120.0, 4 * link_wait_s, 2 * pair_wait_s)  # the linker's horizon
+        self.assembly = RequestAssembly(
+            settle_s=link_wait_s, horizon_s=HORIZON_S, link_cap_s=link_cap, max_open=max_records
+        )
         self.syncer = Sync(self.linker, self.fabric, self.histograms, self.cache, self.directory)
+        self.syncer.settle = self._settle
         self.ingest = TraceIngest(self.take)
 
     def take(
@@ -102,6 +121,9 @@ class Attribution:
         dropped. The fabric of the paths their KV transfers crossed is watched from now."""
         stages, requests = self.records.keep(stages, requests, self.clock())
         self.linker.add(fragments or [])
+        now = self.clock()
+        self.assembly.records(stages, requests, now)
+        self.assembly.promised(fragments or [], now)
         measured = [s for s in stages if not s.derived]
         self.linker.measured(measured)
         self.histograms.observe(measured, requests)
@@ -136,24 +158,50 @@ class Attribution:
         """Each probed path's bandwidth by (src, dst) (attribution/fabric.py)."""
         return self.fabric.bandwidth()
 
+    def _settle(self, now_ns: int, linked: list[Linked], ids: set[str]) -> int:
+        """The sync's settling step: the requests the linker completed into the assembly
+        (IDS: those its fragments named), the history's new rows into the index, and the
+        requests that settle joined once and folded; how many history rows the drain
+        added."""
+        self.assembly.linked(linked, ids, now_ns)
+        candidates = self.assembly.complete(now_ns)
+        # the hosts' newest windows as taken so far: the drain below holds them all
+        ends = self.fabric.window_ends(self.assembly.hosts(candidates))
+        added = self.fabric.history.drain(now_ns)
+        due = self.assembly.settle(candidates, ends, now_ns)
+        if due:
+            self.settler.take(due, self._join(due), now_ns)
+        self.fold.advance(now_ns)
+        return added
+
+    def _join(self, requests: list[Open]) -> list[list[tuple[Any, ...]]]:
+        pairs = {(s.src, s.dst) for o in requests for s in o.crossed()}
+        bandwidth = self.fabric.bandwidth_of(pairs) if pairs else {}
+        with self.fabric.index_lock:
+            return join_open(
+                requests, self.fabric.index, bandwidth=bandwidth, kv_models=self.kv_models
+            )
+
+    def view(self) -> FoldView:
+        """What /metrics shows of the analysis now: the fold (attribution/kvfold.py)."""
+        return self.fold.view(self.clock())
+
+    def view_or_last(self) -> FoldView | None:
+        """view(), or when it fails the last one that did not (the failure counted)."""
+        return self.cache.or_last(self.view)
+
     def analyse(self, *, window_s: float | None = None, max_age_s: float = 1.0) -> Analysis:
-        """Join and analyse the records of the last WINDOW_S seconds (cached MAX_AGE_S)."""
+        """Join and analyse the requests of the last WINDOW_S seconds (cached MAX_AGE_S):
+        the newest settled ones `probe why` keeps, and those still open, joined with the
+        fabric figures there are so far."""
         now = self.clock()
         if window_s is None and (cached := self.cache.fresh(now, max_age_s)) is not None:
             return cached
         self.sync()
         cfg = self.cfg
         since = now - int((window_s or cfg.window_s) * 1e9)
-        st, rq = self.records.since(since)
-        linked = self.linked(since)
-        for lk in linked:
-            st.extend(lk.stages)
-            rq.append(lk.request)
-        found = paths_frame([lk.path for lk in linked], st)
-        stages, requests = stages_frame(st), requests_frame(rq)
-        windows, rates = self.fabric.history.frames()
-        shaped = model_bytes(((r.request_id, r.model, r.prompt_tokens) for r in rq), self.kv_models)
-        kv = join_fabric(stages, windows, rates, bandwidth=self.bandwidth(), model_bytes=shaped)
+        got = why_frames([*self.settler.since(since), *self._open_since(since)])
+        stages, requests, kv = got.stages, got.requests, got.kv
         flag, bins = communication_bound(stages, cfg)
         out = Analysis(
             now_ns=now,
@@ -164,16 +212,23 @@ class Attribution:
             communication_bound=flag,
             bins=bins,
             goodput=goodput(requests, cfg, now_ns=now),
-            requests=request_breakdown(stages, requests, found, kv),
-            paths_found=found,
+            requests=request_breakdown(stages, requests, got.paths_found, kv),
+            paths_found=got.paths_found,
         )
         if window_s is None:
             self.cache.keep(out)
         return out
 
-    def analyse_or_last(self) -> Analysis | None:
-        """analyse(), or when it fails the last analysis that did not (attribution/cache.py)."""
-        return self.cache.or_last(self.analyse)
+    def _open_since(self, since_ns: int) -> list[Settled]:
+        """The requests still open that ended after SINCE_NS (those the linker has not
+        completed among them), joined with the fabric figures there are so far."""
+        opened = {o.rid: o for o in self.assembly.snapshot(since_ns)}
+        for lk in self.linked(since_ns):
+            o = opened.setdefault(lk.path.request_id, Open(lk.path.request_id, 0, 0))
+            o.linked = o.linked or lk
+        got = [o for o in opened.values() if o.stages or o.request or o.linked]
+        kv = self._join(got)
+        return [request_figures(o, rows, self.cfg)[1] for o, rows in zip(got, kv, strict=True)]
 
     def counts(self) -> AttributionCounts:
         paths = self.linker.counts()
@@ -184,4 +239,9 @@ class Attribution:
             analysis_failures=self.cache.failures_total(),
             path_known=paths.known,
             path_unknown=paths.unknown,
+            fold_dropped=(
+                *sorted(self.fold.dropped_total().items()),
+                ("request", self.assembly.forced_total()),
+                ("fragment", self.linker.dropped),
+            ),
         )

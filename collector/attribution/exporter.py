@@ -14,7 +14,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-import pandas as pd
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -22,10 +21,11 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
-from fabricprobe.collector.attribution.analysis import Analysis
 from fabricprobe.collector.attribution.core import Attribution
 from fabricprobe.collector.attribution.histograms import HistogramSnapshot
+from fabricprobe.collector.attribution.kvfold import FoldView
 from fabricprobe.collector.attribution.linking import MatchConfig
 from fabricprobe.collector.attribution.otlp import add_trace_service
 from fabricprobe.collector.drift import DriftBook
@@ -243,12 +243,28 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             "KV host pairs beyond the bound whose fabric history is not kept.",
             labels=[],
         ),
+        "fold_dropped": CounterMetricFamily(
+            P + "attribution_fold_dropped",
+            "What the analysis's bounds left out, by what: transfers of paths beyond the"
+            " bound (path), correlation pairs past a path's sample (rho), requests settled"
+            " early (request), engine fragments let go of before their request was linked"
+            " (fragment).",
+            labels=["what"],
+        ),
         "history_dropped": CounterMetricFamily(
             P + "fabric_history_dropped",
             "Reports whose fabric windows the join's history had no room for.",
             labels=[],
         ),
     }
+
+
+def _put(family: Metric, labels: dict[str, str], value: Any) -> None:
+    """A sample of FAMILY with LABELS (a family's add_metric, without a dict of its own
+    for each sample); a figure that is not finite is not exported."""
+    v = float(value)
+    if math.isfinite(v):
+        family.samples.append(Sample(family.name, labels, v))
 
 
 class AttributionCollector(Collector):
@@ -264,7 +280,7 @@ class AttributionCollector(Collector):
         a = self.attribution
         f = _families()
         self._histograms(a.histograms.snapshot(), f)
-        res = a.analyse_or_last()
+        res = a.view_or_last()  # the fold: its cost follows the paths, not the requests
         if res is not None:
             self._analysis(res, f)
         ing = a.ingest.counts()
@@ -275,6 +291,8 @@ class AttributionCollector(Collector):
         f["analysis_failures"].add_metric([], float(counts.analysis_failures))
         f["dropped_values"].add_metric([], float(counts.dropped_values))
         f["pairs_dropped"].add_metric([], float(counts.pairs_dropped))
+        for what, n in counts.fold_dropped:
+            f["fold_dropped"].add_metric([what], float(n))
         f["ignored"].add_metric([], float(ing.ignored))
         for e in ing.engine_spans:
             f["engine_spans"].add_metric([e.engine], float(e.spans))
@@ -283,8 +301,6 @@ class AttributionCollector(Collector):
         f["path_known"].add_metric([], float(counts.path_known))
         for r in counts.path_unknown:
             f["path_unknown"].add_metric([r.reason], float(r.requests))
-        if res is not None:
-            self._kv_split(res.kv, f)
         self._nixl(f)
         self._prices(f)
         yield from f.values()
@@ -313,54 +329,55 @@ class AttributionCollector(Collector):
         f["price_pairs"].add_metric(["unknown"], float(got.unknown))
 
     @staticmethod
-    def _analysis(res: Analysis, f: dict[str, Any]) -> None:
+    def _analysis(res: FoldView, f: dict[str, Any]) -> None:
         def add(name: str, labels: list[str], value: Any) -> None:
             v = float(value)
             if math.isfinite(v):  # a figure that is not finite is not exported
                 f[name].add_metric(labels, v)
 
-        for row in res.paths.itertuples(index=False):
-            labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
-            add("explained", labels, row.explained_s)
-            add("bound", labels, 1.0 if row.fabric_bound else 0.0)
-            add("fault", labels, 1.0 if row.fabric_fault else 0.0)
-            add("host_bound", labels, 1.0 if row.host_bound else 0.0)
-            add("host_delay", labels, row.host_delay_s)
-        corr = res.correlation.dropna(subset=["rho_rtt_p99"])
-        if len(corr):
-            newest = corr[corr["window"] == corr["window"].max()]
-            for row in newest.itertuples(index=False):
-                labels = [str(row.src), str(row.dst), str(row.transport) or "unknown"]
-                add("rho", labels, row.rho_rtt_p99)
-        for name, col in (("kv_share", "kv_share_ttft"), ("share", "fabric_share_ttft")):
-            got = res.requests.get(col)
-            add(name, [], got.median() if got is not None and len(got) else math.nan)
+        # one label set a path, shared by its samples (tens of thousands of paths)
+        label_sets: dict[tuple[str, str, str], dict[str, str]] = {}
+
+        def labels_of(src: str, dst: str, tr: str) -> dict[str, str]:
+            got = label_sets.get((src, dst, tr))
+            if got is None:
+                got = label_sets[(src, dst, tr)] = {
+                    "src": src, "dst": dst, "transport": tr or "unknown",
+                }  # fmt: skip
+            return got
+
+        p = res.paths
+        cols = ("src", "dst", "transport", "explained_s", "fabric_bound", "fabric_fault",
+                "host_bound", "host_delay_s")  # fmt: skip
+        rows = zip(*(p[c].tolist() for c in cols), strict=True)
+        for src, dst, tr, explained, bound, fault, host, delay in rows:
+            labels = labels_of(src, dst, tr)
+            _put(f["explained"], labels, explained)
+            _put(f["bound"], labels, 1.0 if bound else 0.0)
+            _put(f["fault"], labels, 1.0 if fault else 0.0)
+            _put(f["host_bound"], labels, 1.0 if host else 0.0)
+            _put(f["host_delay"], labels, delay)
+        for key, rho in res.rho:
+            _put(f["rho"], labels_of(*key), rho)
+        parts = (
+            (f["kv_wait"], "kv_wait_s"),
+            (f["kv_fabric"], "fabric_s"),
+            (f["kv_stack"], "transfer_stack_s"),
+            (f["kv_engine"], "engine_wait_s"),
+        )
+        for key, fig in res.parts:
+            labels = labels_of(*key)
+            for fam, col in parts:  # an unknown part is not exported, never as 0
+                _put(fam, labels, getattr(fig, col))
+            if fig.speed_above is not None:
+                _put(f["kv_speed_flag"], labels, 1.0 if fig.speed_above else 0.0)
+        add("kv_share", [], res.kv_share_ttft)
+        add("share", [], res.fabric_share_ttft)
         add("comm", [], 1.0 if res.communication_bound else 0.0)
         if len(res.goodput):
             g = res.goodput.iloc[0]
             add("goodput", [], g["goodput_tps"])
             add("throughput", [], g["throughput_tps"])
-
-    @staticmethod
-    def _kv_split(kv: Any, f: dict[str, Any]) -> None:
-        if kv.empty or "fabric_s" not in kv.columns:
-            return
-        kv = kv.assign(transport=kv["transport"].replace("", "unknown"))
-        parts = (
-            ("kv_wait", "kv_wait_s"),
-            ("kv_fabric", "fabric_s"),
-            ("kv_stack", "transfer_stack_s"),
-            ("kv_engine", "engine_wait_s"),
-        )
-        for (src, dst, tr), g in kv.groupby(["src", "dst", "transport"]):
-            labels = [str(src), str(dst), str(tr)]
-            for name, col in parts:
-                v = pd.to_numeric(g[col], errors="coerce").median()
-                if math.isfinite(v):  # an unknown part is not exported, never as 0
-                    f[name].add_metric(labels, float(v))
-            flags = g["kv_speed_above_path"].dropna()
-            if len(flags):
-                f["kv_speed_flag"].add_metric(labels, 1.0 if flags.astype(bool).any() else 0.0)
 
     def _nixl(self, f: dict[str, Any]) -> None:
         store = self.attribution.store

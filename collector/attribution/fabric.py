@@ -5,17 +5,20 @@ is told to watch. This feed decides those pairs: the pairs a KV transfer ran ove
 every probed path of a host an engine side runs on (a transfer's path is known only once
 its decode side reports, and the fabric windows from before that are wanted). A pair is
 watched only when one end at least is an agent host, and at most MAX_PAIRS are; the
-others are counted.
+others are counted. The feed keeps an index of the history's rows (attribution/
+fabricjoin.py) as each drain adds and lets go of them: the join of a settled request
+reads it.
 """
 
 from __future__ import annotations
 
 import threading
 
-from fabricprobe.collector.history import FabricHistory
+from fabricprobe.collector.attribution.fabricjoin import FabricIndex
+from fabricprobe.collector.history import CounterRate, FabricHistory, FabricWindow
 from fabricprobe.collector.store import WindowStore, host_pair
 
-MAX_PAIRS = 4096  # host pairs whose fabric history is kept for the join
+MAX_PAIRS = 16_384  # host pairs whose fabric history is kept for the join
 Pair = tuple[str, str]
 
 
@@ -27,9 +30,35 @@ class FabricFeed:
         self.history = FabricHistory(keep_s=keep_s)
         if store is not None:
             store.listeners.append(self.history)
+        self.index = FabricIndex()
+        self.index_lock = threading.Lock()  # held while the index is changed or read
+        self.history.sink = self._rows
         self.lock = threading.Lock()
         self.pairs_dropped = 0  # KV host pairs beyond MAX_PAIRS, not watched
         self._paths_seen = 0  # the store's paths when the engine hosts were last looked at
+
+    def _rows(
+        self,
+        windows: list[FabricWindow],
+        rates: list[CounterRate],
+        gone_windows: list[FabricWindow],
+        gone_rates: list[CounterRate],
+    ) -> None:
+        """What one drain of the history added and let go of, into the index."""
+        with self.index_lock:
+            ix = self.index
+            for w in gone_windows:
+                ix.drop_window(w)
+            for r in gone_rates:
+                ix.drop_rate(r)
+            for w in windows:
+                ix.add_window(w)
+            for r in rates:
+                ix.add_rate(r)
+
+    def window_ends(self, hosts: set[str]) -> dict[str, int]:
+        """Each agent host's newest window's end (attribution/assembly.py waits for it)."""
+        return self.store.window_ends(hosts) if self.store is not None and hosts else {}
 
     def watch(self, pairs: set[Pair], *, named: bool) -> None:
         """Keep the fabric history of PAIRS (bounded); NAMED: a request's KV transfer
@@ -83,6 +112,19 @@ class FabricFeed:
                 bps = st.peak_bytes_per_second
                 if bps:
                     out[(key[0], key[1])] = max(out.get((key[0], key[1]), 0.0), bps)
+        return out
+
+    def bandwidth_of(self, pairs: set[Pair]) -> dict[Pair, float]:
+        """bandwidth() of the paths between PAIRS (either way) only."""
+        out: dict[Pair, float] = {}
+        if self.store is None:
+            return out
+        for a, b in {host_pair(a, b) for a, b in pairs}:
+            for v in self.store.pair_paths(a, b):
+                bps = v.peak_bytes_per_second
+                if bps:
+                    k = (v.src, v.dst)
+                    out[k] = max(out.get(k, 0.0), bps)
         return out
 
     def pairs(self) -> list[Pair]:

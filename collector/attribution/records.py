@@ -3,7 +3,8 @@
 A record whose figures cannot go into a frame or a histogram (times out of order or
 too far ahead of the collector's clock, bytes beyond what a float holds exactly, a day
 or more of TTFT) is counted and dropped; the rest are kept, newest last, up to
-`max_records` of each kind.
+`max_records` of each kind (0: checked and counted only; the attribution's assembly
+keeps them until they settle, attribution/assembly.py).
 """
 
 from __future__ import annotations

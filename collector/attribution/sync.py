@@ -4,7 +4,8 @@
 A pass watches the fabric of the hosts new engine sides run on, counts the engine
 requests that became complete (their stages into the histograms, their KV paths
 watched and named), and turns the fabric windows and counter rates reports brought into
-history rows.
+history rows; with a `settle` step (the Attribution's), that step takes the requests the
+linker completed and drains the history itself, around its settling of requests.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from fabricprobe.collector.attribution.cache import AnalysisCache
 from fabricprobe.collector.attribution.fabric import FabricFeed
 from fabricprobe.collector.attribution.histograms import StageHistograms
 from fabricprobe.collector.attribution.linker import Directory, RequestLinker
+from fabricprobe.collector.attribution.linking import Linked
+
+# (now, the requests the linker completed, the ids of the fragments it is done with)
+# -> history rows added
+Settle = Callable[[int, list[Linked], set[str]], int]
 
 
 class Sync:
@@ -31,9 +37,15 @@ class Sync:
     ) -> None:
         self.linker, self.fabric, self.histograms = linker, fabric, histograms
         self.cache, self.directory = cache, directory
+        self.settle: Settle | None = None
+        self._running = threading.Lock()  # one pass at a time (the thread, an analysis)
 
     def run(self, now_ns: int) -> int:
         """One pass at NOW_NS; how many history rows it added."""
+        with self._running:
+            return self._run(now_ns)
+
+    def _run(self, now_ns: int) -> int:
         found = self.linker.new_engine_hosts(self.directory)
         self.fabric.watch_hosts(self.linker.engine_hosts, new=bool(found))
         done = self.linker.complete(now_ns, self.directory)
@@ -42,6 +54,8 @@ class Sync:
             self.cache.invalidate()
             kv = {(s.src, s.dst) for s in done.stages if s.stage == "kv_transfer"}
             self.fabric.watch({p for p in kv if p[0] and p[1]}, named=True)
+        if self.settle is not None:
+            return self.settle(now_ns, done.linked, done.ids)
         return self.fabric.history.drain(now_ns)
 
     def start(

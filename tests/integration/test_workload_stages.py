@@ -19,7 +19,7 @@ from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.responder import Responder
 from fabricprobe.workload.pipeline import Host, RequestResult, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import SpanSender
-from tests.support.fleet import open_responder, scrape
+from tests.support.fleet import open_responder, scrape, wait_for
 from tests.support.stages import (
     export_batches,
     recorded_spans,
@@ -29,6 +29,7 @@ from tests.support.stages import (
 
 PRE, FAST, SLOW = Host("pre-a", "127.0.0.1"), Host("dec-b", "127.0.0.1"), Host("dec-c", "127.0.0.1")
 MODEL = PRESETS["Llama-3.1-8B"]
+SHARE = "fabricprobe_kv_share_ttft_ratio "
 HEADINGS = {"queue": "queue", "prefill": "prefill", "KV wait": "kv_transfer", "decode": "decode",
             "detok": "detokenize", "deliver": "deliver"}  # fmt: skip
 
@@ -124,10 +125,14 @@ def test_kv_share_metric_is_the_median_of_the_requests_shares(
         scattered_batches(recorded_spans(results, MODEL.name), batches=3, seed=11),
     )
     shares = [r.seconds("kv_transfer") / r.ttft_s for r in results]
-    line = next(
-        ln
-        for ln in scrape(collector).splitlines()
-        if ln.startswith("fabricprobe_kv_share_ttft_ratio ")
-    )
+
+    def share_line() -> str | None:
+        got = [ln for ln in scrape(collector).splitlines() if ln.startswith(SHARE)]
+        return got[0] if got else None
+
+    # the figure shows once the requests settle: a few seconds after their last span
+    wait_for(share_line, what="the KV share on /metrics")
+    line = share_line()
+    assert line is not None
     assert float(line.split()[1]) == pytest.approx(statistics.median(shares), rel=1e-6)
     assert 0.0 < statistics.median(shares) < 1.0

@@ -194,3 +194,26 @@ def test_leave_one_out_median_is_the_median_of_the_others(values: list[float | N
         rest = s.drop(key).dropna()
         want = float(rest.median()) if len(rest) else float("nan")
         assert got[key] == pytest.approx(want, rel=1e-12, abs=1e-12, nan_ok=True), key
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.sampled_from([1.0, 2.0, 3.0]), st.floats(-10, 10)),
+            st.one_of(st.none(), st.sampled_from([1.0, 5.0]), st.floats(-10, 10)),
+        ),
+        max_size=25,
+    )
+)
+def test_spearman_is_pearson_over_pandas_ranks(
+    pairs: list[tuple[float | None, float | None]],
+) -> None:
+    both = pd.DataFrame(pairs, columns=["x", "y"], dtype=float).dropna()
+    rx, ry = both["x"].rank(), both["y"].rank()
+    constant = len(both) < 3 or rx.std() == 0 or ry.std() == 0
+    want = float("nan") if constant else float(rx.corr(ry))
+    got = spearman(
+        pd.Series([p[0] for p in pairs], dtype=float), pd.Series([p[1] for p in pairs], dtype=float)
+    )
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12, nan_ok=True)

@@ -84,10 +84,10 @@ def test_bandwidth_is_each_paths_highest_measured_throughput() -> None:
 def test_at_most_max_pairs_are_watched_and_the_rest_counted() -> None:
     from fabricprobe.collector.attribution.fabric import MAX_PAIRS
 
-    hosts = [f"h{i:02d}" for i in range(100)]
+    hosts = [f"h{i:03d}" for i in range(200)]
     feed = FabricFeed(store_of(*hosts), keep_s=3600.0)
     feed.watch({(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1 :]}, named=False)
     assert len(feed.pairs()) == MAX_PAIRS
-    assert feed.pairs_dropped_total() == 4950 - MAX_PAIRS
-    feed.watch({("h00", "h01")}, named=False)  # watched already: nothing more dropped
-    assert feed.pairs_dropped_total() == 4950 - MAX_PAIRS
+    assert feed.pairs_dropped_total() == 19_900 - MAX_PAIRS
+    feed.watch({("h000", "h001")}, named=False)  # watched already: nothing more dropped
+    assert feed.pairs_dropped_total() == 19_900 - MAX_PAIRS

@@ -100,3 +100,29 @@ def test_engine_hosts_are_found_once_per_sending_process() -> None:
     lk.add(pair("b", 107, NOW - S))  # the same processes again
     assert lk.new_engine_hosts(directory) == set()
     assert lk.engine_hosts == {"pre-node", "dec-node.example"}
+
+
+def test_fragments_sharing_any_key_are_one_request_whatever_their_order() -> None:
+    """A trace id ties the prefill side to a decode fragment, a request id that one to
+    another decode fragment: one request, found as they come (two open ones merge)."""
+    lk = linker()
+    t = NOW - 2 * S
+    pre = frag(vllm_request(t, "req-9", 109, queue=0.002, e2e=0.05, out=1), PRE)
+    other = frag(vllm_request(t + S // 10, "alias-9", 110, queue=0.03, e2e=0.3, out=8), DEC)
+    dec = frag(vllm_request(t + S // 10, "alias-9", 109, queue=0.03, e2e=0.3, out=8), DEC)
+    lk.add([pre])
+    lk.add([other])
+    assert len(lk.linked(0, directory)) == 2  # nothing ties them yet
+    lk.add([dec])  # trace 109 and request id alias-9: both open requests are one
+    (one,) = lk.linked(0, directory)
+    assert (one.path.src, one.path.dst) == ("pre-node", "dec-node.example")
+    done = lk.complete(NOW + 10 * S, directory)
+    assert done.requests == 1 and {"req-9", "alias-9"} <= done.ids
+    assert lk.fragments == []
+
+
+def test_fragments_past_the_bound_go_with_their_request_counted() -> None:
+    lk = RequestLinker(3, link_wait_s=5.0, pair_wait_s=300.0)
+    lk.add(pair("a", 111, NOW - S) + pair("b", 112, NOW - S))
+    assert [f.request_id for f in lk.fragments] == ["b", "b"] and lk.dropped == 2
+    assert lk.complete(NOW + 10 * S, directory).ids == {"a", "b"}

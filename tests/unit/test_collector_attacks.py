@@ -68,10 +68,10 @@ def test_a_failing_analysis_serves_the_last_good_one(insecure: CollectorServer) 
     scrape(insecure)
     assert a.cache.last_good is not None
 
-    def broken(**kw: object) -> None:
+    def broken() -> None:
         raise TypeError("'<' not supported between instances of 'int' and 'str'")
 
-    a.analyse = broken  # type: ignore[method-assign,assignment]
+    a.view = broken  # type: ignore[method-assign,assignment]
     text = scrape(insecure)
     assert a.counts().analysis_failures == 1
     assert "fabricprobe_attribution_failures_total 1.0" in text
@@ -282,19 +282,19 @@ def test_kv_pairs_watched_are_bounded_and_only_between_fleet_hosts() -> None:
     from fabricprobe.collector.attribution.stages import StageRecord
 
     store = WindowStore()
-    for i in range(100):
+    for i in range(200):
         store.register(pb.HostInfo(host=f"h{i}"))
     a = Attribution(store)
     now = time.time_ns()
     stages = [
         StageRecord("r", "kv_transfer", now - S, now, f"h{i}", f"h{j}", transport="rdma", bytes=1)
-        for i in range(100)
-        for j in range(i + 1, 100)
-    ]  # 4,950 pairs
+        for i in range(200)
+        for j in range(i + 1, 200)
+    ]  # 19,900 pairs
     stages.append(StageRecord("r", "kv_transfer", now - S, now, "nobody", "stranger", bytes=1))
     a.take(stages, [])
     assert len(a.fabric.history.pairs) == MAX_PAIRS
-    assert a.counts().pairs_dropped == 4950 - MAX_PAIRS
+    assert a.counts().pairs_dropped == 19_900 - MAX_PAIRS
     assert all("stranger" not in p for p in a.fabric.history.pairs)
 
 
