@@ -107,6 +107,7 @@ class CollectorSettings(
             otlp_http_listen=self.otlp_http_listen,
             match=self.match_config(),
             kv_models=self.kv_shapes(),
+            why_requests=self.why_requests,
             web_config=self.web_config,
             http=self.http_limits(),
             workers=self.workers,

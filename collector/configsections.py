@@ -103,7 +103,8 @@ class ListenSettings:
 
 @dataclass
 class EngineSettings:
-    """How engine spans name the agents' hosts, and the KV shapes of the models they serve."""
+    """How engine spans name the agents' hosts, the KV shapes of the models they serve, and
+    how many settled requests `probe why` reads (collector/attribution/settle.py)."""
 
     host_attributes: list[str] = setting(
         list(HOST_ATTRIBUTES),
@@ -130,6 +131,12 @@ class EngineSettings:
         "head_dim=,dtype=, and block= tokens.",
         flag="--kv-model",
         metavar="MODEL=SHAPE",
+    )
+    why_requests: int = setting(
+        10_000,
+        "Settled requests `probe why` reads, the newest kept (/metrics reads the fold).",
+        lo=100,
+        hi=1_000_000,
     )
 
     def match_config(self) -> MatchConfig:

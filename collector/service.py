@@ -27,6 +27,7 @@ from fabricprobe.collector.assign import HostSpec, PlanConfig, Planner
 from fabricprobe.collector.attribution.exporter import attach_attribution
 from fabricprobe.collector.attribution.linking import MatchConfig
 from fabricprobe.collector.attribution.otlp_http import serve_otlp_http
+from fabricprobe.collector.attribution.settle import WHY_REQUESTS
 from fabricprobe.collector.auth import (
     HOST,
     INGEST,
@@ -405,6 +406,7 @@ class ServerConfig:
     # served model name -> KV shape (collector/kvshape.py): a request's bytes, where no
     # span gives them
     kv_models: dict[str, KvShape] = field(default_factory=dict)
+    why_requests: int = WHY_REQUESTS  # settled requests `probe why` reads (attribution/)
     web_config: str = ""  # TLS and basic auth for /metrics (collector/exposition.py)
     metrics_threads: int = 8  # /metrics renders (and password checks) run at once
     http: Limits = field(default_factory=Limits)  # deadlines and caps of both HTTP servers
@@ -537,6 +539,7 @@ class CollectorServer:
             drift=self.drift,
             kv_models=self.cfg.kv_models,
             links=self.api.links,
+            why_requests=self.cfg.why_requests,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

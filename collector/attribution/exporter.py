@@ -28,6 +28,7 @@ from fabricprobe.collector.attribution.histograms import HistogramSnapshot
 from fabricprobe.collector.attribution.kvfold import FoldView
 from fabricprobe.collector.attribution.linking import MatchConfig
 from fabricprobe.collector.attribution.otlp import add_trace_service
+from fabricprobe.collector.attribution.settle import WHY_REQUESTS
 from fabricprobe.collector.drift import DriftBook
 from fabricprobe.collector.fabric.links import FabricLinks
 from fabricprobe.collector.kvshape import KvShape
@@ -399,12 +400,14 @@ def attach_attribution(
     drift: DriftBook | None = None,
     kv_models: dict[str, KvShape] | None = None,
     links: FabricLinks | None = None,
+    why_requests: int = WHY_REQUESTS,
 ) -> Attribution:
     """Add the OTLP TraceService to SERVER (a grpc.Server), the attribution metrics to
     REGISTRY, and keep the fabric history fed from STORE until STOP is set. MATCH says how
     engine spans' host attributes name the agents' hosts; KV_MODELS the served models'
-    KV shapes (the bytes of a request no span gives)."""
-    attribution = Attribution(store, match=match, kv_models=kv_models)
+    KV shapes (the bytes of a request no span gives); WHY_REQUESTS how many settled
+    requests `probe why` reads."""
+    attribution = Attribution(store, match=match, kv_models=kv_models, why_requests=why_requests)
     add_trace_service(server, attribution.ingest)
     add_query_service(server, attribution, drift, links)
     registry.register(AttributionCollector(attribution))
