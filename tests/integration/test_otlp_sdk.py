@@ -18,7 +18,7 @@ from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.tcp import run_pingpong
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import SpanSender
-from tests.support.fleet import open_responder
+from tests.support.fleet import open_responder, wait_for
 
 
 @pytest.fixture
@@ -79,6 +79,11 @@ def test_sdk_spans_arrive_join_and_show_on_metrics(
     report.probes.add(dst="dec-b", transport="tcp", op="pingpong", size=64, rtt=to_wire(rtt.sketch))
     collector.api.report(report)
 
+    # the requests' analysis shows once they settle: a few seconds after their last span
+    wait_for(
+        lambda: "fabricprobe_throughput_tokens_per_second" in scrape(collector),
+        what="the settled requests on /metrics",
+    )
     m = scrape(collector)
     assert m["fabricprobe_otlp_spans_received_total"] == 6 * 7
     assert m["fabricprobe_otlp_spans_rejected_total"] == 0
