@@ -15,7 +15,8 @@ when
 The promise of a link is kept when the linker hands the request on, or is done with the
 fragments that made it (linked into a request of another id, or let go of); one that
 is never kept settles after `link_cap_s`. At most `max_open` requests are open; the
-oldest beyond settle at once, as they are (counted in `forced`).
+oldest beyond settle at the next pass, as they are (counted in `forced`; of a flood
+between two passes, `max_open` settle and the older ones are let go of).
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class RequestAssembly:
                 oldest = next(iter(self.open))
                 self._early.append(self.open.pop(oldest))
                 self.forced += 1
+                if len(self._early) > self.max_open:  # a flood between two passes
+                    del self._early[0]  # counted already, as forced
         o.arrived_ns = now_ns
         return o
 

@@ -248,8 +248,8 @@ def _families() -> dict[str, Any]:  # each family's own add_metric signature
             P + "attribution_fold_dropped",
             "What the analysis's bounds left out, by what: transfers of paths beyond the"
             " bound (path), correlation pairs past a path's sample (rho), requests settled"
-            " early (request), engine fragments let go of before their request was linked"
-            " (fragment).",
+            " early or let go of (request), engine fragments let go of before their request"
+            " was linked (fragment).",
             labels=["what"],
         ),
         "history_dropped": CounterMetricFamily(

@@ -161,7 +161,10 @@ class FabricIndex:
         """The lowest RTT minimum of path KEY's windows."""
         got = self._floors.get(key)
         if got is None:
-            got = self._floors[key] = _min(w.rtt_min_s for w in self.exact.get(key, ()))
+            ws = self.exact.get(key)
+            if ws is None:
+                return NAN  # no window: nothing kept for it
+            got = self._floors[key] = _min(w.rtt_min_s for w in ws)
         return got
 
     def prober_floor(self, key: tuple[str, str]) -> float:
@@ -169,7 +172,9 @@ class FabricIndex:
         probes, whatever the transport asked)."""
         got = self._prober_floors.get(key)
         if got is None:
-            ws = self.any.get(key, ())
+            ws = self.any.get(key)
+            if ws is None:
+                return NAN
             got = self._prober_floors[key] = _min(w.prober_delay_min_s for w in ws)
         return got
 

@@ -335,7 +335,11 @@ class KvFold:
                     self.by_bin.setdefault(b, set()).add(key)
                     touched.add(key)
                     w = start // self.window_ns
-                    if not st.rho.setdefault(w, RhoWindow()).add(vec, self.rng):
+                    if w not in st.rho:
+                        for old in [x for x in st.rho if x < self._first_comm(now_ns)]:
+                            del st.rho[old]  # windows that left the analysis window
+                        st.rho[w] = RhoWindow()
+                    if not st.rho[w].add(vec, self.rng):
                         self.dropped["rho"] += 1
                     rho_touched.add((key, w))
             for key in touched:

@@ -69,9 +69,12 @@ def test_a_promised_link_is_waited_for_until_kept_or_given_up() -> None:
 
 def test_at_most_max_open_and_the_oldest_settle_early_counted() -> None:
     a = assembly(max_open=2)
-    a.records([kv(f"r{i}", NOW) for i in range(5)], [], NOW)
-    assert list(a.open) == ["r3", "r4"] and a.forced_total() == 3
-    assert settled(a, NOW, {}) == ["r0", "r1", "r2"]  # taken as they are by the next pass
+    a.records([kv(f"r{i}", NOW) for i in range(4)], [], NOW)
+    assert list(a.open) == ["r2", "r3"] and a.forced_total() == 2
+    assert settled(a, NOW, {}) == ["r0", "r1"]  # taken as they are by the next pass
+    a.records([kv(f"s{i}", NOW) for i in range(5)], [], NOW)  # a flood before a pass
+    assert a.forced_total() == 2 + 5 and list(a.open) == ["s3", "s4"]
+    assert settled(a, NOW, {}) == ["s1", "s2"]  # the newest the bound holds; r2 to s0 let go
 
 
 def fleet() -> tuple[WindowStore, Attribution, list[int]]:
