@@ -30,6 +30,7 @@ from fabricprobe.collector.attribution.linking import MatchConfig
 from fabricprobe.collector.attribution.otlp import add_trace_service
 from fabricprobe.collector.attribution.settle import WHY_REQUESTS
 from fabricprobe.collector.drift import DriftBook
+from fabricprobe.collector.exposition import gc_paused
 from fabricprobe.collector.fabric.links import FabricLinks
 from fabricprobe.collector.kvshape import KvShape
 from fabricprobe.collector.price import tor_prices
@@ -278,6 +279,14 @@ class AttributionCollector(Collector):
         yield from _families().values()
 
     def collect(self) -> Iterator[Metric]:
+        # the families' tens of thousands of samples are built with the cyclic collector
+        # off (collector/exposition.py's reason): under generate_latest, which does not
+        # pause it, the collections they set off walked the whole process
+        with gc_paused():
+            f = self._build()
+        yield from f.values()
+
+    def _build(self) -> dict[str, Any]:
         a = self.attribution
         f = _families()
         self._histograms(a.histograms.snapshot(), f)
@@ -304,7 +313,7 @@ class AttributionCollector(Collector):
             f["path_unknown"].add_metric([r.reason], float(r.requests))
         self._nixl(f)
         self._prices(f)
-        yield from f.values()
+        return f
 
     @staticmethod
     def _histograms(snap: HistogramSnapshot, f: dict[str, Any]) -> None:
