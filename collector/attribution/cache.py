@@ -61,19 +61,23 @@ class AnalysisCache:
         try:
             res = make()
         except Exception as e:  # pandas raises many kinds; the scrape must go on
-            n = self.count_failure()
-            first = n == 1
-            # said once in full, then counted (fabricprobe_attribution_failures_total)
-            log.log(
-                logging.ERROR if first else logging.DEBUG,
-                "analysis failed (%d so far): %s: %s",
-                n,
-                type(e).__name__,
-                e,
-                exc_info=first,
-            )
+            self.failed(e)
             with self.lock:
                 return cast(T | None, self.last_good)
         with self.lock:
             self.last_good = res
         return res
+
+    def failed(self, e: Exception) -> None:
+        """Count a failed analysis (or join of a settled request), said once in full in
+        the log, then counted (fabricprobe_attribution_failures_total)."""
+        n = self.count_failure()
+        first = n == 1
+        log.log(
+            logging.ERROR if first else logging.DEBUG,
+            "analysis failed (%d so far): %s: %s",
+            n,
+            type(e).__name__,
+            e,
+            exc_info=first,
+        )

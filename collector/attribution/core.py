@@ -116,7 +116,8 @@ class Attribution:
         requests: list[RequestRecord],
         fragments: list[Fragment] | None = None,
     ) -> None:
-        """Keep records from one OTLP batch and count them into the histograms; records
+        """Take records and engine fragments from one OTLP batch: into the requests being
+        assembled until they settle, measured stages counted into the histograms; records
         whose figures are out of range (records.stage_ok, request_ok) are counted and
         dropped. The fabric of the paths their KV transfers crossed is watched from now."""
         stages, requests = self.records.keep(stages, requests, self.clock())
@@ -148,7 +149,8 @@ class Attribution:
 
     def sync(self) -> int:
         """Turn the fabric windows and counter rates reports brought into history rows,
-        and count the engine requests that are complete (attribution/sync.py)."""
+        count the engine requests that are complete, and settle the requests that can be
+        (attribution/sync.py)."""
         return self.syncer.run(self.clock())
 
     def run_sync(self, stop: threading.Event, every_s: float = 0.5) -> threading.Thread:
@@ -170,9 +172,23 @@ class Attribution:
         added = self.fabric.history.drain(now_ns)
         due = self.assembly.settle(candidates, ends, now_ns)
         if due:
-            self.settler.take(due, self._join(due), now_ns)
+            self._fold(due, now_ns)
         self.fold.advance(now_ns)
         return added
+
+    def _fold(self, due: list[Open], now_ns: int) -> None:
+        """The settled requests DUE joined and folded; when that fails, one at a time, so
+        that a request no join can take costs only itself (counted as a failure)."""
+        try:
+            self.settler.take(due, self._join(due), now_ns)
+            return
+        except Exception as e:  # pandas raises many kinds; the sync must go on
+            self.cache.failed(e)
+        for o in due:
+            try:
+                self.settler.take([o], self._join([o]), now_ns)
+            except Exception as e:
+                self.cache.failed(e)
 
     def _join(self, requests: list[Open]) -> list[list[tuple[Any, ...]]]:
         pairs = {(s.src, s.dst) for o in requests for s in o.crossed()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from fabricprobe.collector.attribution.assembly import RequestAssembly
+from fabricprobe.collector.attribution.assembly import Open, RequestAssembly
 from fabricprobe.collector.attribution.core import Attribution
 from fabricprobe.collector.attribution.exporter import AttributionCollector
 from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord
@@ -120,3 +120,23 @@ def test_a_scrape_shows_a_request_once_it_settled_and_why_before() -> None:
     assert len(att.settler.since(0)) == 3 and not att.assembly.open
     counts = dict(att.counts().fold_dropped)
     assert counts == {"path": 0, "rho": 0, "request": 0, "fragment": 0}
+
+
+def test_a_request_no_join_can_take_costs_only_itself() -> None:
+    """A join that fails (a fault put in its way) fails its batch, then only itself: the
+    other requests settle, and the failures are counted as the analysis's are."""
+    _, att, now = fleet()
+    real = att._join
+
+    def join(requests: list[Open]) -> list[list[tuple[object, ...]]]:
+        if any(o.rid == "bad" for o in requests):
+            raise TypeError("'<' not supported between instances of 'int' and 'str'")
+        return real(requests)
+
+    att._join = join  # type: ignore[method-assign]
+    att.take([kv("bad", NOW - S), kv("good", NOW - S)], [])
+    now[0] = NOW + 40 * S  # quiet, and past the horizon: both settle now
+    att.sync()
+    assert [s.rid for s in att.settler.since(0)] == ["good"]
+    assert att.counts().analysis_failures == 2  # the batch, then the bad one alone
+    assert not att.assembly.open
