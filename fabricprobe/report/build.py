@@ -215,7 +215,8 @@ def over_time_section(g: Gathered, opts: ReportOptions) -> tuple[Section | None,
     if g.prom_error:
         return Section(title, [para(f"Prometheus query failed: {g.prom_error}", "error")]), []
     pics, parts = [], []
-    for what, df in g.prom.items():
+    for what, series in g.prom.items():
+        df = series[series["src"] != series["dst"]]  # a host's own delay is not a path
         if df.empty:
             parts.append(para(f"No {what} RTT series in the window."))
             continue
@@ -229,7 +230,10 @@ def over_time_section(g: Gathered, opts: ReportOptions) -> tuple[Section | None,
             "Prometheus' histogram_quantile over rate(), a point every "
             f"{max(1.0, round(opts.window_s / RANGE_POINTS)):g} s; highest now first. As fine "
             "as the histogram Prometheus keeps: 1.09 % where it scrapes the native one "
-            "(protobuf), a factor of 2.5 from the classic buckets."
+            "(protobuf), a factor of 2.5 from the classic buckets. Each host's own delay "
+            "(src = dst) is left out, as everywhere among the paths. Paths drawn: "
+            + "; ".join(f"{s} → {d} {t}" for s, d, t in keys[:MAX_PATHS])
+            + "."
             + (f" {more} more paths not shown." if more else ""),
         )
         pics.append(pic)

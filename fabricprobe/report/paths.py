@@ -69,7 +69,7 @@ def rtt_sections(got: rtt.RttFrames) -> tuple[list[Section], list[Picture]]:
                 "rtt_cdf.png",
                 data,
                 "RTT CDF per path",
-                f"{res}. Paths drawn: "
+                f"Paths drawn ({len(drawn)}): "
                 + "; ".join(drawn)
                 + "."
                 + (f" {more} more paths not drawn." if more else ""),

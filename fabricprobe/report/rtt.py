@@ -23,8 +23,10 @@ from fabricprobe.report.frames import PATH_KEYS, clip
 
 FIGURES = ["min_s", "p50_s", "p90_s", "p99_s", "p999_s", "max_s", "mean_s"]
 COLUMNS = [*PATH_KEYS, "exchanges", "lost", "loss", *FIGURES, "since_ns", "newest_ns"]
+# a row per bucket; each row carries its path's exact min and max, which bound the
+# percentiles read from the buckets (cdf_quantile)
 CDF_COLUMNS = [*PATH_KEYS, "lower_s", "upper_s", "count", "cumulative", "fraction", "total",
-               "schema"]  # fmt: skip
+               "schema", "min_s", "max_s"]  # fmt: skip
 MAX_ROWS = 4096  # rows read from one reply (the collector sends at most 2,000 of each)
 MAX_BUCKETS = 4096  # CDF buckets read for one path (the collector sends at most 1,024)
 MIN_SCHEMA, MAX_SCHEMA = -4, 8  # the native histogram's schemas
@@ -129,7 +131,7 @@ def rtt_frames(doc: Mapping[str, Any] | None) -> RttFrames:
             row = _row(r)
             rows.append(row)
             try:
-                got = _cdf(r, {k: row[k] for k in PATH_KEYS})
+                got = _cdf(r, {k: row[k] for k in [*PATH_KEYS, "min_s", "max_s"]})
             except (TypeError, ValueError, OverflowError):
                 dropped += 1
                 continue
