@@ -9,6 +9,7 @@ import pytest
 
 from fabricprobe.cli.commands.why import reply_dict
 from fabricprobe.collector.rttquery import (
+    MAX_BUCKETS,
     MAX_CDF_PATHS,
     MAX_PATHS,
     RttAsk,
@@ -131,3 +132,19 @@ def test_a_why_replys_ranked_paths_carry_their_distribution(fleet: Fleet) -> Non
     p99 = merged.percentile_ns(99.0)
     assert p99 is not None and rtt["src"] == "a" and rtt["dst"] == "b" and rtt["op"] == "pingpong"
     assert abs(rtt["p99_s"] * 1e9 / p99 - 1) < 0.0055 and "buckets" not in rtt
+
+
+def test_a_reply_at_every_bound_fits_grpcs_default_message() -> None:
+    # the longest names a report can carry (host 253, peer 128, op 32), counts of 2^40
+    reply = pb.RttReply(paths_total=2**32 - 1, host_references_total=2**32 - 1, now_ns=2**62)
+    for listed in (reply.paths, reply.host_references):
+        for i in range(MAX_PATHS):
+            m = listed.add(src="s" * 253, dst="d" * 128, transport="rdma", op="o" * 32,
+                           size=2**32 - 1, count=2**40, lost=2**40, min_s=1e-6, p50_s=1e-5,
+                           p90_s=1e-5, p99_s=1e-5, p999_s=1e-5, max_s=1.0, mean_s=1e-3,
+                           since_unix_ns=2**62, newest_unix_ns=2**62)  # fmt: skip
+            if i < MAX_CDF_PATHS:
+                m.schema = 6
+                m.buckets.extend(range(-1500, -1500 + MAX_BUCKETS))
+                m.counts.extend([2**40] * MAX_BUCKETS)
+    assert reply.ByteSize() < 4 << 20
