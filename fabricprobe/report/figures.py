@@ -155,7 +155,7 @@ def _lognorm(*grids: pd.DataFrame) -> Normalize:
     if len(vals) == 0:
         return Normalize(0, 1)
     lo, hi = float(vals.min()), float(vals.max())
-    if hi < 2 * lo:  # span at least a factor of 2 (a bucket step): no colour for noise
+    if hi < 2 * lo:  # span at least a factor of 2: colour for what matters, not for noise
         mid = math.sqrt(lo * hi)
         lo, hi = mid / math.sqrt(2), mid * math.sqrt(2)
     return LogNorm(lo, hi)
