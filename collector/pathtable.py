@@ -61,6 +61,7 @@ class PathStats:
     # changed once taken, like last_rtt)
     last_prober_delay: MergedSketch | None = None
     seq: int = 0  # the store's order: paths made earlier have lower numbers
+    first_ns: int = 0  # collector clock when its first window arrived (`rtt` counts from it)
 
     @property
     def last_prober_delay_ns(self) -> int | None:
@@ -166,7 +167,7 @@ class PathTable:
             if state.paths >= self.max_per_host:
                 self.drops["path"] += 1
                 return None
-            stats = self.by_key[key] = PathStats(seq=self._seq)
+            stats = self.by_key[key] = PathStats(seq=self._seq, first_ns=now)
             self._seq += 1
             state.paths += 1
             self.by_pair.setdefault(host_pair(src, w.dst), []).append(key)

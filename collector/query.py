@@ -1,5 +1,6 @@
-"""The Query service: `probe why` as a typed RPC over the attribution analysis, and the
-fabric's price of a KV transfer (`probe cost`, collector/price.py).
+"""The Query service: `probe why` as a typed RPC over the attribution analysis, the
+fabric's price of a KV transfer (`probe cost`, collector/price.py) and each path's whole
+RTT distribution (`probe report`, collector/rttquery.py).
 
 `why_reply()` turns one Analysis into a WhyReply (pure; tests call it bare);
 `QueryServicer` is its gRPC edge. Who may call it is decided by the server's one
@@ -27,6 +28,7 @@ from fabricprobe.collector.price import (
     check_host,
     kv_price,
 )
+from fabricprobe.collector.rttquery import check_rtt, ranked_rtt, rtt_reply
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
@@ -211,7 +213,23 @@ class QueryServicer(pb_grpc.QueryServicer):
             self.attribution.cache.count_failure()
             context.abort(grpc.StatusCode.INTERNAL, f"why: the analysis failed: {e!s:.200}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
-        return why_reply(res, n, by)
+        reply = why_reply(res, n, by)
+        if self.attribution.store is not None:
+            reply.rtt.extend(ranked_rtt(self.attribution.store, reply.paths))
+        return reply
+
+    def Rtt(self, request: pb.RttRequest, context: grpc.ServicerContext) -> pb.RttReply:
+        """Each path's RTT distribution since its first window (collector/rttquery.py)."""
+        try:
+            ask = check_rtt(request)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rtt: {e}")
+            raise AssertionError("context.abort returned") from None  # pragma: no cover
+        store = self.attribution.store
+        if store is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "rtt: this collector keeps no paths")
+            raise AssertionError("context.abort returned")  # pragma: no cover
+        return rtt_reply(store, ask)
 
     def KvCost(self, request: pb.KvCostRequest, context: grpc.ServicerContext) -> pb.KvCostReply:
         """The fabric's price of REQUEST.bytes from src to dst now (collector/price.py)."""

@@ -37,6 +37,7 @@ def reply_dict(reply: Any) -> dict[str, Any]:
         "now_ns": reply.now_ns,
         "slowest": [fields(r) for r in reply.slowest],
         "paths": [fields(p) for p in reply.paths],
+        "rtt": [fields(r) for r in reply.rtt],
         "communication_bound": reply.communication_bound,
         "goodput": [fields(reply.goodput)] if reply.HasField("goodput") else [],
         "stages": reply.stages,
