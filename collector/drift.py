@@ -27,7 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -366,22 +366,7 @@ class DriftBook:
         ]
         registered = set(self.store.host_names())
         msg = pb.DriftReply(hosts_without_checks=len(registered - set(members)))
-        for d in rows:
-            msg.drift.append(
-                pb.DriftRow(
-                    host=d.host,
-                    group_by=d.group_by,
-                    group=d.group,
-                    check=d.check,
-                    value=d.value,
-                    peers_value=d.peers_value,
-                    peers_agree=d.peers_agree,
-                    group_size=d.group_size,
-                    ports=d.ports,
-                    waived=d.waived,
-                    waiver=d.waiver,
-                )
-            )
+        msg.drift.extend(pb.DriftRow(**asdict(d)) for d in rows)  # the same fields
         for h, m in sorted(members.items()):
             if host and h != host:
                 continue

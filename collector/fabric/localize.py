@@ -30,7 +30,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class ClassKey(NamedTuple):
@@ -93,7 +93,7 @@ class LinkVerdict:
     loss: float  # lost / sent of the classes through it
     rail: int | None = None
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "link": self.link,
             "rank": self.rank,

@@ -151,19 +151,9 @@ def links_reply(links: FabricLinks | None, src: str = "", dst: str = "") -> pb.L
         return pb.LinksReply(configured=False)
     snap = links.snapshot()
     reply = pb.LinksReply(configured=True, class_paths=snap.paths)
-    for v in snap.verdicts:
-        reply.links.append(
-            pb.LinkVerdict(
-                link=v.link,
-                rank=v.rank,
-                suspect=v.suspect,
-                classes=v.classes,
-                bad_classes=v.bad,
-                rtt_rise_s=v.rtt_rise_s,
-                loss=v.loss,
-                rail=-1 if v.rail is None else v.rail,
-            )
-        )
+    for v in snap.verdicts:  # the JSON's fields; a link on no rail has rail -1
+        rail = -1 if v.rail is None else v.rail
+        reply.links.append(pb.LinkVerdict(**(v.to_json() | {"rail": rail})))
     if src and dst:
         for sport, path in links.links_of(src, dst):
             reply.classes.append(pb.ClassLinks(sport=sport, links=list(path)))
