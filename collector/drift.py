@@ -63,6 +63,9 @@ class Verdict:
 
 @dataclass(frozen=True)
 class HostVerdicts:
+    """One host's newest check report, checked (verdicts_of): its verdicts, the policy
+    they were judged by, when they were taken and when the collector got them."""
+
     host: str
     taken_unix_ns: int
     policy: str

@@ -45,6 +45,9 @@ class BatchRefused(Exception):
 
 @dataclass(frozen=True)
 class IngestResult:
+    """What one batch's spans came to: taken, refused as malformed (the first
+    MAX_REASONS reasons given), or not of use here."""
+
     accepted: int
     rejected: int
     ignored: int
@@ -52,6 +55,8 @@ class IngestResult:
 
 
 class EngineSpans(NamedTuple):
+    """Spans counted from one engine."""
+
     engine: str  # one of engines.ENGINES
     spans: int
 
