@@ -40,6 +40,7 @@ from typing import Any, NamedTuple, Protocol
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
+from fabricprobe.core.errors import CallRefused
 from fabricprobe.core.web import Caller, Refused, cert_names
 
 TOKEN_HEADER = "authorization"
@@ -50,12 +51,8 @@ OPEN = "open"  # a service anyone may call (still rate- and stream-limited by ad
 MIN_TOKEN = 16
 
 
-class AuthError(Exception):
-    """A call that may not go on; `code` is the gRPC status to end it with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class AuthError(CallRefused):
+    """A call the authentication layer refuses."""
 
 
 @dataclass(frozen=True)

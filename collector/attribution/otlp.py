@@ -30,17 +30,14 @@ from fabricprobe.collector.attribution.engines import ENGINES, read_engine_span
 from fabricprobe.collector.attribution.engines.common import Fragment
 from fabricprobe.collector.attribution.spanattrs import MAX_NAME, SpanError, span_attributes
 from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord, parse_span
+from fabricprobe.core.errors import CallRefused
 
 MAX_SPANS = 20_000  # per Export call
 MAX_REASONS = 3
 
 
-class BatchRefused(Exception):
-    """A whole batch refused; `code` is the gRPC status to answer with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class BatchRefused(CallRefused):
+    """A whole batch refused."""
 
 
 @dataclass(frozen=True)
