@@ -18,14 +18,12 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from fabricprobe.collector.attribution.engines.vllm import (
     REQUEST_SPAN,
     laid_out,
-    served_model,
-    token_counts,
+    request_figures,
 )
 from fabricprobe.collector.attribution.spanattrs import (
     MAX_NAME,
     SpanError,
     int_attr,
-    num_attr,
     span_attributes,
     span_times,
     str_attr,
@@ -142,17 +140,7 @@ def _has_latency(attrs: dict[str, Any]) -> bool:
 
 
 def _request_from_attrs(rid: str, start: int, end: int, attrs: dict[str, Any]) -> RequestRecord:
-    out_tokens, in_tokens = token_counts(attrs)
-    return RequestRecord(
-        request_id=rid,
-        start_ns=start,
-        end_ns=end,
-        ttft_s=num_attr(attrs, "gen_ai.latency.time_to_first_token"),
-        e2e_s=num_attr(attrs, "gen_ai.latency.e2e"),
-        output_tokens=out_tokens,
-        prompt_tokens=in_tokens,
-        model=served_model(attrs),
-    )
+    return RequestRecord(request_id=rid, start_ns=start, end_ns=end, **request_figures(attrs))
 
 
 def parse_llm_request(span: trace_pb2.Span, attrs: dict[str, Any]) -> Parsed:
