@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -206,28 +207,27 @@ def workload(
         from fabricprobe.workload.spans import SpanSender
 
         sender = SpanSender(otlp)
+    cfg = WorkloadConfig(  # the same for each transport, on the responders' port
+        model=model,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        prefill_s_per_token=prefill_us_per_token * 1e-6,
+        decode_step_s=decode_ms_per_token * 1e-3,
+        requests=requests,
+        rate=rate,
+        concurrency=concurrency,
+        outstanding=outstanding,
+        seed=seed,
+    )
     results: list[RequestResult] = []
     try:
         with contextlib.ExitStack() as stack:
             if serve:
                 port = stack.enter_context(_local_responder(paths[0][1].address, port))
+            emit = (lambda r: sender.emit(r, model.name)) if sender else None
             for tr in transports:
-                cfg = WorkloadConfig(
-                    model=model,
-                    prompt_tokens=prompt_tokens,
-                    output_tokens=output_tokens,
-                    prefill_s_per_token=prefill_us_per_token * 1e-6,
-                    decode_step_s=decode_ms_per_token * 1e-3,
-                    requests=requests,
-                    rate=rate,
-                    concurrency=concurrency,
-                    transport=tr,
-                    outstanding=outstanding,
-                    port=port,
-                    seed=seed,
-                )
-                emit = (lambda r: sender.emit(r, model.name)) if sender else None
-                results += run_pipeline(paths, cfg, on_request=emit, router=router)
+                run = replace(cfg, transport=tr, port=port)
+                results += run_pipeline(paths, run, on_request=emit, router=router)
     except (ProbeError, OSError, ImportError) as e:
         fail(f"workload: {e}", 1)
     finally:
