@@ -119,18 +119,6 @@ class PathView:
     peak_bytes_per_second: float | None
 
     @property
-    def src(self) -> str:
-        return self.key.src
-
-    @property
-    def dst(self) -> str:
-        return self.key.dst
-
-    @property
-    def transport(self) -> str:
-        return self.key.transport
-
-    @property
     def rtt(self) -> MergedSketch | None:
         """The newest window's RTT sketch, None when the newest window held none."""
         sk = self.last_rtt
