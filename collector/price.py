@@ -100,7 +100,7 @@ def _newest(cands: Sequence[PathView]) -> PathView | None:
         return None
 
     def rank(v: PathView) -> tuple[int, int]:
-        t = v.transport
+        t = v.key.transport
         order = TRANSPORT_ORDER.index(t) if t in TRANSPORT_ORDER else len(TRANSPORT_ORDER)
         return (-order, v.last_end_ns)
 
@@ -134,12 +134,12 @@ def kv_price(
     bw_fwd: list[PathView] = []
     bw_rev: list[PathView] = []
     for v in store.pair_paths(src, dst):
-        if v.src == v.dst:
+        if v.key.src == v.key.dst:
             continue
         if v.rtt is not None and v.rtt.count:
             rtt.append(v)
         if v.last_bytes_per_second:
-            (bw_fwd if v.src == src else bw_rev).append(v)
+            (bw_fwd if v.key.src == src else bw_rev).append(v)
     got_rtt = _newest(rtt)
     got_bw = _newest(bw_fwd) or _newest(bw_rev)
     if got_rtt is None:
@@ -159,7 +159,7 @@ def kv_price(
     if p50_ns is None or p99_ns is None or not bps > 0:
         return unknown("the path's newest window holds no figures")
     rtt50, rtt99 = p50_ns / 1e9, p99_ns / 1e9
-    transport = got_rtt.transport
+    transport = got_rtt.key.transport
     return Price(
         src=src,
         dst=dst,

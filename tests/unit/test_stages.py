@@ -64,6 +64,7 @@ def test_vllm_llm_request_derives_stages_and_request_figures() -> None:
         (span("queue", S, 2 * S, **{"gen_ai.request.id": 7}), "must be a string"),
         (span("llm_request", S, 2 * S, **{"gen_ai.latency.e2e": "slow"}), "must be a number"),
         (span("llm_request", S, 2 * S, **{"gen_ai.latency.e2e": -1.0}), "non-negative"),
+        (span("llm_request", S, 2 * S, **{"gen_ai.latency.e2e": 2e5}), "implausible"),
         (
             span("kv_transfer", S, 2 * S, **{
                 "fabricprobe.src.host": "a", "fabricprobe.dst.host": "b",

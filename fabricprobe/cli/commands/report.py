@@ -15,6 +15,7 @@ from fabricprobe.cli.options import (
     collector_credential_options,
     collector_option,
     fail,
+    shown_option,
 )
 from fabricprobe.core.errors import ConfigError
 
@@ -35,12 +36,12 @@ Examples:
 @click.option(
     "--prometheus", metavar="URL", default="", help="Prometheus HTTP API, for RTT over time."
 )
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="fabricprobe-report",
-              show_default=True, help="Folder for report.html and its PNGs.")  # fmt: skip
-@click.option("--window", "window_s", type=click.FloatRange(1, 7 * 86400), default=600.0,
-              show_default=True, help="Seconds back: requests, RTT over time.")  # fmt: skip
-@click.option("--timeout", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
-              help="Seconds the sources may take in all (/metrics, Why, Prometheus).")  # fmt: skip
+@shown_option("--out", click.Path(file_okay=False), "fabricprobe-report",
+              "Folder for report.html and its PNGs.", dest="out_dir")  # fmt: skip
+@shown_option("--window", click.FloatRange(1, 7 * 86400), 600.0,
+              "Seconds back: requests, RTT over time.", dest="window_s")  # fmt: skip
+@shown_option("--timeout", click.FloatRange(0.1, 3600), 30.0,
+              "Seconds the sources may take in all (/metrics, Why, Prometheus).")  # fmt: skip
 @click.option("--metrics-auth-file", type=click.Path(dir_okay=False),
               help="USER:PASSWORD for /metrics behind a web config (https only).")  # fmt: skip
 @collector_credential_options("File holding a token the collector knows (Rtt, Why).")
