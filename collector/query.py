@@ -29,6 +29,7 @@ from fabricprobe.collector.price import (
     kv_price,
 )
 from fabricprobe.collector.rttquery import check_rtt, ranked_rtt, rtt_reply
+from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
@@ -214,6 +215,15 @@ class QueryServicer(pb_grpc.QueryServicer):
             reply.rtt.extend(ranked_rtt(self.attribution.store, reply.paths))
         return reply
 
+    def _store(self, context: grpc.ServicerContext, what: str) -> WindowStore:
+        """The window store WHAT reads, or the call ends UNIMPLEMENTED: a collector made
+        without one (an attribution over spans alone) keeps no paths."""
+        store = self.attribution.store
+        if store is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what}: this collector keeps no paths")
+            raise AssertionError("context.abort returned")  # pragma: no cover
+        return store
+
     def Rtt(self, request: pb.RttRequest, context: grpc.ServicerContext) -> pb.RttReply:
         """Each path's RTT distribution since its first window (collector/rttquery.py)."""
         try:
@@ -221,11 +231,7 @@ class QueryServicer(pb_grpc.QueryServicer):
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rtt: {e}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
-        store = self.attribution.store
-        if store is None:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "rtt: this collector keeps no paths")
-            raise AssertionError("context.abort returned")  # pragma: no cover
-        return rtt_reply(store, ask)
+        return rtt_reply(self._store(context, "rtt"), ask)
 
     def KvCost(self, request: pb.KvCostRequest, context: grpc.ServicerContext) -> pb.KvCostReply:
         """The fabric's price of REQUEST.bytes from src to dst now (collector/price.py)."""
@@ -239,11 +245,7 @@ class QueryServicer(pb_grpc.QueryServicer):
             self.price_answers.count("refused")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kv cost: {e}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
-        store = self.attribution.store
-        if store is None:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "kv cost: this collector keeps no paths")
-            raise AssertionError("context.abort returned")  # pragma: no cover
-        got = kv_price(store, src, dst, nbytes, cfg=self.price)
+        got = kv_price(self._store(context, "kv cost"), src, dst, nbytes, cfg=self.price)
         self.price_answers.count("known" if got.known else "unknown")
         return got.reply()
 

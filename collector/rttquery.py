@@ -108,6 +108,10 @@ def _read(store: WindowStore, keys: list[PathKey], max_buckets: int = 0) -> list
     return out
 
 
+def _key(m: pb.PathRtt) -> PathKey:
+    return PathKey(m.src, m.dst, m.transport, m.op, m.size)
+
+
 def rtt_reply(store: WindowStore, ask: RttAsk) -> pb.RttReply:
     """Every path's distribution matching ASK, the slowest first, within its bounds."""
     with store.lock:
@@ -115,7 +119,7 @@ def rtt_reply(store: WindowStore, ask: RttAsk) -> pb.RttReply:
         keys = [
             k
             for k in store.paths
-            if (not ask.src or k[0] == ask.src) and (not ask.dst or k[1] == ask.dst)
+            if (not ask.src or k.src == ask.src) and (not ask.dst or k.dst == ask.dst)
         ]
     read = _read(store, keys)
     reply = pb.RttReply(now_ns=now)
@@ -125,14 +129,9 @@ def rtt_reply(store: WindowStore, ask: RttAsk) -> pb.RttReply:
         kept = got[: ask.max_paths]
         # the first cdf_paths again with their buckets, read anew so that the figures and
         # the CDF come from the same moment
-        first = [(m.src, m.dst, m.transport, m.op, m.size) for m in kept[: ask.cdf_paths]]
-        again = {
-            (m.src, m.dst, m.transport, m.op, m.size): m
-            for m in _read(store, first, ask.max_buckets)
-        }
-        getattr(reply, field).extend(
-            again.get((m.src, m.dst, m.transport, m.op, m.size), m) for m in kept
-        )
+        first = [_key(m) for m in kept[: ask.cdf_paths]]
+        again = {_key(m): m for m in _read(store, first, ask.max_buckets)}
+        getattr(reply, field).extend(again.get(_key(m), m) for m in kept)
     return reply
 
 
@@ -141,5 +140,5 @@ def ranked_rtt(store: WindowStore, ranked: Iterable[pb.PathRank]) -> list[pb.Pat
     transport), for a Why reply: at most MAX_RANKED paths."""
     wanted = {(r.src, r.dst, r.transport) for r in list(ranked)[:MAX_RANKED]}
     keys = store.paths_of_pairs({host_pair(s, d) for s, d, _ in wanted})
-    keys = [k for k in keys if (k[0], k[1], k[2]) in wanted]
+    keys = [k for k in keys if (k.src, k.dst, k.transport) in wanted]
     return _read(store, keys[:MAX_RANKED])

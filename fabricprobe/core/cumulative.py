@@ -34,7 +34,7 @@ from fabricprobe.core.nativehist import (
     native_buckets,
 )
 from fabricprobe.core.sketchwire import MergedSketch, slot_value_ns
-from fabricprobe.core.stats import Exact, Kind, merge_exact
+from fabricprobe.core.stats import Exact, Kind, checked_percentiles, merge_exact
 
 # RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
 # soft-RoCE loopback (tens of µs), a real RoCE fabric (a few µs) and a congested
@@ -114,9 +114,7 @@ class CumulativeSketch(Exact):
         [min, max]. None when empty. The merged sketch's own percentile lies in the same
         bucket (each slot is counted whole in the bucket of its highest value), so this
         is within half a bucket of it: a factor 2^(2^-SCHEMA / 2), 0.54 % at schema 6."""
-        for p in ps:
-            if not 0.0 <= p <= 100.0:
-                raise ValueError(f"percentile {p} outside 0..100")
+        ps = checked_percentiles(ps)
         if not self.count:
             return [None] * len(ps)
         assert self.min_ns is not None and self.max_ns is not None
