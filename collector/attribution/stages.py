@@ -33,6 +33,9 @@ from fabricprobe.collector.attribution.spanattrs import (
 STAGES: tuple[str, ...] = ("queue", "prefill", "kv_transfer", "decode", "detokenize", "deliver")
 FABRIC_STAGES = frozenset({"kv_transfer"})
 TRANSPORTS = frozenset({"rdma", "tcp"})
+# a KV transfer's round trips as its span gives them: one per layer of the deepest model
+# a few times over is plenty; more is a bad span
+MAX_ROUND_TRIPS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class StageRecord:
     dst_device: str = ""
     transport: str = ""
     bytes: int = 0
+    round_trips: int = 0  # the transfer protocol's, where the span says (0: not said)
     derived: bool = False  # computed from an llm_request span, not measured as a span
 
     @property
@@ -128,6 +132,9 @@ def _path(stage: str, attrs: dict[str, Any]) -> dict[str, Any]:
     src, dst = str_attr(attrs, "fabricprobe.src.host"), str_attr(attrs, "fabricprobe.dst.host")
     if stage in FABRIC_STAGES and not (src and dst):
         raise SpanError(f"{stage} span without fabricprobe.src.host and fabricprobe.dst.host")
+    round_trips = int_attr(attrs, "fabricprobe.round_trips") or 0
+    if not 0 <= round_trips <= MAX_ROUND_TRIPS:
+        raise SpanError(f"fabricprobe.round_trips = {round_trips} outside 0..{MAX_ROUND_TRIPS}")
     return {
         "src": src,
         "dst": dst,
@@ -135,6 +142,7 @@ def _path(stage: str, attrs: dict[str, Any]) -> dict[str, Any]:
         "dst_device": str_attr(attrs, "fabricprobe.dst.device"),
         "transport": transport,
         "bytes": int_attr(attrs, "fabricprobe.bytes") or 0,
+        "round_trips": round_trips,
     }
 
 
