@@ -20,36 +20,22 @@ the ratio of the two routes, measured side by side in one run, means anything):
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
+from contextlib import closing
 
-from fabricprobe.agent.agent import Agent
-from fabricprobe.agent.config import AgentConfig
+from lanefleet import lane_hosts, probing_fleet, workload_host
+
 from fabricprobe.cli import netem
 from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.collector.assign import PlanConfig
-from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.responder import Responder
-from fabricprobe.workload.pipeline import Host, RequestResult, WorkloadConfig, run_pipeline
+from fabricprobe.workload.pipeline import RequestResult, WorkloadConfig, run_pipeline
 from fabricprobe.workload.price import KvCost, PriceClient
 from fabricprobe.workload.route import FabricRouter, RoundRobin
-
-
-def lane_hosts() -> list[dict[str, object]]:
-    path = os.environ.get("LANE_FILE")
-    if not path or not Path(path).is_file():
-        sys.exit("no soft-RoCE lane: run this through lane/run.sh --hosts 3")
-    hosts: list[dict[str, object]] = json.loads(Path(path).read_text())["hosts"]
-    if len(hosts) < 3:
-        sys.exit(f"the lane must have at least 3 hosts, it has {len(hosts)}")
-    return hosts[:3]
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -87,59 +73,29 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    lane = lane_hosts()
-    h0, h1, h2 = (Host(str(h["name"]), str(h["ip"])) for h in lane)
-    prefill_netdev = str(lane[0]["netdev"])
+    lane = lane_hosts(3)
+    h0, h1, h2 = (workload_host(h) for h in lane)
     # a burst per target every 2 s: the price's RTT and bandwidth stay fresh while the
     # probes leave the emulated machine to the workload
     plan = PlanConfig(interval_ms=2000, count=10, budget=8, kinds=("rdma_rc_lat", "rdma_rc_bw"))
-    server = CollectorServer(
-        ServerConfig(
-            listen="127.0.0.1:0",
-            metrics_listen="",
-            grace=0.5,
-            api=ApiConfig(trust_local_registration=True, report_interval_ms=2000, plan=plan),
-        )
-    )
-    server.start()
-    spool = tempfile.mkdtemp(prefix="lane-route-")
-    agents = [
-        Agent(
-            AgentConfig(
-                host=str(h["name"]),
-                collector=f"127.0.0.1:{server.port}",
-                probe_listen=f"{h['ip']}:0",
-                addresses=[str(h["ip"])],
-                devices=[str(h["device"])],
-                spool_dir=f"{spool}/{h['name']}",
-                insecure=True,
-                window_s=2.0,
-                probe_timeout=2.0,
-                # three agents share one emulated machine: each would count the others'
-                # CPU as its own and throttle
-                cpu_budget=4.0,
-                pressure_limit=1.0,
-            )
-        )
-        for h in lane
-    ]
     model = PRESETS["Llama-3.1-8B"]
     nbytes = model.kv_bytes(args.prompt_tokens)
-    client = PriceClient(f"127.0.0.1:{server.port}", insecure=True, timeout_s=5.0)
     rows: dict[str, list[RequestResult]] = {"round-robin": [], "fabric": []}
     prices: list[str] = []
+    netem.impair(lane[0]["netdev"], h2.address, delay=args.delay)
     try:
-        netem.impair(prefill_netdev, h2.address, delay=args.delay)
-        for a in agents:
-            a.start()
-        t0 = time.monotonic()
-        costs = wait_priced(client, h0.name, [h1.name, h2.name], nbytes, args.warmup_s)
-        print(f"priced after {time.monotonic() - t0:.0f} s")
-        with Responder("0.0.0.0", 0, sessions=served_sessions(), auth=None) as responder:
+        with (
+            probing_fleet(lane, plan) as server,
+            closing(PriceClient(f"127.0.0.1:{server.port}", insecure=True, timeout_s=5.0)) as pc,
+            Responder("0.0.0.0", 0, sessions=served_sessions(), auth=None) as responder,
+        ):
+            t0 = time.monotonic()
+            wait_priced(pc, h0.name, [h1.name, h2.name], nbytes, args.warmup_s)
+            print(f"priced after {time.monotonic() - t0:.0f} s")
             paths = [(h0, h1), (h0, h2)]
             for r in range(args.rounds):
                 for route in ("round-robin", "fabric"):
-                    costs = {d.name: client.cost(h0.name, d.name, nbytes) for _, d in paths}
+                    costs = {d.name: pc.cost(h0.name, d.name, nbytes) for _, d in paths}
                     prices.append(
                         f"round {r + 1} {route:11}: "
                         + ", ".join(
@@ -149,7 +105,7 @@ def main() -> None:
                             for d, c in costs.items()
                         )
                     )
-                    router = FabricRouter(client.cost) if route == "fabric" else RoundRobin()
+                    router = FabricRouter(pc.cost) if route == "fabric" else RoundRobin()
                     cfg = WorkloadConfig(
                         model=model,
                         prompt_tokens=args.prompt_tokens,
@@ -164,11 +120,7 @@ def main() -> None:
                     )
                     rows[route] += run_pipeline(paths, cfg, router=router)
     finally:
-        netem.clear(prefill_netdev)
-        client.close()
-        for a in agents:
-            a.close()
-        server.stop(0)
+        netem.clear(lane[0]["netdev"])
 
     print("\n".join(prices))
     print(
