@@ -94,15 +94,18 @@ def check_bytes(value: object, cfg: PriceConfig = PriceConfig()) -> int:
     return value
 
 
-def _newest(cands: Sequence[PathView]) -> PathView | None:
-    """The candidate of the best transport (TRANSPORT_ORDER), newest within it."""
+def _newest(cands: Sequence[PathView], *, smallest: bool) -> PathView | None:
+    """The candidate of the best transport (TRANSPORT_ORDER), then of the smallest probe
+    size (SMALLEST: an RTT, whose larger sizes add their own serialization) or the
+    largest (a bandwidth, which small messages hold to their message rate), newest
+    within it."""
     if not cands:
         return None
 
-    def rank(v: PathView) -> tuple[int, int]:
+    def rank(v: PathView) -> tuple[int, int, int]:
         t = v.key.transport
         order = TRANSPORT_ORDER.index(t) if t in TRANSPORT_ORDER else len(TRANSPORT_ORDER)
-        return (-order, v.last_end_ns)
+        return (-order, -v.key.size if smallest else v.key.size, v.last_end_ns)
 
     return max(cands, key=rank)
 
@@ -117,10 +120,10 @@ def kv_price(
     cfg: PriceConfig = PriceConfig(),
 ) -> Price:
     """The price of moving NBYTES from SRC to DST now (arguments checked by the caller:
-    check_host, check_bytes). The path's RTT comes from its newest latency window (either
-    direction: a round trip crosses both), its bandwidth from its newest throughput
-    window (the direction the bytes flow first), at the highest throughput that path's
-    windows measured; either missing or older than
+    check_host, check_bytes). The path's RTT comes from its newest latency window of the
+    smallest probe size (either direction: a round trip crosses both), its bandwidth
+    from its newest throughput window of the largest size (the direction the bytes flow
+    first), at the highest throughput that path's windows measured; either missing or older than
     cfg.max_age_s makes the price unknown."""
 
     def unknown(reason: str, age_s: float | None = None) -> Price:
@@ -140,8 +143,8 @@ def kv_price(
             rtt.append(v)
         if v.last_bytes_per_second:
             (bw_fwd if v.key.src == src else bw_rev).append(v)
-    got_rtt = _newest(rtt)
-    got_bw = _newest(bw_fwd) or _newest(bw_rev)
+    got_rtt = _newest(rtt, smallest=True)
+    got_bw = _newest(bw_fwd, smallest=False) or _newest(bw_rev, smallest=False)
     if got_rtt is None:
         return unknown(f"no RTT probes between {src} and {dst}")
     if got_bw is None:
