@@ -41,6 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from fabricprobe.agent.window import PathKey
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.errors import REFUSAL_REASONS, ParseError
 from fabricprobe.core.promproto import (
@@ -318,9 +319,6 @@ def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Famili
         by.add_metric([reason], float(a.sessions_refused_by_reason.get(reason, 0)))
 
 
-PathKey = tuple[str, str, str, int]  # dst, transport, op, size
-
-
 class RttTotals:
     """Every window's RTT sketch per target path since the agent started, merged: what
     the native histogram `fabricprobe_agent_rtt_seconds` serves (cumulative, as rate()
@@ -357,7 +355,7 @@ class RttTotals:
                     continue
                 if not sk.count:
                     continue
-                key = (w.dst, w.transport, w.op, w.size)
+                key = PathKey(w.dst, w.transport, w.op, w.size)
                 have = self.paths.pop(key, None)
                 if have is None:
                     if len(self.paths) >= self.MAX_PATHS:

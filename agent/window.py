@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fabricprobe.agent.probing import ProbeOutcome, ProbeSpec
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.core.stats import SlotTally
 
-PathKey = tuple[str, str, str, int]  # dst, transport, op, size
-ClassKey = tuple[str, str, str, int, int, int]  # ... and the source ports out and back
+
+class PathKey(NamedTuple):
+    """One path this host probes: the peer, and the probe's kind."""
+
+    dst: str
+    transport: str  # rdma, tcp
+    op: str
+    size: int  # bytes a message
+
+
+ClassKey = tuple[PathKey, int, int]  # the path, and the source ports out and back
 
 
 @dataclass
@@ -35,14 +45,14 @@ class WindowAggregator:
         self.bursts = 0
 
     def add(self, spec: ProbeSpec, outcome: ProbeOutcome) -> None:
-        key = (spec.dst, outcome.transport, outcome.op, spec.size)
+        key = PathKey(spec.dst, outcome.transport, outcome.op, spec.size)
         with self._lock:
             w = self._paths.get(key)
             if w is None:
                 w = self._paths[key] = _PathWindow()
             self._fold(w, outcome)
             if outcome.sport:
-                ck = (*key, outcome.sport, outcome.return_sport)
+                ck = (key, outcome.sport, outcome.return_sport)
                 c = self._classes.get(ck)
                 if c is None:
                     c = self._classes[ck] = _PathWindow()
@@ -75,8 +85,8 @@ class WindowAggregator:
             classes, self._classes = self._classes, {}
         pairs = [_message(k, w) for k, w in sorted(paths.items())]
         per_class = []
-        for (dst, transport, op, size, sport, back), w in sorted(classes.items()):
-            m = _message((dst, transport, op, size), w)
+        for (path, sport, back), w in sorted(classes.items()):
+            m = _message(path, w)
             m.sport, m.return_sport = sport, back
             per_class.append(m)
         return pairs, per_class

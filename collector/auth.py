@@ -40,6 +40,7 @@ from typing import Any, NamedTuple, Protocol
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
+from fabricprobe.core.errors import CallRefused
 from fabricprobe.core.web import Caller, Refused, cert_names
 
 TOKEN_HEADER = "authorization"
@@ -50,12 +51,8 @@ OPEN = "open"  # a service anyone may call (still rate- and stream-limited by ad
 MIN_TOKEN = 16
 
 
-class AuthError(Exception):
-    """A call that may not go on; `code` is the gRPC status to end it with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class AuthError(CallRefused):
+    """A call the authentication layer refuses."""
 
 
 @dataclass(frozen=True)
@@ -247,18 +244,13 @@ class MutualTls:
 
     def __init__(
         self,
-        cert: bytes,
-        key: bytes,
-        client_ca: bytes,
-        *,
-        readers: frozenset[str] = frozenset(),
-        ingest: frozenset[str] = frozenset(),
+        credentials: grpc.ServerCredentials,
+        http_tls: ssl.SSLContext,
+        readers: frozenset[str],
+        ingest: frozenset[str],
     ) -> None:
-        self.credentials = grpc.ssl_server_credentials(
-            [(key, cert)], root_certificates=client_ca, require_client_auth=True
-        )
+        self.credentials, self.http_tls = credentials, http_tls
         self.readers, self.ingest = readers, ingest
-        self.http_tls: ssl.SSLContext | None = None  # from_files sets it
 
     @classmethod
     def from_files(
@@ -270,15 +262,12 @@ class MutualTls:
         readers: frozenset[str] = frozenset(),
         ingest: frozenset[str] = frozenset(),
     ) -> MutualTls:
-        made = cls(
-            Path(cert).read_bytes(),
-            Path(key).read_bytes(),
-            Path(client_ca).read_bytes(),
-            readers=readers,
-            ingest=ingest,
+        """TLS of the PEM files CERT, KEY and CLIENT_CA, for gRPC and for HTTP alike."""
+        cert_pem, key_pem, ca_pem = (Path(f).read_bytes() for f in (cert, key, client_ca))
+        credentials = grpc.ssl_server_credentials(
+            [(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=True
         )
-        made.http_tls = server_ssl(cert, key, client_ca)
-        return made
+        return cls(credentials, server_ssl(cert, key, client_ca), readers, ingest)
 
     def add_port(self, server: grpc.Server, address: str) -> int:
         return int(server.add_secure_port(address, self.credentials))

@@ -238,7 +238,7 @@ class DetailSelector:
         path_keys = paths.kept
         host_cands = [(h, "alert") for h in alert_hosts]
         for key in path_keys:
-            host_cands += [(key[0], "path"), (key[1], "path")]
+            host_cands += [(key.src, "path"), (key.dst, "path")]
         hosts = choose(host_cands, self._held_hosts, now_ns, hold_ns, cfg.max_hosts, fill=all_hosts)
         tors = self._tor_pairs(tor_acc, now_ns, hold_ns)
         for kind, got in (("path", paths), ("host", hosts)):

@@ -27,7 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -63,6 +63,9 @@ class Verdict:
 
 @dataclass(frozen=True)
 class HostVerdicts:
+    """One host's newest check report, checked (verdicts_of): its verdicts, the policy
+    they were judged by, when they were taken and when the collector got them."""
+
     host: str
     taken_unix_ns: int
     policy: str
@@ -366,22 +369,7 @@ class DriftBook:
         ]
         registered = set(self.store.host_names())
         msg = pb.DriftReply(hosts_without_checks=len(registered - set(members)))
-        for d in rows:
-            msg.drift.append(
-                pb.DriftRow(
-                    host=d.host,
-                    group_by=d.group_by,
-                    group=d.group,
-                    check=d.check,
-                    value=d.value,
-                    peers_value=d.peers_value,
-                    peers_agree=d.peers_agree,
-                    group_size=d.group_size,
-                    ports=d.ports,
-                    waived=d.waived,
-                    waiver=d.waiver,
-                )
-            )
+        msg.drift.extend(pb.DriftRow(**asdict(d)) for d in rows)  # the same fields
         for h, m in sorted(members.items()):
             if host and h != host:
                 continue

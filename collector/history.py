@@ -183,7 +183,7 @@ class FabricHistory:
         windows = [
             (k, sk)
             for k, sk in windows
-            if host_pair(k[0], k[1]) in pairs or (k[0] == k[1] and k[0] in hosts)
+            if host_pair(k.src, k.dst) in pairs or (k.src == k.dst and k.src in hosts)
         ]
         if rates and rates[0][0].src not in self.hosts:
             rates = nixl  # one report, one host

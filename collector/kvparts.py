@@ -5,11 +5,12 @@ the engine's. Pure pandas over the joined KV frame (collector/attribution/join.p
   (vLLM: the decode side's time_in_queue, which holds NIXL's transfer, its notification
   and the scheduler's polling; SGLang: decode_transferred; a measured span: its length).
 - `fabric_s`: what the path explains at that time for the bytes moved, from the path's
-  figures the join matched in time: the round trips the transfer protocol needs
-  (`PROTOCOL_RTTS`) at the path's median RTT (the hosts' own delay taken out), the bytes
-  at the path's measured bandwidth, the retransmits its probe loss predicts, and the
-  time PFC pauses held the link while the bytes were on it. Estimated, never measured:
-  `fabric_source` says from what.
+  figures the join matched in time: the round trips the transfer protocol needs (the
+  span's `fabricprobe.round_trips` where it says, `PROTOCOL_RTTS` otherwise; with the
+  span's, `fabric_source` ends in `;round-trips=span`) at the path's median RTT (the
+  hosts' own delay taken out), the bytes at the path's measured bandwidth, the
+  retransmits its probe loss predicts, and the time PFC pauses held the link while the
+  bytes were on it. Estimated, never measured: `fabric_source` says from what.
 - `transfer_stack_s`: the transfer library's own measured time beyond fabric_s: NIXL's
   mean seconds per transfer on the decode host over the counter window the transfer ran
   in, less fabric_s (`transfer_stack_source` "nixl-host-rate"; "" when NIXL's telemetry
@@ -95,7 +96,9 @@ def split_parts(kv: pd.DataFrame) -> pd.DataFrame:
         return kv.assign(**{c: pd.Series(dtype=object) for c in PART_COLUMNS})
     wait = _col(kv, "duration_s")
     nbytes, source = kv_bytes(kv)
-    rtts = protocol_rtts(kv["transport"])
+    # the round trips the span says its transfer waited for, else its protocol's count
+    said = _col(kv, "round_trips").where(lambda n: n > 0)
+    rtts = said.fillna(protocol_rtts(kv["transport"]).astype(float))
     # the path's RTT without the hosts' own delay, where the join could take it out
     rtt = _col(kv, "rtt_p50_net_s").fillna(_col(kv, "rtt_p50_s"))
     bw = _col(kv, "bandwidth_bytes_per_s").where(lambda b: b > 0)
@@ -121,7 +124,7 @@ def split_parts(kv: pd.DataFrame) -> pd.DataFrame:
             "",
         ),
         index=kv.index,
-    )
+    ).where(~(fabric.notna() & said.notna()), lambda f: f + ";round-trips=span")
     # NIXL's own time per transfer on the host, beyond what the fabric explains, and no
     # more than the wait left after the fabric
     lib = _col(kv, "nixl_mean_xfer_s")

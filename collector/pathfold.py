@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from fabricprobe.collector.pathtable import PathKey
+
 TorKey = tuple[str, str, str]  # src_tor, dst_tor, transport
-PathKey = tuple[str, str, str, str, int]  # src, dst, transport, op, size
 Class = tuple[str, str, int]  # transport, op, size
 
 
@@ -88,14 +89,14 @@ def fold(
             continue
         out.ranked += 1
         p99, loss = v.last_p99_ns, v.last_loss
-        src, dst = key[0], key[1]
+        src, dst = key.src, key.dst
         st = tors.get(src)
         if st is None:
             st = tors[src] = tor_of(src)
         dt = tors.get(dst)
         if dt is None:
             dt = tors[dst] = tor_of(dst)
-        tk = (st, dt, key[2])
+        tk = (st, dt, key.transport)
         acc = out.tor.get(tk)
         if acc is None:
             acc = out.tor[tk] = [0, 0, 0, v.seq]
@@ -114,7 +115,7 @@ def fold(
         if p99 > acc[0]:
             acc[0] = p99
         if k:
-            worst.setdefault((key[2], key[3], key[4]), []).append((p99, key))
+            worst.setdefault((key.transport, key.op, key.size), []).append((p99, key))
         if loss > cfg.loss_alert or (
             v.p99_windows >= cfg.min_windows and p99 > cfg.tail_factor * v.p99_ewma
         ):
@@ -174,7 +175,7 @@ class PathFold:
         for h in hosts:
             self.relabel(h, paths)
         gone = set(keys)
-        for src in {k[0] for k in gone}:
+        for src in {k.src for k in gone}:
             held = self.hosts.get(src)
             if held is None:
                 continue
@@ -200,7 +201,7 @@ class PathFold:
         """Fold what the store holds already (a fold that starts on a store in use)."""
         groups: dict[tuple[str, int], list[PathKey]] = {}
         for key, v in paths.items():
-            groups.setdefault((key[0], v.touched_ns), []).append(key)
+            groups.setdefault((key.src, v.touched_ns), []).append(key)
         self.hosts = {}
         for (src, touched), keys in groups.items():
             got = fold(touched, ((k, paths[k]) for k in keys), self.tor_of, self.cfg)

@@ -12,13 +12,24 @@ import math
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fabricprobe.collector.hosttable import HostState
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.cumulative import CumulativeSketch
 from fabricprobe.core.sketchwire import MergedSketch
 
-PathKey = tuple[str, str, str, str, int]  # src, dst, transport, op, size
+
+class PathKey(NamedTuple):
+    """One probed path: the prober's host, its peer, and the probe's kind."""
+
+    src: str
+    dst: str
+    transport: str  # rdma, tcp
+    op: str
+    size: int  # bytes a message
+
+
 FleetClass = tuple[str, str, int]  # transport, op, size
 
 MAX_PATHS_PER_HOST = 4096  # new paths beyond it are dropped and counted; idle ones expire
@@ -61,6 +72,7 @@ class PathStats:
     # changed once taken, like last_rtt)
     last_prober_delay: MergedSketch | None = None
     seq: int = 0  # the store's order: paths made earlier have lower numbers
+    first_ns: int = 0  # collector clock when its first window arrived (`rtt` counts from it)
 
     @property
     def last_prober_delay_ns(self) -> int | None:
@@ -108,18 +120,6 @@ class PathView:
     peak_bytes_per_second: float | None
 
     @property
-    def src(self) -> str:
-        return self.key[0]
-
-    @property
-    def dst(self) -> str:
-        return self.key[1]
-
-    @property
-    def transport(self) -> str:
-        return self.key[2]
-
-    @property
     def rtt(self) -> MergedSketch | None:
         """The newest window's RTT sketch, None when the newest window held none."""
         sk = self.last_rtt
@@ -157,7 +157,7 @@ class PathTable:
     ) -> PathKey | None:
         """Fold one probe window of STATE's host in; its path, None when it was dropped."""
         src = state.info.host
-        key: PathKey = (src, w.dst, w.transport, w.op, int(w.size))
+        key = PathKey(src, w.dst, w.transport, w.op, int(w.size))
         if w.bytes_moved and not bandwidth_ok(w.bytes_moved, w.busy_seconds):
             self.drops["value"] += 1
             return None
@@ -166,7 +166,7 @@ class PathTable:
             if state.paths >= self.max_per_host:
                 self.drops["path"] += 1
                 return None
-            stats = self.by_key[key] = PathStats(seq=self._seq)
+            stats = self.by_key[key] = PathStats(seq=self._seq, first_ns=now)
             self._seq += 1
             state.paths += 1
             self.by_pair.setdefault(host_pair(src, w.dst), []).append(key)
@@ -210,12 +210,12 @@ class PathTable:
     ) -> list[PathKey]:
         """Drop the paths of the DEAD hosts, and those no window touched since IDLE_NS (a
         host that probes new peers does not pile up old ones); the paths dropped."""
-        old = [k for k, v in self.by_key.items() if k[0] in dead or v.touched_ns < idle_ns]
+        old = [k for k, v in self.by_key.items() if k.src in dead or v.touched_ns < idle_ns]
         if not old:
             return old
         for k in old:
             del self.by_key[k]
-            if (h := hosts.get(k[0])) is not None:
+            if (h := hosts.get(k.src)) is not None:
                 h.paths -= 1
         gone = set(old)
         self.by_pair = {

@@ -94,15 +94,18 @@ def check_bytes(value: object, cfg: PriceConfig = PriceConfig()) -> int:
     return value
 
 
-def _newest(cands: Sequence[PathView]) -> PathView | None:
-    """The candidate of the best transport (TRANSPORT_ORDER), newest within it."""
+def _newest(cands: Sequence[PathView], *, smallest: bool) -> PathView | None:
+    """The candidate of the best transport (TRANSPORT_ORDER), then of the smallest probe
+    size (SMALLEST: an RTT, whose larger sizes add their own serialization) or the
+    largest (a bandwidth, which small messages hold to their message rate), newest
+    within it."""
     if not cands:
         return None
 
-    def rank(v: PathView) -> tuple[int, int]:
-        t = v.transport
+    def rank(v: PathView) -> tuple[int, int, int]:
+        t = v.key.transport
         order = TRANSPORT_ORDER.index(t) if t in TRANSPORT_ORDER else len(TRANSPORT_ORDER)
-        return (-order, v.last_end_ns)
+        return (-order, -v.key.size if smallest else v.key.size, v.last_end_ns)
 
     return max(cands, key=rank)
 
@@ -118,12 +121,12 @@ def kv_price(
     views: list[PathView] | None = None,
 ) -> Price:
     """The price of moving NBYTES from SRC to DST now (arguments checked by the caller:
-    check_host, check_bytes). The path's RTT comes from its newest latency window (either
-    direction: a round trip crosses both), its bandwidth from its newest throughput
-    window (the direction the bytes flow first), at the highest throughput that path's
-    windows measured; either missing or older than
-    cfg.max_age_s makes the price unknown. VIEWS: the pair's paths (store.pair_paths),
-    when the caller has them and knows both hosts are registered."""
+    check_host, check_bytes). The path's RTT comes from its newest latency window of the
+    smallest probe size (either direction: a round trip crosses both), its bandwidth
+    from its newest throughput window of the largest size (the direction the bytes flow
+    first), at the highest throughput that path's windows measured; either missing or
+    older than cfg.max_age_s makes the price unknown. VIEWS: the pair's paths
+    (store.pair_paths), when the caller has them and knows both hosts are registered."""
 
     def unknown(reason: str, age_s: float | None = None) -> Price:
         return Price(src, dst, nbytes, known=False, reason=reason, age_s=age_s)
@@ -138,14 +141,14 @@ def kv_price(
     bw_fwd: list[PathView] = []
     bw_rev: list[PathView] = []
     for v in views:
-        if v.src == v.dst:
+        if v.key.src == v.key.dst:
             continue
         if v.rtt is not None and v.rtt.count:
             rtt.append(v)
         if v.last_bytes_per_second:
-            (bw_fwd if v.src == src else bw_rev).append(v)
-    got_rtt = _newest(rtt)
-    got_bw = _newest(bw_fwd) or _newest(bw_rev)
+            (bw_fwd if v.key.src == src else bw_rev).append(v)
+    got_rtt = _newest(rtt, smallest=True)
+    got_bw = _newest(bw_fwd, smallest=False) or _newest(bw_rev, smallest=False)
     if got_rtt is None:
         return unknown(f"no RTT probes between {src} and {dst}")
     if got_bw is None:
@@ -163,7 +166,7 @@ def kv_price(
     if p50_ns is None or p99_ns is None or not bps > 0:
         return unknown("the path's newest window holds no figures")
     rtt50, rtt99 = p50_ns / 1e9, p99_ns / 1e9
-    transport = got_rtt.transport
+    transport = got_rtt.key.transport
     return Price(
         src=src,
         dst=dst,
@@ -269,7 +272,7 @@ def tor_prices(
         tors = (ta, tb) if ta is not None and tb is not None else None
         views = store.pair_paths(a, b) if tors else []
         # no throughput window between them: no price (the reason is not shown here)
-        priced = any(v.last_bytes_per_second and v.src != v.dst for v in views)
+        priced = any(v.last_bytes_per_second and v.key.src != v.key.dst for v in views)
         p = kv_price(store, a, b, nbytes, now_ns=now, cfg=cfg, views=views) if priced else None
         if p is None or not p.known or p.p50_s is None or p.p99_s is None:
             unknown += 1

@@ -1,5 +1,6 @@
-"""The Query service: `probe why` as a typed RPC over the attribution analysis, and the
-fabric's price of a KV transfer (`probe cost`, collector/price.py).
+"""The Query service: `probe why` as a typed RPC over the attribution analysis, the
+fabric's price of a KV transfer (`probe cost`, collector/price.py) and each path's whole
+RTT distribution (`probe report`, collector/rttquery.py).
 
 `why_reply()` turns one Analysis into a WhyReply (pure; tests call it bare);
 `QueryServicer` is its gRPC edge. Who may call it is decided by the server's one
@@ -9,7 +10,7 @@ authentication layer (collector/auth.py), not here.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import pandas as pd
@@ -27,10 +28,14 @@ from fabricprobe.collector.price import (
     check_host,
     kv_price,
 )
+from fabricprobe.collector.rttquery import check_rtt, ranked_rtt, rtt_reply
+from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
 MAX_WHY = 200
+M = TypeVar("M", pb.SlowRequest, pb.PathRank)
+Names = tuple[str, ...]
 SORT_KEYS = ("e2e_s", "ttft_s", "kv_transfer_s", "itl_s", "kv_wait_s", "fabric_s")
 MAX_WINDOW_S = 86_400.0
 _REQUEST_FLOATS = (
@@ -39,11 +44,18 @@ _REQUEST_FLOATS = (
     "rtt_p99_s", "loss_ratio", "host_delay_s", "kv_wait_s", "fabric_s", "transfer_stack_s",
     "engine_wait_s", "over_explained_s", "kv_share_ttft", "kv_share_e2e",
 )  # fmt: skip
-_REQUEST_TEXTS = ("fabric_source", "transfer_stack_source", "kv_bytes_source")
+_REQUEST_TEXTS = (
+    "request_id", "src", "dst", "transport", "path_reason", "engine", "kv_source",
+    "fabric_source", "transfer_stack_source", "kv_bytes_source",
+)  # fmt: skip
+_REQUEST_COUNTS = ("fabric_windows", "output_tokens", "kv_bytes")
 _PATH_FLOATS = (
     "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio",
     "congestion_per_s", "explained_s", "host_delay_s",
 )  # fmt: skip
+_PATH_TEXTS = ("src", "dst", "transport")
+_PATH_COUNTS = ("rank", "transfers")
+_PATH_FLAGS = ("fabric_bound", "fabric_fault", "host_bound")
 
 
 def _finite(v: Any) -> float | None:
@@ -64,26 +76,23 @@ def _text(v: Any) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
-def _slow_request(row: dict[str, Any]) -> pb.SlowRequest:
-    msg = pb.SlowRequest(
-        request_id=_text(row.get("request_id")),
-        src=_text(row.get("src")),
-        dst=_text(row.get("dst")),
-        transport=_text(row.get("transport")),
-        fabric_windows=_count(row.get("fabric_windows")) or 0,
-        path_reason=_text(row.get("path_reason")),
-        engine=_text(row.get("engine")),
-        kv_source=_text(row.get("kv_source")),
-        host_bound=_finite(row.get("host_bound")) == 1.0,
-    )
-    for text in _REQUEST_TEXTS:
-        setattr(msg, text, _text(row.get(text)))
-    for name in _REQUEST_FLOATS:
-        if (f := _finite(row.get(name))) is not None:
-            setattr(msg, name, f)
-    for name in ("output_tokens", "kv_bytes"):
+def _filled(msg: M, row: dict[str, Any], texts: Names, counts: Names, floats: Names) -> M:
+    """MSG with ROW's TEXTS, and those of its COUNTS and FLOATS that are figures (a figure
+    that is not stays absent: 0 for a field that has no presence)."""
+    for name in texts:
+        setattr(msg, name, _text(row.get(name)))
+    for name in counts:
         if (n := _count(row.get(name))) is not None:
             setattr(msg, name, n)
+    for name in floats:
+        if (f := _finite(row.get(name))) is not None:
+            setattr(msg, name, f)
+    return msg
+
+
+def _slow_request(row: dict[str, Any]) -> pb.SlowRequest:
+    msg = pb.SlowRequest(host_bound=_finite(row.get("host_bound")) == 1.0)
+    _filled(msg, row, _REQUEST_TEXTS, _REQUEST_COUNTS, _REQUEST_FLOATS)
     for name in RATE_FIELDS:
         if (f := _finite(row.get(name))) is not None:
             msg.counter_rates[name] = f
@@ -91,19 +100,9 @@ def _slow_request(row: dict[str, Any]) -> pb.SlowRequest:
 
 
 def _path_rank(row: dict[str, Any]) -> pb.PathRank:
-    msg = pb.PathRank(
-        rank=_count(row.get("rank")) or 0,
-        src=_text(row.get("src")),
-        dst=_text(row.get("dst")),
-        transport=_text(row.get("transport")),
-        transfers=_count(row.get("transfers")) or 0,
-        fabric_bound=bool(row.get("fabric_bound")),
-        fabric_fault=bool(row.get("fabric_fault")),
-        host_bound=bool(row.get("host_bound")),
-    )
-    for name in _PATH_FLOATS:
-        if (f := _finite(row.get(name))) is not None:
-            setattr(msg, name, f)
+    msg = _filled(pb.PathRank(), row, _PATH_TEXTS, _PATH_COUNTS, _PATH_FLOATS)
+    for name in _PATH_FLAGS:
+        setattr(msg, name, bool(row.get(name)))
     return msg
 
 
@@ -211,7 +210,28 @@ class QueryServicer(pb_grpc.QueryServicer):
             self.attribution.cache.count_failure()
             context.abort(grpc.StatusCode.INTERNAL, f"why: the analysis failed: {e!s:.200}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
-        return why_reply(res, n, by)
+        reply = why_reply(res, n, by)
+        if self.attribution.store is not None:
+            reply.rtt.extend(ranked_rtt(self.attribution.store, reply.paths))
+        return reply
+
+    def _store(self, context: grpc.ServicerContext, what: str) -> WindowStore:
+        """The window store WHAT reads, or the call ends UNIMPLEMENTED: a collector made
+        without one (an attribution over spans alone) keeps no paths."""
+        store = self.attribution.store
+        if store is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what}: this collector keeps no paths")
+            raise AssertionError("context.abort returned")  # pragma: no cover
+        return store
+
+    def Rtt(self, request: pb.RttRequest, context: grpc.ServicerContext) -> pb.RttReply:
+        """Each path's RTT distribution since its first window (collector/rttquery.py)."""
+        try:
+            ask = check_rtt(request)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rtt: {e}")
+            raise AssertionError("context.abort returned") from None  # pragma: no cover
+        return rtt_reply(self._store(context, "rtt"), ask)
 
     def KvCost(self, request: pb.KvCostRequest, context: grpc.ServicerContext) -> pb.KvCostReply:
         """The fabric's price of REQUEST.bytes from src to dst now (collector/price.py)."""
@@ -225,11 +245,7 @@ class QueryServicer(pb_grpc.QueryServicer):
             self.price_answers.count("refused")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kv cost: {e}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
-        store = self.attribution.store
-        if store is None:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "kv cost: this collector keeps no paths")
-            raise AssertionError("context.abort returned")  # pragma: no cover
-        got = kv_price(store, src, dst, nbytes, cfg=self.price)
+        got = kv_price(self._store(context, "kv cost"), src, dst, nbytes, cfg=self.price)
         self.price_answers.count("known" if got.known else "unknown")
         return got.reply()
 

@@ -6,6 +6,7 @@ import bisect
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
@@ -82,35 +83,38 @@ class TimingInterceptor(grpc.ServerInterceptor):
             inner = handler.unary_unary
 
             def unary(request: Any, context: Any) -> Any:
-                t0 = time.perf_counter()
-                failed = True
-                try:
-                    resp = inner(request, context)
-                    failed = False
-                    return resp
-                finally:
-                    stats.observe(method, _code(context, failed), time.perf_counter() - t0)
+                with _timed(stats, method, context):
+                    return inner(request, context)
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            return _like(handler, grpc.unary_unary_rpc_method_handler, unary)
         if handler.stream_stream is not None:
             inner_stream = handler.stream_stream
 
             def stream(requests: Iterator[Any], context: Any) -> Iterator[Any]:
-                t0 = time.perf_counter()
-                failed = True
-                try:
+                with _timed(stats, method, context):
                     yield from inner_stream(requests, context)
-                    failed = False
-                finally:
-                    stats.observe(method, _code(context, failed), time.perf_counter() - t0)
 
-            return grpc.stream_stream_rpc_method_handler(
-                stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            return _like(handler, grpc.stream_stream_rpc_method_handler, stream)
         return handler
+
+
+@contextmanager
+def _timed(stats: RpcStats, method: str, context: Any) -> Iterator[None]:
+    """One call of METHOD, observed into STATS as it ends, however it ends."""
+    t0 = time.perf_counter()
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        stats.observe(method, _code(context, failed), time.perf_counter() - t0)
+
+
+def _like(handler: Any, make: Callable[..., Any], behaviour: Callable[..., Any]) -> Any:
+    """A method handler (MAKE: the grpc function of its kind) running BEHAVIOUR with
+    HANDLER's (de)serializers."""
+    return make(
+        behaviour,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )

@@ -293,7 +293,9 @@ class WindowStore:
         """Every NIXL counter's total, per host and engine."""
         with self.lock:
             held = self.counters.items()
-            return [NixlTotal(k[0], k[2], k[6], t.total) for k, t in held if k[1] == "nixl"]
+            return [
+                NixlTotal(k.src, k.device, k.name, t.total) for k, t in held if k.kind == "nixl"
+            ]
 
     def path_views(self) -> list[tuple[PathKey, PathStats]]:
         """Every path with its live stats, for the bounded export to rank without copying

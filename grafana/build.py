@@ -40,6 +40,8 @@ class Row:
 
 @dataclass(frozen=True)
 class Dashboard:
+    """One dashboard: its rows of panels and its template variables."""
+
     uid: str
     title: str
     description: str

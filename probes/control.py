@@ -103,6 +103,7 @@ from fabricprobe.core.deadline import Deadline, Timeout, as_deadline
 from fabricprobe.core.errors import ParseError, PeerError, ProbeError
 from fabricprobe.core.hostport import DEFAULT_PORT, format_hostport
 from fabricprobe.probes.fleet import NONCE_BYTES, FleetToken
+from fabricprobe.probes.measure import LinkParams
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -478,6 +479,12 @@ class ControlClient:
         self.keepalive_s = 0.0  # what the responder granted a kept session
         self._sock: socket.socket | None = None
         self.channel: Channel | None = None
+
+    @classmethod
+    def to(cls, link: LinkParams, timeout: float) -> ControlClient:
+        """The control client of LINK's responder (its peer, port, source address and
+        fleet token), TIMEOUT bounding its setup."""
+        return cls(link.peer, link.port, bind=link.bind, timeout=timeout, token=link.token)
 
     def __enter__(self) -> ControlClient:
         return self

@@ -111,10 +111,7 @@ class TcpPingLink(Link[socket.socket]):
         self._rbuf = bytearray(size)
 
     def _connect(self) -> socket.socket:
-        p = self.params
-        ctrl = self._stack.enter_context(
-            ControlClient(p.peer, p.port, bind=p.bind, timeout=self.timeout, token=p.token)
-        )
+        ctrl = self._stack.enter_context(ControlClient.to(self.params, self.timeout))
         setup = Deadline(self.timeout)  # connect, hello -> ready and the data connection
         try:
             info = ctrl.open(

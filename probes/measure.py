@@ -5,7 +5,8 @@
   transport.
 - `LatencyRound`: one round's bare figures (RTTs in ns in an `array('q')`, losses, why
   the round stopped short), what an agent folds into its window without a sketch.
-- `LatencyResult` and `BandwidthResult`: a summarised run of one measurement; their
+- `LatencyResult` and `BandwidthResult`: a summarised run of one measurement, each a
+  `ProbeRun` (what ran towards whom, and how it ended) with its own figures; their
   `as_dict()` is the JSON the CLI prints. Fields a transport has no use for stay None
   and are left out of the JSON.
 """
@@ -16,7 +17,7 @@ import socket
 import statistics
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from fabricprobe.core.hostport import DEFAULT_PORT
@@ -108,24 +109,50 @@ class LatencyRound:
 
 
 @dataclass(frozen=True)
-class LatencyResult:
-    """A summarised latency run. Figures are RTTs; one-way ones are RTT/2 and say so."""
+class ProbeRun:
+    """What both results hold: what ran (and which engine or loop timed it, and why),
+    towards whom, from which address and device, and why it stopped short (`error`, None
+    when it did not). These are keyword-only, after each result's own fields."""
 
     transport: str  # "tcp" or "rdma"
-    op: str  # "pingpong" (TCP), "send" / "write" (RC), "probe" (UD)
+    op: str  # "pingpong" / "stream" (TCP), "send" / "write" (RC), "probe" (UD)
     peer: str
     port: int  # the responder's control port
-    size: int | None
-    iters: int
-    summary: LatencySummary  # kind "rtt"
-    duration_s: float
+    _: KW_ONLY
     error: str | None = None
-    sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
     qp_type: str | None = None  # "rc" or "ud" (RDMA)
     engine: str | None = None  # "pyverbs" or "native" (RDMA); "python" or "native" (TCP)
     engine_reason: str | None = None
     source: str | None = None
     device: str | None = None
+
+    def head(self, optional: tuple[str, ...]) -> dict[str, Any]:
+        """The JSON keys both results start with: what ran, towards whom; then those of
+        OPTIONAL that are set."""
+        d: dict[str, Any] = {"transport": self.transport}
+        if self.qp_type is not None:
+            d["qp_type"] = self.qp_type
+        if self.qp_type is not None or self.engine is not None:
+            d["engine"] = self.engine
+            d["engine_reason"] = self.engine_reason
+        d["op"] = self.op
+        d["peer"] = self.peer
+        d["port"] = self.port
+        for name in optional:
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        return d
+
+
+@dataclass(frozen=True)
+class LatencyResult(ProbeRun):
+    """A summarised latency run. Figures are RTTs; one-way ones are RTT/2 and say so."""
+
+    size: int | None
+    iters: int
+    summary: LatencySummary  # kind "rtt"
+    duration_s: float
+    sketch: LatencySketch = field(repr=False, compare=False, default_factory=LatencySketch)
     warmup: int | None = None
     loop_overhead_ns: int | None = None
     timer_overhead_ns: int | None = None
@@ -152,7 +179,7 @@ class LatencyResult:
         return one_way_from_rtt(self.summary)
 
     def as_dict(self) -> dict[str, Any]:
-        d = _head(self, ("source", "device"))
+        d = self.head(("source", "device"))
         if self.qp_type == "ud":
             d["probes"] = self.iters
         else:
@@ -179,23 +206,13 @@ class LatencyResult:
 
 
 @dataclass(frozen=True)
-class BandwidthResult:
+class BandwidthResult(ProbeRun):
     """A summarised bandwidth run; `bytes` counts only what is known to have arrived
     (confirmed by the TCP responder, or completed RDMA operations)."""
 
-    transport: str  # "tcp" or "rdma"
-    op: str  # "stream" (TCP), "write" / "send" (RC)
-    peer: str
-    port: int  # the responder's control port
     size: int  # bytes per operation (RC) or per send call (TCP's chunk)
     bytes: int
     duration_s: float
-    error: str | None = None
-    qp_type: str | None = None
-    engine: str | None = None
-    engine_reason: str | None = None
-    source: str | None = None
-    device: str | None = None
     iters: int | None = None  # RC: operations asked for
     completed: int | None = None  # RC: operations completed
     streams: int | None = None  # TCP: connections
@@ -210,7 +227,7 @@ class BandwidthResult:
         return self.bytes / self.duration_s if self.duration_s > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        d = _head(self, ("source", "device", "streams"))
+        d = self.head(("source", "device", "streams"))
         if self.transport == "tcp":
             d["chunk_size"] = self.size
             d["bytes"] = self.bytes
@@ -224,24 +241,6 @@ class BandwidthResult:
         d["bytes_per_second"] = round(self.bytes_per_second, 1)
         d["error"] = self.error
         return d
-
-
-def _head(r: LatencyResult | BandwidthResult, optional: tuple[str, ...]) -> dict[str, Any]:
-    """The JSON keys both results start with: what ran (and which engine or loop timed
-    it, and why), towards whom; then those of OPTIONAL that are set."""
-    d: dict[str, Any] = {"transport": r.transport}
-    if r.qp_type is not None:
-        d["qp_type"] = r.qp_type
-    if r.qp_type is not None or r.engine is not None:
-        d["engine"] = r.engine
-        d["engine_reason"] = r.engine_reason
-    d["op"] = r.op
-    d["peer"] = r.peer
-    d["port"] = r.port
-    for name in optional:
-        if getattr(r, name) is not None:
-            d[name] = getattr(r, name)
-    return d
 
 
 def source_address(peer: str, port: int, bind: str | None = None) -> str:

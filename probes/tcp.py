@@ -350,7 +350,6 @@ def run_pingpong(
     finished samples are kept, the remaining iterations are counted as lost and `error`
     says why. The closing `done` exchange gets step_s too.
     """
-    host, port, bind = link.peer, link.port, link.bind
     timeout, connect_timeout = link.step(2.0), link.setup_timeout(DEFAULT_TIMEOUT_S)
     if not MIN_SIZE <= size <= MAX_SIZE:
         raise ValueError(f"size must be {MIN_SIZE}..{MAX_SIZE} bytes, got {size}")
@@ -367,7 +366,7 @@ def run_pingpong(
     error: str | None = None
     started = time.perf_counter()
     setup = Deadline(connect_timeout)
-    with ControlClient(host, port, bind=bind, timeout=connect_timeout, token=link.token) as ctrl:
+    with ControlClient.to(link, connect_timeout) as ctrl:
         info = ctrl.open("tcp_lat", {"size": size, "timeout": timeout}, deadline=setup)
         source = ctrl.local_address
         data = open_data_connection(ctrl, info, setup)
@@ -404,8 +403,8 @@ def run_pingpong(
     return LatencyResult(
         transport="tcp",
         op="pingpong",
-        peer=host,
-        port=port,
+        peer=link.peer,
+        port=link.port,
         source=source,
         size=size,
         iters=iters,
@@ -489,7 +488,6 @@ def run_throughput(
     Throughput counts only bytes the responder confirmed. A peer that vanishes ends
     the run within LINK's step_s (default 2 s) of its last progress, with `error` set.
     """
-    host, port, bind = link.peer, link.port, link.bind
     timeout, connect_timeout = link.step(2.0), link.setup_timeout(DEFAULT_TIMEOUT_S)
     if (duration is None) == (total_bytes is None):
         raise ValueError("give exactly one of duration and total_bytes")
@@ -505,9 +503,7 @@ def run_throughput(
     params = {"streams": streams, "chunk_size": chunk_size, "timeout": timeout}
     setup = Deadline(connect_timeout)  # the control session and every stream's connection
     with contextlib.ExitStack() as stack:
-        ctrl = stack.enter_context(
-            ControlClient(host, port, bind=bind, timeout=connect_timeout, token=link.token)
-        )
+        ctrl = stack.enter_context(ControlClient.to(link, connect_timeout))
         info = ctrl.open("tcp_bw", params, deadline=setup)
         source = ctrl.local_address
         lanes: list[_Stream] = []
@@ -541,8 +537,8 @@ def run_throughput(
     return BandwidthResult(
         transport="tcp",
         op="stream",
-        peer=host,
-        port=port,
+        peer=link.peer,
+        port=link.port,
         source=source,
         streams=streams,
         size=chunk_size,

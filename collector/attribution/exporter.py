@@ -14,16 +14,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from fabricprobe.collector.attribution.core import Attribution
+from fabricprobe.collector.attribution.families import ATTRIBUTION_FAMILIES
 from fabricprobe.collector.attribution.histograms import HistogramSnapshot
 from fabricprobe.collector.attribution.kvfold import FoldView
 from fabricprobe.collector.attribution.linking import MatchConfig
@@ -32,18 +28,15 @@ from fabricprobe.collector.attribution.settle import WHY_REQUESTS
 from fabricprobe.collector.drift import DriftBook
 from fabricprobe.collector.exposition import gc_paused
 from fabricprobe.collector.fabric.links import FabricLinks
+from fabricprobe.collector.families import new_families
 from fabricprobe.collector.kvshape import KvShape
 from fabricprobe.collector.price import tor_prices
 from fabricprobe.collector.query import add_query_service
 from fabricprobe.collector.store import WindowStore
 
-P = "fabricprobe_"
-PATH = ["src", "dst", "transport"]
-NIXL_LABELS = ["host", "engine"]
-
 
 class NixlFamily(NamedTuple):
-    family: str  # a key of _families()
+    family: str  # a key of ATTRIBUTION_FAMILIES
     scale: float  # to the exported unit
 
 
@@ -55,210 +48,6 @@ NIXL_COUNTERS = {
     "post_time_us": NixlFamily("nixl_post", 1e-6),
     "errors": NixlFamily("nixl_errors", 1.0),
 }
-
-
-def _families() -> dict[str, Any]:  # each family's own add_metric signature
-    return {
-        "stage": HistogramMetricFamily(
-            P + "stage_duration_seconds",
-            "Inference stage duration from OTLP stage spans.",
-            labels=["stage"],
-        ),
-        "kv": HistogramMetricFamily(
-            P + "kv_transfer_seconds", "KV-cache transfer time per fabric path.", labels=PATH
-        ),
-        "ttft": HistogramMetricFamily(
-            P + "request_ttft_seconds", "Time to first token per request.", labels=[]
-        ),
-        "itl": HistogramMetricFamily(
-            P + "request_itl_seconds", "Mean inter-token latency per request.", labels=[]
-        ),
-        "explained": GaugeMetricFamily(
-            P + "path_explained_seconds",
-            "KV-transfer seconds beyond the fleet's speed for the same bytes, last window.",
-            labels=PATH,
-        ),
-        "bound": GaugeMetricFamily(
-            P + "path_fabric_bound",
-            "1 when the path's KV transfers are slow and its fabric figures account for it.",
-            labels=PATH,
-        ),
-        "fault": GaugeMetricFamily(
-            P + "path_fabric_fault",
-            "1 when the path's probe RTT floor stands out from the other paths' (evidence "
-            "host noise cannot make), whether or not its transfers were slow.",
-            labels=PATH,
-        ),
-        "host_bound": GaugeMetricFamily(
-            P + "path_host_bound",
-            "1 when the path's KV transfers ran mostly in windows where its hosts' own "
-            "delay made most of its RTT rise, and the fabric does not account for them.",
-            labels=PATH,
-        ),
-        "host_delay": GaugeMetricFamily(
-            P + "path_host_delay_seconds",
-            "What the path's hosts add to its probe RTT (their reference probes), median.",
-            labels=PATH,
-        ),
-        "rho": GaugeMetricFamily(
-            P + "path_kv_rtt_rank_correlation",
-            "Spearman rho of KV-transfer time per byte with probe p99 RTT, newest window.",
-            labels=PATH,
-        ),
-        "kv_share": GaugeMetricFamily(
-            P + "kv_share_ttft_ratio",
-            "Median share of TTFT the decode side waited for remote KV, last window.",
-            labels=[],
-        ),
-        "share": GaugeMetricFamily(
-            P + "fabric_share_ttft_ratio",
-            "Median share of TTFT the path's fabric explains (fabric_s / TTFT), last window.",
-            labels=[],
-        ),
-        "comm": GaugeMetricFamily(
-            P + "communication_bound",
-            "1 when KV transfer and queueing rise together while compute stays flat.",
-            labels=[],
-        ),
-        "goodput": GaugeMetricFamily(
-            P + "goodput_tokens_per_second",
-            "Tokens per second from requests that met their TTFT and ITL targets.",
-            labels=[],
-        ),
-        "throughput": GaugeMetricFamily(
-            P + "throughput_tokens_per_second",
-            "Tokens per second from all requests, last window.",
-            labels=[],
-        ),
-        "received": CounterMetricFamily(
-            P + "otlp_spans_received", "Spans received by the OTLP receiver.", labels=[]
-        ),
-        "rejected": CounterMetricFamily(
-            P + "otlp_spans_rejected", "Spans refused as malformed or oversized.", labels=[]
-        ),
-        "ignored": CounterMetricFamily(
-            P + "otlp_spans_ignored",
-            "Spans taken but not used: other instrumentation, engine spans not mapped.",
-            labels=[],
-        ),
-        "engine_spans": CounterMetricFamily(
-            P + "otlp_engine_spans",
-            "Spans received from inference engines, by engine.",
-            labels=["engine"],
-        ),
-        "unmapped": CounterMetricFamily(
-            P + "otlp_engine_spans_unmapped",
-            "Engine spans whose name the receiver does not map (counted, not errors).",
-            labels=["engine"],
-        ),
-        "path_known": CounterMetricFamily(
-            P + "requests_path_known",
-            "Engine requests whose KV path (prefill host -> decode host) was found.",
-            labels=[],
-        ),
-        "path_unknown": CounterMetricFamily(
-            P + "requests_path_unknown",
-            "Engine requests whose path is unknown, by reason.",
-            labels=["reason"],
-        ),
-        "kv_wait": GaugeMetricFamily(
-            P + "path_kv_wait_seconds",
-            "Median wait of the decode side for remote KV on the path, last window.",
-            labels=PATH,
-        ),
-        "kv_fabric": GaugeMetricFamily(
-            P + "path_kv_fabric_seconds",
-            "Median of that wait the path's fabric explains (RTTs, bandwidth, loss, pauses;"
-            " estimated), last window.",
-            labels=PATH,
-        ),
-        "kv_stack": GaugeMetricFamily(
-            P + "path_kv_transfer_stack_seconds",
-            "Median of that wait the transfer library took beyond the fabric (NIXL's"
-            " telemetry), last window.",
-            labels=PATH,
-        ),
-        "kv_engine": GaugeMetricFamily(
-            P + "path_kv_engine_wait_seconds",
-            "Median of that wait left to the engines (scheduling, polling), last window.",
-            labels=PATH,
-        ),
-        "tor_price": GaugeMetricFamily(
-            P + "tor_pair_kv_cost_seconds",
-            "Predicted fabric time of a 1 MiB KV transfer between the ToR pair's engine hosts"
-            " now (worst host pair; quantile 0.5 or 0.99 of its RTT).",
-            labels=["src_tor", "dst_tor", "quantile"],
-        ),
-        "price_answers": CounterMetricFamily(
-            P + "kv_cost_answers",
-            "Requests for the fabric's price, by answer: known, unknown (no fresh figures),"
-            " refused (a bad argument).",
-            labels=["answer"],
-        ),
-        "price_pairs": GaugeMetricFamily(
-            P + "kv_cost_host_pairs",
-            "Engine host pairs priced (known) or without fresh figures (unknown), last scrape.",
-            labels=["state"],
-        ),
-        "kv_speed_flag": GaugeMetricFamily(
-            P + "path_kv_speed_above_bandwidth",
-            "1 when NIXL's KV speed on the path exceeds its measured bandwidth, last window.",
-            labels=PATH,
-        ),
-        "nixl_transfers": CounterMetricFamily(
-            P + "nixl_transfers",
-            "NIXL KV transfers the engines on a host counted.",
-            labels=NIXL_LABELS,
-        ),
-        "nixl_bytes": CounterMetricFamily(
-            P + "nixl_bytes",
-            "Bytes of NIXL KV transfers the engines on a host counted.",
-            labels=NIXL_LABELS,
-        ),
-        "nixl_xfer": CounterMetricFamily(
-            P + "nixl_transfer_seconds",
-            "Seconds NIXL KV transfers took, summed, per host and engine.",
-            labels=NIXL_LABELS,
-        ),
-        "nixl_post": CounterMetricFamily(
-            P + "nixl_post_seconds",
-            "Seconds from NIXL transfer start to its post to the backend, summed.",
-            labels=NIXL_LABELS,
-        ),
-        "nixl_errors": CounterMetricFamily(
-            P + "nixl_errors",
-            "Failed NIXL KV transfers per host and engine.",
-            labels=NIXL_LABELS,
-        ),
-        "analysis_failures": CounterMetricFamily(
-            P + "attribution_failures",
-            "Analyses that failed; the last good one was served instead.",
-            labels=[],
-        ),
-        "dropped_values": CounterMetricFamily(
-            P + "attribution_dropped",
-            "Stage and request records dropped for figures out of range.",
-            labels=[],
-        ),
-        "pairs_dropped": CounterMetricFamily(
-            P + "attribution_pairs_dropped",
-            "KV host pairs beyond the bound whose fabric history is not kept.",
-            labels=[],
-        ),
-        "fold_dropped": CounterMetricFamily(
-            P + "attribution_fold_dropped",
-            "What the analysis's bounds left out, by what: transfers of paths beyond the"
-            " bound (path), correlation pairs past a path's sample (rho), requests settled"
-            " early or let go of (request), engine fragments let go of before their request"
-            " was linked (fragment).",
-            labels=["what"],
-        ),
-        "history_dropped": CounterMetricFamily(
-            P + "fabric_history_dropped",
-            "Reports whose fabric windows the join's history had no room for.",
-            labels=[],
-        ),
-    }
 
 
 def _put(family: Metric, labels: dict[str, str], value: Any) -> None:
@@ -276,7 +65,7 @@ class AttributionCollector(Collector):
         self.attribution = attribution
 
     def describe(self) -> Iterator[Metric]:
-        yield from _families().values()
+        yield from new_families(ATTRIBUTION_FAMILIES).values()
 
     def collect(self) -> Iterator[Metric]:
         # the families' tens of thousands of samples are built with the cyclic collector
@@ -288,7 +77,7 @@ class AttributionCollector(Collector):
 
     def _build(self) -> dict[str, Any]:
         a = self.attribution
-        f = _families()
+        f = new_families(ATTRIBUTION_FAMILIES)
         self._histograms(a.histograms.snapshot(), f)
         res = a.view_or_last()  # the fold: its cost follows the paths, not the requests
         if res is not None:

@@ -123,7 +123,7 @@ class FabricFeed:
             for v in self.store.pair_paths(a, b):
                 bps = v.peak_bytes_per_second
                 if bps:
-                    k = (v.src, v.dst)
+                    k = (v.key.src, v.key.dst)
                     out[k] = max(out.get(k, 0.0), bps)
         return out
 

@@ -101,11 +101,12 @@ class StageHistograms:
                     self.itl.observe(r.itl_s)
 
     def _kv(self, s: StageRecord) -> Histogram:
-        key = (s.src, s.dst, s.transport or "unknown")
+        transport = s.transport or "unknown"
+        key = (s.src, s.dst, transport)
         h = self.kv.get(key)
         if h is None:
             if len(self.kv) >= MAX_PATHS:
-                key = ("other", "other", key[2])
+                key = ("other", "other", transport)
                 h = self.kv.get(key)
             if h is None:
                 h = self.kv[key] = Histogram()

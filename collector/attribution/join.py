@@ -53,6 +53,7 @@ STAGE_COLUMNS = [
     "dst_device",
     "transport",
     "bytes",
+    "round_trips",
     "derived",
 ]
 REQUEST_COLUMNS = [

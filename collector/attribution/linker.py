@@ -34,6 +34,8 @@ Directory = Callable[[], HostDirectory]
 
 
 class ReasonCount(NamedTuple):
+    """Engine requests whose path is unknown for one reason."""
+
     reason: str  # one of linking.REASONS
     requests: int
 

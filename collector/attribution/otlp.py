@@ -30,21 +30,21 @@ from fabricprobe.collector.attribution.engines import ENGINES, read_engine_span
 from fabricprobe.collector.attribution.engines.common import Fragment
 from fabricprobe.collector.attribution.spanattrs import MAX_NAME, SpanError, span_attributes
 from fabricprobe.collector.attribution.stages import RequestRecord, StageRecord, parse_span
+from fabricprobe.core.errors import CallRefused
 
 MAX_SPANS = 20_000  # per Export call
 MAX_REASONS = 3
 
 
-class BatchRefused(Exception):
-    """A whole batch refused; `code` is the gRPC status to answer with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class BatchRefused(CallRefused):
+    """A whole batch refused."""
 
 
 @dataclass(frozen=True)
 class IngestResult:
+    """What one batch's spans came to: taken, refused as malformed (the first
+    MAX_REASONS reasons given), or not of use here."""
+
     accepted: int
     rejected: int
     ignored: int
@@ -52,6 +52,8 @@ class IngestResult:
 
 
 class EngineSpans(NamedTuple):
+    """Spans counted from one engine."""
+
     engine: str  # one of engines.ENGINES
     spans: int
 

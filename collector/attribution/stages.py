@@ -18,14 +18,12 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from fabricprobe.collector.attribution.engines.vllm import (
     REQUEST_SPAN,
     laid_out,
-    served_model,
-    token_counts,
+    request_figures,
 )
 from fabricprobe.collector.attribution.spanattrs import (
     MAX_NAME,
     SpanError,
     int_attr,
-    num_attr,
     span_attributes,
     span_times,
     str_attr,
@@ -35,6 +33,9 @@ from fabricprobe.collector.attribution.spanattrs import (
 STAGES: tuple[str, ...] = ("queue", "prefill", "kv_transfer", "decode", "detokenize", "deliver")
 FABRIC_STAGES = frozenset({"kv_transfer"})
 TRANSPORTS = frozenset({"rdma", "tcp"})
+# a KV transfer's round trips as its span gives them: one per layer of the deepest model
+# a few times over is plenty; more is a bad span
+MAX_ROUND_TRIPS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class StageRecord:
     dst_device: str = ""
     transport: str = ""
     bytes: int = 0
+    round_trips: int = 0  # the transfer protocol's, where the span says (0: not said)
     derived: bool = False  # computed from an llm_request span, not measured as a span
 
     @property
@@ -116,25 +118,32 @@ def parse_span(span: trace_pb2.Span) -> Parsed:
         return [], None
     start, end = span_times(span)
     rid = _request_id(span, attrs)
+    path = _path(stage, attrs)
+    rec = StageRecord(request_id=rid, stage=stage, start_ns=start, end_ns=end, **path)
+    return [rec], _request_from_attrs(rid, start, end, attrs) if _has_latency(attrs) else None
+
+
+def _path(stage: str, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The fabric path a stage span names (its fabricprobe.* attributes), under the names a
+    StageRecord gives them; SpanError for a fabric stage without both hosts."""
     transport = str_attr(attrs, "fabricprobe.transport")
     if transport and transport not in TRANSPORTS:
         raise SpanError(f"transport {transport[:20]!r} is not rdma or tcp")
     src, dst = str_attr(attrs, "fabricprobe.src.host"), str_attr(attrs, "fabricprobe.dst.host")
     if stage in FABRIC_STAGES and not (src and dst):
         raise SpanError(f"{stage} span without fabricprobe.src.host and fabricprobe.dst.host")
-    rec = StageRecord(
-        request_id=rid,
-        stage=stage,
-        start_ns=start,
-        end_ns=end,
-        src=src,
-        dst=dst,
-        src_device=str_attr(attrs, "fabricprobe.src.device"),
-        dst_device=str_attr(attrs, "fabricprobe.dst.device"),
-        transport=transport,
-        bytes=int_attr(attrs, "fabricprobe.bytes") or 0,
-    )
-    return [rec], _request_from_attrs(rid, start, end, attrs) if _has_latency(attrs) else None
+    round_trips = int_attr(attrs, "fabricprobe.round_trips") or 0
+    if not 0 <= round_trips <= MAX_ROUND_TRIPS:
+        raise SpanError(f"fabricprobe.round_trips = {round_trips} outside 0..{MAX_ROUND_TRIPS}")
+    return {
+        "src": src,
+        "dst": dst,
+        "src_device": str_attr(attrs, "fabricprobe.src.device"),
+        "dst_device": str_attr(attrs, "fabricprobe.dst.device"),
+        "transport": transport,
+        "bytes": int_attr(attrs, "fabricprobe.bytes") or 0,
+        "round_trips": round_trips,
+    }
 
 
 def _has_latency(attrs: dict[str, Any]) -> bool:
@@ -142,17 +151,7 @@ def _has_latency(attrs: dict[str, Any]) -> bool:
 
 
 def _request_from_attrs(rid: str, start: int, end: int, attrs: dict[str, Any]) -> RequestRecord:
-    out_tokens, in_tokens = token_counts(attrs)
-    return RequestRecord(
-        request_id=rid,
-        start_ns=start,
-        end_ns=end,
-        ttft_s=num_attr(attrs, "gen_ai.latency.time_to_first_token"),
-        e2e_s=num_attr(attrs, "gen_ai.latency.e2e"),
-        output_tokens=out_tokens,
-        prompt_tokens=in_tokens,
-        model=served_model(attrs),
-    )
+    return RequestRecord(request_id=rid, start_ns=start, end_ns=end, **request_figures(attrs))
 
 
 def parse_llm_request(span: trace_pb2.Span, attrs: dict[str, Any]) -> Parsed:

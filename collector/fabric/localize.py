@@ -84,26 +84,16 @@ class _Class:
 
 @dataclass(frozen=True)
 class LinkVerdict:
+    """One link's evidence and rank (the Query API's LinkVerdict, field for field)."""
+
     link: str
     rank: int
     suspect: bool
     classes: int  # fresh classes through it
-    bad: int  # of those, the ones that rose or lost
+    bad_classes: int  # of those, the ones that rose or lost
     rtt_rise_s: float  # median rise of the classes through it
     loss: float  # lost / sent of the classes through it
     rail: int | None = None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "link": self.link,
-            "rank": self.rank,
-            "suspect": self.suspect,
-            "classes": self.classes,
-            "bad_classes": self.bad,
-            "rtt_rise_s": self.rtt_rise_s,
-            "loss": self.loss,
-            "rail": self.rail,
-        }
 
 
 @dataclass
@@ -201,7 +191,7 @@ class Localizer:
                     rank=0,
                     suspect=link in suspects,
                     classes=len(ks),
-                    bad=sum(1 for k in ks if fresh[k][0] or fresh[k][2].lost),
+                    bad_classes=sum(1 for k in ks if fresh[k][0] or fresh[k][2].lost),
                     rtt_rise_s=statistics.median(rises) if rises else 0.0,
                     loss=lost / sent if sent else 0.0,
                     rail=(rail_of or {}).get(link),
@@ -211,7 +201,7 @@ class Localizer:
         out.sort(
             key=lambda v: (
                 order.get(v.link, len(order)),
-                -(v.bad / v.classes if v.classes else 0.0),
+                -(v.bad_classes / v.classes if v.classes else 0.0),
                 -v.loss,
                 -v.rtt_rise_s,
                 v.link,

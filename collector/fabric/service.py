@@ -4,7 +4,7 @@ series per directed link, never per pair or class) and their Query answer."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -97,7 +97,7 @@ class LinkCollector(Collector):
             fams["rise"].add_metric(key, v.rtt_rise_s)
             fams["loss"].add_metric(key, v.loss)
             fams["classes"].add_metric(key, v.classes)
-            fams["bad"].add_metric(key, v.bad)
+            fams["bad"].add_metric(key, v.bad_classes)
         yield from fams.values()
         c = snap.counts
         yield GaugeMetricFamily(
@@ -151,19 +151,9 @@ def links_reply(links: FabricLinks | None, src: str = "", dst: str = "") -> pb.L
         return pb.LinksReply(configured=False)
     snap = links.snapshot()
     reply = pb.LinksReply(configured=True, class_paths=snap.paths)
-    for v in snap.verdicts:
-        reply.links.append(
-            pb.LinkVerdict(
-                link=v.link,
-                rank=v.rank,
-                suspect=v.suspect,
-                classes=v.classes,
-                bad_classes=v.bad,
-                rtt_rise_s=v.rtt_rise_s,
-                loss=v.loss,
-                rail=-1 if v.rail is None else v.rail,
-            )
-        )
+    for v in snap.verdicts:  # the same fields; a link on no rail has rail -1
+        rail = -1 if v.rail is None else v.rail
+        reply.links.append(pb.LinkVerdict(**(asdict(v) | {"rail": rail})))
     if src and dst:
         for sport, path in links.links_of(src, dst):
             reply.classes.append(pb.ClassLinks(sport=sport, links=list(path)))

@@ -45,9 +45,20 @@ log_level_option = click.option(
     help="Least severe level logged (also FABRICPROBE_LOG_LEVEL).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+EXISTING_DIR = click.Path(file_okay=False, exists=True)  # a directory that must be there
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
+
+
+def shown_option(
+    flag: str, kind: click.ParamType, default: Any, help_text: str | None = None, dest: str = ""
+) -> Callable[[F], F]:
+    """FLAG (its value named DEST, else after the flag) of type KIND with a DEFAULT that
+    --help shows: the shape of most of the probe commands' options."""
+    names = (flag, dest) if dest else (flag,)
+    return click.option(*names, type=kind, default=default, show_default=True, help=help_text)
+
 
 # --- the daemons' settings as flags (probe agent, probe collector) ---------------------
 
@@ -399,6 +410,17 @@ def timeout_option(default: float | None, default_text: str | None = None) -> Ca
         "(connect, fleet-token handshake, data connections), each exchange, the closing "
         "handshake. A peer that falls silent ends the run within it (as loss mid-run).",
     )
+
+
+def probe_command(epilog: str) -> Callable[[Callable[..., None]], click.Command]:
+    """A command that probes a peer running `probe serve` (tcp, lat, bw): PEER and --port
+    come first, then its own options and its peer_options; EPILOG holds its examples."""
+
+    def make(f: Callable[..., None]) -> click.Command:
+        command = click.command(cls=OneLineCommand, epilog=epilog)
+        return command(click.argument("peer")(port_option(f)))
+
+    return make
 
 
 def peer_options(

@@ -10,19 +10,31 @@ forms are computed from, folded in as each window arrives: per-bucket counts at 
 classic bounds (where the merged sketch's `cumulative()` would put each slot) and counts
 per native bucket (where `to_native()` would), in a dense array over the native buckets
 seen, 8 bytes a bucket. Both exports come out equal to those of the merged sketch;
-count, loss, sum, min and max stay exact. Percentiles are not kept: they come from the
-windows' own sketches.
+count, loss, sum, min and max stay exact.
+
+The native buckets are also what the Query API reads a path's whole distribution from
+(`probe report`): `percentiles_ns()` gives the middle of the native bucket that holds
+each rank, within 0.54 % of the merged sketch's own percentile (which lies in that
+bucket, see nativehist), and `cdf_buckets()` the buckets themselves, at SCHEMA or
+coarser when a bound on their number asks for it.
 """
 
 from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from itertools import accumulate
 
-from fabricprobe.core.nativehist import SCHEMA, NativeHistogram, encode, native_buckets
+from fabricprobe.core.nativehist import (
+    MIN_SCHEMA,
+    SCHEMA,
+    NativeHistogram,
+    encode,
+    native_buckets,
+)
 from fabricprobe.core.sketchwire import MergedSketch, slot_value_ns
-from fabricprobe.core.stats import Exact, Kind, merge_exact
+from fabricprobe.core.stats import Exact, Kind, checked_percentiles, merge_exact
 
 # RTT bucket upper bounds in seconds: 1-2-5 steps from 1 µs to 10 s, so that a
 # soft-RoCE loopback (tens of µs), a real RoCE fabric (a few µs) and a congested
@@ -31,6 +43,11 @@ RTT_BUCKETS_S: tuple[float, ...] = tuple(
     m * 10.0**e for e in range(-6, 2) for m in (1.0, 2.0, 5.0) if m * 10.0**e <= 10.0
 )
 RTT_BUCKETS_NS: tuple[int, ...] = tuple(round(b * 1e9) for b in RTT_BUCKETS_S)
+
+
+def bucket_upper_ns(index: int, schema: int = SCHEMA) -> float:
+    """The upper bound (ns) of native bucket INDEX of SCHEMA: 2^(index / 2^schema) s."""
+    return 2.0 ** (index / 2.0**schema) * 1e9
 
 
 class CumulativeSketch(Exact):
@@ -90,6 +107,52 @@ class CumulativeSketch(Exact):
         if schema != SCHEMA:
             raise ValueError(f"a CumulativeSketch holds native buckets at schema {SCHEMA} only")
         return encode(self.buckets(), self.zero, self.count, self.sum_ns, schema)
+
+    def percentiles_ns(self, ps: Sequence[float]) -> list[float | None]:
+        """The value at each percentile of PS (0-100), as the merged sketch counts ranks:
+        the geometric middle of the native bucket holding the rank, clamped into
+        [min, max]. None when empty. The merged sketch's own percentile lies in the same
+        bucket (each slot is counted whole in the bucket of its highest value), so this
+        is within half a bucket of it: a factor 2^(2^-SCHEMA / 2), 0.54 % at schema 6."""
+        ps = checked_percentiles(ps)
+        if not self.count:
+            return [None] * len(ps)
+        assert self.min_ns is not None and self.max_ns is not None
+        lo, hi = self.min_ns, self.max_ns
+        running = list(accumulate(self.native, initial=self.zero))  # [0]: the zero bucket
+        out: list[float | None] = []
+        for p in ps:
+            want = max(1, int(self.count * p / 100.0 + 0.5))  # as HdrHistogram rounds
+            k = bisect.bisect_left(running, want)
+            if k == 0:
+                v = 0.0  # the zero bucket
+            elif k >= len(running):
+                v = float(hi)
+            else:
+                upper = bucket_upper_ns(self.base + k - 1, SCHEMA)
+                v = upper * 2.0 ** (-(2.0**-SCHEMA) / 2)
+            out.append(max(float(lo), min(v, float(hi))))
+        return out
+
+    def cdf_buckets(self, max_buckets: int) -> tuple[int, list[tuple[int, int]], int]:
+        """(schema, ascending (index, count) of the non-empty native buckets, the zero
+        bucket's count): at SCHEMA, or at the finest coarser schema (each step halves the
+        number of buckets a doubling holds) whose non-empty buckets are at most
+        MAX_BUCKETS; at MIN_SCHEMA whatever their number."""
+        if max_buckets < 1:
+            raise ValueError("max_buckets must be at least 1")
+        schema, buckets = SCHEMA, list(self.buckets())
+        while len(buckets) > max_buckets and schema > MIN_SCHEMA:
+            schema -= 1
+            coarse: list[tuple[int, int]] = []
+            for idx, n in buckets:  # bucket i of schema s lies in (i + 1) >> 1 of s - 1
+                j = (idx + 1) >> 1
+                if coarse and coarse[-1][0] == j:
+                    coarse[-1] = (j, coarse[-1][1] + n)
+                else:
+                    coarse.append((j, n))
+            buckets = coarse
+        return schema, buckets, self.zero
 
     @property
     def loss_ratio(self) -> float:

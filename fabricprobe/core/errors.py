@@ -4,6 +4,8 @@ the reasons a responder turns a prober away."""
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ProbeError(Exception):
     """Base class for every error the probes package raises on purpose."""
@@ -31,6 +33,15 @@ class ToolMissing(NotSupported):
 
 class PeerError(ProbeError):
     """A peer did not answer in time, closed the connection, or sent something invalid."""
+
+
+class CallRefused(Exception):
+    """A gRPC call (or what it carries) refused; `code` is the grpc.StatusCode to end the
+    call with, the message its details."""
+
+    def __init__(self, code: Any, message: str) -> None:  # grpcio ships no type hints
+        super().__init__(message)
+        self.code = code
 
 
 class ConfigError(ValueError):

@@ -6,7 +6,7 @@ absent on the wire, never 0."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Self
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -49,32 +49,18 @@ class Price:
 
     def reply(self) -> pb.KvCostReply:
         """The Query API's KvCost answer (figures absent where unknown or not finite)."""
-        msg = pb.KvCostReply(
-            known=self.known,
-            reason=self.reason,
-            transport=self.transport,
-            rtts=self.rtts,
-            src=self.src,
-            dst=self.dst,
-            bytes=self.bytes,
-        )
+        wire: dict[str, Any] = {name: getattr(self, name) for name in PLAIN}
         for name in FIGURES:
-            v = getattr(self, name)
-            if v is not None and math.isfinite(v):
-                setattr(msg, name, float(v))
-        return msg
+            if (v := getattr(self, name)) is not None and math.isfinite(v):
+                wire[name] = float(v)
+        return pb.KvCostReply(**wire)
 
     @classmethod
     def from_reply(cls, r: pb.KvCostReply) -> Self:
         """The price a KvCost answer carries."""
-        figures = {n: getattr(r, n) for n in FIGURES if r.HasField(n)}
-        return cls(
-            src=r.src,
-            dst=r.dst,
-            bytes=r.bytes,
-            known=r.known,
-            reason=r.reason,
-            transport=r.transport,
-            rtts=r.rtts,
-            **figures,
-        )
+        plain = {name: getattr(r, name) for name in PLAIN}
+        return cls(**plain, **{n: getattr(r, n) for n in FIGURES if r.HasField(n)})
+
+
+# The other fields of a Price: on the wire under the same names, always there.
+PLAIN = tuple(f.name for f in fields(Price) if f.name not in FIGURES)

@@ -51,6 +51,16 @@ def merge_exact(into: ExactFigures, other: ExactFigures) -> None:
         into.max_ns = other.max_ns
 
 
+def checked_percentiles(ps: Iterable[float]) -> list[float]:
+    """PS as a list, each a percentile within 0..100 (ValueError names the first that is
+    not)."""
+    out = list(ps)
+    for p in out:
+        if not 0.0 <= p <= 100.0:
+            raise ValueError(f"percentile {p} outside 0..100")
+    return out
+
+
 class Exact:
     """The exact figures a distribution keeps beside its slots: count, loss, sum, min and
     max, and its kind (RTT and one-way never mix)."""
@@ -127,10 +137,7 @@ class LatencySketch(Exact):
         """percentile_ns() of each of PS, as HdrHistogram's get_value_at_percentile
         gives it, but walking only the non-empty slots (it walks all 3,968 in Python,
         and was most of a probe burst's CPU)."""
-        ps = list(ps)
-        for p in ps:
-            if not 0.0 <= p <= 100.0:
-                raise ValueError(f"percentile {p} outside 0..100")
+        ps = checked_percentiles(ps)
         if not self.count:
             return [None] * len(ps)
         assert self.min_ns is not None and self.max_ns is not None

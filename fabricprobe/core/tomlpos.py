@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import tomllib
+from collections.abc import Callable
 from typing import Any
 
 KeyPath = tuple[str, ...]
@@ -137,39 +138,39 @@ class _Scanner:
         c = self.peek()
         if c in ('"', "'"):
             self.string()
-        elif c == "[":
-            self.pos += 1
-            while True:
-                self.skip_blank(newlines=True)
-                if self.peek() == "]":
-                    self.pos += 1
-                    return
-                self.value(None)  # tables inside arrays have no key path of their own
-                self.skip_blank(newlines=True)
-                if self.peek() == ",":
-                    self.pos += 1
+        elif c == "[":  # tables inside arrays have no key path of their own
+            self.items("]", True, lambda: self.value(None))
         elif c == "{":
-            self.pos += 1
-            while True:
-                self.skip_blank(newlines=False)
-                if self.peek() == "}":
-                    self.pos += 1
-                    return
-                at = self.pos
-                key = self.key()
-                if path is not None:
-                    self.record(path + key, at)
-                self.expect("=")
-                self.value(None if path is None else path + key)
-                self.skip_blank(newlines=False)
-                if self.peek() == ",":
-                    self.pos += 1
+            self.items("}", False, lambda: self.member(path))
         else:  # number, bool, date-time: up to the next delimiter
             start = self.pos
             while self.pos < len(self.text) and self.text[self.pos] not in _SCALAR_END:
                 self.pos += 1
             if not self.text[start : self.pos].strip():
                 raise _Stop
+
+    def items(self, close: str, newlines: bool, item: Callable[[], None]) -> None:
+        """An array or inline table from its opening bracket to CLOSE: ITEM reads each
+        item; commas between them (and after the last); NEWLINES: line ends between."""
+        self.pos += 1
+        while True:
+            self.skip_blank(newlines=newlines)
+            if self.peek() == close:
+                self.pos += 1
+                return
+            item()
+            self.skip_blank(newlines=newlines)
+            if self.peek() == ",":
+                self.pos += 1
+
+    def member(self, path: KeyPath | None) -> None:
+        """One `key = value` of an inline table; its keys recorded under PATH."""
+        at = self.pos
+        key = self.key()
+        if path is not None:
+            self.record(path + key, at)
+        self.expect("=")
+        self.value(None if path is None else path + key)
 
     def document(self) -> None:
         table: KeyPath = ()

@@ -1,9 +1,12 @@
 """`probe report` end to end: gather the sources, build the frames, draw, write the page.
 
 `gather()` does all the I/O; `sections()` turns what was gathered into page sections and
-pictures without any; `write()` puts report.html and the PNGs in the output folder.
-A source that fails (the Why query, Prometheus) leaves its section saying why; only an
-unreadable /metrics ends the report, since every other section leans on it.
+pictures without any; `write()` puts report.html, the PNGs and the CDFs' data
+(rtt_cdf.csv) in the output folder. The paths' RTT figures come from the collector's
+sketches (the Rtt query), the slow requests from its Why query, the hosts' labels and
+counters from /metrics, and with --prometheus the RTT over time. A query that fails
+(Rtt, Why, Prometheus) leaves its sections saying why; only an unreadable /metrics ends
+the report.
 """
 
 from __future__ import annotations
@@ -18,15 +21,19 @@ from typing import Any
 import pandas as pd
 
 from fabricprobe.core.deadline import Deadline
-from fabricprobe.report import figures, frames
+from fabricprobe.report import figures, frames, rtt
 from fabricprobe.report.page import Picture, Section, esc, number, page, para, table
+from fabricprobe.report.paths import MAX_HOSTS, MAX_PATHS, matrix_sections, rtt_sections
 from fabricprobe.report.sources import HttpAuth, SourceError, fetch_metrics, prometheus_range
 
-MAX_PATHS = 12  # paths drawn in one CDF or over-time figure
-MAX_HOSTS = 40  # hosts per heatmap axis
-MAX_CLASSES = 3  # (transport, op, size) heatmaps
 MAX_REQUESTS = 10  # slow requests drawn
 RANGE_POINTS = 240  # points per Prometheus series
+# what the report asks the Rtt query for: every path a heatmap can show, and the CDFs of
+# more paths and host references than it draws (rtt_cdf.csv has them all), at the
+# collector's full resolution (collector/rttquery.py bounds: 2,000, 100, 1,024)
+RTT_PATHS = MAX_HOSTS * (MAX_HOSTS - 1)
+RTT_CDF_PATHS = 40
+RTT_BUCKETS = 1024
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,8 @@ class Gathered:
     prom: dict[str, pd.DataFrame] = field(default_factory=dict)
     prom_error: str = ""
     generated: float = 0.0
+    rtt: dict[str, Any] | None = None  # the Rtt reply (report.sources.rtt_dict)
+    rtt_error: str = ""
 
 
 def rtt_query(q: float, rate_s: float) -> str:
@@ -65,16 +74,30 @@ def rtt_query(q: float, rate_s: float) -> str:
 
 
 WhyQuery = Callable[[int, float, float], dict[str, Any]]  # (slowest, window_s, timeout)
+RttQuery = Callable[[float], dict[str, Any]]  # (timeout)
 
 
-def gather(opts: ReportOptions, why_query: WhyQuery) -> Gathered:
-    """Read every source; SourceError when /metrics cannot be read. WHY_QUERY asks the
-    collector for its Why report (the slowest requests with their paths' figures, as
-    `probe why --json` prints it) and raises SourceError when it cannot. All the sources
-    share one deadline, opts.timeout: a silent one leaves the others what is left."""
+def gather(
+    opts: ReportOptions, why_query: WhyQuery, paths_query: RttQuery | None = None
+) -> Gathered:
+    """Read every source; SourceError when /metrics cannot be read. PATHS_QUERY asks the
+    collector for every path's RTT distribution (the Rtt query, as report.sources.rtt_dict
+    gives it), WHY_QUERY for its Why report (the slowest requests with their paths'
+    figures, as `probe why --json` prints it); each raises SourceError when it cannot.
+    All the sources share one deadline, opts.timeout: a silent one leaves the others
+    what is left."""
     now = time.time()
     deadline = Deadline(opts.timeout)
     text = fetch_metrics(opts.metrics_url, opts.auth, timeout=deadline)
+    got_rtt: dict[str, Any] | None = None
+    rtt_error = "not asked" if paths_query is None else ""
+    try:
+        if paths_query is not None:
+            if deadline.expired:
+                raise SourceError(f"no time left for the Rtt query ({opts.timeout:g} s spent)")
+            got_rtt = paths_query(deadline.remaining())
+    except SourceError as e:
+        rtt_error = str(e)
     why: dict[str, Any] | None = None
     why_error = ""
     try:
@@ -102,123 +125,7 @@ def gather(opts: ReportOptions, why_query: WhyQuery) -> Gathered:
                 prom[what] = frames.range_frame(result)
         except SourceError as e:
             prom_error = str(e)
-    return Gathered(text, why, why_error, prom, prom_error, now)
-
-
-def _path_rows(table_: pd.DataFrame) -> list[list[str]]:
-    return [
-        [
-            frames.path_name(r),
-            number(r.get("exchanges")),
-            number(r.get("p50_s") * 1e6 if pd.notna(r.get("p50_s")) else None, "{:,.1f}"),
-            number(r.get("p99_s") * 1e6 if pd.notna(r.get("p99_s")) else None, "{:,.1f}"),
-            number(r.get("loss"), "{:.2%}"),
-        ]
-        for r in table_.to_dict("records")
-    ]
-
-
-def fabric_sections(expo: frames.Exposition) -> tuple[list[Section], list[Picture]]:
-    """RTT CDFs, src x dst heatmaps, the ToR matrix and the path table."""
-    pics: list[Picture] = []
-    buckets = frames.rtt_buckets(expo)
-    resolution = frames.bucket_resolution(buckets)
-    loss = frames.path_loss(expo)
-    paths = frames.path_table(buckets, loss)
-    cdf = frames.rtt_cdf(buckets)
-    measured = paths[paths["exchanges"].fillna(0) > 0]
-    order = [tuple(str(v) for v in k) for k in measured[frames.PATH_KEYS].to_numpy()]
-    shown, more = order[:MAX_PATHS], max(0, len(order) - MAX_PATHS)
-    cdf_parts = []
-    if shown:
-        pics.append(
-            Picture(
-                "rtt_cdf.png",
-                figures.rtt_cdfs(cdf, shown, resolution),
-                "RTT CDF per path",
-                f"Slowest p99 first. {resolution}."
-                + (f" {more} more paths not shown." if more else ""),
-            )
-        )
-        cdf_parts.append(pics[-1].tag())
-    else:
-        cdf_parts.append(para("No RTT histogram exported yet: no probe window has arrived."))
-    cdf_parts.append(
-        table(["path", "exchanges", "p50 µs", "p99 µs", "loss"], _path_rows(paths), limit=60)
-    )
-    cdf_parts.append(
-        para(
-            "p50 and p99 are read from the buckets as Prometheus' histogram_quantile() reads "
-            "them (linear inside a bucket); loss is lost over attempted exchanges since the "
-            "collector started."
-        )
-    )
-
-    heat_parts: list[str] = []
-    classes = frames.path_classes(paths)
-    for i, (transport, op, size) in enumerate(classes[:MAX_CLASSES]):
-        sub = paths[(paths["transport"] == transport) & (paths["op"] == op)]
-        # a host's path to itself is its reference (no NIC, no wire): not a cell of the
-        # fabric's matrix, which keeps its diagonal empty
-        sub = sub[(sub["size"] == size) & (sub["src"] != sub["dst"])]
-        p50, left = frames.matrix(sub, "p50_s", limit=MAX_HOSTS)
-        p99, _ = frames.matrix(sub, "p99_s", limit=MAX_HOSTS)
-        lossm, _ = frames.matrix(sub, "loss", limit=MAX_HOSTS)
-        title = f"src × dst, {transport} {op} {size} B"
-        pics.append(
-            Picture(
-                f"heatmap_{i}.png",
-                figures.heatmaps(p50, p99, lossm, title, left),
-                title,
-                "Grey cells: pair not probed. Colours rank the cells of each panel on its own"
-                " scale; the bucket resolution above bounds what a difference means."
-                + (f" {left} more hosts not shown." if left else ""),
-            )
-        )
-        heat_parts.append(f"<h3>{esc(title)}</h3>{pics[-1].tag()}")
-    if len(classes) > MAX_CLASSES:
-        heat_parts.append(para(f"{len(classes) - MAX_CLASSES} more probe kinds not shown."))
-    if not classes:
-        heat_parts.append(para("No path measured yet."))
-
-    tor_parts: list[str] = []
-    topo = frames.host_topology(expo)
-    if classes and not buckets.empty:
-        transport, op, size = classes[0]
-        tb = frames.with_tor(buckets[buckets["src"] != buckets["dst"]], topo)
-        tb = tb[(tb["transport"] == transport) & (tb["op"] == op) & (tb["size"] == size)]
-        tq = frames.path_quantiles(tb, keys=("src_tor", "dst_tor"))
-        tl = frames.with_tor(loss[loss["src"] != loss["dst"]], topo)
-        tl = tl[(tl["transport"] == transport) & (tl["op"] == op) & (tl["size"] == size)]
-        tl = tl.groupby(["src_tor", "dst_tor"], as_index=False)[["exchanges_total", "lost_total"]]
-        tl = tl.sum()
-        tl["loss"] = tl["lost_total"] / tl["exchanges_total"].where(tl["exchanges_total"] > 0)
-        tor = tq.merge(tl, on=["src_tor", "dst_tor"], how="outer")
-        grids = [
-            frames.matrix(tor, v, rows="src_tor", cols="dst_tor", limit=MAX_HOSTS)
-            for v in ("p50_s", "p99_s", "loss")
-        ]
-        title = f"ToR × ToR, {transport} {op} {size} B (buckets of every host pair merged)"
-        pics.append(
-            Picture(
-                "tor_matrix.png",
-                figures.heatmaps(grids[0][0], grids[1][0], grids[2][0], title, grids[0][1]),
-                title,
-                "Topology labels from fabricprobe_host_info; hosts without one under (none).",
-            )
-        )
-        tor_parts.append(pics[-1].tag())
-        labels = sorted(set(topo["topology"]) - {""})
-        tor_parts.append(
-            para(f"{len(topo)} hosts, {len(labels)} topology labels: " + ", ".join(labels[:40]))
-        )
-    else:
-        tor_parts.append(para("No path measured yet."))
-    return [
-        Section("RTT per path", cdf_parts),
-        Section("Heatmaps: src × dst", heat_parts),
-        Section("ToR matrix", tor_parts),
-    ], pics
+    return Gathered(text, why, why_error, prom, prom_error, now, got_rtt, rtt_error)
 
 
 def requests_section(g: Gathered) -> tuple[Section, list[Picture]]:
@@ -234,7 +141,8 @@ def requests_section(g: Gathered) -> tuple[Section, list[Picture]]:
         "waterfall.png",
         figures.waterfalls(wf, order),
         "stage waterfalls of the slowest requests",
-        "Stage durations from the requests' spans, laid end to end in pipeline order."
+        "Stage durations from the requests' spans (as finely as the engines time them), "
+        "laid end to end in pipeline order."
         + (f" {more} more requests not shown." if more else ""),
     )
     parts = [pic.tag()]
@@ -307,7 +215,8 @@ def over_time_section(g: Gathered, opts: ReportOptions) -> tuple[Section | None,
     if g.prom_error:
         return Section(title, [para(f"Prometheus query failed: {g.prom_error}", "error")]), []
     pics, parts = [], []
-    for what, df in g.prom.items():
+    for what, series in g.prom.items():
+        df = series[series["src"] != series["dst"]]  # a host's own delay is not a path
         if df.empty:
             parts.append(para(f"No {what} RTT series in the window."))
             continue
@@ -318,7 +227,13 @@ def over_time_section(g: Gathered, opts: ReportOptions) -> tuple[Section | None,
             f"rtt_{what}_over_time.png",
             figures.rtt_over_time(df, keys[:MAX_PATHS], what),
             f"{what} RTT over time",
-            "histogram_quantile over rate() of the RTT buckets; highest now first."
+            "Prometheus' histogram_quantile over rate(), a point every "
+            f"{max(1.0, round(opts.window_s / RANGE_POINTS)):g} s; highest now first. As fine "
+            "as the histogram Prometheus keeps: 1.09 % where it scrapes the native one "
+            "(protobuf), a factor of 2.5 from the classic buckets. Each host's own delay "
+            "(src = dst) is left out, as everywhere among the paths. Paths drawn: "
+            + "; ".join(f"{s} → {d} {t}" for s, d, t in keys[:MAX_PATHS])
+            + "."
             + (f" {more} more paths not shown." if more else ""),
         )
         pics.append(pic)
@@ -329,11 +244,35 @@ def over_time_section(g: Gathered, opts: ReportOptions) -> tuple[Section | None,
 def sections(g: Gathered, opts: ReportOptions) -> tuple[list[Section], list[Picture], int]:
     """The page's sections and pictures; and how many /metrics lines could not be read."""
     expo = frames.parse_exposition(g.metrics_text)
-    fabric, pics = fabric_sections(expo)
+    fabric, pics = fabric_sections(g, expo)
     req, req_pics = requests_section(g)
     timed, timed_pics = over_time_section(g, opts)
-    out = [*([timed] if timed else []), *fabric, req, *hosts_sections(expo)]
-    return out, [*timed_pics, *pics, *req_pics], expo.dropped
+    out = [*fabric[:2], req, *fabric[2:], *([timed] if timed else []), *hosts_sections(expo)]
+    return out, [*pics, *req_pics, *timed_pics], expo.dropped
+
+
+def fabric_sections(g: Gathered, expo: frames.Exposition) -> tuple[list[Section], list[Picture]]:
+    """RTT per path, each host's own delay, the heatmaps and the ToR matrix (four
+    sections, saying why when the Rtt query failed)."""
+    if g.rtt is None:
+        failed = para(f"Rtt query failed: {g.rtt_error}", "error")
+        titles = ("RTT per path", "Each host's own delay (its reference, not a path)",
+                  "Heatmaps: src × dst", "ToR matrix")  # fmt: skip
+        return [Section(t, [failed]) for t in titles], []
+    got = rtt.rtt_frames(g.rtt)
+    secs, pics = rtt_sections(got)
+    more, more_pics = matrix_sections(got, frames.host_topology(expo))
+    return [*secs, *more], [*pics, *more_pics]
+
+
+def cdf_csv(g: Gathered) -> str:
+    """The CDFs of the Rtt reply as CSV: one row per bucket of each path and host
+    reference that came with one (host_reference true for a host's own delay)."""
+    cdf = rtt.rtt_frames(g.rtt).cdf if g.rtt is not None else pd.DataFrame()
+    if cdf.empty:
+        return ",".join(["host_reference", *rtt.CDF_COLUMNS]) + "\n"
+    cdf = cdf.assign(host_reference=cdf["src"] == cdf["dst"])
+    return cdf[["host_reference", *rtt.CDF_COLUMNS]].to_csv(index=False, float_format="%.9g")
 
 
 def write(g: Gathered, opts: ReportOptions) -> Path:
@@ -344,7 +283,11 @@ def write(g: Gathered, opts: ReportOptions) -> Path:
         ("generated", when),
         ("collector", opts.collector),
         ("metrics", opts.metrics_url),
-        ("prometheus", opts.prometheus or "not asked"),
+        (
+            "RTT figures",
+            "the collector's sketches (Query API, Rtt), since each path's first window",
+        ),
+        ("prometheus", opts.prometheus or "not asked (used only for RTT over time)"),
         ("window", f"{opts.window_s:g} s"),
     ]
     if dropped:
@@ -352,6 +295,7 @@ def write(g: Gathered, opts: ReportOptions) -> Path:
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     for p in pics:
         (opts.out_dir / p.file).write_bytes(p.data)
+    (opts.out_dir / "rtt_cdf.csv").write_text(cdf_csv(g), encoding="utf-8")
     out = opts.out_dir / "report.html"
     out.write_text(page("fabricprobe report", meta, secs), encoding="utf-8")
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from fabricprobe.collector.attribution.stages import STAGES
 from fabricprobe.report.frames import PATH_KEYS, clip, path_name
+from fabricprobe.report.rtt import cdf_quantile
 
 DPI = 100
 STAGE_COLOURS = {
@@ -51,29 +52,71 @@ def _sig(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
 
 
-def rtt_cdfs(cdf: pd.DataFrame, order: Sequence[tuple[str, ...]], resolution: str) -> bytes:
-    """One CDF line per path (in ORDER, already bounded), points at the bucket bounds."""
-    fig = Figure(figsize=(11, 5.5), layout="constrained")
-    ax = fig.add_subplot()
+def _us(s: float) -> str:
+    return "-" if not math.isfinite(s) else f"{_sig(s * 1e6)} µs"
+
+
+def rtt_cdfs(
+    cdf: pd.DataFrame,
+    order: Sequence[Mapping[str, object]],
+    title: str,
+    resolution: str,
+    label: Callable[[Mapping[str, object]], str] = path_name,
+) -> tuple[bytes, list[str]]:
+    """One line per path of ORDER (rows with PATH_KEYS, min_s and max_s; already bounded)
+    through its CDF buckets' upper bounds: the CDF on the left, its tail (the fraction of
+    exchanges above each RTT, log scale) on the right. Each legend entry has the p50 and
+    p99 read off the line drawn. The PNG and the names of the lines drawn."""
+    fig = Figure(figsize=(12, 5 + 0.16 * ((len(order) + 1) // 2)), layout="constrained")
+    ax, tail = fig.subplots(1, 2)
     groups = {k: g for k, g in cdf.groupby(PATH_KEYS, sort=False)}
-    for key in order:
-        g = groups.get(tuple(key))
+    labels: list[str] = []
+    floor, lo_x, hi_x = 1.0, math.inf, 0.0
+    for i, row in enumerate(order):
+        g = groups.get(tuple(str(row.get(k, "")) for k in PATH_KEYS))
         if g is None:
             continue
-        label = path_name(dict(zip(PATH_KEYS, key, strict=True)))
-        ax.plot(g["le"], g["fraction"], marker="o", markersize=3, label=tx(label, 90))
-    ax.set_xscale("log")
-    moving = cdf[(cdf["fraction"] > 0) & (cdf["fraction"] < 1)]["le"]
-    if len(moving):
-        ax.set_xlim(float(moving.min()) / 3, float(moving.max()) * 3)
+        lo, hi = (float(pd.to_numeric(row.get(k), errors="coerce")) for k in ("min_s", "max_s"))
+        p50, p99 = (cdf_quantile(g, q, lo, hi) for q in (0.5, 0.99))
+        labels.append(label(row))
+        name = tx(f"{labels[-1]}: p50 {_us(p50)}, p99 {_us(p99)}", 110)
+        # microseconds: the first bucket's lower bound at the fraction below it, then
+        # each bucket's upper bound at the fraction at or below it
+        x = np.concatenate([[g["lower_s"].iloc[0]], g["upper_s"].to_numpy()]) * 1e6
+        y = np.concatenate([[(g["cumulative"].iloc[0] - g["count"].iloc[0]) / g["total"].iloc[0]],
+                            g["fraction"].to_numpy()])  # fmt: skip
+        style = {"color": f"C{i % 10}", "linestyle": "-" if i < 10 else "--", "linewidth": 1.2}
+        ax.plot(x, y, label=name, **style)
+        above = 1.0 - y
+        keep = above > 0
+        tail.plot(x[keep], above[keep], **style)
+        if keep.any():
+            floor = min(floor, float(above[keep].min()))
+        lo_x, hi_x = min(lo_x, float(x.min())), max(hi_x, float(x.max()))
+    plain = FuncFormatter(lambda v, _: _sig(v))
+    for a in (ax, tail):
+        a.set_xscale("log")
+        a.set_xlabel("RTT (µs, log scale)")
+        a.grid(True, which="both", alpha=0.3)
+        a.xaxis.set_major_formatter(plain)
+        a.xaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+        # the 2s and 5s labelled too unless the lines span two decades
+        a.xaxis.set_minor_formatter(NullFormatter() if hi_x > 100 * lo_x else plain)
     ax.set_ylim(0, 1.02)
-    ax.set_xlabel("RTT (s, log scale; points at the exported bucket bounds)")
     ax.set_ylabel("fraction of exchanges ≤ RTT")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.set_title(tx(f"RTT CDF per path — {resolution}", 400), fontsize=9, wrap=True)
-    if order:
-        ax.legend(fontsize=7, loc="lower right")
-    return png(fig)
+    ax.set_title("CDF", fontsize=9)
+    tail.set_yscale("log")
+    tail.set_ylim(max(min(floor, 1e-3) / 2, 1e-7), 1.2)
+    tail.set_ylabel("fraction of exchanges > RTT (log scale)")
+    tail.set_title("tail: each line crosses p50, p90, p99, p99.9 at the dotted lines", fontsize=9)
+    for q, what in ((0.5, "p50"), (0.1, "p90"), (0.01, "p99"), (0.001, "p99.9")):
+        tail.axhline(q, color="#999999", linewidth=0.6, linestyle=":")
+        tail.annotate(what, (0.01, q), xycoords=("axes fraction", "data"), fontsize=7,
+                      color="#666666", ha="left", va="bottom")  # fmt: skip
+    fig.suptitle(tx(title, 200) + "\n" + tx(resolution, 400), fontsize=9)
+    if labels:
+        fig.legend(fontsize=7, loc="outside lower center", ncols=2, frameon=False)
+    return png(fig), labels
 
 
 def _grid(
@@ -112,7 +155,7 @@ def _lognorm(*grids: pd.DataFrame) -> Normalize:
     if len(vals) == 0:
         return Normalize(0, 1)
     lo, hi = float(vals.min()), float(vals.max())
-    if hi < 2 * lo:  # span at least a factor of 2 (a bucket step): no colour for noise
+    if hi < 2 * lo:  # span at least a factor of 2: colour for what matters, not for noise
         mid = math.sqrt(lo * hi)
         lo, hi = mid / math.sqrt(2), mid * math.sqrt(2)
     return LogNorm(lo, hi)
@@ -171,8 +214,8 @@ def waterfalls(frame: pd.DataFrame, order: Sequence[str]) -> bytes:
     handles, labels = ax.get_legend_handles_labels()
     ranked = sorted(zip(labels, handles, strict=True), key=lambda lh: STAGES.index(lh[0]))
     if ranked:
-        ax.legend([h for _, h in ranked], [lb for lb, _ in ranked], fontsize=7, ncol=6,
-                  loc="upper center", bbox_to_anchor=(0.5, -0.18))  # fmt: skip
+        fig.legend([h for _, h in ranked], [lb for lb, _ in ranked], fontsize=7, ncols=6,
+                   loc="outside lower center", frameon=False)  # fmt: skip
     ax.grid(True, axis="x", alpha=0.3)
     return png(fig)
 

@@ -1,10 +1,9 @@
 """The report's figures as frames: pure pandas, text or rows in, DataFrame out, no I/O.
 
 Everything here comes from outside (a collector's /metrics text, its Why reply, a
-Prometheus answer), so every parser keeps what it can read and counts the rest.
-RTT percentiles are estimated from the exported histogram buckets the way Prometheus'
-histogram_quantile() does it (linear inside the bucket), so they are only as fine as
-the buckets: `bucket_resolution()` says how fine that is.
+Prometheus answer), so every parser keeps what it can read and counts the rest. The
+paths' RTT figures and CDFs come from the collector's sketches instead (report/rtt.py);
+/metrics gives the hosts' topology labels, counters and verdicts.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -22,7 +20,6 @@ from fabricprobe.collector.attribution.stages import STAGES
 from fabricprobe.collector.history import counter_category
 
 PATH_KEYS = ["src", "dst", "transport", "op", "size"]
-RTT_FAMILY = "fabricprobe_rtt_seconds"
 MAX_SAMPLES = 1_000_000  # sample lines kept from one exposition; the rest are counted
 MAX_LABEL = 64  # characters of a label kept for display
 
@@ -101,142 +98,7 @@ def path_name(row: Mapping[str, Any]) -> str:
     )
 
 
-# -- RTT histograms ---------------------------------------------------------------------
-
-
-def _le(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def rtt_buckets(expo: Exposition) -> pd.DataFrame:
-    """Cumulative RTT bucket counts per path: PATH_KEYS, le (seconds, inf last), count."""
-    df = expo.get(RTT_FAMILY + "_bucket")
-    cols = [*PATH_KEYS, "le", "count"]
-    if df.empty or "le" not in df.columns:
-        return pd.DataFrame({c: pd.Series(dtype=float if c in ("le", "count") else str)
-                             for c in cols})  # fmt: skip
-    out = df.reindex(columns=[*PATH_KEYS, "le", "value"]).copy()
-    out[PATH_KEYS] = out[PATH_KEYS].fillna("").astype(str)
-    out["le"] = out["le"].map(_le).astype(float)
-    out = out.rename(columns={"value": "count"}).dropna(subset=["le", "count"])
-    out = out[out["count"] >= 0]
-    return out.sort_values([*PATH_KEYS, "le"]).reset_index(drop=True)[cols]
-
-
-def bucket_resolution(buckets: pd.DataFrame) -> str:
-    """What the finite bucket bounds allow one to tell apart, in words."""
-    les = np.sort(buckets.loc[np.isfinite(buckets["le"]) & (buckets["le"] > 0), "le"].unique())
-    if len(les) == 0:
-        return "no RTT buckets exported"
-    if len(les) == 1:
-        return f"one bucket bound ({_seconds(les[0])}): RTT known only as below or above it"
-    steps = les[1:] / les[:-1]
-    return (
-        f"{len(les)} bucket bounds from {_seconds(les[0])} to {_seconds(les[-1])}, each "
-        f"{steps.min():.1f}–{steps.max():.1f}× the one below: a percentile read from "
-        f"them is known to within a factor of {steps.max():.1f}"
-    )
-
-
-def _seconds(s: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
-        if s >= scale:
-            return f"{s / scale:g} {unit}"
-    return f"{s:g} s"
-
-
-def rtt_cdf(buckets: pd.DataFrame) -> pd.DataFrame:
-    """Per path: the fraction of exchanges at or under each finite bucket bound.
-    Columns PATH_KEYS, le, fraction, total (paths with no exchange are left out)."""
-    cols = [*PATH_KEYS, "le", "fraction", "total"]
-    if buckets.empty:
-        return pd.DataFrame(columns=cols)
-    total = buckets.groupby(PATH_KEYS)["count"].transform("max")
-    out = buckets.assign(total=total)
-    out = out[(out["total"] > 0) & np.isfinite(out["le"])]
-    out = out.assign(fraction=(out["count"] / out["total"]).clip(0.0, 1.0))
-    return out.reset_index(drop=True)[cols]
-
-
-def bucket_quantile(les: Sequence[float], counts: Sequence[float], q: float) -> float:
-    """Prometheus' histogram_quantile() over one cumulative histogram (inf bound last):
-    linear inside the bucket holding the rank, the highest finite bound past it."""
-    if not les or not counts or not math.isinf(les[-1]):
-        return math.nan
-    total = counts[-1]
-    if total <= 0 or not 0 <= q <= 1:
-        return math.nan
-    rank = q * total
-    for i, (le, c) in enumerate(zip(les, counts, strict=True)):
-        if c >= rank:
-            if math.isinf(le):
-                return float(les[-2]) if len(les) > 1 else math.nan
-            lower = les[i - 1] if i else 0.0
-            below = counts[i - 1] if i else 0.0
-            if c == below:
-                return float(le)
-            return float(lower + (le - lower) * (rank - below) / (c - below))
-    return math.nan
-
-
-def _quantiles(group: pd.DataFrame) -> pd.Series:
-    les, counts = list(group["le"]), list(np.maximum.accumulate(group["count"].to_numpy()))
-    return pd.Series(
-        {
-            "exchanges": counts[-1] if counts else 0.0,
-            "p50_s": bucket_quantile(les, counts, 0.50),
-            "p99_s": bucket_quantile(les, counts, 0.99),
-        }
-    )
-
-
-def path_quantiles(buckets: pd.DataFrame, keys: Sequence[str] = tuple(PATH_KEYS)) -> pd.DataFrame:
-    """p50 and p99 RTT (seconds) per KEYS group, buckets of a group summed first (which is
-    how histograms merge). Columns KEYS, exchanges, p50_s, p99_s."""
-    cols = [*keys, "exchanges", "p50_s", "p99_s"]
-    if buckets.empty:
-        return pd.DataFrame(columns=cols)
-    merged = buckets.groupby([*keys, "le"], as_index=False)["count"].sum().sort_values("le")
-    out = merged.groupby(list(keys))[["le", "count"]].apply(_quantiles).reset_index()
-    return out[out["exchanges"] > 0].reset_index(drop=True)[cols]
-
-
-def path_loss(expo: Exposition) -> pd.DataFrame:
-    """Lost over attempted exchanges per path since the collector started (PATH_KEYS,
-    exchanges_total, lost_total, loss)."""
-    sent = expo.get("fabricprobe_probe_exchanges_total")
-    lost = expo.get("fabricprobe_probe_lost_total")
-    cols = [*PATH_KEYS, "exchanges_total", "lost_total", "loss"]
-    if sent.empty:
-        return pd.DataFrame(columns=cols)
-    a = sent.reindex(columns=[*PATH_KEYS, "value"]).rename(columns={"value": "exchanges_total"})
-    b = lost.reindex(columns=[*PATH_KEYS, "value"]).rename(columns={"value": "lost_total"})
-    for f in (a, b):
-        f[PATH_KEYS] = f[PATH_KEYS].fillna("").astype(str)
-    out = a.merge(b, on=PATH_KEYS, how="left")
-    out["loss"] = out["lost_total"] / out["exchanges_total"].where(out["exchanges_total"] > 0)
-    return out[cols]
-
-
-def path_table(buckets: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:
-    """Per path: exchanges, p50/p99 RTT and loss side by side, slowest p99 first."""
-    q = path_quantiles(buckets)
-    out = q.merge(loss, on=PATH_KEYS, how="outer")
-    return out.sort_values(["p99_s", "loss"], ascending=False, na_position="last").reset_index(
-        drop=True
-    )
-
-
-def path_classes(table: pd.DataFrame) -> list[tuple[str, str, str]]:
-    """(transport, op, size) probed, the most exchanges first: one heatmap each."""
-    if table.empty:
-        return []
-    n = table.assign(n=table["exchanges"].fillna(0)).groupby(["transport", "op", "size"])["n"]
-    order = n.sum().sort_values(ascending=False)
-    return [(str(t), str(o), str(s)) for t, o, s in order.index]
+# -- src x dst ---------------------------------------------------------------------------
 
 
 def matrix(

@@ -20,7 +20,7 @@ table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
 th, td { border: 1px solid #ddd; padding: 2px 6px; text-align: right; }
 th { background: #f3f3f3; } td.l, th.l { text-align: left; }
 img { max-width: 100%; border: 1px solid #eee; }
-p.note { color: #555; font-size: 0.85em; } p.error { color: #b00; }
+p.note, figcaption { color: #555; font-size: 0.85em; } p.error { color: #b00; }
 dl.meta dt { font-weight: bold; float: left; width: 10em; } dl.meta dd { margin-left: 10em; }
 .request { display: inline-block; vertical-align: top; margin: 0 1em 1em 0; max-width: 18em; }
 """
@@ -41,7 +41,7 @@ class Picture:
 
     def tag(self) -> str:
         b64 = base64.b64encode(self.data).decode("ascii")
-        cap = f"<figcaption>{esc(self.caption, 600)}</figcaption>" if self.caption else ""
+        cap = f"<figcaption>{esc(self.caption, 2000)}</figcaption>" if self.caption else ""
         return (
             f'<figure><img src="data:image/png;base64,{b64}" alt="{esc(self.alt)}">{cap}</figure>'
         )

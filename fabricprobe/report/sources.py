@@ -1,7 +1,7 @@
 """Where the report's data comes from over HTTP: a collector's /metrics and, optionally,
-a Prometheus HTTP API. Every call has a deadline and a size bound. (The Why query is a
-gRPC call the command makes with the collector credentials every client shares, and
-hands to build.gather().)
+a Prometheus HTTP API. Every call has a deadline and a size bound. (The Why and Rtt
+queries are gRPC calls the command makes with the collector credentials every client
+shares, and hands to build.gather(); `rtt_dict()` turns the Rtt reply into plain data.)
 """
 
 from __future__ import annotations
@@ -157,3 +157,22 @@ def prometheus_range(
         raise SourceError(f"{base}: expected a matrix result")
     result = data.get("result")
     return result if isinstance(result, list) else []
+
+
+def rtt_dict(reply: Any) -> dict[str, Any]:
+    """An RttReply as plain data: each path and host reference a dict of the fields it
+    carries (repeated ones as lists), and the totals."""
+
+    def fields(msg: Any) -> dict[str, Any]:
+        return {
+            fd.name: v if isinstance(v, str | bytes | int | float | bool) else list(v)
+            for fd, v in msg.ListFields()
+        }
+
+    return {
+        "paths": [fields(m) for m in reply.paths],
+        "host_references": [fields(m) for m in reply.host_references],
+        "paths_total": reply.paths_total,
+        "host_references_total": reply.host_references_total,
+        "now_ns": reply.now_ns,
+    }

@@ -76,6 +76,7 @@ class RequestResult:
     output_tokens: int
     kv_bytes: int
     arrival_ns: int
+    kv_round_trips: int = 0  # what the transfer's protocol waited for (KvChannel.round_trips)
     stages: dict[str, tuple[int, int]] = field(default_factory=dict)
     first_token_ns: int = 0
     error: str | None = None
@@ -148,8 +149,10 @@ class _Worker:
         ch = self.channel(res.src, res.dst)
         res.device = ch.device
         try:
+            chunk = layer_chunk(cfg.model, res.prompt_tokens)
+            res.kv_round_trips = ch.round_trips(res.kv_bytes, chunk)
             with _stage(res, "kv_transfer"):
-                ch.send(res.kv_bytes, layer_chunk(cfg.model, res.prompt_tokens))
+                ch.send(res.kv_bytes, chunk)
         except Exception:
             # an RC QP that saw an error completion is in the error state: the next
             # request on this path gets a fresh session

@@ -69,6 +69,8 @@ def emit_request(tracer: Any, res: RequestResult, model: str) -> None:
                 "fabricprobe.transport": res.transport,
                 "fabricprobe.bytes": res.kv_bytes,
             }
+            if res.kv_round_trips:
+                attrs["fabricprobe.round_trips"] = res.kv_round_trips
             if res.device:
                 attrs["fabricprobe.src.device"] = res.device
         span = tracer.start_span(stage, context=ctx, start_time=start, attributes=attrs)

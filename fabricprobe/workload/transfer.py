@@ -55,6 +55,8 @@ class KvChannel(Protocol):
 
     def send(self, nbytes: int, chunk: int | None = None) -> float: ...
 
+    def round_trips(self, nbytes: int, chunk: int | None = None) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -123,8 +125,23 @@ class TcpKvChannel(_KvSession):
         self.sent += 1
         return seconds
 
+    def round_trips(self, nbytes: int, chunk: int | None = None) -> int:
+        """One: the frame streams out whole and the sink's one byte answers it."""
+        return 1
+
     def _last_words(self) -> None:
         self.sock.sendall(_FRAME.pack(0))  # the frame of no bytes: the sink stops reading
+
+
+def write_round_trips(nbytes: int, chunk: int, outstanding: int) -> int:
+    """The round trips a transfer of NBYTES as WRITEs of CHUNK bytes, OUTSTANDING in
+    flight, waits for when the wire's delay rather than its bandwidth sets the pace: the
+    WRITEs go out a window at a time, and a window's completions come back one RTT after
+    it went out."""
+    if nbytes < 1 or chunk < 1 or outstanding < 1:
+        raise ValueError(f"{nbytes} bytes in chunks of {chunk}, {outstanding} in flight")
+    writes = -(-nbytes // chunk)
+    return -(-writes // outstanding)
 
 
 class RdmaKvChannel(_KvSession):
@@ -165,6 +182,9 @@ class RdmaKvChannel(_KvSession):
             self._stack.close()
             raise
         self.device = self.ep.device
+
+    def round_trips(self, nbytes: int, chunk: int | None = None) -> int:
+        return write_round_trips(nbytes, min(chunk or self.buffer, self.buffer), self.outstanding)
 
     def send(self, nbytes: int, chunk: int | None = None) -> float:
         """Move NBYTES as WRITEs of CHUNK bytes (default: the whole buffer); seconds until

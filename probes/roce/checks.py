@@ -490,48 +490,36 @@ def check_trust(view: HostView, t: Target, policy: Policy) -> CheckResult:
         return _dcb_unreadable(t, "trust", TITLE_TRUST, "trust mode", nobody, ev, runs)
     # trust mode, then where the RoCE and CNP DSCPs go: "dscp 26:3 48:6"
     v = " ".join([trust, *(f"{d}:{dscp_prio.get(d, 0)}" for d in (policy.dscp, policy.cnp_dscp))])
+
+    def result(status: Status, message: str, fix: str | None = None) -> CheckResult:
+        return t.result("trust", TITLE_TRUST, status, message, ev, fix=fix, value=v)
+
     if trust != "dscp":
-        return t.result(
-            "trust",
-            TITLE_TRUST,
+        return result(
             Status.FAIL,
             f"port trusts {trust.upper()}: untagged RoCE traffic lands on priority 0, outside PFC",
-            ev,
-            fix=f"mlnx_qos -i {nd} --trust dscp  # or: dcb apptrust set dev {nd} order dscp",
-            value=v,
+            f"mlnx_qos -i {nd} --trust dscp  # or: dcb apptrust set dev {nd} order dscp",
         )
     got = dscp_prio.get(policy.dscp, 0)
     if got != policy.priority:
-        return t.result(
-            "trust",
-            TITLE_TRUST,
+        return result(
             Status.FAIL,
             f"DSCP {policy.dscp} maps to priority {got}, not the PFC priority {policy.priority}",
-            ev,
-            fix=f"dcb app replace dev {nd} dscp-prio {policy.dscp}:{policy.priority}"
+            f"dcb app replace dev {nd} dscp-prio {policy.dscp}:{policy.priority}"
             f"  # or: mlnx_qos -i {nd} --dscp2prio set,{policy.dscp},{policy.priority}",
-            value=v,
         )
     cnp = dscp_prio.get(policy.cnp_dscp, 0)
     if cnp != policy.cnp_priority:
-        return t.result(
-            "trust",
-            TITLE_TRUST,
+        return result(
             Status.WARN,
             f"trust DSCP, DSCP {policy.dscp} -> priority {policy.priority}; but CNP DSCP "
             f"{policy.cnp_dscp} maps to priority {cnp}, not {policy.cnp_priority}",
-            ev,
-            fix=f"dcb app replace dev {nd} dscp-prio {policy.cnp_dscp}:{policy.cnp_priority}",
-            value=v,
+            f"dcb app replace dev {nd} dscp-prio {policy.cnp_dscp}:{policy.cnp_priority}",
         )
-    return t.result(
-        "trust",
-        TITLE_TRUST,
+    return result(
         Status.PASS,
         f"trust DSCP; DSCP {policy.dscp} -> priority {policy.priority}, "
         f"CNP DSCP {policy.cnp_dscp} -> priority {policy.cnp_priority}",
-        ev,
-        value=v,
     )
 
 

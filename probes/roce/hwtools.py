@@ -33,7 +33,7 @@ from types import MappingProxyType
 
 from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.numbers import parse_uint
-from fabricprobe.probes.roce.tools import PRIOS, bounded_lines, entries
+from fabricprobe.probes.roce.tools import PRIOS, bounded_lines, entries, search_mlnx_qos
 
 
 def _pairs(words: list[str], tool: str, key: str) -> dict[int, str]:
@@ -179,11 +179,9 @@ _MLNX_BUFROW = re.compile(r"^[ \t]*buffer[ \t]+([0-9](?:[ \t]+[0-9]){7})[ \t]*$"
 
 def parse_mlnx_qos_buffers(text: str) -> BufferConfig:
     """`Receive buffer size (bytes):` and the PFC table's `buffer` row of `mlnx_qos -i IF`."""
-    text = bounded_lines(text, "mlnx_qos")
-    sizes_m = _MLNX_BUFSIZE.search(text)
-    row_m = _MLNX_BUFROW.search(text)
-    if sizes_m is None and row_m is None:
-        raise ParseError("mlnx_qos: no receive buffer configuration in the output")
+    _, (sizes_m, row_m) = search_mlnx_qos(
+        text, (_MLNX_BUFSIZE, _MLNX_BUFROW), "no receive buffer configuration"
+    )
     size: dict[int, int] = {}
     if sizes_m is not None:
         items = [i for i in re.split(r"[, \t]+", sizes_m.group(1)) if i]

@@ -52,6 +52,18 @@ def bounded_lines(text: str, tool: str) -> str:
     return "\n".join(text.splitlines())
 
 
+def search_mlnx_qos(
+    text: str, parts: tuple[re.Pattern[str], ...], missing: str
+) -> tuple[str, list[re.Match[str] | None]]:
+    """`mlnx_qos -i IF` output TEXT (bounded_lines) and each of PARTS found in it, None
+    where one is not; ParseError saying MISSING when none is there."""
+    text = bounded_lines(text, "mlnx_qos")
+    found = [p.search(text) for p in parts]
+    if all(m is None for m in found):
+        raise ParseError(f"mlnx_qos: {missing} in the output")
+    return text, found
+
+
 def entries(
     words: Iterable[str], where: str, *, last: bool = False
 ) -> Iterator[tuple[str, str, str]]:
@@ -155,11 +167,9 @@ _ENABLED_ROW = re.compile(r"^[ \t]*enabled[ \t]+([01](?:[ \t]+[01]){7})[ \t]*$",
 
 def parse_mlnx_qos(text: str) -> MlnxQos:
     """`mlnx_qos -i IF` -> trust state, DSCP map, PFC priorities."""
-    text = bounded_lines(text, "mlnx_qos")
-    trust_m = _TRUST.search(text)
-    pfc_m = _ENABLED_ROW.search(text)
-    if trust_m is None and pfc_m is None:
-        raise ParseError("mlnx_qos: neither a trust state nor a PFC configuration in the output")
+    text, (trust_m, pfc_m) = search_mlnx_qos(
+        text, (_TRUST, _ENABLED_ROW), "neither a trust state nor a PFC configuration"
+    )
     dscp_prio: dict[int, int] = {}
     for line in text.split("\n"):
         m = _DSCP2PRIO.match(line)

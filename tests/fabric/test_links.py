@@ -154,7 +154,8 @@ def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Pat
         for _ in range(3):  # quiet windows: nothing flagged
             time.sleep(next_boundary(time.time()) + SETTLE_S - time.time())
             verdicts = links.snapshot().verdicts
-            print("links quiet:", [(v.link, v.classes, v.bad) for v in verdicts[:4]], flush=True)
+            quiet = [(v.link, v.classes, v.bad_classes) for v in verdicts[:4]]
+            print("links quiet:", quiet, flush=True)
             quiet_flags += [v.link for v in verdicts if v.suspect]
         assert not quiet_flags, quiet_flags
         rng = random.Random(int(os.environ.get("FABRICPROBE_TRIAL_SEED", "24")))
@@ -179,7 +180,7 @@ def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Pat
                         top = verdicts[0]
                         got.update(
                             classes=top.classes,
-                            bad_classes=top.bad,
+                            bad_classes=top.bad_classes,
                             rtt_rise_ms=round(top.rtt_rise_s * 1e3, 3),
                             loss=round(top.loss, 4),
                         )

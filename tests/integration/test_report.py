@@ -5,6 +5,7 @@ what the screenshot and the DOM show is checked."""
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import grpc  # type: ignore[import-untyped]
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.image import imread
 
@@ -28,8 +30,10 @@ from fabricprobe.cli.options import CollectorCredentials
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.auth import MutualTls
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
+from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.ethtool import CommandResult
+from fabricprobe.report.rtt import cdf_quantile
 from fabricprobe.workload.pipeline import Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.spans import emit_request
 from tests.integration.test_loopback_fleet import FIXTURES, free_port, wait_for
@@ -135,8 +139,6 @@ def prom_series(base: str, query: str) -> int:
     url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
-            import json
-
             return len(json.loads(r.read())["data"]["result"])
     except OSError:
         return 0
@@ -257,43 +259,66 @@ def test_report_renders_in_chromium(
             lambda: len(collector.attribution.analyse(max_age_s=0).requests) >= len(request_ids),
             what="the requests joined by the collector",
         )
-        out = tmp_path / "report"
-        tls = ["--ca-file", str(pki / "ca.pem"), "--cert-file", str(pki / "reader.pem"),
-               "--key-file", str(pki / "reader.key")]  # fmt: skip
-        metrics = f"http://127.0.0.1:{collector.metrics_port}/metrics"
-        common = ["--collector", f"127.0.0.1:{collector.port}", "--window", "120",
-                  "--metrics-url", metrics]  # fmt: skip
-        res = run_report([*common, *tls, "--prometheus", prometheus, "--out", str(out)])
-        assert res.returncode == 0, res.stderr
-        assert res.stdout.strip() == str(out / "report.html")
-        assert not res.stderr, res.stderr  # every source answered
-
-        # plain text, or TLS without the client certificate: the collector refuses
-        for creds in (
-            CollectorCredentials(insecure=True),
-            CollectorCredentials(ca_file=str(pki / "ca.pem")),
-        ):
-            with pytest.raises(grpc.RpcError) as refused:
-                why_query(f"127.0.0.1:{collector.port}", 1, 60, "e2e_s", 5, creds)
-            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        # a host's certificate does not make a reader
-        host = CollectorCredentials(
-            ca_file=str(pki / "ca.pem"),
-            cert_file=str(pki / "host-2.pem"),
-            key_file=str(pki / "host-2.key"),
+        wait_for(
+            lambda: all((n, n, "tcp", "pingpong", 64) in collector.store.paths for n in names),
+            what="each host's reference (its probe of its own responder)",
         )
-        with pytest.raises(grpc.RpcError) as refused:
-            why_query(f"127.0.0.1:{collector.port}", 1, 60, "e2e_s", 5, host)
-        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
+        for a in agents:  # no probe left in flight to a responder that closes
+            a.stop()
+            a.scheduler.stop()
         for a in agents:
             a.close()
+    # the agents are closed: the collector's figures hold still while the report and
+    # `probe why` read them
+    out = tmp_path / "report"
+    tls = ["--ca-file", str(pki / "ca.pem"), "--cert-file", str(pki / "reader.pem"),
+           "--key-file", str(pki / "reader.key")]  # fmt: skip
+    metrics = f"http://127.0.0.1:{collector.metrics_port}/metrics"
+    common = ["--collector", f"127.0.0.1:{collector.port}", "--window", "120",
+              "--metrics-url", metrics]  # fmt: skip
+    res = run_report([*common, *tls, "--prometheus", prometheus, "--out", str(out)])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(out / "report.html")
+    assert not res.stderr, res.stderr  # every source answered
+    why_started = time.monotonic()
+    why_args = ["why", "--json", "--window", "120", "--collector", f"127.0.0.1:{collector.port}"]
+    why = subprocess.run(
+        [sys.executable, "-m", "fabricprobe", *why_args, *tls],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert why.returncode == 0, why.stderr
+    why_took = time.monotonic() - why_started
+
+    # plain text, or TLS without the client certificate: the collector refuses
+    for creds in (
+        CollectorCredentials(insecure=True),
+        CollectorCredentials(ca_file=str(pki / "ca.pem")),
+    ):
+        with pytest.raises(grpc.RpcError) as refused:
+            why_query(f"127.0.0.1:{collector.port}", 1, 60, "e2e_s", 5, creds)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    # a host's certificate does not make a reader, for the Why query or the Rtt query
+    host = CollectorCredentials(
+        ca_file=str(pki / "ca.pem"),
+        cert_file=str(pki / "host-2.pem"),
+        key_file=str(pki / "host-2.key"),
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        why_query(f"127.0.0.1:{collector.port}", 1, 60, "e2e_s", 5, host)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as refused:
+        host.call(f"127.0.0.1:{collector.port}", "Rtt", pb.RttRequest(), 5)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     took = time.monotonic() - started
 
     page = out / "report.html"
     html = page.read_text()
     assert "http://" not in html.split("<body>", 1)[1].split("<dt>metrics</dt>")[0]
-    for png in ("rtt_cdf.png", "heatmap_0.png", "tor_matrix.png", "waterfall.png"):
+    for png in ("rtt_cdf.png", "own_delay_cdf.png", "heatmap_0.png", "tor_matrix.png",
+                "waterfall.png"):  # fmt: skip
         assert (out / png).stat().st_size > 5000, png
     assert (out / "rtt_p99_over_time.png").exists()
 
@@ -316,8 +341,46 @@ def test_report_renders_in_chromium(
     p99 = re.findall(r'<td class="l">RTT p99</td><td>([^<]*)</td>', text)
     assert len(p99) == len(shown) and all(v.endswith(" µs") for v in p99), p99
 
+    # the report's figures agree with `probe why --json`'s for the same paths: its CDFs
+    # (rtt_cdf.csv, read as the report reads them) and the table the page shows, within
+    # the sketches' 1 %
+    ranked = json.loads(why.stdout)["rtt"]
+    assert {(r["src"], r["dst"]) for r in ranked} >= {("host-2", "host-3"), ("host-4", "host-3")}
+    cdf = pd.read_csv(out / "rtt_cdf.csv", dtype={"src": str, "dst": str, "size": str})
+    paths_html = section(text, "RTT per path")
+    table = {row[0]: row[1:] for row in rows(paths_html)}
+    for r in ranked:
+        key = (r["src"], r["dst"], r["transport"], r["op"], str(r["size"]))
+        cols = ["src", "dst", "transport", "op", "size"]
+        g = cdf[(cdf[cols] == pd.Series(key, index=cols)).all(axis=1)]
+        assert len(g) > 3 and (g["schema"] == 6).all() and not g["host_reference"].any(), key
+        assert g["total"].iloc[0] == r["count"]
+        for q, name in ((0.5, "p50_s"), (0.9, "p90_s"), (0.99, "p99_s"), (0.999, "p999_s")):
+            got = cdf_quantile(g, q, g["min_s"].iloc[0], g["max_s"].iloc[0])
+            assert abs(got / r[name] - 1) <= 0.01, (key, name, got, r[name])
+        # exchanges, loss, then min, p50, p90, p99, p99.9 and max in µs, as printed
+        row = table[f"{r['src']} → {r['dst']} {r['transport']} {r['op']} {r['size']} B"]
+        assert int(row[0].replace(",", "")) == r["count"]
+        for v, name in zip(row[2:], ("min_s", "p50_s", "p90_s", "p99_s", "p999_s", "max_s"),
+                           strict=True):  # fmt: skip
+            assert abs(float(v.replace(",", "")) / (r[name] * 1e6) - 1) <= 0.01, (key, name, v)
+    # no host reference among the paths: each is in its own section, as the host's delay
+    for n in names:
+        assert f"{n} → {n}" not in paths_html
+    (drawn,) = re.findall(r"<figcaption>Paths drawn \(6\): ([^<]*)\.</figcaption>", paths_html)
+    assert set(drawn.split("; ")) == {f"{s} → {d} tcp pingpong 64 B"
+                                      for s in names for d in names if s != d}  # fmt: skip
+    own = rows(section(text, "Each host's own delay (its reference, not a path)"))
+    assert sorted(r[:2] for r in own) == [[n, "own delay (tcp pingpong 64 B)"] for n in names]
+    assert {r[0] for r in rows(paths_html)} == {
+        f"{s} → {d} tcp pingpong 64 B" for s in names for d in names if s != d
+    }
+    timed = section(text, "RTT over time (Prometheus)")
+    assert "Paths drawn: " in timed and "host-2 → host-3 tcp" in timed
+    assert not any(f"{n} → {n}" in timed for n in names)
+
     shot_file = tmp_path / "shot.png"
-    shot = chromium(f"--screenshot={shot_file}", "--window-size=1400,6000", page.as_uri())
+    shot = chromium(f"--screenshot={shot_file}", "--window-size=1400,7000", page.as_uri())
     assert shot.returncode == 0, shot.stderr
     screen = (imread(shot_file)[:, :, :3] * 255).astype(np.int16)
     heat = (imread(out / "heatmap_0.png")[:, :, :3] * 255).astype(np.int16)
@@ -331,7 +394,24 @@ def test_report_renders_in_chromium(
     assert len(cells) >= 3, f"{len(cells)} cell colours in the p50 heatmap"
     grey = np.all(np.abs(panel - 238) <= 2, axis=1).sum()  # unprobed diagonal cells
     assert grey > 1000
-    for png in ("waterfall.png",):
+    for png in ("rtt_cdf.png", "own_delay_cdf.png", "waterfall.png"):
         pic = (imread(out / png)[:, :, :3] * 255).astype(np.int16)
         locate(screen, pic)  # drawn, not a broken-image icon
-    print(f"report test: fleet and report in {took:.1f} s")
+    print(f"report test: fleet and report in {took:.1f} s (probe why --json: {why_took:.1f} s)")
+
+
+def section(dom: str, title: str) -> str:
+    """The HTML of the page's section titled TITLE, as the browser serialised it."""
+    after = dom.split(f"<h2>{title}</h2>", 1)
+    assert len(after) == 2, title
+    return after[1].split("</section>", 1)[0]
+
+
+def rows(html: str) -> list[list[str]]:
+    """The cells of each table row of HTML (header rows left out)."""
+    out = []
+    for tr in re.findall(r"<tr>(.*?)</tr>", html, flags=re.S):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", tr, flags=re.S)
+        if cells:
+            out.append(cells)
+    return out

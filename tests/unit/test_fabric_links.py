@@ -182,7 +182,7 @@ def test_the_degraded_link_is_ranked_first_and_alone(bad: str, how: str) -> None
     verdicts = loc.rank(paths, 5.0)
     assert verdicts[0].link == bad and verdicts[0].suspect
     assert [v.link for v in verdicts if v.suspect] == [bad]
-    assert verdicts[0].bad == verdicts[0].classes == len(through)
+    assert verdicts[0].bad_classes == verdicts[0].classes == len(through)
     if how == "delay":
         assert verdicts[0].rtt_rise_s == pytest.approx(0.003, rel=0.05)
     else:

@@ -96,3 +96,13 @@ def test_breakdown_puts_each_requests_stages_in_their_own_columns() -> None:
     for rid, row in want.items():
         for col, seconds in row.items():
             assert got.loc[rid, col] == pytest.approx(seconds, rel=1e-12, abs=1e-12), (rid, col)
+
+
+def test_a_spans_round_trips_reach_the_fabric_part() -> None:
+    said = StageRecord("a", "kv_transfer", 2 * S, 2 * S + S // 10, "h0", "h1", transport="rdma",
+                       bytes=1000, round_trips=8)  # fmt: skip
+    out = join_fabric(stages_frame([said, kv("b", 3 * S, 0.1)]), WINDOWS, RATES, slack_s=0.0)
+    out = out.set_index("request_id")
+    assert out.loc["a", "fabric_rtts"] == 8
+    assert out.loc["b", "fabric_rtts"] == 2  # the span did not say: RDMA's count
+    assert out.loc["a", "fabric_rtt_s"] == pytest.approx(4 * out.loc["b", "fabric_rtt_s"])

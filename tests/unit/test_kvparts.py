@@ -38,6 +38,21 @@ def frame(**over: object) -> pd.DataFrame:
     return pd.DataFrame([row])
 
 
+def test_the_spans_round_trips_stand_for_the_protocols_and_say_so() -> None:
+    said = split_parts(frame(round_trips=32)).iloc[0]
+    assert said["fabric_rtts"] == 32
+    assert said["fabric_s"] == pytest.approx(32 * 30e-6 + 1e6 / 10e9)
+    assert said["fabric_source"] == "rtt+bandwidth+loss@window;round-trips=span"
+    # 0 (or missing) is a span that did not say: the protocol's count
+    for unsaid in (frame(round_trips=0), frame(round_trips=np.nan)):
+        r = split_parts(unsaid).iloc[0]
+        assert r["fabric_rtts"] == PROTOCOL_RTTS["rdma"]
+        assert r["fabric_source"] == "rtt+bandwidth+loss@window"
+    # no path figures: no fabric part, and no source for it either
+    r = split_parts(frame(round_trips=8, rtt_p50_s=np.nan, rtt_p50_net_s=np.nan)).iloc[0]
+    assert math.isnan(r["fabric_s"]) and r["fabric_source"] == ""
+
+
 def test_fabric_is_the_protocols_rtts_plus_the_bytes_at_the_paths_bandwidth() -> None:
     r = split_parts(frame()).iloc[0]
     assert r["fabric_rtts"] == PROTOCOL_RTTS["rdma"] == 2

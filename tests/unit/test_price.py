@@ -74,6 +74,24 @@ def test_fresh_figures_give_the_fabric_part_at_the_rtts_p50_and_p99() -> None:
     assert q.known and q.p50_s == pytest.approx(p.p50_s)
 
 
+def test_the_rtt_is_the_smallest_probes_and_the_bandwidth_the_largest() -> None:
+    """A fleet probing several sizes: a 64 KiB ping-pong's RTT carries its own
+    serialization, and a 64 B stream is held to its message rate; neither is the price's."""
+    store, _ = store_with(end_ns=NOW - S // 2)
+    r = pb.WindowReport(
+        host="a", epoch=1, seq=2, window_start_unix_ns=NOW - S // 2, window_end_unix_ns=NOW
+    )
+    sk = LatencySketch()
+    sk.record_many([900_000] * 100)  # newer, and 30x the 64 B probes' RTT
+    r.probes.add(dst="b", transport="tcp", op="pingpong", size=65536, rtt=to_wire(sk))
+    r.probes.add(dst="b", transport="tcp", op="stream", size=64, bytes_moved=10**6, busy_seconds=1)
+    store.take(r)
+    p = kv_price(store, "a", "b", 524_288)
+    assert p.known
+    assert p.rtt_p50_s == pytest.approx(30e-6, rel=0.01)
+    assert p.bandwidth_bytes_per_s == 2e9
+
+
 def test_loss_and_a_slow_tail_raise_the_price() -> None:
     store, _ = store_with(rtt_ns=30_000, lost=5)
     p = kv_price(store, "a", "b", 4096 * 100)

@@ -1,10 +1,10 @@
-"""report.frames: exposition text and Why rows into frames, on small hand-made inputs."""
+"""report.frames: exposition text and Why rows into frames, on small hand-made inputs
+(the Rtt reply's frames: tests/unit/test_report_rtt.py)."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -57,50 +57,13 @@ def test_bad_lines_cost_only_themselves() -> None:
     e = frames.parse_exposition(text)
     assert e.dropped == 2
     assert set(e.get("fabricprobe_host_up")["src"]) == {"a", "b"}
-    assert len(frames.rtt_buckets(e)) == 15
+    assert len(e.get("fabricprobe_rtt_seconds_bucket")) == 15
 
 
 def test_samples_past_the_bound_are_counted() -> None:
     e = frames.parse_exposition(TEXT, max_samples=5)
     assert sum(len(df) for df in e.samples.values()) == 5
     assert e.dropped > 0
-
-
-def test_bucket_quantile_interpolates_as_prometheus_does() -> None:
-    les, counts = [1.0, 2.0, 4.0, math.inf], [10.0, 50.0, 100.0, 100.0]
-    assert frames.bucket_quantile(les, counts, 0.05) == pytest.approx(0.5)
-    assert frames.bucket_quantile(les, counts, 0.5) == pytest.approx(2.0)
-    assert frames.bucket_quantile(les, counts, 0.75) == pytest.approx(3.0)
-    # the rank falls in +Inf: the highest finite bound is all that is known
-    assert frames.bucket_quantile([1.0, math.inf], [5.0, 10.0], 0.99) == 1.0
-    assert math.isnan(frames.bucket_quantile([1.0, math.inf], [0.0, 0.0], 0.5))
-    assert math.isnan(frames.bucket_quantile([1.0, 2.0], [1.0, 2.0], 0.5))  # no +Inf
-
-
-def test_path_quantiles_cdf_and_loss(expo: frames.Exposition) -> None:
-    b = frames.rtt_buckets(expo)
-    q = frames.path_quantiles(b).set_index(["src", "dst"])
-    assert len(q) == 2  # the path with no exchange is left out
-    assert q.loc[("a", "b"), "p50_s"] == pytest.approx(2e-6 + 3e-6 * 40 / 80)
-    assert q.loc[("b", "a"), "p50_s"] == pytest.approx(5e-6)
-    assert q.loc[("b", "a"), "p99_s"] == 1e-5  # the rank is past the last finite bound
-    cdf = frames.rtt_cdf(b)
-    ab = cdf[(cdf["src"] == "a") & (cdf["dst"] == "b")]
-    assert list(ab["fraction"]) == [0.0, 0.1, 0.9, 1.0]
-    assert np.isfinite(cdf["le"]).all()
-    loss = frames.path_loss(expo).set_index(["src", "dst"])
-    assert loss.loc[("a", "b"), "loss"] == pytest.approx(2 / 102)
-    assert loss.loc[("a", "c"), "loss"] == pytest.approx(1.0)
-    table = frames.path_table(b, frames.path_loss(expo))
-    assert list(zip(table["src"], table["dst"], strict=True))[:2] == [("b", "a"), ("a", "b")]
-
-
-def test_resolution_says_how_far_apart_the_bounds_are(expo: frames.Exposition) -> None:
-    text = frames.bucket_resolution(frames.rtt_buckets(expo))
-    assert "4 bucket bounds from 1 µs to 10 µs" in text
-    assert "2.0–2.5×" in text and "factor of 2.5" in text
-    empty = frames.rtt_buckets(frames.parse_exposition(""))
-    assert frames.bucket_resolution(empty) == "no RTT buckets exported"
 
 
 def test_matrix_keeps_the_busiest_hosts() -> None:
@@ -116,16 +79,6 @@ def test_matrix_keeps_the_busiest_hosts() -> None:
     assert left == 1 and list(grid.index) == ["a", "b"] and list(grid.columns) == ["a", "b"]
     assert grid.loc["a", "b"] == 1.0 and grid.loc["b", "a"] == 3.0
     assert math.isnan(grid.loc["a", "a"])
-
-
-def test_tor_buckets_merge_before_the_quantile(expo: frames.Exposition) -> None:
-    b = frames.with_tor(frames.rtt_buckets(expo), frames.host_topology(expo))
-    tq = frames.path_quantiles(b, keys=("src_tor", "dst_tor")).set_index(["src_tor", "dst_tor"])
-    # a->b and b->a are both tor-1 -> tor-1: 200 exchanges from the summed buckets
-    assert tq.loc[("tor-1", "tor-1"), "exchanges"] == 200
-    merged = frames.bucket_quantile([1e-6, 2e-6, 5e-6, 1e-5, math.inf], [0, 10, 140, 198, 200], 0.5)
-    assert tq.loc[("tor-1", "tor-1"), "p50_s"] == pytest.approx(merged)
-    assert ("tor-1", "(none)") not in tq.index  # a->c exchanged nothing
 
 
 def test_host_counters_absent_is_not_zero(expo: frames.Exposition) -> None:

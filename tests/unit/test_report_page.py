@@ -16,6 +16,7 @@ from fabricprobe.core.errors import ConfigError
 from fabricprobe.report import build
 from fabricprobe.report.sources import HttpAuth, SourceError, fetch_metrics, prometheus_range
 from tests.unit.test_metrics_http import pki, registry, web_config  # noqa: F401  (pki: a fixture)
+from tests.unit.test_report_rtt import fleet_doc
 
 EVIL = '<script>alert("x")</script>$\\frac{a}{b}$' + "x" * 300
 
@@ -51,16 +52,30 @@ def opts(tmp_path: Path) -> build.ReportOptions:
     )
 
 
+def hostile_doc(hosts: list[str]) -> dict[str, object]:
+    """An Rtt reply of HOSTS (as names the collector might hold), every pair and each
+    host's reference."""
+    doc = fleet_doc(["h0", "h1", "h2"], windows=1)
+    for m in doc["paths"] + doc["host_references"]:
+        m["src"], m["dst"] = hosts[int(m["src"][1])], hosts[int(m["dst"][1])]
+    return doc
+
+
 def test_hostile_labels_are_escaped_bounded_and_drawn(opts: build.ReportOptions) -> None:
-    hosts = [escaped(EVIL), "b$", "c"]
+    hosts = [EVIL, "b$", "c"]
     slow = [{"request_id": EVIL, "src": EVIL, "dst": "c", "transport": "tcp",
              "prefill_s": 0.01, "kv_transfer_s": 0.02, "rtt_p99_s": 3e-5}]  # fmt: skip
-    g = build.Gathered(exposition(hosts), {"slowest": slow}, "")
+    text = exposition([escaped(h) for h in hosts])
+    g = build.Gathered(text, {"slowest": slow}, "", rtt=hostile_doc(hosts))
     page = build.write(g, opts).read_text()
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "x" * 250 not in page  # labels are cut short
-    for png in ("rtt_cdf.png", "heatmap_0.png", "tor_matrix.png", "waterfall.png"):
+    for png in ("rtt_cdf.png", "own_delay_cdf.png", "heatmap_0.png", "tor_matrix.png",
+                "waterfall.png"):  # fmt: skip
         assert (opts.out_dir / png).read_bytes().startswith(b"\x89PNG")
+    csv = (opts.out_dir / "rtt_cdf.csv").read_text().splitlines()
+    assert csv[0].startswith("host_reference,src,dst,transport,op,size,lower_s,upper_s,")
+    assert len(csv) > 9  # a row per bucket of the 6 paths and 3 references
     # nothing the page shows is fetched: pictures inline, no script, no link outward
     assert not re.search(r'(src|href)="(?!data:image/png;base64,|#s\d)', page)
     assert "Content-Security-Policy" in page
@@ -69,10 +84,13 @@ def test_hostile_labels_are_escaped_bounded_and_drawn(opts: build.ReportOptions)
 def test_many_paths_and_requests_are_bounded(opts: build.ReportOptions) -> None:
     hosts = [f"h{i:02d}" for i in range(45)]
     slow = [{"request_id": f"r{i}", "e2e_s": 1.0, "decode_s": 0.5} for i in range(25)]
-    g = build.Gathered(exposition(hosts), {"slowest": slow}, "")
+    doc = fleet_doc(hosts, windows=1, max_paths=build.RTT_PATHS)
+    g = build.Gathered(exposition(hosts), {"slowest": slow}, "", rtt=doc)
     secs, _, dropped = build.sections(g, opts)
     text = " ".join(" ".join(s.parts) for s in secs)
-    assert f"{45 * 44 - build.MAX_PATHS} more paths not shown" in text
+    assert f"{45 * 44 - build.MAX_PATHS} more paths not drawn" in text
+    assert f"{build.RTT_PATHS - 60} more not shown" in text  # the table's rows
+    assert f"The collector holds {45 * 44 - build.RTT_PATHS} more paths than it sent" in text
     assert "5 more hosts not shown" in text
     assert "15 more requests not shown" in text
     assert text.count('<div class="request">') == build.MAX_REQUESTS
@@ -80,12 +98,13 @@ def test_many_paths_and_requests_are_bounded(opts: build.ReportOptions) -> None:
 
 
 def test_sources_that_failed_say_so(opts: build.ReportOptions) -> None:
-    g = build.Gathered("", None, "collector x: UNAVAILABLE: down", prom_error="p: HTTP 500")
+    g = build.Gathered("", None, "collector x: UNAVAILABLE: down", prom_error="p: HTTP 500",
+                       rtt_error="collector x: UNIMPLEMENTED: older")  # fmt: skip
     secs, pics, _ = build.sections(g, build.ReportOptions(**{**opts.__dict__, "prometheus": "p"}))
     text = " ".join(" ".join(s.parts) for s in secs)
     assert "Why query failed: collector x: UNAVAILABLE: down" in text
     assert "Prometheus query failed: p: HTTP 500" in text
-    assert "No RTT histogram exported yet" in text
+    assert text.count("Rtt query failed: collector x: UNIMPLEMENTED: older") == 4
     assert "No verdicts reported" in text
     assert pics == []
 

@@ -18,6 +18,16 @@ def test_kv_transfer_span_carries_its_path() -> None:
     assert req is None
 
 
+def test_kv_transfer_span_may_say_its_round_trips() -> None:
+    sp = kv_span("r1", 10 * S, 0.25, "h0", "h1", 4096)
+    assert parse_span(sp)[0][0].round_trips == 0  # not said
+    said = span("kv_transfer", S, 2 * S, **{
+        "gen_ai.request.id": "r1", "fabricprobe.src.host": "h0", "fabricprobe.dst.host": "h1",
+        "fabricprobe.round_trips": 32,
+    })  # fmt: skip
+    assert parse_span(said)[0][0].round_trips == 32
+
+
 def test_stage_attribute_names_the_stage_and_trace_id_ties_the_request() -> None:
     (rec,), _ = parse_span(span("forward", S, 2 * S, **{"fabricprobe.stage": "decode"}))
     assert rec.stage == "decode"
@@ -64,6 +74,7 @@ def test_vllm_llm_request_derives_stages_and_request_figures() -> None:
         (span("queue", S, 2 * S, **{"gen_ai.request.id": 7}), "must be a string"),
         (span("llm_request", S, 2 * S, **{"gen_ai.latency.e2e": "slow"}), "must be a number"),
         (span("llm_request", S, 2 * S, **{"gen_ai.latency.e2e": -1.0}), "non-negative"),
+        (span("llm_request", S, 2 * S, **{"gen_ai.latency.e2e": 2e5}), "implausible"),
         (
             span("kv_transfer", S, 2 * S, **{
                 "fabricprobe.src.host": "a", "fabricprobe.dst.host": "b",
@@ -72,6 +83,20 @@ def test_vllm_llm_request_derives_stages_and_request_figures() -> None:
             "rdma or tcp",
         ),
         (span("queue", S, 2 * S, **{"gen_ai.request.id": "x" * 5000}), "longer than"),
+        (
+            span("kv_transfer", S, 2 * S, **{
+                "fabricprobe.src.host": "a", "fabricprobe.dst.host": "b",
+                "fabricprobe.round_trips": 1 << 20,
+            }),
+            "round_trips",
+        ),
+        (
+            span("kv_transfer", S, 2 * S, **{
+                "fabricprobe.src.host": "a", "fabricprobe.dst.host": "b",
+                "fabricprobe.round_trips": -3,
+            }),
+            "non-negative",
+        ),
     ],
 )  # fmt: skip
 def test_malformed_spans_say_why(bad: object, why: str) -> None:

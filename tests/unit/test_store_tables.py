@@ -171,7 +171,7 @@ def test_path_table_views_fresh_pairs_and_forget() -> None:
     assert ka is not None and kb is not None
     views = t.views("b", "a")
     assert [v.key for v in views] == [ka, kb]
-    assert views[0].src == "a" and views[0].dst == "b" and views[0].transport == "tcp"
+    assert (views[0].key.src, views[0].key.dst, views[0].key.transport) == ("a", "b", "tcp")
     assert views[0].rtt is not None and views[0].rtt.count == 1
     assert views[1].rtt is None and views[1].last_bytes_per_second == 100.0
     assert t.fresh(15 * S, 10) == [kb] and t.fresh(0, 1) == [ka]

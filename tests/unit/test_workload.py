@@ -16,7 +16,7 @@ from fabricprobe.core.models import PRESETS, model_shape
 from fabricprobe.probes.responder import Responder
 from fabricprobe.workload.pipeline import STAGE_ORDER, Host, WorkloadConfig, run_pipeline
 from fabricprobe.workload.summary import summarise
-from fabricprobe.workload.transfer import TcpKvChannel
+from fabricprobe.workload.transfer import TcpKvChannel, write_round_trips
 from tests.support.fleet import open_responder
 
 
@@ -51,6 +51,28 @@ def responder() -> Iterator[Responder]:
         yield r
 
 
+@pytest.mark.parametrize(
+    ("nbytes", "chunk", "outstanding", "want"),
+    [
+        (32 * 4096, 4096, 1, 32),  # layer by layer: a round trip each
+        (32 * 4096, 4096, 4, 8),
+        (32 * 4096 + 1, 4096, 4, 9),  # the tail is a WRITE of its own
+        (32 * 4096, 4096, 64, 1),  # all in flight at once
+        (1, 1 << 20, 4, 1),
+    ],
+)
+def test_write_round_trips_count_the_windows_a_transfer_waits_for(
+    nbytes: int, chunk: int, outstanding: int, want: int
+) -> None:
+    assert write_round_trips(nbytes, chunk, outstanding) == want
+
+
+def test_write_round_trips_refuse_what_is_no_transfer() -> None:
+    for args in ((0, 4096, 1), (1, 0, 1), (1, 4096, 0)):
+        with pytest.raises(ValueError):
+            write_round_trips(*args)
+
+
 def test_tcp_kv_channel_moves_whole_transfers(responder: Responder) -> None:
     ch = TcpKvChannel("127.0.0.1", responder.port, bind="127.0.0.1")
     try:
@@ -81,6 +103,7 @@ def test_pipeline_times_every_stage_on_loopback(responder: Responder) -> None:
         assert r.seconds("decode") >= 3 * 0.002
         assert 0 < r.ttft_s < r.e2e_s
         assert r.kv_bytes == cfg.model.kv_bytes(r.prompt_tokens)
+        assert r.kv_round_trips == 1  # over TCP: the frame out, the sink's byte back
     assert len({r.request_id for r in results + run_pipeline([(a, b)], cfg)}) == 12
     s = summarise(results)
     assert list(s["dst"]) == ["b", "c"] and list(s["requests"]) == [3, 3]

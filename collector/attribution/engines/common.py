@@ -78,21 +78,9 @@ class Origin:
     end_ns: int
 
     def fragment(self, kind: str, role: str, keys: tuple[str, ...], **figures: Any) -> Fragment:
-        """The fragment of this span: its KIND, ROLE, link KEYS and what else it says."""
-        return Fragment(
-            engine=self.engine,
-            kind=kind,
-            role=role,
-            trace_id=self.trace_id,
-            span_id=self.span_id,
-            parent_id=self.parent_id,
-            keys=keys,
-            hosts=self.hosts,
-            identity=self.identity,
-            start_ns=self.start_ns,
-            end_ns=self.end_ns,
-            **figures,
-        )
+        """The fragment of this span: its KIND, ROLE, link KEYS and what else it says (an
+        Origin's fields are a Fragment's, under the same names)."""
+        return Fragment(kind=kind, role=role, keys=keys, **vars(self), **figures)
 
     def measured(self, stage: str) -> StageSpan:
         """The span itself, as a measurement of STAGE."""

@@ -78,6 +78,19 @@ def served_model(attrs: dict[str, Any]) -> str:
     return str_attr(attrs, "gen_ai.response.model")[:MAX_NAME]
 
 
+def request_figures(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The request's own figures, under the names a RequestRecord and a Fragment give
+    them: TTFT and end-to-end latency, the token counts, the served model."""
+    out_tokens, in_tokens = token_counts(attrs)
+    return {
+        "ttft_s": seconds_attr(attrs, "gen_ai.latency.time_to_first_token"),
+        "e2e_s": seconds_attr(attrs, "gen_ai.latency.e2e"),
+        "output_tokens": out_tokens,
+        "prompt_tokens": in_tokens,
+        "model": served_model(attrs),
+    }
+
+
 def claims(name: str, attrs: dict[str, Any]) -> bool:
     return name == REQUEST_SPAN or name in CHILDREN
 
@@ -94,18 +107,13 @@ def fragment(span: trace_pb2.Span, attrs: dict[str, Any], origin: Origin) -> Fra
     stages = tuple(
         StageSpan(s, a, b, measured=False) for s, a, b in laid_out(attrs, origin.start_ns)
     )
-    out_tokens, in_tokens = token_counts(attrs)
     return origin.fragment(
         "request",
         "",
         keys,
         stages=stages,
         request_id=rid,
-        ttft_s=seconds_attr(attrs, "gen_ai.latency.time_to_first_token"),
-        e2e_s=seconds_attr(attrs, "gen_ai.latency.e2e"),
-        output_tokens=out_tokens,
-        prompt_tokens=in_tokens,
-        model=served_model(attrs),
+        **request_figures(attrs),
         kv_total=KV_TOTAL,
         kv_total_s=seconds_attr(attrs, KV_TOTAL),
         max_tokens=int_attr(attrs, "gen_ai.request.max_tokens"),

@@ -14,6 +14,7 @@ from fabricprobe.cli.options import (
     collector_option,
     fail,
     print_json,
+    shown_option,
 )
 
 EXIT_UNKNOWN = 3  # the collector answered: no fresh figures for that path (reason given)
@@ -64,7 +65,7 @@ printed), 1 when the collector cannot be asked, 2 on bad usage.""",
 @click.option("--src", required=True, help="Prefill host (an agent's name).")
 @click.option("--dst", required=True, help="Decode host.")
 @click.option("--bytes", "nbytes", type=click.IntRange(1, MAX_BYTES), required=True)
-@click.option("--timeout", type=click.FloatRange(0.01, 60), default=5.0, show_default=True)
+@shown_option("--timeout", click.FloatRange(0.01, 60), 5.0)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @collector_credential_options("File holding a reader token.")
 def cost(

@@ -7,7 +7,7 @@ import os
 import click
 from rich.console import Console
 
-from fabricprobe.cli.options import OneLineCommand, fail, sysfs_option
+from fabricprobe.cli.options import OneLineCommand, fail, shown_option, sysfs_option
 from fabricprobe.core.errors import ProbeError
 
 
@@ -25,13 +25,7 @@ Examples:
     help="Fabric description (JSON hosts: name, device, netdev, ip, gid_index); "
     "default: $LANE_FILE, written by the VM lane.",
 )
-@click.option(
-    "--iters",
-    type=click.IntRange(10, 1_000_000),
-    default=300,
-    show_default=True,
-    help="Round trips per path and transport.",
-)
+@shown_option("--iters", click.IntRange(10, 1_000_000), 300, "Round trips per path and transport.")
 @click.option(
     "--delay",
     default="2ms",

@@ -12,13 +12,13 @@ import click
 from rich.console import Console
 
 from fabricprobe.cli.options import (
-    OneLineCommand,
     Peer,
     SizeParam,
     fail,
     peer_options,
-    port_option,
     print_json,
+    probe_command,
+    shown_option,
     sysfs_option,
     timeout_option,
 )
@@ -51,12 +51,11 @@ device_option = click.option(
     default=None,
     help="RDMA device to use (default: the one owning the source address).",
 )
-engine_option = click.option(
+engine_option = shown_option(
     "--engine",
-    type=click.Choice(["auto", "pyverbs", "native"]),
-    default="auto",
-    show_default=True,
-    help="Hot loop: pyverbs, or the compiled one (native); auto takes native when built.",
+    click.Choice(["auto", "pyverbs", "native"]),
+    "auto",
+    "Hot loop: pyverbs, or the compiled one (native); auto takes native when built.",
 )
 tcp_option = click.option(
     "--tcp",
@@ -197,26 +196,22 @@ def _given(name: str) -> bool:
     return src not in (None, click.core.ParameterSource.DEFAULT)
 
 
-@click.command(
-    cls=OneLineCommand,
-    epilog="""\b
+@probe_command(
+    """\b
 Examples:
   probe lat 10.0.0.2                       # SEND/RECV ping-pong, 2 B, 1,000 iterations
   probe lat 10.0.0.2 --op write --size 4K --iters 100000
   probe lat 192.0.2.2 --bind 192.0.2.1 --tcp   # RDMA then TCP, with the bypass ratio
   probe lat 10.0.0.2 --json | jq .rdma.rtt.p99_us
   probe lat 10.0.0.2 --qp ud --iters 5000 --interval 0.001   # loss, paced at 1 kHz
-  probe lat 10.0.0.2 --qp ud --json | jq .loss.interval""",
+  probe lat 10.0.0.2 --qp ud --json | jq .loss.interval"""
 )
-@click.argument("peer")
-@port_option
-@click.option(
+@shown_option(
     "--qp",
-    type=click.Choice(["rc", "ud"]),
-    default="rc",
-    show_default=True,
-    help="RC ping-pong, or UD probes (a probe and two ACKs, the responder's delay taken "
-    "out): UD loses what the fabric drops and counts it, RC retransmits it.",
+    click.Choice(["rc", "ud"]),
+    "rc",
+    "RC ping-pong, or UD probes (a probe and two ACKs, the responder's delay taken out): UD "
+    "loses what the fabric drops and counts it, RC retransmits it.",
 )
 @click.option(
     "--interval",
@@ -231,16 +226,15 @@ Examples:
     help="UD: seconds a probe waits for its ACKs before the next goes (default 0.5); a "
     "later answer still counts until --timeout after the last probe.",
 )
-@click.option(
+@shown_option(
     "--op",
-    type=click.Choice(["send", "write"]),
-    default="send",
-    show_default=True,
-    help="SEND/RECV ping-pong, or RDMA WRITE with memory polling (perftest's write_lat).",
+    click.Choice(["send", "write"]),
+    "send",
+    "SEND/RECV ping-pong, or RDMA WRITE with memory polling (perftest's write_lat).",
 )
-@click.option("--size", type=SIZE, default="2", show_default=True, help="Message size, 1 B..1 MiB.")
-@click.option("--iters", type=click.IntRange(1, 10_000_000), default=1000, show_default=True)
-@click.option("--warmup", type=click.IntRange(0, 1_000_000), default=100, show_default=True)
+@shown_option("--size", SIZE, "2", "Message size, 1 B..1 MiB.")
+@shown_option("--iters", click.IntRange(1, 10_000_000), 1000)
+@shown_option("--warmup", click.IntRange(0, 1_000_000), 100)
 @rdma_peer_options
 def lat(
     to: RdmaPeer,
@@ -310,14 +304,9 @@ def lat(
     if as_json:
         print_json(out)
     else:
-        console = Console()
-        console.print(
-            f"RC {op} ping-pong {res.device} -> {to.host}:{to.port} ({res.engine} loop): "
-            f"{size:,} B, "
-            f"{iters:,} measured (+{warmup:,} warm-up)",
-            highlight=False,
+        console = _headline(
+            f"RC {op} ping-pong", res, link, f"{size:,} B, {iters:,} measured (+{warmup:,} warm-up)"
         )
-        console.print(f"engine: {res.engine_reason}", highlight=False)
         console.print(latency_table(rows))
         for name, summary in rows.items():
             console.print(loss_line(name, summary), highlight=False)
@@ -344,6 +333,16 @@ def lat(
     _end(errors)
 
 
+def _headline(what: str, res: R, link: LinkParams, figures: str) -> Console:
+    """A console for the run's lines, the first two printed: WHAT ran from which device to
+    LINK's peer in which loop, with its FIGURES; then why that loop."""
+    console = Console()
+    peer = f"{link.peer}:{link.port}"
+    console.print(f"{what} {res.device} -> {peer} ({res.engine} loop): {figures}", highlight=False)
+    console.print(f"engine: {res.engine_reason}", highlight=False)
+    return console
+
+
 def _lat_ud(
     ud: Any,
     link: LinkParams,
@@ -364,17 +363,16 @@ def _lat_ud(
     if as_json:
         print_json({"rdma": res.as_dict(), "loss": loss.as_dict()})
     else:
-        console = Console()
         pace = f"at most one per {interval * 1e3:,.3f} ms" if interval else "back to back"
-        console.print(
-            f"UD probes {res.device} -> {link.peer}:{link.port} ({res.engine} loop): "
-            f"{probes:,} probes "
-            f"(+{warmup:,} warm-up), {pace}; each waits {link.step(ud.UdLink.STEP_S):g} s "
-            f"for its ACKs before the next goes, late answers count until "
-            f"{max(late_s, link.step(ud.UdLink.STEP_S)):g} s after the last",
-            highlight=False,
+        step = link.step(ud.UdLink.STEP_S)
+        console = _headline(
+            "UD probes",
+            res,
+            link,
+            f"{probes:,} probes (+{warmup:,} warm-up), {pace}; each waits {step:g} s for its "
+            f"ACKs before the next goes, late answers count until {max(late_s, step):g} s "
+            "after the last",
         )
-        console.print(f"engine: {res.engine_reason}", highlight=False)
         console.print(latency_table({"rdma ud": res.summary}))
         delay, own = res.responder_delay_p50_us, res.prober_delay_p50_us
         p50 = res.summary.p50_us
@@ -398,28 +396,17 @@ def _send_side(engine: str | None) -> str:
     return ", and its send side when seen before the answer" if engine == "pyverbs" else ""
 
 
-@click.command(
-    cls=OneLineCommand,
-    epilog="""\b
+@probe_command(
+    """\b
 Examples:
   probe bw 10.0.0.2                        # RDMA WRITE, 64 KiB, 16 in flight
   probe bw 10.0.0.2 --op send --size 1M --iters 2000
-  probe bw 192.0.2.2 --bind 192.0.2.1 --tcp --json""",
+  probe bw 192.0.2.2 --bind 192.0.2.1 --tcp --json"""
 )
-@click.argument("peer")
-@port_option
-@click.option("--op", type=click.Choice(["write", "send"]), default="write", show_default=True)
-@click.option(
-    "--size", type=SIZE, default="64K", show_default=True, help="Message size, 1 B..1 MiB."
-)
-@click.option("--iters", type=click.IntRange(1, 10_000_000), default=1000, show_default=True)
-@click.option(
-    "--outstanding",
-    type=click.IntRange(1, 64),
-    default=16,
-    show_default=True,
-    help="Operations in flight.",
-)
+@shown_option("--op", click.Choice(["write", "send"]), "write")
+@shown_option("--size", SIZE, "64K", "Message size, 1 B..1 MiB.")
+@shown_option("--iters", click.IntRange(1, 10_000_000), 1000)
+@shown_option("--outstanding", click.IntRange(1, 64), 16, "Operations in flight.")
 @rdma_peer_options
 def bw(
     to: RdmaPeer, op: str, size: int, iters: int, outstanding: int, with_tcp: bool, as_json: bool
@@ -454,16 +441,13 @@ def bw(
     if as_json:
         print_json(out)
     else:
-        console = Console()
-        console.print(
-            f"RC {op} bandwidth {res.device} -> {to.host}:{to.port} ({res.engine} loop): "
-            f"{size:,} B x "
-            f"{res.completed:,}/{iters:,} in {res.duration_s:.3f} s = "
-            f"{res.bytes_per_second / 1e6:,.2f} MB/s "
-            f"({res.bytes_per_second * 8 / 1e9:.3f} Gb/s)",
-            highlight=False,
+        console = _headline(
+            f"RC {op} bandwidth",
+            res,
+            link,
+            f"{size:,} B x {res.completed:,}/{iters:,} in {res.duration_s:.3f} s = "
+            f"{res.bytes_per_second / 1e6:,.2f} MB/s ({res.bytes_per_second * 8 / 1e9:.3f} Gb/s)",
         )
-        console.print(f"engine: {res.engine_reason}", highlight=False)
         if with_tcp:
             tcp_mbps = out["tcp"]["bytes_per_second"] / 1e6
             ratio = _times(out["rdma_to_tcp_ratio"])

@@ -15,6 +15,7 @@ from fabricprobe.cli.options import (
     collector_credential_options,
     collector_option,
     fail,
+    shown_option,
 )
 from fabricprobe.core.errors import ConfigError
 
@@ -28,22 +29,22 @@ Examples:
       --key-file me.key --metrics-url http://10.0.0.9:9794/metrics
   probe report --insecure --prometheus http://127.0.0.1:9090 --window 3600""",
 )
-@collector_option("Collector's API, for the Why query.")
+@collector_option("Collector's API, for the Rtt and Why queries.")
 @click.option(
     "--metrics-url", metavar="URL", help="Collector's /metrics [http://HOST:9794/metrics]."
 )
 @click.option(
     "--prometheus", metavar="URL", default="", help="Prometheus HTTP API, for RTT over time."
 )
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="fabricprobe-report",
-              show_default=True, help="Folder for report.html and its PNGs.")  # fmt: skip
-@click.option("--window", "window_s", type=click.FloatRange(1, 7 * 86400), default=600.0,
-              show_default=True, help="Seconds back: requests, RTT over time.")  # fmt: skip
-@click.option("--timeout", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
-              help="Seconds the sources may take in all (/metrics, Why, Prometheus).")  # fmt: skip
+@shown_option("--out", click.Path(file_okay=False), "fabricprobe-report",
+              "Folder for report.html and its PNGs.", dest="out_dir")  # fmt: skip
+@shown_option("--window", click.FloatRange(1, 7 * 86400), 600.0,
+              "Seconds back: requests, RTT over time.", dest="window_s")  # fmt: skip
+@shown_option("--timeout", click.FloatRange(0.1, 3600), 30.0,
+              "Seconds the sources may take in all (/metrics, Why, Prometheus).")  # fmt: skip
 @click.option("--metrics-auth-file", type=click.Path(dir_okay=False),
               help="USER:PASSWORD for /metrics behind a web config (https only).")  # fmt: skip
-@collector_credential_options("File holding a token the collector knows (Why query).")
+@collector_credential_options("File holding a token the collector knows (Rtt, Why).")
 def report(
     collector: str,
     metrics_url: str | None,
@@ -55,13 +56,22 @@ def report(
     **creds: str | bool | None,
 ) -> None:
     """Write OUT/report.html, one self-contained page (pictures inline, nothing fetched
-    when it opens): RTT CDFs per path, src x dst and ToR heatmaps of RTT and loss, the
-    slowest requests' stages beside their path's fabric at the time, counters and
-    validate verdicts per host; and RTT over time when --prometheus is given. The PNGs
-    are written beside it. The credentials are those of `probe why`; https URLs are
-    checked against --ca-file, with the client certificate."""
-    from fabricprobe.report.build import ReportOptions, gather, write
-    from fabricprobe.report.sources import HttpAuth, SourceError
+    when it opens): RTT CDFs and percentiles per path from the collector's sketches (1 %
+    resolution, min and max exact), each host's own delay apart from the paths, src x dst
+    and ToR heatmaps of RTT and loss, the slowest requests' stages beside their path's
+    fabric at the time, counters and validate verdicts per host; and RTT over time when
+    --prometheus is given. The PNGs and rtt_cdf.csv (the CDFs' buckets) are written
+    beside it. The credentials are those of `probe why`; https URLs are checked against
+    --ca-file, with the client certificate."""
+    from fabricprobe.report.build import (
+        RTT_BUCKETS,
+        RTT_CDF_PATHS,
+        RTT_PATHS,
+        ReportOptions,
+        gather,
+        write,
+    )
+    from fabricprobe.report.sources import HttpAuth, SourceError, rtt_dict
 
     cc = CollectorCredentials.given(creds)
     try:
@@ -94,8 +104,20 @@ def report(
         except grpc.RpcError as e:
             raise SourceError(f"collector {target}: {e.code().name}: {e.details()}") from None
 
+    def rtt_query(deadline: float) -> dict[str, Any]:
+        """Every path's RTT distribution (the Rtt query), its errors the report's."""
+        import grpc
+
+        from fabricprobe.core.api import fabricprobe_pb2 as pb
+
+        ask = pb.RttRequest(max_paths=RTT_PATHS, cdf_paths=RTT_CDF_PATHS, max_buckets=RTT_BUCKETS)
+        try:
+            return rtt_dict(cc.call(target, "Rtt", ask, deadline))
+        except grpc.RpcError as e:
+            raise SourceError(f"collector {target}: {e.code().name}: {e.details()}") from None
+
     try:
-        gathered = gather(opts, why_query)
+        gathered = gather(opts, why_query, rtt_query)
         page = write(gathered, opts)
     except ConfigError as e:
         fail(str(e))
@@ -104,6 +126,8 @@ def report(
     except OSError as e:
         fail(f"{out_dir}: {e.strerror}", 1)
     click.echo(str(page))
+    if gathered.rtt_error:
+        click.echo(f"probe: warning: {gathered.rtt_error}", err=True)
     if gathered.why_error:
         click.echo(f"probe: warning: {gathered.why_error}", err=True)
     if gathered.prom_error:

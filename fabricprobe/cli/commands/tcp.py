@@ -13,13 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from fabricprobe.cli.options import (
-    OneLineCommand,
     Peer,
     SizeParam,
     fail,
     peer_options,
-    port_option,
     print_json,
+    probe_command,
     timeout_option,
 )
 from fabricprobe.cli.render import latency_table, loss_line, progress_bar
@@ -35,17 +34,14 @@ PROGRESS_MIN_ITERS = 2_000  # shorter runs finish before a bar would be any use
 R = TypeVar("R", LatencyResult, BandwidthResult)
 
 
-@click.command(
-    cls=OneLineCommand,
-    epilog="""\b
+@probe_command(
+    """\b
 Examples:
   probe tcp 10.0.0.2                          # 10,000 ping-pongs of 64 B, RTT table
   probe tcp 10.0.0.2:4793 --size 4K --iters 100000 --bind 10.0.0.1
   probe tcp 10.0.0.2 --bw --duration 10 --streams 4
-  probe tcp 10.0.0.2 --json | jq .rtt.p99_us""",
+  probe tcp 10.0.0.2 --json | jq .rtt.p99_us"""
 )
-@click.argument("peer")
-@port_option
 @click.option(
     "--size",
     type=SizeParam(tcp_lib.MIN_SIZE, tcp_lib.MAX_CHUNK),

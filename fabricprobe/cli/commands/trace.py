@@ -12,6 +12,7 @@ from fabricprobe.cli.options import (
     fail,
     json_option,
     print_json,
+    shown_option,
     sysfs_option,
 )
 from fabricprobe.core.errors import ProbeError
@@ -38,35 +39,23 @@ Examples:
 )
 @click.argument("peer")
 @bind_option
-@click.option(
+@shown_option(
     "--sports",
-    "classes",
-    type=click.IntRange(1, MAX_CLASSES),
-    default=4,
-    show_default=True,
-    help="How many ECMP classes (UDP source ports) to trace.",
+    click.IntRange(1, MAX_CLASSES),
+    4,
+    "How many ECMP classes (UDP source ports) to trace.",
+    dest="classes",
 )
-@click.option(
+@shown_option(
     "--method",
-    type=click.Choice(["auto", "ud", "udp"]),
-    default="auto",
-    show_default=True,
-    help="ud: hop-limited UD probes through the RDMA device (needs CAP_NET_RAW); udp: "
-    "UDP probes on the same 5-tuple (no privilege); auto: ud where it can be had.",
+    click.Choice(["auto", "ud", "udp"]),
+    "auto",
+    "ud: hop-limited UD probes through the RDMA device (needs CAP_NET_RAW); udp: UDP probes "
+    "on the same 5-tuple (no privilege); auto: ud where it can be had.",
 )
-@click.option(
-    "--max-hops",
-    type=click.IntRange(1, MAX_HOPS),
-    default=8,
-    show_default=True,
-    help="Highest TTL.",
-)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(0.01, 10),
-    default=0.3,
-    show_default=True,
-    help="Seconds to wait for each hop's answer.",
+@shown_option("--max-hops", click.IntRange(1, MAX_HOPS), 8, "Highest TTL.")
+@shown_option(
+    "--timeout", click.FloatRange(0.01, 10), 0.3, "Seconds to wait for each hop's answer."
 )
 @sysfs_option
 @json_option

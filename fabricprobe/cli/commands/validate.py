@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fabricprobe.cli.options import (
+    EXISTING_DIR,
     CollectorCredentials,
     OneLineCommand,
     ask_collector,
@@ -22,6 +23,7 @@ from fabricprobe.cli.options import (
     fail,
     json_option,
     print_json,
+    shown_option,
     sysfs_option,
     timeout_option,
 )
@@ -203,12 +205,11 @@ Checks that need root say so and are skipped when run unprivileged.""",
 @click.option("--policy", "policy_file", type=click.Path(dir_okay=False), help="TOML policy file.")
 @click.option("--priority", type=click.IntRange(0, 7), help="RoCE priority (default 3).")
 @click.option("--dscp", type=click.IntRange(0, 63), help="RoCE DSCP (default 26).")
-@click.option(
+@shown_option(
     "--window",
-    type=click.FloatRange(0, 600),
-    default=2.0,
-    show_default=True,
-    help="Seconds between the two counter samples (0: skip the counter check).",
+    click.FloatRange(0, 600),
+    2.0,
+    "Seconds between the two counter samples (0: skip the counter check).",
 )
 @click.option("--peer", metavar="HOST[:PORT]", help="Also measure RDMA and TCP to this host.")
 @bind_option
@@ -225,7 +226,7 @@ Checks that need root say so and are skipped when run unprivileged.""",
     "--replay",
     "replay_dirs",
     multiple=True,
-    type=click.Path(file_okay=False, exists=True),
+    type=EXISTING_DIR,
     help="Answer tool commands from captures in DIR/commands.toml (repeatable, later wins).",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show the evidence each check read.")

@@ -15,9 +15,13 @@ from fabricprobe.cli.options import (
     collector_credential_options,
     collector_option,
     print_json,
+    shown_option,
 )
 
 EXIT_EMPTY = 3  # the collector answered, but has no request on a path to show
+# what --by may name: the collector's SORT_KEYS (collector/query.py), not imported here so
+# that `probe why --help` loads no collector code
+SLOWEST_BY = ("e2e_s", "ttft_s", "kv_transfer_s", "itl_s", "kv_wait_s", "fabric_s")
 
 
 def reply_dict(reply: Any) -> dict[str, Any]:
@@ -37,6 +41,7 @@ def reply_dict(reply: Any) -> dict[str, Any]:
         "now_ns": reply.now_ns,
         "slowest": [fields(r) for r in reply.slowest],
         "paths": [fields(p) for p in reply.paths],
+        "rtt": [fields(r) for r in reply.rtt],
         "communication_bound": reply.communication_bound,
         "goodput": [fields(reply.goodput)] if reply.HasField("goodput") else [],
         "stages": reply.stages,
@@ -260,21 +265,11 @@ printed: no spans, nothing joined to a path, no fabric windows), 1 when the coll
 cannot be asked, 2 on bad usage.""",
 )
 @collector_option()
-@click.option("--slowest", type=click.IntRange(1, 200), default=10, show_default=True)
+@shown_option("--slowest", click.IntRange(1, 200), 10)
 @click.option("--window", "window_s", type=click.FloatRange(1, 86400), help="Seconds [60].")
-@click.option(
-    "--by",
-    type=click.Choice(["e2e_s", "ttft_s", "kv_transfer_s", "itl_s", "kv_wait_s", "fabric_s"]),
-    default="e2e_s",
-    show_default=True,
-    help="What 'slowest' means.",
-)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(1, 3600),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for the collector's analysis.",
+@shown_option("--by", click.Choice(SLOWEST_BY), "e2e_s", "What 'slowest' means.")
+@shown_option(
+    "--timeout", click.FloatRange(1, 3600), 30.0, "Seconds to wait for the collector's analysis."
 )
 @click.option(
     "--links",

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from fabricprobe.cli.options import fail, print_json
+from fabricprobe.cli.options import EXISTING_DIR, fail, print_json, shown_option
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -61,17 +61,13 @@ Examples:
   probe windows --dir DIR --sql "SELECT * FROM rates WHERE name = 'rx_prio3_pause'" """,
 )
 @click.option(
-    "--dir",
-    "directory",
-    required=True,
-    type=click.Path(file_okay=False, exists=True),
-    help="The collector's --windows-dir.",
+    "--dir", "directory", required=True, type=EXISTING_DIR, help="The collector's --windows-dir."
 )
 @click.option("--since", default="1h", show_default=True, help="Time range, e.g. 15m, 6h, 7d.")
 @click.option("--src", help="Only paths from this host.")
 @click.option("--dst", help="Only paths to this host.")
 @click.option("--transport", type=click.Choice(["rdma", "tcp"]), help="Only this transport.")
-@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@shown_option("--limit", click.IntRange(1, 100_000), 50)
 @click.option("--sql", help="Run this query instead (views: windows, rates).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def windows(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -17,6 +18,7 @@ from fabricprobe.cli.options import (
     collector_credential_options,
     fail,
     print_json,
+    shown_option,
 )
 from fabricprobe.core.errors import ProbeError
 from fabricprobe.core.hostport import DEFAULT_PORT, parse_hostport
@@ -104,31 +106,29 @@ Presets: """
 @click.option("--kv-heads", type=click.IntRange(1, 1024), help="KV heads (GQA groups).")
 @click.option("--head-dim", type=click.IntRange(1, 4096), help="Head dimension.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV cache dtype.")
-@click.option("--prompt-tokens", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
-@click.option("--output-tokens", type=click.IntRange(1, 1 << 16), default=32, show_default=True)
-@click.option("--requests", type=click.IntRange(1, 1_000_000), default=30, show_default=True)
-@click.option("--rate", type=click.FloatRange(0, 1e6), default=0.0, show_default=True,
-              help="Arrivals per second (Poisson); 0 sends them back to back.")  # fmt: skip
-@click.option("--concurrency", type=click.IntRange(1, 256), default=1, show_default=True)
-@click.option("--prefill-us-per-token", type=click.FloatRange(0, 1e6), default=20.0,
-              show_default=True, help="Simulated prefill compute per prompt token.")  # fmt: skip
-@click.option("--decode-ms-per-token", type=click.FloatRange(0, 1e4), default=5.0,
-              show_default=True, help="Simulated decode step per output token.")  # fmt: skip
-@click.option("--transport", type=click.Choice(["rdma", "tcp", "both"]), default="rdma",
-              show_default=True)  # fmt: skip
+@shown_option("--prompt-tokens", click.IntRange(1, 1 << 20), 1024)
+@shown_option("--output-tokens", click.IntRange(1, 1 << 16), 32)
+@shown_option("--requests", click.IntRange(1, 1_000_000), 30)
+@shown_option("--rate", click.FloatRange(0, 1e6), 0.0,
+              "Arrivals per second (Poisson); 0 sends them back to back.")  # fmt: skip
+@shown_option("--concurrency", click.IntRange(1, 256), 1)
+@shown_option("--prefill-us-per-token", click.FloatRange(0, 1e6), 20.0,
+              "Simulated prefill compute per prompt token.")  # fmt: skip
+@shown_option("--decode-ms-per-token", click.FloatRange(0, 1e4), 5.0,
+              "Simulated decode step per output token.")  # fmt: skip
+@shown_option("--transport", click.Choice(["rdma", "tcp", "both"]), "rdma")
 @click.option("--host", "host_specs", multiple=True, metavar="NAME=ADDR",
               help="A host: its agent name and responder address (repeat).")  # fmt: skip
 @click.option("--path", "path_specs", multiple=True, metavar="SRC:DST",
               help="Prefill host -> decode host (repeat); default: loopback.")  # fmt: skip
-@click.option("--outstanding", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="RDMA WRITEs in flight per transfer (one layer's KV cache each).")  # fmt: skip
-@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
-              help="Responders' control port.")  # fmt: skip
+@shown_option("--outstanding", click.IntRange(1, 64), 4,
+              "RDMA WRITEs in flight per transfer (one layer's KV cache each).")  # fmt: skip
+@shown_option("--port", click.IntRange(0, 65535), DEFAULT_PORT, "Responders' control port.")
 @click.option("--serve", is_flag=True, help="Run a responder in this process (loopback use).")
 @click.option("--otlp", metavar="HOST:PORT", help="Send spans here (the collector's address).")
-@click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--route", type=click.Choice(ROUTES), default="round-robin", show_default=True,
-              help="Each request's decode host: in turn, or the one the fabric prices lowest"
+@shown_option("--seed", click.INT, 1)
+@shown_option("--route", click.Choice(ROUTES), "round-robin",
+              "Each request's decode host: in turn, or the one the fabric prices lowest"
               " for its KV bytes (asks --collector; in turn when no price is known).")  # fmt: skip
 @click.option("--collector", metavar="HOST:PORT", default="127.0.0.1:4794", show_default=True,
               help="The collector whose prices --route fabric asks.")  # fmt: skip
@@ -207,28 +207,27 @@ def workload(
         from fabricprobe.workload.spans import SpanSender
 
         sender = SpanSender(otlp)
+    cfg = WorkloadConfig(  # the same for each transport, on the responders' port
+        model=model,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        prefill_s_per_token=prefill_us_per_token * 1e-6,
+        decode_step_s=decode_ms_per_token * 1e-3,
+        requests=requests,
+        rate=rate,
+        concurrency=concurrency,
+        outstanding=outstanding,
+        seed=seed,
+    )
     results: list[RequestResult] = []
     try:
         with contextlib.ExitStack() as stack:
             if serve:
                 port = stack.enter_context(_local_responder(paths[0][1].address, port))
+            emit = (lambda r: sender.emit(r, model.name)) if sender else None
             for tr in transports:
-                cfg = WorkloadConfig(
-                    model=model,
-                    prompt_tokens=prompt_tokens,
-                    output_tokens=output_tokens,
-                    prefill_s_per_token=prefill_us_per_token * 1e-6,
-                    decode_step_s=decode_ms_per_token * 1e-3,
-                    requests=requests,
-                    rate=rate,
-                    concurrency=concurrency,
-                    transport=tr,
-                    outstanding=outstanding,
-                    port=port,
-                    seed=seed,
-                )
-                emit = (lambda r: sender.emit(r, model.name)) if sender else None
-                results += run_pipeline(paths, cfg, on_request=emit, router=router)
+                run = replace(cfg, transport=tr, port=port)
+                results += run_pipeline(paths, run, on_request=emit, router=router)
     except (ProbeError, OSError, ImportError) as e:
         fail(f"workload: {e}", 1)
     finally:

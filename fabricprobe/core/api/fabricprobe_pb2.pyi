@@ -451,7 +451,7 @@ class Goodput(_message.Message):
     def __init__(self, requests: _Optional[int] = ..., met: _Optional[int] = ..., tokens: _Optional[float] = ..., goodput_tps: _Optional[float] = ..., throughput_tps: _Optional[float] = ...) -> None: ...
 
 class WhyReply(_message.Message):
-    __slots__ = ("now_ns", "slowest", "paths", "communication_bound", "goodput", "stages", "empty_reason")
+    __slots__ = ("now_ns", "slowest", "paths", "communication_bound", "goodput", "stages", "empty_reason", "rtt")
     NOW_NS_FIELD_NUMBER: _ClassVar[int]
     SLOWEST_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
@@ -459,6 +459,7 @@ class WhyReply(_message.Message):
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     EMPTY_REASON_FIELD_NUMBER: _ClassVar[int]
+    RTT_FIELD_NUMBER: _ClassVar[int]
     now_ns: int
     slowest: _containers.RepeatedCompositeFieldContainer[SlowRequest]
     paths: _containers.RepeatedCompositeFieldContainer[PathRank]
@@ -466,7 +467,8 @@ class WhyReply(_message.Message):
     goodput: Goodput
     stages: int
     empty_reason: str
-    def __init__(self, now_ns: _Optional[int] = ..., slowest: _Optional[_Iterable[_Union[SlowRequest, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathRank, _Mapping]]] = ..., communication_bound: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., stages: _Optional[int] = ..., empty_reason: _Optional[str] = ...) -> None: ...
+    rtt: _containers.RepeatedCompositeFieldContainer[PathRtt]
+    def __init__(self, now_ns: _Optional[int] = ..., slowest: _Optional[_Iterable[_Union[SlowRequest, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathRank, _Mapping]]] = ..., communication_bound: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., stages: _Optional[int] = ..., empty_reason: _Optional[str] = ..., rtt: _Optional[_Iterable[_Union[PathRtt, _Mapping]]] = ...) -> None: ...
 
 class CheckVerdict(_message.Message):
     __slots__ = ("check", "device", "port", "netdev", "status", "value", "message")
@@ -662,3 +664,77 @@ class LinksReply(_message.Message):
     class_paths: int
     classes: _containers.RepeatedCompositeFieldContainer[ClassLinks]
     def __init__(self, configured: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkVerdict, _Mapping]]] = ..., class_paths: _Optional[int] = ..., classes: _Optional[_Iterable[_Union[ClassLinks, _Mapping]]] = ...) -> None: ...
+
+class RttRequest(_message.Message):
+    __slots__ = ("max_paths", "cdf_paths", "max_buckets", "src", "dst")
+    MAX_PATHS_FIELD_NUMBER: _ClassVar[int]
+    CDF_PATHS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    max_paths: int
+    cdf_paths: int
+    max_buckets: int
+    src: str
+    dst: str
+    def __init__(self, max_paths: _Optional[int] = ..., cdf_paths: _Optional[int] = ..., max_buckets: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ...) -> None: ...
+
+class PathRtt(_message.Message):
+    __slots__ = ("src", "dst", "transport", "op", "size", "host_reference", "count", "lost", "min_s", "p50_s", "p90_s", "p99_s", "p999_s", "max_s", "mean_s", "since_unix_ns", "newest_unix_ns", "schema", "buckets", "counts", "zero_count")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    HOST_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    MIN_S_FIELD_NUMBER: _ClassVar[int]
+    P50_S_FIELD_NUMBER: _ClassVar[int]
+    P90_S_FIELD_NUMBER: _ClassVar[int]
+    P99_S_FIELD_NUMBER: _ClassVar[int]
+    P999_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_S_FIELD_NUMBER: _ClassVar[int]
+    MEAN_S_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    ZERO_COUNT_FIELD_NUMBER: _ClassVar[int]
+    src: str
+    dst: str
+    transport: str
+    op: str
+    size: int
+    host_reference: bool
+    count: int
+    lost: int
+    min_s: float
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    p999_s: float
+    max_s: float
+    mean_s: float
+    since_unix_ns: int
+    newest_unix_ns: int
+    schema: int
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    zero_count: int
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., host_reference: _Optional[bool] = ..., count: _Optional[int] = ..., lost: _Optional[int] = ..., min_s: _Optional[float] = ..., p50_s: _Optional[float] = ..., p90_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., p999_s: _Optional[float] = ..., max_s: _Optional[float] = ..., mean_s: _Optional[float] = ..., since_unix_ns: _Optional[int] = ..., newest_unix_ns: _Optional[int] = ..., schema: _Optional[int] = ..., buckets: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., zero_count: _Optional[int] = ...) -> None: ...
+
+class RttReply(_message.Message):
+    __slots__ = ("paths", "host_references", "paths_total", "host_references_total", "now_ns")
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    HOST_REFERENCES_FIELD_NUMBER: _ClassVar[int]
+    PATHS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_REFERENCES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NOW_NS_FIELD_NUMBER: _ClassVar[int]
+    paths: _containers.RepeatedCompositeFieldContainer[PathRtt]
+    host_references: _containers.RepeatedCompositeFieldContainer[PathRtt]
+    paths_total: int
+    host_references_total: int
+    now_ns: int
+    def __init__(self, paths: _Optional[_Iterable[_Union[PathRtt, _Mapping]]] = ..., host_references: _Optional[_Iterable[_Union[PathRtt, _Mapping]]] = ..., paths_total: _Optional[int] = ..., host_references_total: _Optional[int] = ..., now_ns: _Optional[int] = ...) -> None: ...

@@ -309,6 +309,11 @@ class QueryStub:
                 request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksRequest.SerializeToString,
                 response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksReply.FromString,
                 _registered_method=True)
+        self.Rtt = channel.unary_unary(
+                '/fabricprobe.v1.Query/Rtt',
+                request_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RttRequest.SerializeToString,
+                response_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RttReply.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -348,6 +353,16 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rtt(self, request, context):
+        """Each probed path's RTT distribution over every window the collector took for it
+        (since it first saw the path), read from its per-path sketch: exact count, loss,
+        min, max and mean, p50 to p99.9, and the CDF's buckets; the hosts' references (a
+        host's probe of its own responder) apart from the paths. `probe report`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -370,6 +385,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.Links,
                     request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksRequest.FromString,
                     response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksReply.SerializeToString,
+            ),
+            'Rtt': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rtt,
+                    request_deserializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RttRequest.FromString,
+                    response_serializer=fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RttReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -481,6 +501,33 @@ class Query:
             '/fabricprobe.v1.Query/Links',
             fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksRequest.SerializeToString,
             fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.LinksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rtt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabricprobe.v1.Query/Rtt',
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RttRequest.SerializeToString,
+            fabricprobe_dot_core_dot_api_dot_fabricprobe__pb2.RttReply.FromString,
             options,
             channel_credentials,
             insecure,
