@@ -238,6 +238,16 @@ def windows_over(
     return [ws[j]] if j < len(ws) and ws[j].end_ns <= end_ns + horizon else []
 
 
+def smallest_probes(ws: list[FabricWindow]) -> list[FabricWindow]:
+    """WS's windows of its smallest probe size: the path's RTT per round trip. A larger
+    probe's RTT carries its own serialization, which a transfer's bytes are charged for
+    apart (at the path's bandwidth), so a fleet probing several sizes counts it once."""
+    if not ws:
+        return ws
+    size = min(w.size for w in ws)
+    return [w for w in ws if w.size == size]
+
+
 def host_excess(
     index: FabricIndex, host: str, start_ns: int, end_ns: int, slack: int, horizon: int
 ) -> tuple[float, float]:
@@ -335,7 +345,7 @@ def join_transfer(
             if not math.isnan(nx["nixl_bytes_per_s"]):
                 break
     pw = index.path(src, dst, stage.transport)
-    w = windows_over(pw, start, end, slack, horizon)
+    w = smallest_probes(windows_over(pw, start, end, slack, horizon))
     rmin, p50 = _min(x.rtt_min_s for x in w), _mean(x.rtt_p50_s for x in w)
     p99 = _max(x.rtt_p99_s for x in w)
     out.update(
@@ -357,7 +367,7 @@ def join_transfer(
     known = [e for e in ends if not math.isnan(e[0])]
     delay = sum(e[0] for e in known) if known else NAN
     delay99 = sum(e[1] for e in known) if known else NAN
-    floor = _min(x.rtt_min_s for x in pw)
+    floor = _min(x.rtt_min_s for x in pw if x.size == w[0].size) if w else NAN
     rise, rise99 = p50 - floor, p99 - floor
     out["host_delay_s"] = delay
     out["rtt_p50_net_s"] = max(rmin, p50 - delay) if known and w else p50

@@ -106,3 +106,17 @@ def test_a_spans_round_trips_reach_the_fabric_part() -> None:
     assert out.loc["a", "fabric_rtts"] == 8
     assert out.loc["b", "fabric_rtts"] == 2  # the span did not say: RDMA's count
     assert out.loc["a", "fabric_rtt_s"] == pytest.approx(4 * out.loc["b", "fabric_rtt_s"])
+
+
+def test_the_rtt_is_the_smallest_probes_of_the_path() -> None:
+    """A fleet probing 64 B and 64 KiB: the larger probe's RTT carries its own
+    serialization, which the transfer's bytes are charged for apart."""
+    big = FabricWindow("h0", "h1", "rdma", "write", 65536, 0, 10 * S, 1e-3, 2e-3, 4e-3, 0.0, 10)
+    st = stages_frame([kv("a", 2 * S, 0.1)])
+    both = join_fabric(st, windows_frame([win("h0", "h1", 0, 10 * S, 50), big]), RATES)
+    alone = join_fabric(st, windows_frame([win("h0", "h1", 0, 10 * S, 50)]), RATES)
+    assert both.iloc[0]["rtt_p50_s"] == pytest.approx(alone.iloc[0]["rtt_p50_s"])
+    assert both.iloc[0]["fabric_windows"] == 1
+    # with only the large probes, they are the path's figures
+    only = join_fabric(st, windows_frame([big]), RATES)
+    assert only.iloc[0]["rtt_p50_s"] == pytest.approx(2e-3)
