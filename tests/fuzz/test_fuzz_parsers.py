@@ -42,6 +42,7 @@ from fabricprobe.probes import ethtool, pcie
 from fabricprobe.probes.control import ProtocolError, decode_payload
 from fabricprobe.probes.counters import parse_counter
 from fabricprobe.probes.hostload import parse_pressure
+from fabricprobe.probes.rails import parse_rails
 from fabricprobe.probes.roce import hwtools, tools
 from fabricprobe.probes.roce import policy as roce_policy
 from fabricprobe.probes.sysfs import Gid, parse_gid
@@ -225,6 +226,7 @@ TEXT_PARSERS: list[tuple[str, Callable[[str], object], tuple[type[BaseException]
     ("pcie.parse_pci_id", lambda s: pcie.parse_pci_id(s, "class", 6), (ParseError,)),
     ("pcie.parse_numa_node", pcie.parse_numa_node, (ParseError,)),
     ("pcie.parse_device_path", pcie.parse_device_path, (ParseError,)),
+    ("rails.parse_rails", lambda s: parse_rails([s]), (ParseError,)),
     *(
         (f"roce.hwtools.{f.__name__}", f, (ParseError,))
         for f in (
