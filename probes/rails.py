@@ -13,8 +13,10 @@ goes as it always did. The rule is a list of entries, tried in this order:
                       rail is the network, so a fleet-wide list is right on every host,
                       whatever its NICs are called or in which order they enumerate
     gpu               rail = the index of the device's GPU (fabricprobe.probes.pcie,
-                      nvidia-smi's numbering): NIC of GPU i on rail i, the rail-optimized
-                      convention, with no list of networks to keep
+                      nvidia-smi's numbering) when the two share a PCIe switch (PIX or
+                      PXB): NIC of GPU i on rail i, the rail-optimized convention, with no
+                      list of networks to keep; a NIC farther from every GPU (the frontend
+                      or storage NIC on the CPU's root complex) is on no rail
 
 A device that no entry places has no rail (the frontend NIC, a storage NIC). Where two
 subnet entries hold one of its addresses, the first written wins.
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 
 from fabricprobe.core.errors import ParseError
 from fabricprobe.probes.numbers import parse_uint
-from fabricprobe.probes.pcie import NicGpu
+from fabricprobe.probes.pcie import Link, NicGpu
 from fabricprobe.probes.sysfs import RdmaDevice, parse_gid
 
 MAX_RAIL = 63  # as the fabric file's rails (collector/fabric/topology.py)
@@ -57,7 +59,7 @@ class RailMap:
         for net, rail in self.networks:
             if any(a.version == net.version and a in net for a in addresses):
                 return rail
-        if self.by_gpu and gpu is not None and gpu.gpu.index <= MAX_RAIL:
+        if self.by_gpu and gpu is not None and gpu.link <= Link.PXB and gpu.gpu.index <= MAX_RAIL:
             return gpu.gpu.index
         return None
 

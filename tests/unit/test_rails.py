@@ -48,9 +48,8 @@ def gpu8() -> Rails:
 def test_every_way_places_the_gpu8_host_nic_i_on_rail_i(entries: list[str]) -> None:
     devices = read_devices(GPU8)
     rails = parse_rails(entries).rails(devices, read_nic_gpus(GPU8))
-    assert rails == {f"mlx5_{r}": r for r in range(8)} | (
-        {"mlx5_8": 0} if entries == ["gpu"] else {}  # the frontend NIC's GPU is GPU0
-    )
+    # the frontend NIC (mlx5_8) is on no rail: nearest GPU0, but through the CPU (NODE)
+    assert rails == {f"mlx5_{r}": r for r in range(8)}
 
 
 def test_a_name_wins_over_a_network_and_the_first_network_wins() -> None:
