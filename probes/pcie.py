@@ -315,9 +315,13 @@ def single_numa_node(root: Path | str) -> bool:
 
 
 def read_nic_gpus(root: Path | str, devices: Iterable[str] = ()) -> dict[str, NicGpu]:
-    """Each RDMA device's GPU on the host under ROOT (see attribute()); {} on a host with
-    no GPU or no PCI RDMA device."""
+    """Each RDMA device's GPU on the host under ROOT (see attribute()), for DEVICES (all
+    when empty); {} on a host with no GPU or no PCI RDMA device. The GPUs are shared out
+    among all the host's NICs whichever are asked for, so a NIC's GPU never depends on
+    which others were named."""
     gpus = read_gpus(root)
     if not gpus:
         return {}
-    return attribute(read_nic_functions(root, devices), gpus, single_numa_node(root))
+    every = attribute(read_nic_functions(root), gpus, single_numa_node(root))
+    wanted = set(devices)
+    return {d: g for d, g in every.items() if not wanted or d in wanted}

@@ -253,3 +253,8 @@ def test_resolution_never_leaves_the_root(
     if got is not None:
         real = (root / got).resolve()
         assert real == root.resolve() or root.resolve() in real.parents
+
+
+def test_a_nics_gpu_does_not_depend_on_which_nics_are_asked_for() -> None:
+    got = pcie.read_nic_gpus(GPU8, ["mlx5_3", "mlx5_8"])
+    assert {d: a.gpu.name for d, a in got.items()} == {"mlx5_3": "GPU3", "mlx5_8": "GPU0"}

@@ -340,8 +340,10 @@ def why(
     RTTs hold the hosts' own delay (host: what the ends' reference probes say they
     add); a path whose slowness that delay
     explains, not the fabric, is marked HOST rather than ranked as the network's.
-    With nothing to show it says why (no spans, nothing joined, no fabric windows) and
-    exits 3.
+    On GPU hosts probed rail by rail, the Rails table lists each rail of the ranked
+    pairs and every rail that stands out from its pair's other rails, with or without a
+    request on it. With nothing to show it says why (no spans, nothing joined, no fabric
+    windows) and exits 3.
 
     The collector wants a reader identity: a reader token (--token-file) or a client
     certificate it lists in reader_names; plain text only with --insecure."""
