@@ -19,8 +19,10 @@ Distances are nvidia-smi topo's (its `nvidia-smi topo -m` legend), nearest first
     NODE  between PCIe host bridges of one NUMA node
     SYS   across the SMP interconnect between NUMA nodes (QPI/UPI, xGMI)
 
-NCCL uses the same names and the same order for its path types (src/graph/topo.h),
-counting a PCIe switch's upstream and downstream ports as one bridge, as here.
+Here a PCIe switch (its upstream port and the downstream ports under it) counts as one
+bridge, as nvidia-smi counts it: a GPU and a NIC on two downstream ports of one switch
+are PIX. NCCL names its PCIe path types with the same words (PIX, PXB, PHB, SYS in
+src/graph/topo.cc), without NODE.
 """
 
 from __future__ import annotations
