@@ -33,7 +33,14 @@ from fabricprobe.agent.client import CollectorClient
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
 from fabricprobe.agent.exporter import MetricsServer
-from fabricprobe.agent.identity import discover_addresses, discover_devices, host_info
+from fabricprobe.agent.identity import (
+    Rails,
+    device_messages,
+    discover_addresses,
+    discover_devices,
+    discover_gpus,
+    host_info,
+)
 from fabricprobe.agent.nixl import NixlReader
 from fabricprobe.agent.probing import (
     MAX_ECMP_CLASSES,
@@ -52,12 +59,13 @@ from fabricprobe.agent.tracing import ClassTracer
 from fabricprobe.agent.validation import ValidationSchedule
 from fabricprobe.agent.window import WindowAggregator
 from fabricprobe.core.api import fabricprobe_pb2 as pb
-from fabricprobe.core.errors import ConfigError
+from fabricprobe.core.errors import ConfigError, ParseError
 from fabricprobe.core.hostport import parse_hostport
 from fabricprobe.probes.control import SessionTable
 from fabricprobe.probes.ethtool import Runner, run_command
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.hostload import CpuPressure
+from fabricprobe.probes.rails import parse_rails
 from fabricprobe.probes.rdma.sessions import probe_sessions
 from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.sysfs import RdmaDevice
@@ -116,14 +124,14 @@ class Agent:
         self.spool = Spool(
             cfg.spool_dir, max_windows=cfg.spool_max_windows, max_bytes=cfg.spool_max_bytes
         )
-        self.devices = [d for d in discover_devices(cfg.sysfs_root) if _wanted(cfg, d)]
+        listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
+        self.devices, self.rails = _devices(cfg, listen_host)
         self.sampler = _sampler(cfg, self.devices, ethtool_runner)
         self.nixl = NixlReader(list(cfg.nixl_metrics), timeout=min(1.0, cfg.window_s / 4))
-        listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
         token = _probe_token(cfg)
         self.responder = _responder(cfg, listen_host, listen_port, sessions, token)
         self.runners = dict(all_runners() if runners is None else runners)
-        self.addresses, self.source = _addresses(cfg, listen_host, self.devices)
+        self.addresses, self.source = _addresses(cfg, listen_host, self.devices, self.rails)
         self.changed = ChangeFilter(cfg.counters_keyframe_every)
         self.aggregator = WindowAggregator()
         self.scheduler = _scheduler(cfg, self.source, token, self.aggregator.add, self.runners)
@@ -136,7 +144,7 @@ class Agent:
         self.latest_counters: list[pb.CounterReading] = []  # every counter, last read
         self.metrics = _metrics(cfg, self) if cfg.metrics_listen else None
         self.failures = FailureLog(Path(cfg.spool_dir) / FAILURES_FILE)
-        self.tracer = ClassTracer(self.source)
+        self.tracer = ClassTracer(self.source, rail_sources=self.rails.rail_sources())
 
     @property
     def failure(self) -> str | None:
@@ -257,8 +265,8 @@ class Agent:
         bursts = self.aggregator.bursts
         self.seq += 1
         load, self.scheduler.slowdown = self.load.window(bursts, self.scheduler.slowdown)
-        pairs, classes = self.aggregator.cut_all()
-        peers = {s.dst: s.address for s in self.scheduler.targets()}
+        pairs, classes, rails = self.aggregator.cut_all()
+        peers = {(s.dst, s.rail): s.address for s in self.scheduler.targets()}
         report = pb.WindowReport(
             host=self.cfg.host,
             epoch=self.epoch,
@@ -267,6 +275,7 @@ class Agent:
             window_end_unix_ns=end,
             probes=pairs,
             class_windows=classes,
+            rail_windows=rails,
             class_paths=self.tracer.window(classes, peers),
             counters=self.changed((sample := self.sampler.sample()) + self.nixl.sample()),
             agent=pb.AgentStats(
@@ -326,6 +335,11 @@ class Agent:
             "nixl": self.nixl.skipped_lines,
         }
 
+    @property
+    def nics(self) -> list[pb.RdmaDevice]:
+        """This host's devices with their rails and GPUs, as it registers them."""
+        return device_messages(self.devices, self.rails)
+
     def host_info(self) -> pb.HostInfo:
         return host_info(
             self.cfg.host,
@@ -335,6 +349,7 @@ class Agent:
             self.responder.port,
             self.probe_kinds(),
             role=self.cfg.role,
+            rails=self.rails,
         )
 
     def probe_kinds(self) -> list[str]:
@@ -342,7 +357,7 @@ class Agent:
         return sorted(k for k in self.runners if self.devices or not k.startswith("rdma"))
 
     def apply(self, a: pb.Assignments) -> None:
-        specs = assigned_specs(a, self.cfg.host)
+        specs = assigned_specs(a, self.cfg.host, self.rails.source)
         ref = self.reference_spec()
         self.scheduler.set_targets(
             [*specs, *([ref] if ref is not None and specs else [])],
@@ -379,27 +394,51 @@ class Agent:
         self.checks.loop(self._stop, after=self._wake.set)  # the sender takes the verdicts
 
 
-def assigned_specs(a: pb.Assignments, host: str) -> list[ProbeSpec]:
-    """The probes A assigns HOST (none towards itself), each target in its ECMP classes."""
-    return [
-        spec
-        for t in a.targets
-        if t.dst != host
-        for spec in class_specs(
-            ProbeSpec(
-                dst=t.dst,
-                address=t.address,
-                port=t.port,
-                kind=t.kind,
-                size=t.size,
-                count=t.count,
-                interval_s=t.interval_ms / 1000.0,
-                device=t.device,
-                gid=t.gid,
-            ),
-            t.ecmp_classes,
+def assigned_specs(
+    a: pb.Assignments, host: str, rail_sources: Mapping[str, str] | None = None
+) -> list[ProbeSpec]:
+    """The probes A assigns HOST (none towards itself), each target in its ECMP classes.
+    A target on a rail leaves from this host's device on it (RAIL_SOURCES: device -> its
+    address); one naming a device this host has no rail address for is not run, since
+    any other source would cross rails."""
+    sources = rail_sources or {}
+    out = []
+    for t in a.targets:
+        if t.dst == host:
+            continue
+        rail = t.rail if t.HasField("rail") else None
+        bind = sources.get(t.src_device, "") if rail is not None else ""
+        if rail is not None and not bind:
+            log.debug("target %s on rail %d: no address of device %r", t.dst, rail, t.src_device)
+            continue
+        spec = ProbeSpec(
+            dst=t.dst,
+            address=t.address,
+            port=t.port,
+            kind=t.kind,
+            size=t.size,
+            count=t.count,
+            interval_s=t.interval_ms / 1000.0,
+            device=t.device,
+            gid=t.gid,
+            rail=rail,
+            local_device=t.src_device if rail is not None else "",
+            bind=bind,
         )
-    ]
+        out.extend(class_specs(spec, t.ecmp_classes))
+    return out
+
+
+def _devices(cfg: AgentConfig, listen_host: str) -> tuple[list[RdmaDevice], Rails]:
+    """The RDMA devices the agent uses, and each one's rail (by the configured rule) and
+    GPU, with the rails that the responder listening on LISTEN_HOST answers on."""
+    try:
+        rule = parse_rails(cfg.rails)
+    except ParseError as e:
+        raise ConfigError(str(e)) from None
+    devices = [d for d in discover_devices(cfg.sysfs_root) if _wanted(cfg, d)]
+    gpus = discover_gpus(cfg.sysfs_root, devices)
+    return devices, Rails.of(rule, devices, gpus).served_at(listen_host)
 
 
 def _wanted(cfg: AgentConfig, device: RdmaDevice) -> bool:
@@ -456,13 +495,16 @@ def _responder(
 
 
 def _addresses(
-    cfg: AgentConfig, listen_host: str, devices: list[RdmaDevice]
+    cfg: AgentConfig, listen_host: str, devices: list[RdmaDevice], rails: Rails
 ) -> tuple[list[str], str | None]:
     """The addresses the agent registers, and the one its probes leave from (None: the
-    kernel's choice): those configured, else the one it listens on, else its devices'."""
+    kernel's choice): those configured, else the one it listens on, else its devices'.
+    Each rail device's address is registered too, after them: peers probe each rail at
+    its own (the collector plans a rail only at an address the host registered)."""
     specific = listen_host not in ("0.0.0.0", "::")
     addresses = list(cfg.addresses) or ([listen_host] if specific else discover_addresses(devices))
     source = addresses[0] if (cfg.addresses or specific) and addresses else None
+    addresses += [a for a in rails.addresses() if a not in addresses]
     return addresses, source
 
 

@@ -11,6 +11,7 @@ Example file::
     collector = "collector.example:4794"
     etcd = "etcd-1.example:2379,etcd-2.example:2379"   # collector shards; '' for one collector
     topology = "tor-a12"
+    rails = ["10.100.0.0/24=0", "10.100.1.0/24=1"]   # each RDMA device's rail, by network
     role = "decode"               # hosts are compared with their ToR's and their role's
     validate_interval_s = 3600    # the RoCE checks, hourly (jittered); 0 runs none
     validate_policy = "/etc/fabricprobe/roce.toml"   # what `probe validate --policy` takes
@@ -35,6 +36,7 @@ from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.settings import FILE, IP, LISTEN, LISTEN_OR_OFF, NAME, PEER, Check, setting
 from fabricprobe.core.shards import parse_endpoints
+from fabricprobe.probes.rails import MAX_ENTRIES, check_rails
 
 URL = Check(check_url, "URL")
 
@@ -52,6 +54,7 @@ def _every(seconds: float) -> None:
 ROLE = Check(_label, "LABEL", empty_ok=True)
 ENDPOINTS = Check(parse_endpoints, "HOST:PORT,...", empty_ok=True)
 EVERY = Check(_every, "SECONDS")
+RAILS = Check(check_rails, "DEV=RAIL|CIDR=RAIL|gpu")
 
 
 @dataclass
@@ -97,6 +100,16 @@ class AgentConfig:
     )
     devices: list[str] = setting(
         [], "RDMA device of this host.", flag="--device", shown="all", check=NAME
+    )
+    # which rail network each RDMA device is cabled to (fabricprobe.probes.rails): probes
+    # then go device to device within a rail; none named, none used (probes as before)
+    rails: list[str] = setting(
+        [],
+        "A device's rail: DEV=RAIL, CIDR=RAIL (its GIDs' network) or gpu (its GPU's index).",
+        flag="--rail",
+        shown="none",
+        check=RAILS,
+        max_items=MAX_ENTRIES,
     )
     probe_listen: str = setting("0.0.0.0:4793", "Responder address.", flag="--listen", check=LISTEN)
     metrics_listen: str = setting(

@@ -32,7 +32,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -128,6 +128,9 @@ class AgentView(Protocol):
 
     @property
     def inputs_skipped(self) -> Mapping[str, int]: ...
+
+    @property
+    def nics(self) -> Sequence[pb.RdmaDevice]: ...
 
 
 @dataclass
@@ -239,6 +242,14 @@ def health_families(agent: AgentView, report: pb.WindowReport | None, f: _Famili
     counts = agent.inputs_skipped
     for source in SKIP_SOURCES:  # a fixed set: no label value comes from outside
         skipped.add_metric([source], float(counts.get(source, 0)))
+    for d in agent.nics:  # no family at all on a host without RDMA devices
+        info = f.gauge(
+            "rdma_device_info",
+            "This host's RDMA devices (value 1): each one's rail and the GPU it serves "
+            "(empty when none), to join its counters by.",
+            ["device", "rail", "gpu", "gpu_link"],
+        )
+        info.add_metric([d.name, str(d.rail) if d.HasField("rail") else "", d.gpu, d.gpu_link], 1)
     if report is None or not report.HasField("agent"):
         return
     a = report.agent

@@ -58,6 +58,9 @@ class ProbeSpec:
     device: str = ""  # peer RDMA device (RDMA kinds)
     gid: str = ""  # peer GID (RDMA kinds)
     ecmp_class: int = 0  # which of the target's ECMP classes (rdma_ud): a link of its own
+    rail: int | None = None  # the rail both ends' devices are on (None: off the rails)
+    local_device: str = ""  # this host's device on that rail
+    bind: str = ""  # and its address, the probes' source ("": the agent's own)
 
 
 @dataclass
@@ -212,7 +215,8 @@ def link_params(spec: ProbeSpec, ctx: ProbeContext, setup_s: float | None = None
     return LinkParams(
         spec.address,
         spec.port,
-        bind=ctx.bind,
+        bind=spec.bind or ctx.bind,
+        device=spec.local_device or None,
         sysfs_root=ctx.sysfs_root,
         timeout=ctx.timeout if setup_s is None else max(ctx.timeout, setup_s),
         step_s=ctx.timeout,

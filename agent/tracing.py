@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -39,11 +39,16 @@ class TraceCounts:
     dropped: int = 0  # asked for while the queue was full
 
 
+Rail = int | None
+WantKey = tuple[str, int, Rail]  # peer, source port, rail
+
+
 @dataclass(frozen=True)
 class _Want:
     dst: str
     address: str
     sport: int
+    rail: Rail = None
 
 
 @dataclass
@@ -55,39 +60,47 @@ class ClassTracer:
     config: TraceConfig = field(default_factory=TraceConfig)
     trace: Tracer = trace_udp
     counts: TraceCounts = field(default_factory=TraceCounts)
+    # a rail's classes are traced from this host's address on the rail (rail -> address)
+    rail_sources: Mapping[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._queue: OrderedDict[tuple[str, int], _Want] = OrderedDict()
-        self._traced: set[tuple[str, int]] = set()  # (dst, sport) traced at least once
+        self._queue: OrderedDict[WantKey, _Want] = OrderedDict()
+        self._traced: set[WantKey] = set()  # (dst, sport, rail) traced at least once
         self._done: list[pb.ClassPath] = []
 
-    def want(self, dst: str, address: str, sport: int) -> None:
-        """Trace (DST at ADDRESS, SPORT) in the next round."""
+    def want(self, dst: str, address: str, sport: int, rail: Rail = None) -> None:
+        """Trace (DST at ADDRESS, SPORT) in the next round, on RAIL's own source; a rail
+        this host has no address on is not traced (any other source crosses rails)."""
         if not dst or not address or not 0 < sport <= 0xFFFF:
             return
+        if rail is not None and rail not in self.rail_sources:
+            return
+        key = (dst, sport, rail)
         with self._lock:
-            if (dst, sport) in self._queue:
+            if key in self._queue:
                 return
             if len(self._queue) >= MAX_QUEUED:
                 self.counts.dropped += 1
                 return
-            self._queue[(dst, sport)] = _Want(dst, address, sport)
+            self._queue[key] = _Want(dst, address, sport, rail)
         self._wake.set()
 
     def asked(self, retraces: Iterable[pb.Retrace]) -> None:
         for r in retraces:
-            self.want(r.dst, r.address, r.sport)
+            self.want(r.dst, r.address, r.sport, r.rail if r.HasField("rail") else None)
 
     def window(
-        self, class_windows: Iterable[pb.ProbeWindow], addresses: dict[str, str]
+        self, class_windows: Iterable[pb.ProbeWindow], addresses: Mapping[tuple[str, Rail], str]
     ) -> list[pb.ClassPath]:
-        """Queue the window's classes never traced (ADDRESSES: peer host -> address);
-        return the paths traced since the last window."""
+        """Queue the window's classes never traced (ADDRESSES: (peer host, rail) -> its
+        address); return the paths traced since the last window."""
         for w in class_windows:
-            if (w.dst, w.sport) not in self._traced and w.dst in addresses:
-                self.want(w.dst, addresses[w.dst], w.sport)
+            rail = w.rail if w.HasField("rail") else None
+            peer = addresses.get((w.dst, rail))
+            if (w.dst, w.sport, rail) not in self._traced and peer:
+                self.want(w.dst, peer, w.sport, rail)
         with self._lock:
             done, self._done = self._done, []
         return done
@@ -110,13 +123,14 @@ class ClassTracer:
             ]
             if self._queue:
                 self._wake.set()
-        by_peer: dict[tuple[str, str], list[_Want]] = {}
+        by_peer: dict[tuple[str, str, Rail], list[_Want]] = {}
         for w in batch:
-            by_peer.setdefault((w.dst, w.address), []).append(w)
+            by_peer.setdefault((w.dst, w.address, w.rail), []).append(w)
         n = 0
-        for (dst, address), wants in by_peer.items():
+        for (dst, address, rail), wants in by_peer.items():
+            mine = self.source if rail is None else self.rail_sources.get(rail)
             try:
-                source = source_address(address, ROCE_V2_PORT, self.source)
+                source = source_address(address, ROCE_V2_PORT, mine)
                 res = self.trace(source, address, [w.sport for w in wants], self.config, "")
             except (ProbeError, OSError, ValueError) as err:
                 self.counts.failed += len(wants)
@@ -131,11 +145,12 @@ class ClassTracer:
                     hops=[h.address or "" for h in c.hops],
                     complete=c.complete,
                     method=res.method,
+                    rail=rail,
                 )
                 for c in res.classes
             ]
             with self._lock:
-                self._traced.update((dst, c.sport) for c in res.classes)
+                self._traced.update((dst, c.sport, rail) for c in res.classes)
                 self._done.extend(paths)
                 del self._done[:-MAX_DONE]
             n += len(paths)

@@ -21,7 +21,18 @@ class PathKey(NamedTuple):
     size: int  # bytes a message
 
 
-ClassKey = tuple[PathKey, int, int]  # the path, and the source ports out and back
+Rail = int | None
+ClassKey = tuple[PathKey, int, int, Rail]  # the path, the source ports out and back, rail
+RailKey = tuple[PathKey, int]  # a path's probes on one rail
+
+
+class Cut(NamedTuple):
+    """One window's results: per path (the rails mixed, as before rails), per ECMP class
+    (with its source ports and rail) and per path and rail (rail targets only)."""
+
+    pairs: list[pb.ProbeWindow]
+    classes: list[pb.ProbeWindow]
+    rails: list[pb.ProbeWindow]
 
 
 @dataclass
@@ -42,6 +53,7 @@ class WindowAggregator:
         self._lock = threading.Lock()
         self._paths: dict[PathKey, _PathWindow] = {}
         self._classes: dict[ClassKey, _PathWindow] = {}
+        self._rails: dict[RailKey, _PathWindow] = {}
         self.bursts = 0
 
     def add(self, spec: ProbeSpec, outcome: ProbeOutcome) -> None:
@@ -52,11 +64,16 @@ class WindowAggregator:
                 w = self._paths[key] = _PathWindow()
             self._fold(w, outcome)
             if outcome.sport:
-                ck = (key, outcome.sport, outcome.return_sport)
+                ck = (key, outcome.sport, outcome.return_sport, spec.rail)
                 c = self._classes.get(ck)
                 if c is None:
                     c = self._classes[ck] = _PathWindow()
                 self._fold(c, outcome)
+            if spec.rail is not None:
+                r = self._rails.get((key, spec.rail))
+                if r is None:
+                    r = self._rails[(key, spec.rail)] = _PathWindow()
+                self._fold(r, outcome)
             self.bursts += 1
 
     @staticmethod
@@ -75,26 +92,34 @@ class WindowAggregator:
 
     def cut(self) -> list[pb.ProbeWindow]:
         """The window's probe results as messages; the aggregator is empty afterwards."""
-        return self.cut_all()[0]
+        return self.cut_all().pairs
 
-    def cut_all(self) -> tuple[list[pb.ProbeWindow], list[pb.ProbeWindow]]:
-        """The window's results per path, and per ECMP class (with its source ports);
-        the aggregator is empty afterwards."""
+    def cut_all(self) -> Cut:
+        """The window's results per path, per ECMP class and per rail (see Cut); the
+        aggregator is empty afterwards."""
         with self._lock:
             paths, self._paths = self._paths, {}
             classes, self._classes = self._classes, {}
+            rails, self._rails = self._rails, {}
         pairs = [_message(k, w) for k, w in sorted(paths.items())]
         per_class = []
-        for (path, sport, back), w in sorted(classes.items()):
-            m = _message(path, w)
+        for (path, sport, back, rail), w in sorted(classes.items(), key=_class_order):
+            m = _message(path, w, rail)
             m.sport, m.return_sport = sport, back
             per_class.append(m)
-        return pairs, per_class
+        per_rail = [_message(k, w, rail) for (k, rail), w in sorted(rails.items())]
+        return Cut(pairs, per_class, per_rail)
 
 
-def _message(key: PathKey, w: _PathWindow) -> pb.ProbeWindow:
+def _class_order(item: tuple[ClassKey, _PathWindow]) -> tuple[PathKey, int, int, int]:
+    path, sport, back, rail = item[0]
+    return path, sport, back, -1 if rail is None else rail
+
+
+def _message(key: PathKey, w: _PathWindow, rail: Rail = None) -> pb.ProbeWindow:
     dst, transport, op, size = key
     return pb.ProbeWindow(
+        rail=rail,
         dst=dst,
         transport=transport,
         op=op,

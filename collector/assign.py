@@ -8,6 +8,13 @@ host gets at most k peers, so a plan costs O(N·k), never O(N²).
 
 Plans are recomputed when hosts join or leave; a host's generation grows only when
 its own targets changed, so agents re-read their assignments only when they must.
+
+Rails: a GPU host of a rail-optimized fabric has one NIC per rail, each rail a network of
+its own. When both hosts of a pair name their devices' rails, each RDMA kind goes device
+to device on every rail they share, from the prober's device on rail r to the peer's
+device on rail r, never across; a pair with no rail in common gets no RDMA target. A
+host that names no rail (a laptop, the lane's bridge, a host of an older agent) is
+planned as before: one RDMA device, from the host's own source.
 """
 
 from __future__ import annotations
@@ -27,6 +34,16 @@ PROBE_KINDS: tuple[str, ...] = ("tcp_lat", "tcp_bw", "rdma_rc_lat", "rdma_rc_bw"
 
 
 @dataclass(frozen=True)
+class RailNic:
+    """A host's device on one rail, where peers probe it."""
+
+    rail: int
+    device: str
+    gid: str  # its RoCE v2 GID
+    address: str  # the registered address that GID maps
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """What the planner needs of one host."""
 
@@ -37,6 +54,7 @@ class HostSpec:
     kinds: frozenset[str] = frozenset({"tcp_lat"})
     device: str = ""  # RDMA device peers should probe
     gid: str = ""
+    rails: tuple[RailNic, ...] = ()  # one device per rail, by rail; () off the rails
 
 
 class Target(NamedTuple):
@@ -51,6 +69,8 @@ class Target(NamedTuple):
     exchanges: int  # exchanges per burst
     device: str = ""
     gid: str = ""
+    rail: int | None = None  # both ends' devices' rail (RDMA kinds between rail hosts)
+    src_device: str = ""  # the prober's device on that rail
 
 
 @dataclass(frozen=True)
@@ -112,13 +132,18 @@ def plan_peers(hosts: Iterable[HostSpec], cfg: PlanConfig) -> dict[str, list[str
 
 
 def targets_for(src: HostSpec, peers: Iterable[HostSpec], cfg: PlanConfig) -> list[Target]:
-    """The probes SRC runs against PEERS: every kind both ends offer, at every size."""
+    """The probes SRC runs against PEERS: every kind both ends offer, at every size; an
+    RDMA kind between two rail hosts once per rail they share (see the module docstring)."""
     kinds = [(k, k.startswith("rdma")) for k in cfg.kinds if k in src.kinds]
     interval, count = cfg.interval_ms, cfg.count
+    mine = {n.rail: n for n in src.rails}
     out = []
     for peer in peers:
         for kind, rdma in kinds:
             if kind not in peer.kinds:
+                continue
+            if rdma and mine and peer.rails:
+                out += _rail_targets(mine, peer, kind, cfg)
                 continue
             device, gid = (peer.device, peer.gid) if rdma else ("", "")
             for size in cfg.sizes:
@@ -128,6 +153,31 @@ def targets_for(src: HostSpec, peers: Iterable[HostSpec], cfg: PlanConfig) -> li
                     )
                 )
     return out
+
+
+def _rail_targets(
+    mine: dict[int, RailNic], peer: HostSpec, kind: str, cfg: PlanConfig
+) -> list[Target]:
+    """KIND to PEER on each rail both hosts are on: from my device on the rail to
+    PEER's on the same rail."""
+    return [
+        Target(
+            peer.name,
+            nic.address,
+            peer.port,
+            kind,
+            size,
+            cfg.interval_ms,
+            cfg.count,
+            nic.device,
+            nic.gid,
+            rail=nic.rail,
+            src_device=mine[nic.rail].device,
+        )
+        for nic in peer.rails
+        if nic.rail in mine
+        for size in cfg.sizes
+    ]
 
 
 @dataclass

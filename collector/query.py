@@ -28,6 +28,7 @@ from fabricprobe.collector.price import (
     check_host,
     kv_price,
 )
+from fabricprobe.collector.rails import why_rails
 from fabricprobe.collector.rttquery import check_rtt, ranked_rtt, rtt_reply
 from fabricprobe.collector.store import WindowStore
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -213,6 +214,7 @@ class QueryServicer(pb_grpc.QueryServicer):
         reply = why_reply(res, n, by)
         if self.attribution.store is not None:
             reply.rtt.extend(ranked_rtt(self.attribution.store, reply.paths))
+            reply.rails.extend(why_rails(self.attribution.store, reply.paths))
         return reply
 
     def _store(self, context: grpc.ServicerContext, what: str) -> WindowStore:

@@ -49,6 +49,7 @@ from fabricprobe.collector.fabric.links import FabricLinks
 from fabricprobe.collector.fabric.service import FabricConfig, attach_links
 from fabricprobe.collector.kvshape import KvShape
 from fabricprobe.collector.price import PriceConfig, kv_cost_route
+from fabricprobe.collector.rails import RailCollector, check_device, rail_nics
 from fabricprobe.collector.rawstore import RawStoreCollector, RawStoreConfig, RawWindowWriter
 from fabricprobe.collector.rpcstats import RpcStats, TimingInterceptor
 from fabricprobe.collector.shard import Shard, ShardCollector, ShardConfig
@@ -161,6 +162,7 @@ def host_spec(info: pb.HostInfo) -> HostSpec:
         kinds=frozenset(info.probe_kinds),
         device=device,
         gid=gid,
+        rails=rail_nics(info),
     )
 
 
@@ -226,6 +228,8 @@ class AgentApi:
                     device=t.device,
                     gid=t.gid,
                     ecmp_classes=classes if t.kind in CLASS_KINDS else 0,
+                    rail=t.rail,
+                    src_device=t.src_device,
                 )
                 for t in targets
             ],
@@ -296,6 +300,7 @@ def _check_host_info(info: pb.HostInfo) -> None:
     for d in info.devices:
         if len(d.name) > MAX_LABEL or len(d.driver) > MAX_LABEL or len(d.ports) > MAX_PORTS:
             raise ReportError(f"device {d.name[:40]!r}: name, driver or ports out of bounds")
+        check_device(d)
         for p in d.ports:
             if len(p.gids) > MAX_GIDS or len(p.state) > MAX_LABEL or len(p.link_layer) > 64:
                 raise ReportError(f"device {d.name[:40]!r} port {p.number}: out of bounds")
@@ -504,6 +509,7 @@ class CollectorServer:
             )
         )
         registry.register(DriftCollector(self.drift))
+        registry.register(RailCollector(self.store))
         if self.shard is not None:
             registry.register(ShardCollector(self.shard))
         if self.raw is not None:

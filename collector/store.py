@@ -6,10 +6,11 @@ exporter reads a consistent snapshot out. Windows are merged per
 window replayed from an agent's spool after an outage is acknowledged but not
 counted twice.
 
-One lock guards three tables, each in its own module: the hosts (collector/hosttable.py),
-the path figures (collector/pathtable.py) and the counter tracks
-(collector/countertable.py). Readers outside the store get copies with named fields
-(`HostView`, `PathView`, `StoreSnapshot`) from methods that take the lock themselves.
+One lock guards four tables, each in its own module: the hosts (collector/hosttable.py),
+the path figures (collector/pathtable.py), the counter tracks
+(collector/countertable.py) and the rails' own figures (collector/railtable.py). Readers
+outside the store get copies with named fields (`HostView`, `PathView`, `StoreSnapshot`)
+from methods that take the lock themselves.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from fabricprobe.collector.pathtable import (
     PathView,
 )
 from fabricprobe.collector.pathtable import host_pair as host_pair  # its importers' old home
+from fabricprobe.collector.railtable import RailSummary, RailTable
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.cumulative import CumulativeSketch
 from fabricprobe.core.errors import ParseError
@@ -116,6 +118,7 @@ class WindowStore:
         )
         self.path_table = PathTable(self.dropped, max_paths_per_host)
         self.counter_table = CounterTable(self.dropped, max_counters_per_host)
+        self.rail_table = RailTable()  # each pair's probes per rail (rail hosts only)
         self.named = NamedPairs()  # host pairs requests named lately (collector/detail.py)
         self.reports_total = 0
         self.duplicates_total = 0
@@ -187,6 +190,7 @@ class WindowStore:
             dead = set(gone)
             old_paths = self.path_table.forget(dead, idle, self.hosts)
             self.counter_table.forget(dead, idle, self.hosts)
+            self.rail_table.forget(dead, idle)
             if old_paths or gone:
                 for f in self.folds:
                     f.forgot(old_paths, gone, self.paths)
@@ -241,6 +245,8 @@ class WindowStore:
                 updated = merge_counter(state, end, order, now, c)
                 if updated is not None:
                     rates.append(updated)
+            if report.rail_windows:
+                self.rail_table.take(report.host, end, now, report.rail_windows)
             if touched:
                 for f in self.folds:
                     f.taken(report.host, now, touched, self.paths)
@@ -383,6 +389,19 @@ class WindowStore:
         """The newest figures of each path between hosts A and B, both ways."""
         with self.lock:
             return self.path_table.views(a, b)
+
+    def rail_paths(self, pairs: Iterable[tuple[str, str]] | None = None) -> list[pb.RailPath]:
+        """Each rail of the host PAIRS (all pairs when None) with a window within
+        stale_after seconds, those standing out first (collector/railtable.py)."""
+        with self.lock:
+            since = self.clock() - int(self.stale_after * 1e9)
+            return self.rail_table.paths(since, None if pairs is None else set(pairs))
+
+    def rail_summary(self) -> tuple[dict[int, RailSummary], dict[str, int]]:
+        """Each rail over its fresh paths, and the rail windows taken by outcome."""
+        with self.lock:
+            since = self.clock() - int(self.stale_after * 1e9)
+            return self.rail_table.summary(since), dict(self.rail_table.windows)
 
 
 def validate_report(

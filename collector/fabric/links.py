@@ -3,8 +3,9 @@ fed to the localizer, and the classes it asks agents to trace again.
 
 A class's path is its probes' way out, traced by its prober, and its answers' way back:
 the responder's source port traced from the peer. Paths are cached per (host, peer,
-source port) and traced again when a route may have changed: the class lost probes, its
-hop count changed, or the path is older than `refresh_s`. The request rides on the Ack
+source port, and rail: a rail host's classes to one peer, one set per rail, are apart)
+and traced again when a route may have changed: the class lost probes, its hop count
+changed, or the path is older than `refresh_s`. The request rides on the Ack
 of the host's next report (Ack.retrace). Everything done is counted (LinkCounts).
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fabricprobe.collector.fabric.localize import (
@@ -30,6 +31,8 @@ from fabricprobe.core.errors import ParseError
 from fabricprobe.core.sketchwire import from_wire
 
 MAX_PATHS = 200_000
+MAX_RAIL = 63
+Rail = int | None
 MAX_RETRACE_PER_ACK = 64
 MAX_HOPS = 32
 MAX_CLASSES_PER_HOST = 16 * 1024  # 16 classes to each of 1,024 peers
@@ -82,10 +85,10 @@ class FabricLinks:
         self._lock = threading.Lock()
         self._paths: OrderedDict[ClassKey, _Path] = OrderedDict()
         self._returns: dict[ClassKey, ClassKey] = {}  # class -> the path of its answers
-        self._retrace: dict[str, dict[tuple[str, int], pb.Retrace]] = {}
-        self._addresses: dict[str, str] = {}  # host -> the address it probes from
+        self._retrace: dict[str, dict[tuple[str, int, Rail], pb.Retrace]] = {}
+        self._addresses: dict[tuple[str, Rail], str] = {}  # (host, rail) -> its address
         self._asked: OrderedDict[ClassKey, float] = OrderedDict()  # when last asked
-        self._per_host: dict[str, set[tuple[str, int]]] = {}  # the classes each host sent
+        self._per_host: dict[str, set[tuple[str, int, Rail]]] = {}  # each host's classes
         self.counts = LinkCounts()
 
     # ------------------------------------------------------------------ intake
@@ -102,9 +105,9 @@ class FabricLinks:
             self._unresolved("bad class path")
             return
         res = self.topology.resolve(cp.src_ip, cp.dst_ip, [h or None for h in cp.hops])
-        key = ClassKey(host, cp.dst, cp.sport)
+        key = ClassKey(host, cp.dst, cp.sport, _rail(cp))
         with self._lock:
-            self._addresses[host] = cp.src_ip
+            self._addresses[(host, key.rail)] = cp.src_ip
             if not res.links:
                 self.counts.paths_unresolved[res.reason] = (
                     self.counts.paths_unresolved.get(res.reason, 0) + 1
@@ -129,13 +132,13 @@ class FabricLinks:
             with self._lock:
                 self.counts.class_windows_refused += 1
             return
-        key = ClassKey(host, w.dst, w.sport)
+        key = ClassKey(host, w.dst, w.sport, _rail(w))
         with self._lock:
             mine = self._per_host.setdefault(host, set())
-            if (w.dst, w.sport) not in mine and len(mine) >= MAX_CLASSES_PER_HOST:
+            if key[1:] not in mine and len(mine) >= MAX_CLASSES_PER_HOST:
                 self.counts.class_windows_refused += 1  # one host cannot fill the table
                 return
-            mine.add((w.dst, w.sport))
+            mine.add((key.dst, key.sport, key.rail))
         try:
             rtt = from_wire(w.rtt)
             delay_sk = from_wire(w.prober_delay) if w.HasField("prober_delay") else None
@@ -151,7 +154,7 @@ class FabricLinks:
         with self._lock:
             self.counts.class_windows += 1
             if w.return_sport:
-                self._returns[key] = ClassKey(w.dst, host, w.return_sport)
+                self._returns[key] = ClassKey(w.dst, host, w.return_sport, key.rail)
             self._want_traces(key, lost > 0 or bad, now)
 
     def _want_traces(self, key: ClassKey, suspect: bool, now: float) -> None:
@@ -172,12 +175,14 @@ class FabricLinks:
             )
             if not why or now - self._asked.get(k, -ASK_AGAIN_S) < ASK_AGAIN_S:
                 continue
-            address = p.dst_ip if p else self._addresses.get(k.dst, "")
+            address = p.dst_ip if p else self._addresses.get((k.dst, k.rail), "")
             if not address:
                 continue  # the peer's address is learned from its own traces
             queue = self._retrace.setdefault(k.src, {})
-            if (k.dst, k.sport) not in queue and len(queue) < MAX_RETRACE_PER_ACK:
-                queue[(k.dst, k.sport)] = pb.Retrace(dst=k.dst, address=address, sport=k.sport)
+            if k[1:] not in queue and len(queue) < MAX_RETRACE_PER_ACK:
+                queue[(k.dst, k.sport, k.rail)] = pb.Retrace(
+                    dst=k.dst, address=address, sport=k.sport, rail=k.rail
+                )
                 self.counts.retraces_asked[why] = self.counts.retraces_asked.get(why, 0) + 1
                 self._asked[k] = now
                 self._asked.move_to_end(k)
@@ -205,7 +210,7 @@ class FabricLinks:
             paths,
             self.clock(),
             links=self.topology.links(),
-            rail_of={link: self.topology.rail_of(link) for link in self.topology.links()},
+            rail_of=rails_of(self.topology, paths),
         )
         with self._lock:
             counts = LinkCounts(
@@ -219,10 +224,34 @@ class FabricLinks:
         _, short = coverage(paths, self.topology.links(), self.localizer.config.min_bad)
         return LinksSnapshot(tuple(verdicts), counts, len(paths), tuple(short))
 
-    def links_of(self, src: str, dst: str) -> list[tuple[int, tuple[str, ...]]]:
-        """(source port, links) of every class known from SRC to DST."""
+    def links_of(self, src: str, dst: str) -> list[tuple[int, tuple[str, ...], Rail]]:
+        """(source port, links, rail) of every class known from SRC to DST."""
         paths = self.class_links()
-        return sorted((k.sport, v) for k, v in paths.items() if k.src == src and k.dst == dst)
+        return sorted(
+            ((k.sport, v, k.rail) for k, v in paths.items() if k.src == src and k.dst == dst),
+            key=lambda c: (-1 if c[2] is None else c[2], c[0]),
+        )
+
+
+def rails_of(topology: Topology, paths: Mapping[ClassKey, Sequence[str]]) -> dict[str, int | None]:
+    """Each link's rail: the fabric file's, else the one rail of all the classes known to
+    cross it (their devices' rail, which the agents register), else None."""
+    seen: dict[str, set[Rail]] = {}
+    for k, links in paths.items():
+        for link in links:
+            seen.setdefault(link, set()).add(k.rail)
+    out: dict[str, int | None] = {}
+    for link in {*topology.links(), *seen}:
+        rail = topology.rail_of(link)
+        rails = seen.get(link, set())
+        if rail is None and len(rails) == 1:
+            rail = next(iter(rails))
+        out[link] = rail
+    return out
+
+
+def _rail(msg: pb.ClassPath | pb.ProbeWindow) -> Rail:
+    return msg.rail if msg.HasField("rail") and msg.rail <= MAX_RAIL else None
 
 
 def _p50_s(ns: int | None) -> float | None:

@@ -37,6 +37,7 @@ class ClassKey(NamedTuple):
     src: str  # prober host
     dst: str  # peer host
     sport: int  # UDP source port of the probes
+    rail: int | None = None  # the rail its devices are on (None: off the rails)
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,6 @@ def links_reply(links: FabricLinks | None, src: str = "", dst: str = "") -> pb.L
         rail = -1 if v.rail is None else v.rail
         reply.links.append(pb.LinkVerdict(**(asdict(v) | {"rail": rail})))
     if src and dst:
-        for sport, path in links.links_of(src, dst):
-            reply.classes.append(pb.ClassLinks(sport=sport, links=list(path)))
+        for sport, path, on in links.links_of(src, dst):
+            reply.classes.append(pb.ClassLinks(sport=sport, links=list(path), rail=on))
     return reply

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from fabricprobe.core.errors import ParseError
+from fabricprobe.probes.pcie import read_gpus
 from fabricprobe.probes.roce.checks import (
     Target,
     _soft_skip,
@@ -55,9 +56,6 @@ from fabricprobe.probes.sysfs import read_optional
 
 T = TypeVar("T")
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-# PCI class codes of GPUs: 0x0300 VGA controller, 0x0302 3D controller (data-centre GPUs).
-GPU_CLASSES = ("0x0300", "0x0302")
-GPU_VENDORS = {"0x10de": "NVIDIA", "0x1002": "AMD"}
 
 
 def _dcb_or_mlnx_qos(
@@ -639,17 +637,8 @@ def _pci_path(view: HostView, bdf: str) -> list[str]:
 
 
 def find_gpus(view: HostView) -> list[tuple[str, str]]:
-    """(BDF, vendor) of every GPU under SYSFS/bus/pci/devices."""
-    root = view.sysfs_root / "bus" / "pci" / "devices"
-    if not root.is_dir():
-        return []
-    out = []
-    for dev in sorted(root.iterdir()):
-        cls = read_optional(dev / "class") or ""
-        vendor = read_optional(dev / "vendor") or ""
-        if cls.startswith(GPU_CLASSES) and vendor in GPU_VENDORS:
-            out.append((dev.name, GPU_VENDORS[vendor]))
-    return out
+    """(BDF, vendor) of every GPU under SYSFS/bus/pci/devices (fabricprobe.probes.pcie)."""
+    return [(g.function.address, g.vendor) for g in read_gpus(view.sysfs_root)]
 
 
 @_nic_check("acs", TITLE_ACS, soft="PCIe path")
@@ -665,8 +654,8 @@ def check_acs(view: HostView, t: Target, policy: Policy, c: _Check) -> CheckResu
             Status.SKIP,
             "no GPU on this host: GPUDirect RDMA (NIC-GPU P2P) does not apply",
             [
-                f"{view.sysfs_root}/bus/pci/devices: no device of class 0x0300/0x0302 from "
-                "NVIDIA or AMD"
+                f"{view.sysfs_root}/bus/pci/devices: no GPU (class 0x0300/0x0302, or an AMD "
+                "accelerator) from NVIDIA or AMD"
             ],
         )
     nic = os.path.basename(os.path.realpath(_pci_dir(view, t)))

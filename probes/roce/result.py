@@ -57,15 +57,47 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
+class NicPlace:
+    """Where one validated NIC sits: its rail and the GPU it serves (absent: None)."""
+
+    device: str
+    rail: int | None  # fabricprobe.probes.rails
+    gpu: str | None  # "GPU3" (fabricprobe.probes.pcie)
+    gpu_address: str | None
+    gpu_link: str | None  # PIX, PXB, PHB, NODE or SYS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "rail": self.rail,
+            "gpu": self.gpu,
+            "gpu_address": self.gpu_address,
+            "gpu_link": self.gpu_link,
+        }
+
+
+@dataclass(frozen=True)
 class Report:
-    """Every check result of one `probe validate` run."""
+    """Every check result of one `probe validate` run, and where its NICs sit (only
+    those with a rail or a GPU: none on a host without either)."""
 
     results: tuple[CheckResult, ...]
     policy: dict[str, Any] = field(default_factory=dict)
+    nics: tuple[NicPlace, ...] = ()
 
     @classmethod
-    def of(cls, results: Iterable[CheckResult], policy: dict[str, Any] | None = None) -> Report:
-        return cls(tuple(results), policy or {})
+    def of(
+        cls,
+        results: Iterable[CheckResult],
+        policy: dict[str, Any] | None = None,
+        nics: Iterable[NicPlace] = (),
+    ) -> Report:
+        return cls(tuple(results), policy or {}, tuple(nics))
+
+    def worst(self, device: str) -> tuple[int, int]:
+        """(FAILs, WARNs) among DEVICE's results."""
+        mine = [r.status for r in self.results if r.device == device]
+        return mine.count(Status.FAIL), mine.count(Status.WARN)
 
     def count(self, status: Status) -> int:
         return sum(1 for r in self.results if r.status is status)
@@ -97,10 +129,13 @@ class Report:
         return f"{verdict}: {line}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "ok": not self.failed,
             "summary": {s.value.lower(): self.count(s) for s in Status},
             "needs_root": sorted({r.check for r in self.skipped_for_root}),
             "policy": self.policy,
             "results": [r.to_dict() for r in self.results],
         }
+        if self.nics:  # a host with no rail and no GPU answers as it always did
+            out["nics"] = [n.to_dict() for n in self.nics]
+        return out

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fabricprobe.core.errors import SysfsError
+from fabricprobe.core.errors import ProbeError, SysfsError
+from fabricprobe.probes.pcie import read_nic_gpus
+from fabricprobe.probes.rails import NO_RAILS, RailMap
 from fabricprobe.probes.roce.checks import PORT_CHECKS, Target, check_counters, check_device_port
 from fabricprobe.probes.roce.host import HostView
 from fabricprobe.probes.roce.hwchecks import HW_CHECKS
 from fabricprobe.probes.roce.live import Measure, check_live
 from fabricprobe.probes.roce.policy import Policy
-from fabricprobe.probes.roce.result import CheckResult, Report, Status
+from fabricprobe.probes.roce.result import CheckResult, NicPlace, Report, Status
+from fabricprobe.probes.sysfs import RdmaDevice
 
 TITLE_PRESENT = "RDMA device present"
 
@@ -89,8 +92,11 @@ def validate(
     peer: str | None = None,
     measure: Measure | None = None,
     measure_unavailable: str = "",
+    rails: RailMap = NO_RAILS,
 ) -> Report:
-    """Validate DEVICES (all when empty) against POLICY; never raises for host problems."""
+    """Validate DEVICES (all when empty) against POLICY, NIC by NIC, and say where each
+    NIC sits (its rail by RAILS, its GPU by PCIe distance); never raises for host
+    problems."""
     targets, results = _targets(view, devices, netdev)
     for t in targets:
         first = check_device_port(view, t, policy)
@@ -101,4 +107,30 @@ def validate(
         results.extend(check_counters(view, t, policy, window))
     if peer is not None:
         results.append(check_live(peer, measure, policy, measure_unavailable))
-    return Report.of(results, policy.to_dict())
+    nics = {t.device.name: t.device for t in targets}
+    return Report.of(results, policy.to_dict(), places(view, list(nics.values()), rails))
+
+
+def places(view: HostView, devices: list[RdmaDevice], rails: RailMap) -> list[NicPlace]:
+    """Each of DEVICES with a rail or a GPU, by name; a PCI tree that cannot be read
+    places no GPU (the checks say what is wrong with the host, not this)."""
+    try:
+        gpus = read_nic_gpus(view.sysfs_root, [d.name for d in devices])
+    except (ProbeError, OSError):
+        gpus = {}
+    on = rails.rails(devices, gpus)
+    out = []
+    for d in sorted(devices, key=lambda d: d.name):
+        g = gpus.get(d.name)
+        if g is None and d.name not in on:
+            continue
+        out.append(
+            NicPlace(
+                d.name,
+                on.get(d.name),
+                g.gpu.name if g else None,
+                g.gpu.function.address if g else None,
+                g.link.name if g else None,
+            )
+        )
+    return out

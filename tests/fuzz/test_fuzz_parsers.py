@@ -38,10 +38,11 @@ from fabricprobe.collector.attribution import otlp_http
 from fabricprobe.core.errors import ParseError
 from fabricprobe.core.hostport import parse_hostport
 from fabricprobe.core.shards import parse_member
-from fabricprobe.probes import ethtool
+from fabricprobe.probes import ethtool, pcie
 from fabricprobe.probes.control import ProtocolError, decode_payload
 from fabricprobe.probes.counters import parse_counter
 from fabricprobe.probes.hostload import parse_pressure
+from fabricprobe.probes.rails import parse_rails
 from fabricprobe.probes.roce import hwtools, tools
 from fabricprobe.probes.roce import policy as roce_policy
 from fabricprobe.probes.sysfs import Gid, parse_gid
@@ -221,6 +222,11 @@ TEXT_PARSERS: list[tuple[str, Callable[[str], object], tuple[type[BaseException]
     ("sysfs.Gid.ipv4", lambda s: Gid(0, s, "RoCE v2", None).ipv4, ()),
     ("sysfs.parse_gid", parse_gid, (ParseError,)),
     ("agent.nixl.parse_totals", parse_totals, ()),
+    ("pcie.parse_pci_address", pcie.parse_pci_address, (ParseError,)),
+    ("pcie.parse_pci_id", lambda s: pcie.parse_pci_id(s, "class", 6), (ParseError,)),
+    ("pcie.parse_numa_node", pcie.parse_numa_node, (ParseError,)),
+    ("pcie.parse_device_path", pcie.parse_device_path, (ParseError,)),
+    ("rails.parse_rails", lambda s: parse_rails([s]), (ParseError,)),
     *(
         (f"roce.hwtools.{f.__name__}", f, (ParseError,))
         for f in (
@@ -387,6 +393,44 @@ def test_check_reports(fuzz_inputs: FuzzCounter) -> None:
     run()
     # the newest run stays (taken at 2**62, later than anything but the largest stamps)
     assert "h" in book.hosts
+
+
+def test_pci_device_paths(fuzz_inputs: FuzzCounter) -> None:
+    """Device paths made of sysfs's own pieces, near misses among them: a path is a PCI
+    function's, or a ParseError."""
+    pieces = st.sampled_from(
+        [
+            "devices",
+            "pci0000:17",
+            "pci10000:e0",
+            "PCI0000:17",
+            "0000:17:01.0",
+            "0000:18:00.0",
+            "0000:1g:00.0",
+            "0000:17:20.0",
+            "10000:e0:1f.7",
+            "virtual",
+            "..",
+            ".",
+            "",
+            "\x00",
+            "9" * 80,
+        ]
+    )
+    paths = st.lists(pieces, max_size=12).map("/".join)
+
+    @FUZZ
+    @given(batch(paths))
+    def run(data: list[str]) -> None:
+        _probe(
+            fuzz_inputs,
+            "pcie.parse_device_path (sysfs pieces)",
+            pcie.parse_device_path,
+            data,
+            (ParseError,),
+        )
+
+    run()
 
 
 def _parses(cls: Any, data: bytes) -> bool:

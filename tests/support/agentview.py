@@ -11,7 +11,12 @@ from typing import Any
 def agent_view(**fields: Any) -> SimpleNamespace:
     sender = SimpleNamespace(acked=0, handoffs=0, replayed=0, last_ack_unix_s=0.0, registered=True)
     view = SimpleNamespace(
-        last_report=None, latest_counters=[], sender=sender, tools_missing=set(), inputs_skipped={}
+        last_report=None,
+        latest_counters=[],
+        sender=sender,
+        tools_missing=set(),
+        inputs_skipped={},
+        nics=[],
     )
     for name, value in fields.items():
         if hasattr(view, name):

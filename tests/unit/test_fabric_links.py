@@ -272,7 +272,7 @@ def test_fabric_links_learn_paths_ask_for_traces_and_export(tmp_path: Path) -> N
     links.take("h0", r)  # the next window: asked already, not again yet
     assert links.retraces("h2") == []
     assert links.links_of("h0", "h2") == [
-        (0xC001, ("h0->leaf0", "leaf0->spine1", "spine1->leaf1", "leaf1->h2"))
+        (0xC001, ("h0->leaf0", "leaf0->spine1", "spine1->leaf1", "leaf1->h2"), None)
     ]
     clock[0] += 120  # past the refresh: the next window asks h0 to trace it again
     r.ClearField("class_paths")

@@ -31,6 +31,7 @@ def catalogue() -> dict[str, set[str]]:
         "agent_metric",
         "drift_metric",
         "link_metric",
+        "rail_metric",
     )
     for m in (row for table in tables for row in data.get(table, [])):
         labels = set(m["labels"])

@@ -230,3 +230,54 @@ def test_fix_commands_are_never_split_at_80_columns(tmp_path: Path) -> None:
         assert any(fix in line for line in lines), f"fix split across lines: {fix}"
     table = [ln for ln in lines if not ln.startswith("[")]
     assert max(len(ln) for ln in table[:-1]) <= 80  # the table itself fits the terminal
+
+
+# ------------------------------------------------------------------ NICs, rails and GPUs
+
+GPU8_ARGS = ["--sysfs", str(SYS / "gpu8"), "--replay", str(TOOLS / "mlx5_no_tools")]
+RAIL_NETS = ",".join(f"10.100.{r}.0/24={r}" for r in range(8))
+
+
+def test_a_gpu_host_is_validated_nic_by_nic_with_rail_and_gpu() -> None:
+    code, out, _ = run(*GPU8_ARGS, "--window", "0", "--rails", RAIL_NETS, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    nics = {n["device"]: n for n in doc["nics"]}
+    assert nics["mlx5_3"] == {
+        "device": "mlx5_3",
+        "rail": 3,
+        "gpu": "GPU3",
+        "gpu_address": "0000:3c:00.0",
+        "gpu_link": "PIX",
+    }
+    assert nics["mlx5_8"]["rail"] is None and nics["mlx5_8"]["gpu_link"] == "NODE"
+    # every check runs on every NIC
+    checked = {r["device"] for r in doc["results"] if r["check"] == "pcie"}
+    assert checked == {f"mlx5_{i}" for i in range(9)}
+    code, out, _ = run(*GPU8_ARGS, "--window", "0", "--rails", "gpu", "--device", "mlx5_6")
+    assert code == 0
+    line = next(x for x in out.splitlines() if "mlx5_6" in x and "GPU" in x)
+    assert "rail 6" in line and "GPU6" in line and "PIX" in line and "0000:ba:00.0" in line
+
+
+def test_without_rails_a_gpu_host_still_shows_each_nics_gpu() -> None:
+    code, out, _ = run(*GPU8_ARGS, "--window", "0", "--json")
+    doc = json.loads(out)
+    assert code == 0 and {n["rail"] for n in doc["nics"]} == {None}
+    assert {n["gpu"] for n in doc["nics"]} == {f"GPU{i}" for i in range(8)}
+
+
+def test_a_laptop_prints_as_it_always_did() -> None:
+    """No GPU and no rail: no NICs table, no `nics` in the JSON."""
+    args = ["--sysfs", str(SYS / "laptop"), "--replay", str(TOOLS / "rxe"), "--window", "0"]
+    code, out, _ = run(*args)
+    assert code == 0 and out.startswith("┏") and "GPU address" not in out  # the checks first
+    code, out, _ = run(*args, "--json")
+    assert "nics" not in json.loads(out)
+    code, out, _ = run(*fixture_args("rxe", "rxe"), "--json")
+    assert "nics" not in json.loads(out)
+
+
+def test_a_bad_rail_rule_exits_2() -> None:
+    code, _, err = run(*GPU8_ARGS, "--rails", "mlx5_0=99")
+    assert code == 2 and "rail" in err and len(err.strip().splitlines()) == 1

@@ -27,8 +27,9 @@ from fabricprobe.cli.options import (
     sysfs_option,
     timeout_option,
 )
-from fabricprobe.core.errors import ProbeError
+from fabricprobe.core.errors import ParseError, ProbeError
 from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.rails import parse_rails
 from fabricprobe.probes.roce import (
     HostView,
     Policy,
@@ -152,8 +153,31 @@ def _soft(view: HostView, device: str | None) -> bool:
         return False
 
 
+def nics_table(report: Report) -> Table:
+    """One line per NIC with a rail or a GPU: where it sits, and how its checks went."""
+    table = Table(title="NICs", pad_edge=False, expand=False)
+    for col in ("device", "rail", "GPU", "PCIe", "GPU address", "checks"):
+        table.add_column(col, no_wrap=True)
+    for n in report.nics:
+        fails, warns = report.worst(n.device)
+        checks = Text(
+            f"{fails} fail, {warns} warn" if fails or warns else "ok",
+            style=_STYLE[Status.FAIL] if fails else _STYLE[Status.WARN] if warns else "green",
+        )
+        table.add_row(
+            n.device,
+            "-" if n.rail is None else f"rail {n.rail}",
+            n.gpu or "-",
+            n.gpu_link or "-",
+            n.gpu_address or "-",
+            checks,
+        )
+    return table
+
+
 def render(report: Report, console: Console, verbose: bool) -> None:
-    """The results table, the fix commands, and one summary line.
+    """The NICs' rails and GPUs (on a host that has them), the results table, the fix
+    commands, and one summary line.
 
     Fix commands are printed below the table, one per line and never wrapped by the
     console (soft_wrap): a command folded at the terminal width into a table cell cannot
@@ -176,6 +200,8 @@ def render(report: Report, console: Console, verbose: bool) -> None:
         if verbose and r.evidence:
             body.append("\n" + "\n".join(f"  {e}" for e in r.evidence), style="dim")
         table.add_row(Text(r.status.value, style=_STYLE[r.status]), r.check, where, body)
+    if report.nics:
+        console.print(nics_table(report))
     console.print(table)
     for i, (check, where, fix) in enumerate(fixes, 1):
         console.print(Text(f"[{i}] {check} {where} fix: {fix}", style="cyan"), soft_wrap=True)
@@ -192,6 +218,8 @@ Examples:
   probe validate --priority 5 --dscp 34   # a fabric that puts RoCE on priority 5
   probe validate --policy roce.toml --json | jq '.results[] | select(.status=="FAIL")'
   probe validate --peer 10.0.0.2          # add a live RDMA/TCP check (peer runs probe serve)
+  probe validate --rails 10.100.0.0/16=0,10.101.0.0/16=1 --json | jq .nics
+                                          # each NIC's rail (by its network) and GPU
   probe validate --fleet --collector 10.0.0.9:4794 --ca-file ca.pem --token-file reader.token
                                           # every host's checks, and hosts unlike their peers
 
@@ -212,6 +240,13 @@ Checks that need root say so and are skipped when run unprivileged.""",
     "Seconds between the two counter samples (0: skip the counter check).",
 )
 @click.option("--peer", metavar="HOST[:PORT]", help="Also measure RDMA and TCP to this host.")
+@click.option(
+    "--rails",
+    "rail_rule",
+    multiple=True,
+    metavar="DEV=RAIL|CIDR=RAIL|gpu",
+    help="Each NIC's rail, as the agent's `rails` setting (repeatable, or comma-separated).",
+)
 @bind_option
 @timeout_option(None, "30 for RDMA setup, 5 TCP; 2 per exchange, 30 RDMA bandwidth")
 @json_option
@@ -248,6 +283,7 @@ def validate(
     dscp: int | None,
     window: float,
     peer: str | None,
+    rail_rule: tuple[str, ...],
     bind: str | None,
     timeout: float | None,
     as_json: bool,
@@ -273,7 +309,8 @@ def validate(
     try:
         policy = load_policy(policy_file) if policy_file else Policy()
         policy = policy.with_overrides(priority=priority, dscp=dscp)
-    except PolicyError as e:
+        rails = parse_rails(rail_rule)
+    except (PolicyError, ParseError) as e:
         fail(str(e))
     view = HostView(
         sysfs_root=Path(sysfs_root),
@@ -302,6 +339,7 @@ def validate(
         peer=peer,
         measure=measure,
         measure_unavailable=why,
+        rails=rails,
     )
     if as_json:
         data = report.to_dict()

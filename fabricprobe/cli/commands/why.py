@@ -42,10 +42,28 @@ def reply_dict(reply: Any) -> dict[str, Any]:
         "slowest": [fields(r) for r in reply.slowest],
         "paths": [fields(p) for p in reply.paths],
         "rtt": [fields(r) for r in reply.rtt],
+        "rails": [rail_dict(r) for r in reply.rails],
         "communication_bound": reply.communication_bound,
         "goodput": [fields(reply.goodput)] if reply.HasField("goodput") else [],
         "stages": reply.stages,
         "empty_reason": reply.empty_reason,
+    }
+
+
+def rail_dict(r: Any) -> dict[str, Any]:
+    """A RailPath with every field named (rail 0 and a loss of 0 included)."""
+    return {
+        "src": r.src,
+        "dst": r.dst,
+        "rail": r.rail,
+        "transport": r.transport,
+        "op": r.op,
+        "size": r.size,
+        "rtt_p50_s": r.rtt_p50_s if r.HasField("rtt_p50_s") else None,
+        "rtt_p99_s": r.rtt_p99_s if r.HasField("rtt_p99_s") else None,
+        "loss": r.loss,
+        "stands_out": r.stands_out,
+        "newest_unix_ns": r.newest_unix_ns,
     }
 
 
@@ -103,7 +121,12 @@ def query_links(
             continue
         if (src, dst) not in pairs:
             pairs[(src, dst)] = [
-                {"sport": c.sport, "links": list(c.links)} for c in ask(src, dst).classes
+                {
+                    "sport": c.sport,
+                    "links": list(c.links),
+                    "rail": c.rail if c.HasField("rail") else None,
+                }
+                for c in ask(src, dst).classes
             ]
         crossed = sorted({link for c in pairs[(src, dst)] for link in c["links"]})
         out.append(
@@ -227,6 +250,23 @@ def requests_table(rows: list[dict[str, Any]]) -> Table:
     return t
 
 
+def rails_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="Rails: each host pair's probes on each rail, newest window (RTT in µs)")
+    for c in ("rail", "path", "kind", "RTT p50", "RTT p99", "loss", ""):
+        t.add_column(c, justify="left" if c in ("path", "kind", "") else "right")
+    for r in rows[:40]:
+        t.add_row(
+            f"rail {r['rail']}",
+            f"{r['src']}->{r['dst']}",
+            f"{r['transport']} {r['op']} {r['size']}",
+            _us(r.get("rtt_p50_s")),
+            _us(r.get("rtt_p99_s")),
+            f"{float(r['loss']):.2%}",
+            "STANDS OUT" if r["stands_out"] else "",
+        )
+    return t
+
+
 def paths_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Paths ranked by the KV-transfer time they explain")
     for c in ("rank", "path", "transfers", "KV p50 ms", "x fleet", "RTT p99 µs", "x fleet",
@@ -300,8 +340,10 @@ def why(
     RTTs hold the hosts' own delay (host: what the ends' reference probes say they
     add); a path whose slowness that delay
     explains, not the fabric, is marked HOST rather than ranked as the network's.
-    With nothing to show it says why (no spans, nothing joined, no fabric windows) and
-    exits 3.
+    On GPU hosts probed rail by rail, the Rails table lists each rail of the ranked
+    pairs and every rail that stands out from its pair's other rails, with or without a
+    request on it. With nothing to show it says why (no spans, nothing joined, no fabric
+    windows) and exits 3.
 
     The collector wants a reader identity: a reader token (--token-file) or a client
     certificate it lists in reader_names; plain text only with --insecure."""
@@ -319,6 +361,9 @@ def why(
         Console(width=max(120, Console().width)).print(links_table(report))
     if with_links and report.get("links"):
         empty = ""  # the links are something to show
+    rails = report.get("rails") or []
+    if any(r["stands_out"] for r in rails):
+        empty = ""  # so is a rail that stands out
     if as_json:
         print_json(report)
         if empty and not report.get("slowest"):
@@ -332,6 +377,8 @@ def why(
         console.print(f"note: {empty}", style="yellow")
     console.print(requests_table(report.get("slowest", [])))
     console.print(paths_table(report.get("paths", [])))
+    if rails:
+        console.print(rails_table(rails))
     good = report.get("goodput") or []
     if good:
         g = good[0]

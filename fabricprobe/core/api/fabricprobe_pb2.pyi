@@ -33,14 +33,22 @@ class RdmaPort(_message.Message):
     def __init__(self, number: _Optional[int] = ..., state: _Optional[str] = ..., link_layer: _Optional[str] = ..., gids: _Optional[_Iterable[_Union[Gid, _Mapping]]] = ...) -> None: ...
 
 class RdmaDevice(_message.Message):
-    __slots__ = ("name", "driver", "ports")
+    __slots__ = ("name", "driver", "ports", "rail", "gpu", "gpu_address", "gpu_link")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GPU_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GPU_LINK_FIELD_NUMBER: _ClassVar[int]
     name: str
     driver: str
     ports: _containers.RepeatedCompositeFieldContainer[RdmaPort]
-    def __init__(self, name: _Optional[str] = ..., driver: _Optional[str] = ..., ports: _Optional[_Iterable[_Union[RdmaPort, _Mapping]]] = ...) -> None: ...
+    rail: int
+    gpu: str
+    gpu_address: str
+    gpu_link: str
+    def __init__(self, name: _Optional[str] = ..., driver: _Optional[str] = ..., ports: _Optional[_Iterable[_Union[RdmaPort, _Mapping]]] = ..., rail: _Optional[int] = ..., gpu: _Optional[str] = ..., gpu_address: _Optional[str] = ..., gpu_link: _Optional[str] = ...) -> None: ...
 
 class HostInfo(_message.Message):
     __slots__ = ("host", "addresses", "devices", "topology", "probe_port", "probe_kinds", "version", "role")
@@ -77,7 +85,7 @@ class RegisterResponse(_message.Message):
     def __init__(self, report_interval_ms: _Optional[int] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ...) -> None: ...
 
 class ProbeTarget(_message.Message):
-    __slots__ = ("dst", "address", "port", "kind", "size", "interval_ms", "count", "device", "gid", "ecmp_classes")
+    __slots__ = ("dst", "address", "port", "kind", "size", "interval_ms", "count", "device", "gid", "ecmp_classes", "rail", "src_device")
     DST_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +96,8 @@ class ProbeTarget(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
     ECMP_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    SRC_DEVICE_FIELD_NUMBER: _ClassVar[int]
     dst: str
     address: str
     port: int
@@ -98,7 +108,9 @@ class ProbeTarget(_message.Message):
     device: str
     gid: str
     ecmp_classes: int
-    def __init__(self, dst: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., kind: _Optional[str] = ..., size: _Optional[int] = ..., interval_ms: _Optional[int] = ..., count: _Optional[int] = ..., device: _Optional[str] = ..., gid: _Optional[str] = ..., ecmp_classes: _Optional[int] = ...) -> None: ...
+    rail: int
+    src_device: str
+    def __init__(self, dst: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., kind: _Optional[str] = ..., size: _Optional[int] = ..., interval_ms: _Optional[int] = ..., count: _Optional[int] = ..., device: _Optional[str] = ..., gid: _Optional[str] = ..., ecmp_classes: _Optional[int] = ..., rail: _Optional[int] = ..., src_device: _Optional[str] = ...) -> None: ...
 
 class AssignmentsRequest(_message.Message):
     __slots__ = ("host", "known_generation")
@@ -141,7 +153,7 @@ class Sketch(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., count: _Optional[int] = ..., lost: _Optional[int] = ..., min_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., sum_ns: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProbeWindow(_message.Message):
-    __slots__ = ("dst", "transport", "op", "size", "rtt", "bytes_moved", "busy_seconds", "failures", "prober_delay", "sport", "return_sport")
+    __slots__ = ("dst", "transport", "op", "size", "rtt", "bytes_moved", "busy_seconds", "failures", "prober_delay", "sport", "return_sport", "rail")
     DST_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +165,7 @@ class ProbeWindow(_message.Message):
     PROBER_DELAY_FIELD_NUMBER: _ClassVar[int]
     SPORT_FIELD_NUMBER: _ClassVar[int]
     RETURN_SPORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
     dst: str
     transport: str
     op: str
@@ -164,10 +177,11 @@ class ProbeWindow(_message.Message):
     prober_delay: Sketch
     sport: int
     return_sport: int
-    def __init__(self, dst: _Optional[str] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., rtt: _Optional[_Union[Sketch, _Mapping]] = ..., bytes_moved: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., failures: _Optional[int] = ..., prober_delay: _Optional[_Union[Sketch, _Mapping]] = ..., sport: _Optional[int] = ..., return_sport: _Optional[int] = ...) -> None: ...
+    rail: int
+    def __init__(self, dst: _Optional[str] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., rtt: _Optional[_Union[Sketch, _Mapping]] = ..., bytes_moved: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., failures: _Optional[int] = ..., prober_delay: _Optional[_Union[Sketch, _Mapping]] = ..., sport: _Optional[int] = ..., return_sport: _Optional[int] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class ClassPath(_message.Message):
-    __slots__ = ("dst", "sport", "src_ip", "dst_ip", "hops", "complete", "method")
+    __slots__ = ("dst", "sport", "src_ip", "dst_ip", "hops", "complete", "method", "rail")
     DST_FIELD_NUMBER: _ClassVar[int]
     SPORT_FIELD_NUMBER: _ClassVar[int]
     SRC_IP_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +189,7 @@ class ClassPath(_message.Message):
     HOPS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
     dst: str
     sport: int
     src_ip: str
@@ -182,17 +197,20 @@ class ClassPath(_message.Message):
     hops: _containers.RepeatedScalarFieldContainer[str]
     complete: bool
     method: str
-    def __init__(self, dst: _Optional[str] = ..., sport: _Optional[int] = ..., src_ip: _Optional[str] = ..., dst_ip: _Optional[str] = ..., hops: _Optional[_Iterable[str]] = ..., complete: _Optional[bool] = ..., method: _Optional[str] = ...) -> None: ...
+    rail: int
+    def __init__(self, dst: _Optional[str] = ..., sport: _Optional[int] = ..., src_ip: _Optional[str] = ..., dst_ip: _Optional[str] = ..., hops: _Optional[_Iterable[str]] = ..., complete: _Optional[bool] = ..., method: _Optional[str] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class Retrace(_message.Message):
-    __slots__ = ("dst", "address", "sport")
+    __slots__ = ("dst", "address", "sport", "rail")
     DST_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SPORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
     dst: str
     address: str
     sport: int
-    def __init__(self, dst: _Optional[str] = ..., address: _Optional[str] = ..., sport: _Optional[int] = ...) -> None: ...
+    rail: int
+    def __init__(self, dst: _Optional[str] = ..., address: _Optional[str] = ..., sport: _Optional[int] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class CounterReading(_message.Message):
     __slots__ = ("kind", "device", "port", "netdev", "priority", "name", "value", "width")
@@ -262,7 +280,7 @@ class AgentStats(_message.Message):
     def __init__(self, cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., probes: _Optional[int] = ..., probe_rate: _Optional[float] = ..., spool_depth: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., links: _Optional[int] = ..., sessions: _Optional[int] = ..., sessions_refused: _Optional[int] = ..., spool_write_failures: _Optional[int] = ..., spool_quarantined: _Optional[int] = ..., spool_memory_windows: _Optional[int] = ..., thread_failures: _Optional[int] = ..., sessions_refused_by_reason: _Optional[_Mapping[str, int]] = ..., self_throttle: _Optional[float] = ..., cpu_share: _Optional[float] = ..., cpu_pressure: _Optional[float] = ...) -> None: ...
 
 class WindowReport(_message.Message):
-    __slots__ = ("host", "epoch", "seq", "window_start_unix_ns", "window_end_unix_ns", "probes", "counters", "agent", "assignment_generation", "class_windows", "class_paths")
+    __slots__ = ("host", "epoch", "seq", "window_start_unix_ns", "window_end_unix_ns", "probes", "counters", "agent", "assignment_generation", "class_windows", "class_paths", "rail_windows")
     HOST_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +292,7 @@ class WindowReport(_message.Message):
     ASSIGNMENT_GENERATION_FIELD_NUMBER: _ClassVar[int]
     CLASS_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     CLASS_PATHS_FIELD_NUMBER: _ClassVar[int]
+    RAIL_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     host: str
     epoch: int
     seq: int
@@ -285,7 +304,8 @@ class WindowReport(_message.Message):
     assignment_generation: int
     class_windows: _containers.RepeatedCompositeFieldContainer[ProbeWindow]
     class_paths: _containers.RepeatedCompositeFieldContainer[ClassPath]
-    def __init__(self, host: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[CounterReading, _Mapping]]] = ..., agent: _Optional[_Union[AgentStats, _Mapping]] = ..., assignment_generation: _Optional[int] = ..., class_windows: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., class_paths: _Optional[_Iterable[_Union[ClassPath, _Mapping]]] = ...) -> None: ...
+    rail_windows: _containers.RepeatedCompositeFieldContainer[ProbeWindow]
+    def __init__(self, host: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[CounterReading, _Mapping]]] = ..., agent: _Optional[_Union[AgentStats, _Mapping]] = ..., assignment_generation: _Optional[int] = ..., class_windows: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., class_paths: _Optional[_Iterable[_Union[ClassPath, _Mapping]]] = ..., rail_windows: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("epoch", "seq", "duplicate", "assignment_generation", "retrace")
@@ -451,7 +471,7 @@ class Goodput(_message.Message):
     def __init__(self, requests: _Optional[int] = ..., met: _Optional[int] = ..., tokens: _Optional[float] = ..., goodput_tps: _Optional[float] = ..., throughput_tps: _Optional[float] = ...) -> None: ...
 
 class WhyReply(_message.Message):
-    __slots__ = ("now_ns", "slowest", "paths", "communication_bound", "goodput", "stages", "empty_reason", "rtt")
+    __slots__ = ("now_ns", "slowest", "paths", "communication_bound", "goodput", "stages", "empty_reason", "rtt", "rails")
     NOW_NS_FIELD_NUMBER: _ClassVar[int]
     SLOWEST_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
@@ -460,6 +480,7 @@ class WhyReply(_message.Message):
     STAGES_FIELD_NUMBER: _ClassVar[int]
     EMPTY_REASON_FIELD_NUMBER: _ClassVar[int]
     RTT_FIELD_NUMBER: _ClassVar[int]
+    RAILS_FIELD_NUMBER: _ClassVar[int]
     now_ns: int
     slowest: _containers.RepeatedCompositeFieldContainer[SlowRequest]
     paths: _containers.RepeatedCompositeFieldContainer[PathRank]
@@ -468,7 +489,34 @@ class WhyReply(_message.Message):
     stages: int
     empty_reason: str
     rtt: _containers.RepeatedCompositeFieldContainer[PathRtt]
-    def __init__(self, now_ns: _Optional[int] = ..., slowest: _Optional[_Iterable[_Union[SlowRequest, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathRank, _Mapping]]] = ..., communication_bound: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., stages: _Optional[int] = ..., empty_reason: _Optional[str] = ..., rtt: _Optional[_Iterable[_Union[PathRtt, _Mapping]]] = ...) -> None: ...
+    rails: _containers.RepeatedCompositeFieldContainer[RailPath]
+    def __init__(self, now_ns: _Optional[int] = ..., slowest: _Optional[_Iterable[_Union[SlowRequest, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathRank, _Mapping]]] = ..., communication_bound: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., stages: _Optional[int] = ..., empty_reason: _Optional[str] = ..., rtt: _Optional[_Iterable[_Union[PathRtt, _Mapping]]] = ..., rails: _Optional[_Iterable[_Union[RailPath, _Mapping]]] = ...) -> None: ...
+
+class RailPath(_message.Message):
+    __slots__ = ("src", "dst", "rail", "transport", "op", "size", "rtt_p50_s", "rtt_p99_s", "loss", "newest_unix_ns", "stands_out")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    RTT_P50_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_P99_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    STANDS_OUT_FIELD_NUMBER: _ClassVar[int]
+    src: str
+    dst: str
+    rail: int
+    transport: str
+    op: str
+    size: int
+    rtt_p50_s: float
+    rtt_p99_s: float
+    loss: float
+    newest_unix_ns: int
+    stands_out: bool
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., rail: _Optional[int] = ..., transport: _Optional[str] = ..., op: _Optional[str] = ..., size: _Optional[int] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss: _Optional[float] = ..., newest_unix_ns: _Optional[int] = ..., stands_out: _Optional[bool] = ...) -> None: ...
 
 class CheckVerdict(_message.Message):
     __slots__ = ("check", "device", "port", "netdev", "status", "value", "message")
@@ -646,12 +694,14 @@ class LinkVerdict(_message.Message):
     def __init__(self, link: _Optional[str] = ..., rank: _Optional[int] = ..., suspect: _Optional[bool] = ..., classes: _Optional[int] = ..., bad_classes: _Optional[int] = ..., rtt_rise_s: _Optional[float] = ..., loss: _Optional[float] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class ClassLinks(_message.Message):
-    __slots__ = ("sport", "links")
+    __slots__ = ("sport", "links", "rail")
     SPORT_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
     sport: int
     links: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, sport: _Optional[int] = ..., links: _Optional[_Iterable[str]] = ...) -> None: ...
+    rail: int
+    def __init__(self, sport: _Optional[int] = ..., links: _Optional[_Iterable[str]] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class LinksReply(_message.Message):
     __slots__ = ("configured", "links", "class_paths", "classes")
