@@ -104,7 +104,11 @@ def main() -> None:
 
     lane = lane_hosts(2)
     h0, h1 = (workload_host(h) for h in lane)
-    plan = PlanConfig(interval_ms=1000, count=10, budget=8, kinds=("rdma_rc_lat", "rdma_rc_bw"))
+    # 64 B probes for the RTT, 64 KiB ones for the bandwidth (the join and the price take
+    # each from its own size)
+    plan = PlanConfig(
+        interval_ms=1000, count=10, budget=8, sizes=(64, 65536), kinds=("rdma_rc_lat", "rdma_rc_bw")
+    )
     model = PRESETS["Llama-3.1-8B"]
     rows: list[Row] = []
     with (

@@ -62,7 +62,7 @@ def why_rails(store: WindowStore, ranked: Iterable[pb.PathRank]) -> list[pb.Rail
     pairs = {(p.src, p.dst) for p in ranked}
     keep = [
         m
-        for m in store.rail_paths()
+        for m in store.rail_view().paths
         if m.stands_out or (m.src, m.dst) in pairs or (m.dst, m.src) in pairs
     ]
     return keep[:MAX_WHY_RAILS]
@@ -78,7 +78,8 @@ class RailCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        rails, windows = self.store.rail_summary()
+        view = self.store.rail_view()
+        rails, windows = view.summary, view.windows
         paths = GaugeMetricFamily(
             "fabricprobe_rail_paths",
             "Host pairs probed on the rail with a fresh window (each way, each probe kind).",

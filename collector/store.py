@@ -95,6 +95,14 @@ class NixlTotal(NamedTuple):
     total: int
 
 
+class RailView(NamedTuple):
+    """The rails as the store holds them at one moment."""
+
+    paths: list[pb.RailPath]  # each pair's rails, those standing out first
+    summary: dict[int, RailSummary]  # each rail over its fresh paths
+    windows: dict[str, int]  # rail windows taken, by outcome
+
+
 class WindowStore:
     """Thread-safe store of hosts, path windows and counters (see the module docstring)."""
 
@@ -120,9 +128,7 @@ class WindowStore:
         self.counter_table = CounterTable(self.dropped, max_counters_per_host)
         self.rail_table = RailTable()  # each pair's probes per rail (rail hosts only)
         self.named = NamedPairs()  # host pairs requests named lately (collector/detail.py)
-        self.reports_total = 0
-        self.duplicates_total = 0
-        self.rejected_total = 0
+        self.reports_total = self.duplicates_total = self.rejected_total = 0
         # told of every report taken, under the lock (collector/history.py)
         self.listeners: list[ReportListener] = []
         # told of every report's paths and of paths let go, under the lock: the ranking
@@ -364,8 +370,7 @@ class WindowStore:
             return list(self.hosts)
 
     def window_ends(self, hosts: Iterable[str]) -> dict[str, int]:
-        """The end of each of HOSTS' newest window taken (0 before its first), for those
-        registered here."""
+        """The end of each registered one of HOSTS' newest window (0 before its first)."""
         with self.lock:
             got = {h: self.hosts.get(h) for h in hosts}
             return {h: st.last_window_end_ns for h, st in got.items() if st is not None}
@@ -390,18 +395,13 @@ class WindowStore:
         with self.lock:
             return self.path_table.views(a, b)
 
-    def rail_paths(self, pairs: Iterable[tuple[str, str]] | None = None) -> list[pb.RailPath]:
-        """Each rail of the host PAIRS (all pairs when None) with a window within
-        stale_after seconds, those standing out first (collector/railtable.py)."""
+    def rail_view(self, pairs: Iterable[tuple[str, str]] | None = None) -> RailView:
+        """The rails of the host PAIRS (all when None) with a window within stale_after
+        seconds (collector/railtable.py)."""
         with self.lock:
             since = self.clock() - int(self.stale_after * 1e9)
-            return self.rail_table.paths(since, None if pairs is None else set(pairs))
-
-    def rail_summary(self) -> tuple[dict[int, RailSummary], dict[str, int]]:
-        """Each rail over its fresh paths, and the rail windows taken by outcome."""
-        with self.lock:
-            since = self.clock() - int(self.stale_after * 1e9)
-            return self.rail_table.summary(since), dict(self.rail_table.windows)
+            paths = self.rail_table.paths(since, None if pairs is None else set(pairs))
+            return RailView(paths, self.rail_table.summary(since), dict(self.rail_table.windows))
 
 
 def validate_report(

@@ -149,17 +149,21 @@ RANK_COLUMNS = [
     "rank",
 ]
 PATH = ["src", "dst", "transport"]
-# a path's figures over its transfers, what rank_figures judges it by
-FIGURE_COLUMNS = [
-    "transfers",
-    "kv_median_s",
-    "s_per_byte",
+# the fabric figures a transfer was joined with, as its path is judged by them
+RTT_FIGURES = (
     "rtt_min_s",
     "rtt_p50_s",
     "rtt_p99_s",
     "rtt_p50_net_s",
     "rtt_p99_net_s",
     "congestion_per_s",
+)
+# a path's figures over its transfers, what rank_figures judges it by
+FIGURE_COLUMNS = [
+    "transfers",
+    "kv_median_s",
+    "s_per_byte",
+    *RTT_FIGURES,
     "host_share",
     "host_delay_s",
     "kv_bytes",

@@ -42,6 +42,7 @@ import pandas as pd
 from fabricprobe.collector.attribution.analysis import (
     FIGURE_COLUMNS,
     PATH,
+    RTT_FIGURES,
     AnalysisConfig,
     comm_flag,
     rank_figures,
@@ -60,12 +61,7 @@ PathKey = tuple[str, str, str]  # src, dst, transport ("" when not given)
 VECTOR = (
     "duration_s",
     "s_per_byte",
-    "rtt_min_s",
-    "rtt_p50_s",
-    "rtt_p99_s",
-    "rtt_p50_net_s",
-    "rtt_p99_net_s",
-    "congestion_per_s",
+    *RTT_FIGURES,
     "host_delay_s",
     "kv_wait_s",
     "fabric_s",

@@ -60,6 +60,15 @@ def shown_option(
     return click.option(*names, type=kind, default=default, show_default=True, help=help_text)
 
 
+def unset_option(
+    flag: str, kind: click.ParamType, help_text: str, dest: str = ""
+) -> Callable[[F], F]:
+    """FLAG (its value named DEST, else after the flag) of type KIND, None when not given:
+    the command picks its default from the other options (HELP_TEXT names it)."""
+    names = (flag, dest) if dest else (flag,)
+    return click.option(*names, type=kind, default=None, help=help_text)
+
+
 # --- the daemons' settings as flags (probe agent, probe collector) ---------------------
 
 

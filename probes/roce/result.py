@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -67,13 +67,7 @@ class NicPlace:
     gpu_link: str | None  # PIX, PXB, PHB, NODE or SYS
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "device": self.device,
-            "rail": self.rail,
-            "gpu": self.gpu,
-            "gpu_address": self.gpu_address,
-            "gpu_link": self.gpu_link,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

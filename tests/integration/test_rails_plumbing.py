@@ -99,7 +99,7 @@ def test_rails_are_probed_rail_by_rail_and_a_slow_rail_is_named(tmp_path: Path) 
         deadline = time.monotonic() + 60
         standing: list = []
         while time.monotonic() < deadline:
-            standing = [m for m in server.store.rail_paths() if m.stands_out]
+            standing = [m for m in server.store.rail_view().paths if m.stands_out]
             if len(standing) >= 2:  # h0 -> h2 and h1 -> h2 on rail 1
                 break
             time.sleep(0.2)

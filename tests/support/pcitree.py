@@ -65,7 +65,7 @@ def add_function(root: Path, fn: Fn, driver: str = "") -> Path:
             _write(d / name, value)
     if driver:
         drv = root / "bus" / "pci" / "drivers" / driver
-        drv.mkdir(parents=True, exist_ok=True)
+        _write(drv / "uevent", f"DRIVER={driver}")
         _link(d / "driver", drv)
     _link(root / "bus" / "pci" / "devices" / fn.bdf, d)
     return d
@@ -109,8 +109,11 @@ def add_rdma_nic(root: Path, name: str, fn_dir: Path | None, netdev: str, ipv4: 
 
 
 def build_gpu8(root: Path) -> None:
-    for node in (0, 1):
-        (root / "devices" / "system" / "node" / f"node{node}").mkdir(parents=True)
+    for node in (0, 1):  # (every directory holds a file: git keeps no empty one)
+        _write(
+            root / "devices" / "system" / "node" / f"node{node}" / "cpulist",
+            f"{node * 64}-{node * 64 + 63}",
+        )
     nic = 0
     for bus, numa in SWITCHES:
         hb = f"pci0000:{bus:02x}"
@@ -138,7 +141,7 @@ def build_gpu8(root: Path) -> None:
 def build_laptop(root: Path) -> None:
     """One socket, an Intel GPU in the CPU, Wi-Fi, an NVMe drive, and soft-RoCE (rxe0)
     on the Wi-Fi netdev; numa_node -1 everywhere, as a kernel without NUMA says."""
-    (root / "devices" / "system" / "node" / "node0").mkdir(parents=True)
+    _write(root / "devices" / "system" / "node" / "node0" / "cpulist", "0-7")
     hb = "pci0000:00"
     for path, cls in (
         (f"{hb}/0000:00:02.0", "0x030000"),  # the CPU's own GPU: not NVIDIA or AMD

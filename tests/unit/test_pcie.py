@@ -258,3 +258,11 @@ def test_resolution_never_leaves_the_root(
 def test_a_nics_gpu_does_not_depend_on_which_nics_are_asked_for() -> None:
     got = pcie.read_nic_gpus(GPU8, ["mlx5_3", "mlx5_8"])
     assert {d: a.gpu.name for d, a in got.items()} == {"mlx5_3": "GPU3", "mlx5_8": "GPU0"}
+
+
+def test_the_checked_in_trees_hold_no_empty_directory() -> None:
+    """git keeps no empty directory: a clean clone would miss it, and a reader counting
+    NUMA nodes or following a driver link would see another host."""
+    for name in pcitree.BUILDERS:
+        empty = [d for d, dirs, files in os.walk(FIXTURES / name) if not dirs and not files]
+        assert not empty, empty

@@ -133,14 +133,14 @@ def test_a_slow_rail_stands_out_from_its_pairs_other_rails() -> None:
         *(rail_window("b", r, 3000 if r == 1 else 40) for r in range(8)),
         *(rail_window("c", r, 40, lost=2 if r == 5 else 0) for r in range(8)),
     )
-    got = store.rail_paths()
+    got = store.rail_view().paths
     out = [(m.dst, m.rail) for m in got if m.stands_out]
     assert out == [("b", 1), ("c", 5)]  # listed first
     assert [(m.dst, m.rail) for m in got[:2]] == out
     assert len(got) == 16
     b1 = next(m for m in got if (m.dst, m.rail) == ("b", 1))
     assert b1.rtt_p50_s == pytest.approx(3e-3, rel=0.02) and b1.loss == 0.0
-    rails, windows = store.rail_summary()
+    rails, windows = store.rail_view()[1:]
     assert (rails[1].paths, rails[1].standing_out) == (2, 1)
     assert rails[5].lost == 2 and windows["taken"] == 16
     # the pair's own figures are as before: no rail window is a path
@@ -151,7 +151,7 @@ def test_nothing_stands_out_alone_or_within_noise() -> None:
     store = store_with(
         rail_window("b", 0, 3000), *(rail_window("c", r, 40 + 5 * r) for r in range(4))
     )
-    assert not any(m.stands_out for m in store.rail_paths())
+    assert not any(m.stands_out for m in store.rail_view().paths)
 
 
 def test_bad_rail_windows_are_refused_and_the_rest_taken() -> None:
@@ -161,7 +161,7 @@ def test_bad_rail_windows_are_refused_and_the_rest_taken() -> None:
     bad_kind = rail_window("b", 3, 40)
     bad_kind.transport = "smoke"
     store = store_with(no_rail, bad_rail, no_rtt, bad_kind, rail_window("b", 1, 40))
-    _, windows = store.rail_summary()
+    windows = store.rail_view().windows
     assert windows == {"taken": 1, "refused": 4, "dropped": 0, "evicted": 0}
 
 

@@ -20,6 +20,7 @@ from fabricprobe.cli.options import (
     print_json,
     probe_command,
     timeout_option,
+    unset_option,
 )
 from fabricprobe.cli.render import latency_table, loss_line, progress_bar
 from fabricprobe.core.errors import PeerError
@@ -42,43 +43,35 @@ Examples:
   probe tcp 10.0.0.2 --bw --duration 10 --streams 4
   probe tcp 10.0.0.2 --json | jq .rtt.p99_us"""
 )
-@click.option(
+@unset_option(
     "--size",
-    type=SizeParam(tcp_lib.MIN_SIZE, tcp_lib.MAX_CHUNK),
-    default=None,
-    help="Message size: 1 B..1 MiB for RTT (default 64); send size for --bw (default 128K).",
+    SizeParam(tcp_lib.MIN_SIZE, tcp_lib.MAX_CHUNK),
+    "Message size: 1 B..1 MiB for RTT (default 64); send size for --bw (default 128K).",
 )
-@click.option(
-    "--iters",
-    type=click.IntRange(1, 100_000_000),
-    default=None,
-    help=f"Measured ping-pongs (default {DEFAULT_ITERS:,}).",
+@unset_option(
+    "--iters", click.IntRange(1, 100_000_000), f"Measured ping-pongs (default {DEFAULT_ITERS:,})."
 )
-@click.option(
+@unset_option(
     "--warmup",
-    type=click.IntRange(0, 1_000_000),
-    default=None,
-    help=f"Unrecorded ping-pongs first (default {DEFAULT_WARMUP}).",
+    click.IntRange(0, 1_000_000),
+    f"Unrecorded ping-pongs first (default {DEFAULT_WARMUP}).",
 )
 @click.option("--bw", is_flag=True, help="Measure throughput instead of RTT.")
-@click.option(
+@unset_option(
     "--duration",
-    type=click.FloatRange(0.01, 3600),
-    default=None,
-    help=f"--bw: seconds to send (default {DEFAULT_DURATION:g}).",
+    click.FloatRange(0.01, 3600),
+    f"--bw: seconds to send (default {DEFAULT_DURATION:g}).",
 )
-@click.option(
+@unset_option(
     "--bytes",
-    "total_bytes",
-    type=SizeParam(1, 1 << 40),
-    default=None,
-    help="--bw: send this many bytes instead of for a duration.",
+    SizeParam(1, 1 << 40),
+    "--bw: send this many bytes instead of for a duration.",
+    dest="total_bytes",
 )
-@click.option(
+@unset_option(
     "--streams",
-    type=click.IntRange(1, tcp_lib.MAX_STREAMS),
-    default=None,
-    help="--bw: parallel connections (default 1).",
+    click.IntRange(1, tcp_lib.MAX_STREAMS),
+    "--bw: parallel connections (default 1).",
 )
 @peer_options(timeout_option(2.0))
 def tcp(
@@ -189,12 +182,19 @@ def _check_addresses(host: str, port: int, bind: str | None) -> None:
         fail(f"cannot resolve peer {host!r}: {e.strerror}")
 
 
-def _print_latency(res: LatencyResult) -> None:
+def _headline(what: str, res: LatencyResult | BandwidthResult, detail: str) -> Console:
+    """A console for RES, its first line printed: what ran, towards whom, from where."""
     console = Console()
-    console.print(
-        f"TCP ping-pong to {format_hostport(res.peer, res.port)} from {res.source}: "
+    where = f"{format_hostport(res.peer, res.port)} from {res.source}"
+    console.print(f"TCP {what} to {where}: {detail}", highlight=False)
+    return console
+
+
+def _print_latency(res: LatencyResult) -> None:
+    console = _headline(
+        "ping-pong",
+        res,
         f"{res.size:,} B messages, {res.iters:,} measured (+{res.warmup:,} warm-up)",
-        highlight=False,
     )
     console.print(latency_table({"tcp": res.summary}))
     console.print(loss_line("tcp", res.summary), highlight=False)
@@ -207,12 +207,7 @@ def _print_latency(res: LatencyResult) -> None:
 
 
 def _print_throughput(res: BandwidthResult) -> None:
-    console = Console()
-    console.print(
-        f"TCP throughput to {format_hostport(res.peer, res.port)} from {res.source}: "
-        f"{res.streams} stream(s), {res.chunk_size:,} B sends",
-        highlight=False,
-    )
+    console = _headline("throughput", res, f"{res.streams} stream(s), {res.chunk_size:,} B sends")
     table = Table()
     table.add_column("figure")
     table.add_column("value", justify="right")
