@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-from lanefleet import lane_hosts, probing_fleet, workload_host
+from lanefleet import kv_workload, lane_hosts, probing_fleet, workload_host
 
 from fabricprobe.cli import netem
 from fabricprobe.cli.sessions import served_sessions
@@ -39,7 +39,7 @@ from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.responder import Responder
-from fabricprobe.workload.pipeline import WorkloadConfig, run_pipeline
+from fabricprobe.workload.pipeline import run_pipeline
 from fabricprobe.workload.spans import SpanSender
 
 PARTS = ("kv_wait_s", "fabric_s", "engine_wait_s")
@@ -126,18 +126,7 @@ def main() -> None:
                         netem.impair(lane[0]["netdev"], h1.address, delay=spec)
                     try:
                         time.sleep(4)  # two probe windows at this delay before the transfers
-                        cfg = WorkloadConfig(
-                            model=model,
-                            prompt_tokens=args.prompt_tokens,
-                            output_tokens=2,
-                            prefill_s_per_token=0.0,
-                            decode_step_s=0.001,
-                            requests=args.requests,
-                            transport="rdma",
-                            outstanding=args.outstanding,
-                            port=responder.port,
-                            seed=r,
-                        )
+                        cfg = kv_workload(model, args, responder.port, seed=r)
                         results = run_pipeline(
                             [(h0, h1)], cfg, on_request=lambda q: sender.emit(q, model.name)
                         )

@@ -26,14 +26,14 @@ import time
 from collections import Counter
 from contextlib import closing
 
-from lanefleet import lane_hosts, probing_fleet, workload_host
+from lanefleet import kv_workload, lane_hosts, probing_fleet, workload_host
 
 from fabricprobe.cli import netem
 from fabricprobe.cli.sessions import served_sessions
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.responder import Responder
-from fabricprobe.workload.pipeline import RequestResult, WorkloadConfig, run_pipeline
+from fabricprobe.workload.pipeline import RequestResult, run_pipeline
 from fabricprobe.workload.price import KvCost, PriceClient
 from fabricprobe.workload.route import FabricRouter, RoundRobin
 
@@ -106,18 +106,7 @@ def main() -> None:
                         )
                     )
                     router = FabricRouter(pc.cost) if route == "fabric" else RoundRobin()
-                    cfg = WorkloadConfig(
-                        model=model,
-                        prompt_tokens=args.prompt_tokens,
-                        output_tokens=2,
-                        prefill_s_per_token=0.0,
-                        decode_step_s=0.001,
-                        requests=args.requests,
-                        transport="rdma",
-                        outstanding=args.outstanding,
-                        port=responder.port,
-                        seed=r,
-                    )
+                    cfg = kv_workload(model, args, responder.port, seed=r)
                     rows[route] += run_pipeline(paths, cfg, router=router)
     finally:
         netem.clear(lane[0]["netdev"])

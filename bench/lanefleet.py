@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import tempfile
+from argparse import Namespace
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +16,8 @@ from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
-from fabricprobe.workload.pipeline import Host
+from fabricprobe.core.models import ModelShape
+from fabricprobe.workload.pipeline import Host, WorkloadConfig
 
 
 def lane_hosts(n: int = 3) -> list[dict[str, str]]:
@@ -27,6 +29,24 @@ def lane_hosts(n: int = 3) -> list[dict[str, str]]:
     if len(hosts) < n:
         sys.exit(f"the lane must have at least {n} hosts, it has {len(hosts)}")
     return [{k: str(v) for k, v in h.items()} for h in hosts[:n]]
+
+
+def kv_workload(model: ModelShape, args: Namespace, port: int, *, seed: int) -> WorkloadConfig:
+    """The benchmarks' workload: ARGS.requests requests of ARGS.prompt_tokens moved over
+    RDMA to the responder on PORT, ARGS.outstanding WRITEs in flight, prefill and decode
+    all but free (the KV transfer is what is measured)."""
+    return WorkloadConfig(
+        model=model,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=2,
+        prefill_s_per_token=0.0,
+        decode_step_s=0.001,
+        requests=args.requests,
+        transport="rdma",
+        outstanding=args.outstanding,
+        port=port,
+        seed=seed,
+    )
 
 
 def workload_host(h: dict[str, str]) -> Host:
