@@ -42,7 +42,7 @@ from fabricprobe.probes.responder import Responder
 from fabricprobe.workload.pipeline import run_pipeline
 from fabricprobe.workload.spans import SpanSender
 
-PARTS = ("kv_wait_s", "fabric_s", "engine_wait_s")
+PARTS = ("kv_wait_s", "fabric_s", "engine_wait_s", "rtt_p50_s")
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Row:
     kv_wait_s: float
     fabric_s: float
     engine_wait_s: float
+    rtt_p50_s: float  # the path's, as the join matched it
     fabric_source: str
 
 
@@ -85,6 +86,7 @@ def split_requests(stub: pb_grpc.QueryStub, ids: dict[str, int], delay_s: float)
             kv_wait_s=r.kv_wait_s,
             fabric_s=r.fabric_s,
             engine_wait_s=r.engine_wait_s,
+            rtt_p50_s=r.rtt_p50_s,
             fabric_source=r.fabric_source,
         )
         for rid, r in got.items()
@@ -175,9 +177,10 @@ def report(rows: list[Row], delays: list[str]) -> None:
         rise = m["fabric_s"] - med[0.0]["fabric_s"]
         want = trips * d
         engine = m["engine_wait_s"] - med[0.0]["engine_wait_s"]
+        rtt = m["rtt_p50_s"] - med[0.0]["rtt_p50_s"]
         print(
             f"{d * 1e3:4.0f}ms {rise * 1e3:11.3f} ms {want * 1e3:9.3f} ms {rise / want:6.2f}"
-            f" {engine * 1e3:9.3f} ms"
+            f" {engine * 1e3:9.3f} ms {rtt * 1e3:10.3f} ms"
         )
     print("(emulated soft-RoCE under QEMU's software CPU: the rises against d are the figure)")
 
