@@ -227,6 +227,14 @@ def locate(shot: np.ndarray, picture: np.ndarray) -> tuple[int, int]:
     raise AssertionError("picture not found in the screenshot")
 
 
+def _joined_with_figures(collector: CollectorServer, n: int) -> bool:
+    """Whether N requests are joined and each KV transfer has its path's RTT: a request
+    that settles before its path's windows are in keeps no figures, so the agents must
+    not stop until every transfer has them."""
+    res = collector.attribution.analyse(max_age_s=0)
+    return len(res.requests) >= n and int(res.kv["rtt_p99_s"].notna().sum()) >= n
+
+
 def test_report_renders_in_chromium(
     collector: CollectorServer, prometheus: str, pki: Path, tmp_path: Path
 ) -> None:
@@ -256,8 +264,8 @@ def test_report_renders_in_chromium(
             )
             request_ids = send_spans(pki, collector.port, kv_sink.port)
         wait_for(
-            lambda: len(collector.attribution.analyse(max_age_s=0).requests) >= len(request_ids),
-            what="the requests joined by the collector",
+            lambda: _joined_with_figures(collector, len(request_ids)),
+            what="the requests joined by the collector, each with its path's RTT figures",
         )
         wait_for(
             lambda: all((n, n, "tcp", "pingpong", 64) in collector.store.paths for n in names),
