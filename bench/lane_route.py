@@ -34,7 +34,7 @@ from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.responder import Responder
 from fabricprobe.workload.pipeline import RequestResult, run_pipeline
-from fabricprobe.workload.price import KvCost, PriceClient
+from fabricprobe.workload.price import PriceClient
 from fabricprobe.workload.route import FabricRouter, RoundRobin
 
 
@@ -49,13 +49,13 @@ def quantile(values: list[float], q: float) -> float:
 
 def wait_priced(
     client: PriceClient, src: str, dsts: list[str], nbytes: int, limit_s: float
-) -> dict[str, KvCost]:
+) -> None:
     """Block until the collector prices every path SRC -> DST, or exit after LIMIT_S."""
     deadline = time.monotonic() + limit_s
     while True:
         costs = {d: client.cost(src, d, nbytes) for d in dsts}
         if all(c.known for c in costs.values()):
-            return costs
+            return
         if time.monotonic() > deadline:
             why = "; ".join(f"{d}: {c.reason}" for d, c in costs.items() if not c.known)
             sys.exit(f"no price after {limit_s:.0f} s: {why}")
