@@ -15,6 +15,9 @@ keepalive ran out) is opened again at once, in the same burst.
 
 The scheduler probes each target once per interval, jittered so that a fleet does not
 probe in lockstep, and within a rate budget (bursts per second) shared by all targets.
+It runs one burst per peer at a time: a peer's latency bursts never share the path with
+this host's bandwidth burst to it, whose packets they would queue behind (their RTTs
+would then carry this host's own traffic), and a peer answers one burst of ours at once.
 """
 
 from __future__ import annotations
@@ -372,6 +375,8 @@ class Scheduler:
         self._heap: list[tuple[float, int, ProbeSpec]] = []
         self._n = 0
         self._free = workers  # probe slots: bursts running at once, inline or on a worker
+        self._busy: dict[str, int] = {}  # peers with a burst running: how many (at most 1)
+        self.held = 0  # times a due burst waited for its peer's running burst
         # Guards the heap, the budget and the slots. The scheduling thread sleeps on
         # the bell, a lock held while nobody rang it: set_targets(), stop() and a worker
         # that frees a slot release it. Both are single C calls, where a Condition's
@@ -429,23 +434,33 @@ class Scheduler:
 
     def _next(self) -> tuple[ProbeSpec | None, float | None]:
         """The burst to start now (its slot taken, its next run scheduled), or None and
-        how long to sleep (None: until rung)."""
+        how long to sleep (None: until rung). A due burst whose peer has one running
+        keeps its place at the head of the queue until that one ends (its end rings)."""
         with self._lock:
             if not self._heap or not self._free:
                 return None, None  # set_targets() or a freed slot rings
-            at, _, spec = self._heap[0]
             now = time.monotonic()
-            if at > now:
-                return None, at - now
-            wait = self.budget.wait_time()
-            if wait > 0:
-                return None, wait
-            spread = 1.0 + random.uniform(-self.jitter, self.jitter)
-            self._n += 1
-            nxt = max(at + spec.interval_s * spread * self.slowdown, now)
-            heapq.heapreplace(self._heap, (nxt, self._n, spec))
-            self._free -= 1
-            return spec, 0.0
+            heap, held = self._heap, []
+            while heap and heap[0][0] <= now and heap[0][2].dst in self._busy:
+                held.append(heapq.heappop(heap))
+            try:
+                if not heap or heap[0][0] > now:
+                    return None, heap[0][0] - now if heap else None
+                wait = self.budget.wait_time()
+                if wait > 0:
+                    return None, wait
+                at, _, spec = heap[0]
+                spread = 1.0 + random.uniform(-self.jitter, self.jitter)
+                self._n += 1
+                nxt = max(at + spec.interval_s * spread * self.slowdown, now)
+                heapq.heapreplace(heap, (nxt, self._n, spec))
+                self._free -= 1
+                self._busy[spec.dst] = self._busy.get(spec.dst, 0) + 1
+                return spec, 0.0
+            finally:
+                for item in held:
+                    heapq.heappush(heap, item)
+                self.held += bool(held)
 
     def _loop(self) -> None:
         name_os_thread()
@@ -463,13 +478,16 @@ class Scheduler:
                 self._run(spec, ring=False)  # this thread looks at the heap next anyway
                 continue
             if self._stop.is_set():
-                self._release(ring=False)
+                self._release(spec, ring=False)
                 break
             self._pool.submit(self._run, spec)
 
-    def _release(self, ring: bool) -> None:
+    def _release(self, spec: ProbeSpec, ring: bool) -> None:
         with self._lock:
             self._free += 1
+            left = self._busy.pop(spec.dst, 1) - 1
+            if left:
+                self._busy[spec.dst] = left
         if ring:
             self._ring()
 
@@ -485,7 +503,7 @@ class Scheduler:
                 error=str(e),
             )
         finally:
-            self._release(ring)
+            self._release(spec, ring)
         self.bursts += 1
         if outcome.error:
             log.debug("probe %s to %s: %s", spec.kind, spec.dst, outcome.error)

@@ -161,6 +161,51 @@ def test_scheduler_runs_targets_within_budget_and_skips_unknown_kinds() -> None:
     assert 3 <= len(seen) <= 8  # ~5 bursts/s (plus the first token), not 10 x 100/s
 
 
+def test_a_peer_gets_one_burst_at_a_time_and_other_peers_run_beside_it() -> None:
+    """A peer's latency burst never runs while this host's bandwidth burst to it does (it
+    would queue behind it on the path), and waits in its place; bursts to other peers run
+    at the same time on the other workers."""
+    lock = threading.Lock()
+    running: dict[str, int] = {}
+    most: dict[str, int] = {}
+    together = {"seen": 0}
+    done: list[str] = []
+
+    def burst(s: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
+        with lock:
+            running[s.dst] = running.get(s.dst, 0) + 1
+            most[s.dst] = max(most.get(s.dst, 0), running[s.dst])
+            together["seen"] = max(together["seen"], sum(1 for v in running.values() if v))
+        time.sleep(0.03 if s.kind == "tcp_stream" else 0.005)
+        with lock:
+            running[s.dst] -= 1
+            done.append(f"{s.dst}:{s.kind}")
+        return ProbeOutcome("tcp", "pingpong", rtt_ns=[1000])
+
+    sched = Scheduler(
+        ProbeContext(None, 1.0),
+        lambda s, o: None,
+        budget=1000,
+        workers=4,
+        runners={"tcp_lat": burst, "tcp_stream": burst},
+    )
+    sched.set_targets(
+        [
+            spec(1, dst=d, kind=k, interval_s=0.02)
+            for d in ("a", "b")
+            for k in ("tcp_lat", "tcp_stream", "tcp_lat")
+        ]
+    )
+    sched.start()
+    time.sleep(0.8)
+    sched.stop()
+    assert most == {"a": 1, "b": 1}
+    assert together["seen"] == 2  # the two peers' bursts did run side by side
+    assert sched.held > 0  # and some due bursts waited for their peer's
+    for d in ("a", "b"):  # neither kind starved the other
+        assert done.count(f"{d}:tcp_lat") >= 5 and done.count(f"{d}:tcp_stream") >= 3
+
+
 def test_quick_kept_bursts_run_in_the_scheduling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tcp_lat burst on an open kept link whose last burst ran through quickly runs in
     the scheduling thread (no worker woken); the first burst (setup), one that was slow
