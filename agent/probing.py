@@ -15,9 +15,11 @@ keepalive ran out) is opened again at once, in the same burst.
 
 The scheduler probes each target once per interval, jittered so that a fleet does not
 probe in lockstep, and within a rate budget (bursts per second) shared by all targets.
-It runs one burst per peer at a time: a peer's latency bursts never share the path with
-this host's bandwidth burst to it, whose packets they would queue behind (their RTTs
-would then carry this host's own traffic), and a peer answers one burst of ours at once.
+A bandwidth burst runs alone to its peer: the peer's latency bursts never share the path
+with this host's own bulk traffic to it, whose packets they would queue behind (their
+RTTs would carry it). Latency bursts to one peer (its ECMP classes, its kinds) run side
+by side. A bandwidth burst that is due holds the peer's later bursts until it has run,
+so it cannot be starved.
 """
 
 from __future__ import annotations
@@ -322,6 +324,7 @@ TCP_RUNNERS: dict[str, Runner] = {"tcp_lat": tcp_pingpong, "tcp_bw": tcp_stream}
 # (bench/agent_footprint.py). A burst that was slow or failed sends the next one to a
 # worker again. RDMA kinds always go to a worker: a UD burst waits for late answers.
 INLINE_KINDS = frozenset({"tcp_lat"})
+STREAM_KINDS = frozenset({"tcp_bw", "rdma_rc_bw"})  # bandwidth bursts: alone to their peer
 
 
 # --------------------------------------------------------------------------- scheduler
@@ -375,8 +378,9 @@ class Scheduler:
         self._heap: list[tuple[float, int, ProbeSpec]] = []
         self._n = 0
         self._free = workers  # probe slots: bursts running at once, inline or on a worker
-        self._busy: dict[str, int] = {}  # peers with a burst running: how many (at most 1)
-        self.held = 0  # times a due burst waited for its peer's running burst
+        self._busy: dict[str, int] = {}  # peers with bursts running: how many
+        self._streaming: set[str] = set()  # peers with a bandwidth burst running
+        self.held = 0  # times a due burst waited for its peer's bandwidth burst
         # Guards the heap, the budget and the slots. The scheduling thread sleeps on
         # the bell, a lock held while nobody rang it: set_targets(), stop() and a worker
         # that frees a slot release it. Both are single C calls, where a Condition's
@@ -434,14 +438,20 @@ class Scheduler:
 
     def _next(self) -> tuple[ProbeSpec | None, float | None]:
         """The burst to start now (its slot taken, its next run scheduled), or None and
-        how long to sleep (None: until rung). A due burst whose peer has one running
-        keeps its place at the head of the queue until that one ends (its end rings)."""
+        how long to sleep (None: until rung). A due burst that must wait for its peer
+        (_must_wait) keeps its place at the head of the queue; the burst it waits for
+        rings when it ends."""
         with self._lock:
             if not self._heap or not self._free:
                 return None, None  # set_targets() or a freed slot rings
             now = time.monotonic()
-            heap, held = self._heap, []
-            while heap and heap[0][0] <= now and heap[0][2].dst in self._busy:
+            heap = self._heap
+            held: list[tuple[float, int, ProbeSpec]] = []
+            waiting: set[str] = set()
+            while heap and heap[0][0] <= now and self._must_wait(heap[0][2], waiting):
+                spec = heap[0][2]
+                if spec.kind in STREAM_KINDS:
+                    waiting.add(spec.dst)  # the peer's later bursts wait behind it
                 held.append(heapq.heappop(heap))
             try:
                 if not heap or heap[0][0] > now:
@@ -456,11 +466,20 @@ class Scheduler:
                 heapq.heapreplace(heap, (nxt, self._n, spec))
                 self._free -= 1
                 self._busy[spec.dst] = self._busy.get(spec.dst, 0) + 1
+                if spec.kind in STREAM_KINDS:
+                    self._streaming.add(spec.dst)
                 return spec, 0.0
             finally:
                 for item in held:
                     heapq.heappush(heap, item)
                 self.held += bool(held)
+
+    def _must_wait(self, spec: ProbeSpec, waiting: set[str]) -> bool:
+        """SPEC's peer has a bandwidth burst running or due before it, or SPEC is a
+        bandwidth burst and the peer has any burst running."""
+        if spec.dst in self._streaming or spec.dst in waiting:
+            return True
+        return spec.kind in STREAM_KINDS and spec.dst in self._busy
 
     def _loop(self) -> None:
         name_os_thread()
@@ -488,6 +507,8 @@ class Scheduler:
             left = self._busy.pop(spec.dst, 1) - 1
             if left:
                 self._busy[spec.dst] = left
+            if spec.kind in STREAM_KINDS:
+                self._streaming.discard(spec.dst)
         if ring:
             self._ring()
 
