@@ -15,11 +15,11 @@ keepalive ran out) is opened again at once, in the same burst.
 
 The scheduler probes each target once per interval, jittered so that a fleet does not
 probe in lockstep, and within a rate budget (bursts per second) shared by all targets.
-A bandwidth burst runs alone to its peer: the peer's latency bursts never share the path
-with this host's own bulk traffic to it, whose packets they would queue behind (their
-RTTs would carry it). Latency bursts to one peer (its ECMP classes, its kinds) run side
-by side. A bandwidth burst that is due holds the peer's later bursts until it has run,
-so it cannot be starved.
+A bulk burst (bandwidth, or messages larger than one packet) runs alone to its peer: the
+peer's small-message bursts never share the path with this host's own bulk traffic to
+it, whose packets they would queue behind (their RTTs would carry it). Small-message
+bursts to one peer (its ECMP classes, its kinds) run side by side. A bulk burst that is
+due holds the peer's later bursts until it has run, so it cannot be starved.
 """
 
 from __future__ import annotations
@@ -324,7 +324,13 @@ TCP_RUNNERS: dict[str, Runner] = {"tcp_lat": tcp_pingpong, "tcp_bw": tcp_stream}
 # (bench/agent_footprint.py). A burst that was slow or failed sends the next one to a
 # worker again. RDMA kinds always go to a worker: a UD burst waits for late answers.
 INLINE_KINDS = frozenset({"tcp_lat"})
-STREAM_KINDS = frozenset({"tcp_bw", "rdma_rc_bw"})  # bandwidth bursts: alone to their peer
+STREAM_KINDS = frozenset({"tcp_bw", "rdma_rc_bw"})  # bandwidth bursts
+BULK_BYTES = 4096  # a message over this (an RDMA MTU at most) is bulk: it runs alone
+
+
+def bulk(spec: ProbeSpec) -> bool:
+    """SPEC's burst puts bulk traffic on the path: it runs alone to its peer."""
+    return spec.kind in STREAM_KINDS or spec.size > BULK_BYTES
 
 
 # --------------------------------------------------------------------------- scheduler
@@ -379,8 +385,8 @@ class Scheduler:
         self._n = 0
         self._free = workers  # probe slots: bursts running at once, inline or on a worker
         self._busy: dict[str, int] = {}  # peers with bursts running: how many
-        self._streaming: set[str] = set()  # peers with a bandwidth burst running
-        self.held = 0  # times a due burst waited for its peer's bandwidth burst
+        self._bulk: set[str] = set()  # peers with a bulk burst running
+        self.held = 0  # times a due burst waited for its peer's bulk burst
         # Guards the heap, the budget and the slots. The scheduling thread sleeps on
         # the bell, a lock held while nobody rang it: set_targets(), stop() and a worker
         # that frees a slot release it. Both are single C calls, where a Condition's
@@ -450,7 +456,7 @@ class Scheduler:
             waiting: set[str] = set()
             while heap and heap[0][0] <= now and self._must_wait(heap[0][2], waiting):
                 spec = heap[0][2]
-                if spec.kind in STREAM_KINDS:
+                if bulk(spec):
                     waiting.add(spec.dst)  # the peer's later bursts wait behind it
                 held.append(heapq.heappop(heap))
             try:
@@ -466,8 +472,8 @@ class Scheduler:
                 heapq.heapreplace(heap, (nxt, self._n, spec))
                 self._free -= 1
                 self._busy[spec.dst] = self._busy.get(spec.dst, 0) + 1
-                if spec.kind in STREAM_KINDS:
-                    self._streaming.add(spec.dst)
+                if bulk(spec):
+                    self._bulk.add(spec.dst)
                 return spec, 0.0
             finally:
                 for item in held:
@@ -475,11 +481,11 @@ class Scheduler:
                 self.held += bool(held)
 
     def _must_wait(self, spec: ProbeSpec, waiting: set[str]) -> bool:
-        """SPEC's peer has a bandwidth burst running or due before it, or SPEC is a
-        bandwidth burst and the peer has any burst running."""
-        if spec.dst in self._streaming or spec.dst in waiting:
+        """SPEC's peer has a bulk burst running or due before it, or SPEC is bulk and
+        the peer has any burst running."""
+        if spec.dst in self._bulk or spec.dst in waiting:
             return True
-        return spec.kind in STREAM_KINDS and spec.dst in self._busy
+        return bulk(spec) and spec.dst in self._busy
 
     def _loop(self) -> None:
         name_os_thread()
@@ -507,8 +513,8 @@ class Scheduler:
             left = self._busy.pop(spec.dst, 1) - 1
             if left:
                 self._busy[spec.dst] = left
-            if spec.kind in STREAM_KINDS:
-                self._streaming.discard(spec.dst)
+            if bulk(spec):
+                self._bulk.discard(spec.dst)
         if ring:
             self._ring()
 

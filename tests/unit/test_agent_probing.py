@@ -161,10 +161,13 @@ def test_scheduler_runs_targets_within_budget_and_skips_unknown_kinds() -> None:
     assert 3 <= len(seen) <= 8  # ~5 bursts/s (plus the first token), not 10 x 100/s
 
 
-def test_a_bandwidth_burst_runs_alone_to_its_peer() -> None:
-    """A peer's latency bursts never run while this host's bandwidth burst to it does (they
-    would queue behind it on the path) and the other way round; latency bursts to one
-    peer run side by side, and bursts to other peers run beside a bandwidth burst."""
+@pytest.mark.parametrize("big", [("tcp_bw", 64), ("tcp_lat", 65536)])
+def test_a_bulk_burst_runs_alone_to_its_peer(big: tuple[str, int]) -> None:
+    """A peer's small-message bursts never run while this host's bulk burst to it does
+    (bandwidth, or a ping-pong of 64 KiB: they would queue behind it on the path) and the
+    other way round; small bursts to one peer run side by side, and bursts to other peers
+    run beside a bulk burst."""
+    kind, size = big
     lock = threading.Lock()
     running: dict[str, list[str]] = {"a": [], "b": []}
     clashes: list[tuple[str, list[str]]] = []
@@ -174,17 +177,18 @@ def test_a_bandwidth_burst_runs_alone_to_its_peer() -> None:
     def burst(s: ProbeSpec, ctx: ProbeContext) -> ProbeOutcome:
         with lock:
             mine = running[s.dst]
-            if "tcp_bw" in mine or (s.kind == "tcp_bw" and mine):
-                clashes.append((s.kind, list(mine)))
-            side_by_side["lat"] = max(side_by_side["lat"], mine.count("tcp_lat") + 1)
-            mine.append(s.kind)
+            name = "bulk" if s.size == size and s.kind == kind else "small"
+            if "bulk" in mine or (name == "bulk" and mine):
+                clashes.append((name, list(mine)))
+            side_by_side["lat"] = max(side_by_side["lat"], mine.count("small") + 1)
+            mine.append(name)
             side_by_side["peers"] = max(
                 side_by_side["peers"], sum(bool(v) for v in running.values())
             )
-        time.sleep(0.03 if s.kind == "tcp_bw" else 0.01)
+        time.sleep(0.03 if name == "bulk" else 0.01)
         with lock:
-            mine.remove(s.kind)
-            done.append(f"{s.dst}:{s.kind}")
+            mine.remove(name)
+            done.append(f"{s.dst}:{name}")
         return ProbeOutcome("tcp", "pingpong", rtt_ns=[1000])
 
     sched = Scheduler(
@@ -196,9 +200,9 @@ def test_a_bandwidth_burst_runs_alone_to_its_peer() -> None:
     )
     sched.set_targets(
         [
-            spec(1, dst=d, kind=k, interval_s=0.02)
+            spec(1, dst=d, kind=k, size=n, interval_s=0.02)
             for d in ("a", "b")
-            for k in ("tcp_lat", "tcp_bw", "tcp_lat")
+            for k, n in (("tcp_lat", 64), (kind, size), ("tcp_lat", 64))
         ]
     )
     sched.start()
@@ -208,7 +212,7 @@ def test_a_bandwidth_burst_runs_alone_to_its_peer() -> None:
     assert side_by_side == {"lat": 2, "peers": 2}
     assert sched.held > 0  # due bursts did wait for their peer
     for d in ("a", "b"):  # neither kind starved the other
-        assert done.count(f"{d}:tcp_lat") >= 5 and done.count(f"{d}:tcp_bw") >= 3
+        assert done.count(f"{d}:small") >= 5 and done.count(f"{d}:bulk") >= 3
 
 
 def test_quick_kept_bursts_run_in_the_scheduling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
