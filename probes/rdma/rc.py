@@ -502,10 +502,26 @@ def serve_rc_latency(session: Session) -> dict[str, Any]:
     return {"answered": answered, "error": out.error, "engine": engine}
 
 
+# The slowest stream a WRITE target waits out: it sees none of the WRITEs land, so it
+# holds its QP and region for as long as ITERS x SIZE take at this rate (plus a step).
+STREAM_FLOOR_BPS = 1 << 20
+MAX_STREAM_WAIT_S = 900.0
+
+
+def stream_wait_s(size: int, iters: int, step_s: float, idle_s: float) -> float:
+    """How long the target of a WRITE stream waits for the prober's `done`: never less
+    than the responder's idle timeout, as long as the stream takes at STREAM_FLOOR_BPS,
+    at most MAX_STREAM_WAIT_S. (It waited the idle timeout alone, and tore the QP and
+    region down under a slow stream still writing into them: the prober's next WRITEs
+    then ended in IBV_WC_REM_INV_REQ_ERR.)"""
+    return max(idle_s, min(MAX_STREAM_WAIT_S, step_s + iters * size / STREAM_FLOOR_BPS))
+
+
 def serve_rc_bandwidth(session: Session) -> dict[str, Any]:
     op, size, iters, step_s, engine, remote = _session_shape(session, BW_OPS)
     ep = _session_endpoint(session, engine, size, op, op == "send", remote)
-    if op == "write":  # the target of RDMA WRITEs has nothing to do
+    if op == "write":  # the target of RDMA WRITEs keeps its QP and region until `done`
+        session.wait_done(stream_wait_s(size, iters, step_s, session.step_timeout))
         return {"received": 0, "engine": engine}
     if engine == "native":
         received, _ = ep.bandwidth("send", size, iters, 1, step_s, first=False)

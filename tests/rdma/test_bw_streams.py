@@ -1,0 +1,51 @@
+"""Bandwidth streams that outlast the responder's idle timeout, on real soft-RoCE: the
+target of RDMA WRITEs sees none of them land, and used to wait for the prober's `done`
+no longer than that timeout, then tear its QP and registered region down under a
+stream still writing into them (the prober's next WRITEs ended in
+IBV_WC_REM_INV_REQ_ERR). Twenty streams of 64 KiB and 1 MiB WRITEs, each longer than a
+responder's one-second idle timeout, all complete."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from fabricprobe.cli.sessions import served_sessions
+from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.rdma.rc import rc_bandwidth
+from fabricprobe.probes.responder import Responder
+
+PORT = 4799
+IDLE_S = 1.0
+STREAM_BYTES = 16 << 20  # each stream: 1.1-3.3 s at the lane's 5-15 MB/s
+
+
+@pytest.fixture(scope="module")
+def short_idle_responder(lane_hosts) -> Iterator[Responder]:
+    with Responder(
+        "0.0.0.0", PORT, sessions=served_sessions(), auth=None, idle_timeout=IDLE_S
+    ) as responder:
+        yield responder
+
+
+def test_write_streams_longer_than_the_idle_timeout_all_complete(
+    lane_hosts, short_idle_responder
+) -> None:
+    a, c = lane_hosts[0], lane_hosts[2]
+    rows = []
+    for i in range(20):
+        size = 65536 if i % 2 == 0 else 1 << 20
+        iters = STREAM_BYTES // size
+        res = rc_bandwidth(
+            LinkParams(c.ip, PORT, bind=a.ip), op="write", size=size, iters=iters, outstanding=16
+        )
+        rows.append((size, res.completed, iters, res.duration_s, res.error))
+        print(
+            f"\nstream {i + 1}: {size} B x {iters}: {res.completed} completed in "
+            f"{res.duration_s:.2f} s, {res.bytes_per_second / 1e6:.2f} MB/s, error {res.error}"
+        )
+    failed = [r for r in rows if r[4] is not None or r[1] != r[2]]
+    assert not failed, failed
+    # the streams did outlast the idle timeout: without the fix they would have failed
+    assert sum(r[3] > IDLE_S for r in rows) >= 10, rows
