@@ -420,8 +420,7 @@ FABRIC = Dashboard(
                     "none",
                     "bargauge",
                     instant=True,
-                    description="The ten links ranked first (1: the likeliest), suspect or "
-                    "not.",
+                    description="The ten links ranked first (1: the likeliest), suspect or not.",
                 ),
                 Panel(
                     "RTT rise through each link",

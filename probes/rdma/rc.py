@@ -205,16 +205,24 @@ def local_device(sysfs_root: str | Path, source: str, device: str | None) -> tup
     return name, gid_index
 
 
+# The most inline data a QP is asked for (no provider grants more; the compiled loop's
+# open refuses a larger ask, which made every message over 64 KiB fail before its QP).
+MAX_INLINE_ASK = 1 << 16
+
+
 def _endpoint(engine: str, device: str, size: int, gid_index: int, op: str, receives: bool) -> Any:
-    """An RC endpoint of ENGINE; pyverbs' gets RECEIVES pre-posted (native posts its own)."""
+    """An RC endpoint of ENGINE; pyverbs' gets RECEIVES pre-posted (native posts its own).
+    Its QP is asked for SIZE bytes of inline data (up to MAX_INLINE_ASK), and takes what
+    the provider grants."""
     remote_access = op == "write"
+    inline = min(size, MAX_INLINE_ASK)
     if engine == "native":
         from fabricprobe.probes.rdma.native import NativeRcEndpoint
 
         return NativeRcEndpoint(
-            device, size, DEPTH, gid_index, remote_access=remote_access, inline=size
+            device, size, DEPTH, gid_index, remote_access=remote_access, inline=inline
         )
-    ep = RcEndpoint(device, size, DEPTH, gid_index, remote_access=remote_access, inline=size)
+    ep = RcEndpoint(device, size, DEPTH, gid_index, remote_access=remote_access, inline=inline)
     for _ in range(DEPTH if receives else 0):
         ep.post_recv()
     return ep
@@ -512,8 +520,8 @@ def stream_wait_s(size: int, iters: int, step_s: float, idle_s: float) -> float:
     """How long the target of a WRITE stream waits for the prober's `done`: never less
     than the responder's idle timeout, as long as the stream takes at STREAM_FLOOR_BPS,
     at most MAX_STREAM_WAIT_S. (It waited the idle timeout alone, and tore the QP and
-    region down under a slow stream still writing into them: the prober's next WRITEs
-    then ended in IBV_WC_REM_INV_REQ_ERR.)"""
+    region down under a stream still writing into them: the prober's WRITEs stopped
+    completing, or ended in IBV_WC_REM_INV_REQ_ERR.)"""
     return max(idle_s, min(MAX_STREAM_WAIT_S, step_s + iters * size / STREAM_FLOOR_BPS))
 
 
