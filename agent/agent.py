@@ -457,7 +457,9 @@ def _scheduler(
     sink: Sink,
     runners: Mapping[str, ProbeRunner],
 ) -> Scheduler:
-    context = ProbeContext(source, cfg.probe_timeout, cfg.sysfs_root, token=token)
+    context = ProbeContext(
+        source, cfg.probe_timeout, cfg.sysfs_root, token=token, spin_s=_spin_s(cfg)
+    )
     return Scheduler(context, sink, jitter=cfg.jitter, workers=cfg.probe_workers, runners=runners)
 
 
@@ -472,6 +474,11 @@ def _metrics(cfg: AgentConfig, agent: Agent) -> MetricsServer:
     """The agent's own /metrics, as node_exporter's."""
     host, port = parse_hostport(cfg.metrics_listen, 9795, allow_port_zero=True)
     return MetricsServer(agent, host, port)
+
+
+def _spin_s(cfg: AgentConfig) -> float | None:
+    """The RDMA loops' busy-poll before they sleep (None: theirs, which never sleeps)."""
+    return None if cfg.probe_spin_us < 0 else cfg.probe_spin_us / 1e6
 
 
 def _responder(
@@ -491,6 +498,7 @@ def _responder(
         max_memory_bytes=MAX_SESSION_MEMORY,
         max_keepalive_s=cfg.probe_max_keepalive_s,
         idle_timeout=10.0,
+        spin_s=_spin_s(cfg),
     )
 
 

@@ -140,6 +140,14 @@ class AgentConfig:
         1.0, "Seconds a probe waits for its peer.", lo=0.01, hi=600, metavar="SECONDS"
     )
     probe_workers: int = setting(4, "Probes run at once.", lo=1, hi=256)
+    probe_spin_us: int = setting(
+        -1,
+        "Microseconds an RDMA probe loop busy-polls for an answer before it sleeps on the "
+        "completion event, where many loops share few CPUs (-1: busy-poll 5 ms, then "
+        "poll every 50 us; an answer found after a sleep carries it in its prober delay).",
+        lo=-1,
+        hi=1_000_000,
+    )
     insecure: bool = setting(
         False, "Plain text to the collector and an open responder: only when asked for."
     )

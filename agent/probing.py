@@ -208,6 +208,7 @@ class ProbeContext:
     local_device: str = ""  # this host's RDMA device (RDMA kinds)
     token: FleetToken | None = field(default=None, compare=False, repr=False)
     links: Links = field(default_factory=Links, compare=False, repr=False)
+    spin_s: float | None = None  # RDMA loops' busy-poll before they sleep (None: theirs)
 
 
 # --------------------------------------------------------------------------- TCP
@@ -225,6 +226,7 @@ def link_params(spec: ProbeSpec, ctx: ProbeContext, setup_s: float | None = None
         sysfs_root=ctx.sysfs_root,
         timeout=ctx.timeout if setup_s is None else max(ctx.timeout, setup_s),
         step_s=ctx.timeout,
+        spin_s=ctx.spin_s,
         token=ctx.token,
     )
 

@@ -609,8 +609,10 @@ class Session:
         step_timeout: float,
         max_keepalive_s: float = MAX_KEEPALIVE_S,
         budget: MemoryBudget | None = None,
+        spin_s: float | None = None,
     ) -> None:
         self.channel = channel
+        self.spin_s = spin_s  # how long the compiled loops busy-poll (None: their own)
         self.kind = kind
         self.params = params
         self.peer = peer

@@ -36,9 +36,10 @@ class LinkParams:
     QP; building QPs takes seconds on a loaded host), `step_s` each exchange once it runs
     and the closing `done`; None leaves each to the probe's own default. `device` pins
     the local RDMA device (default: the one whose RoCE v2 GID maps the source address);
-    `engine` picks the RDMA hot loop; `token` answers a responder that asks for the
-    fleet token (fabricprobe.probes.fleet).
-    TCP probes ignore `device`, `engine` and `sysfs_root`.
+    `engine` picks the RDMA hot loop; `spin_s`, how long the compiled loop busy-polls for
+    an answer before it sleeps on the completion event (None: its own 5 ms); `token`
+    answers a responder that asks for the fleet token (fabricprobe.probes.fleet).
+    TCP probes ignore `device`, `engine`, `spin_s` and `sysfs_root`.
     """
 
     peer: str
@@ -49,6 +50,7 @@ class LinkParams:
     step_s: float | None = None
     engine: str = "auto"
     sysfs_root: str = "/sys"
+    spin_s: float | None = None
     token: FleetToken | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +62,8 @@ class LinkParams:
             v = getattr(self, name)
             if v is not None and not 0 < v <= 3600:
                 raise ValueError(f"{name} {v!r} outside (0, 3600] s")
+        if self.spin_s is not None and not 0 <= self.spin_s <= 1:
+            raise ValueError(f"spin_s {self.spin_s!r} outside 0..1 s")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
 

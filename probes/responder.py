@@ -80,6 +80,7 @@ class Responder:
         hello_timeout: float = 2.0,
         idle_timeout: float = 30.0,
         grace: float = 2.0,
+        spin_s: float | None = None,
     ) -> None:
         if max_sessions < 1 or max_per_source < 1:
             raise ValueError("max_sessions and max_per_source must be >= 1")
@@ -87,6 +88,9 @@ class Responder:
             raise ValueError("idle_timeout and hello_timeout must be positive")
         if not 0 <= max_keepalive_s <= MAX_KEEPALIVE_S:
             raise ValueError(f"max_keepalive_s outside 0..{MAX_KEEPALIVE_S:g}")
+        if spin_s is not None and not 0 <= spin_s <= 1:
+            raise ValueError("spin_s outside 0..1 s")
+        self.spin_s = spin_s  # the compiled answering loops' busy-poll before they sleep
         self.host, self.port = host, port
         self.max_keepalive_s = max_keepalive_s
         self.idle_timeout = idle_timeout
@@ -254,6 +258,7 @@ class Responder:
                 step_timeout=self.idle_timeout,
                 max_keepalive_s=self.max_keepalive_s,
                 budget=self.budget,
+                spin_s=self.spin_s,
             )
             self.slots.hold(me, session)
             if self._stop.is_set():

@@ -266,6 +266,7 @@ def prober_session(
         link.peer, link.port, bind=link.bind, timeout=timeout, token=link.token
     ) as ctl:
         with endpoint(dev, gid_index) as ep:
+            spun(ep, link.spin_s)
             hello = {**params, "endpoint": ep.endpoint().as_dict()}
             info = ctl.open(kind, hello, deadline=setup)
             yield ctl, ep, RdmaEndpoint.from_dict(info.get("endpoint"), where="ready.endpoint")
@@ -480,12 +481,21 @@ def responder_device(session: Session) -> tuple[str, int]:
     return local_device(RESPONDER_SYSFS_ROOT, session.local[0], None)
 
 
+def spun(ep: Any, spin_s: float | None) -> Any:
+    """EP, its waits set to busy-poll SPIN_S before they sleep (a compiled-loop endpoint;
+    None, or a pyverbs endpoint: as it is)."""
+    if spin_s is not None and hasattr(ep, "set_spin"):
+        ep.set_spin(spin_s)
+    return ep
+
+
 def _session_endpoint(
     session: Session, engine: str, size: int, op: str, receives: bool, remote: RdmaEndpoint
 ) -> Any:
     session.reserve(2 * size + DEPTH * 64, "an RC endpoint's registered buffer")
     dev, gid_index = responder_device(session)
     ep = session.resources.enter_context(_endpoint(engine, dev, size, gid_index, op, receives))
+    spun(ep, session.spin_s)
     ep.connect(remote)
     session.ready({"endpoint": ep.endpoint().as_dict(), "engine": engine})
     return ep

@@ -71,7 +71,7 @@ from fabricprobe.probes.control import (
 )
 from fabricprobe.probes.measure import LatencyResult, LatencyRound
 from fabricprobe.probes.rdma.links import RdmaLink, responder_engine
-from fabricprobe.probes.rdma.rc import prober_session, responder_device, source_address
+from fabricprobe.probes.rdma.rc import prober_session, responder_device, source_address, spun
 from fabricprobe.probes.rdma.verbs import (
     PORT,
     Spin,
@@ -467,7 +467,7 @@ def serve_ud(session: Session) -> dict[str, Any]:
     # the prober's engine when this host has it (the responder's own delay is taken out
     # of every RTT either way, but a pyverbs prober is answered by pyverbs as it asked)
     engine = responder_engine(p.get("engine", "pyverbs"))
-    ep = session.resources.enter_context(_ud_endpoint(engine, dev, gid_index))
+    ep = spun(session.resources.enter_context(_ud_endpoint(engine, dev, gid_index)), session.spin_s)
     wr = ep.sender(remote)
     session.ready({"endpoint": ep.endpoint().as_dict(), "engine": engine})
     answered = 0

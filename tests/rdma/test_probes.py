@@ -234,3 +234,33 @@ def test_waiting_out_lost_probes_pauses_between_polls(lane_hosts, responder, eng
     assert (res.summary.count, res.summary.lost, res.error) == (0, 4, None)
     assert wall >= 4 * 0.5 and cpu < LOSS_CPU_LIMIT[engine] * wall
     assert after.error is None and after.summary.count == 3  # the link outlived the loss
+
+
+def test_loops_that_sleep_on_completion_events_answer_every_probe(lane_hosts, responder) -> None:
+    """With no busy-poll at all (spin_s 0), the compiled loops sleep on the receive CQ's
+    completion event from the first empty poll: every UD probe and RC SEND ping-pong is
+    answered, each RTT still holds the prober's delay, and a round waiting out lost
+    probes takes a small part of the CPU the pausing loop takes (LOSS_CPU_LIMIT)."""
+    a, c = lane_hosts[0], lane_hosts[2]
+    asleep = LinkParams(c.ip, PORT, bind=a.ip, engine="native", step_s=0.5, spin_s=0.0)
+    rc = rc_latency(asleep, op="send", size=64, iters=200, warmup=5)
+    assert rc.error is None and rc.summary.count == 200 and rc.summary.lost == 0
+    with UdLink(asleep, keepalive_s=30) as link:
+        r = link.round(100, warmup=1)
+        assert r.error is None and len(r.rtt_ns) == 100 and r.lost == 0
+        assert all(0 <= p <= w for p, w in zip(r.prober_ns, r.raw_ns, strict=True))
+        netem.impair(a.netdev, c.ip, loss="100%", udp_dport=netem.ROCE_V2_PORT)
+        try:
+            c0, t0 = time.process_time(), time.monotonic()
+            res = link.run(4, warmup=0)
+            cpu, wall = time.process_time() - c0, time.monotonic() - t0
+        finally:
+            netem.clear(a.netdev)
+    rtts = sorted(r.rtt_ns)
+    print(
+        f"\nasleep: RC SEND 64 B p50 {rc.summary.p50_us:.1f} us; UD p50 "
+        f"{rtts[50] / 1e3:.1f} us; 4 lost probes waited out in {wall:.2f} s with {cpu:.3f} s"
+        " of CPU"
+    )
+    assert (res.summary.count, res.summary.lost, res.error) == (0, 4, None)
+    assert cpu < 0.1 * LOSS_CPU_LIMIT["native"] * wall

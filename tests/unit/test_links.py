@@ -13,7 +13,16 @@ from fabricprobe.probes.rdma.links import EngineChoice, pick_engine
 
 @pytest.mark.parametrize(
     "bad",
-    [{"peer": ""}, {"port": 0}, {"port": 70000}, {"timeout": 0}, {"step_s": -1}, {"engine": "x"}],
+    [
+        {"peer": ""},
+        {"port": 0},
+        {"port": 70000},
+        {"timeout": 0},
+        {"step_s": -1},
+        {"engine": "x"},
+        {"spin_s": -0.001},
+        {"spin_s": 2.0},
+    ],
 )
 def test_link_params_refuse_nonsense(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
@@ -25,6 +34,27 @@ def test_link_params_defaults_are_the_probes_own() -> None:
     assert p.setup_timeout(30.0) == 30.0 and p.step(2.0) == 2.0
     q = LinkParams("127.0.0.1", step_s=0.5, timeout=4)
     assert q.setup_timeout(30.0) == 4 and q.step(2.0) == 0.5
+
+
+def test_spin_is_set_only_on_a_compiled_loop_endpoint() -> None:
+    """`spun` sets a compiled-loop endpoint's busy-poll, and leaves a pyverbs endpoint (no
+    set_spin) and an unset spin alone."""
+    from fabricprobe.probes.rdma.rc import spun
+
+    class Compiled:
+        spin: float | None = None
+
+        def set_spin(self, s: float) -> None:
+            self.spin = s
+
+    class Python:
+        pass
+
+    c = Compiled()
+    assert spun(c, 0.0002) is c and c.spin == 0.0002
+    assert spun(Compiled(), None).spin is None
+    p = Python()
+    assert spun(p, 0.0002) is p
 
 
 def test_engine_choice_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -130,6 +130,17 @@ class _NativeEndpoint:
         self.recv_addr = int(info.addr)
         self.gid = str(ipaddress.IPv6Address(bytes(self._ffi.buffer(info.gid, 16))))
 
+    def set_spin(self, seconds: float) -> None:
+        """Busy-poll SECONDS (0..1 s), then let a receive wait sleep on its CQ's
+        completion events (another wait pauses between polls). Unset, a wait busy-polls
+        5 ms and then pauses 50 µs between polls. A host that runs many probe loops at
+        once on few CPUs wants it; an answer found after a sleep carries the sleep in its
+        prober delay (its last empty poll came before the sleep)."""
+        if not 0 <= seconds <= 1:
+            raise ValueError(f"spin {seconds} s outside 0..1 s")
+        if self._lib.fp_set_spin(self._open_ep(), int(seconds * 1e9)) != 0:
+            raise self._error()
+
     # -- errors ------------------------------------------------------------------------
     def _error(self, completed: int = 0) -> ProbeError:
         """The endpoint's last error as the matching exception."""

@@ -32,6 +32,7 @@ fp_ep *fp_new(void);
 void fp_free(fp_ep *ep);
 void fp_close(fp_ep *ep);
 void fp_stop(fp_ep *ep);
+int fp_set_spin(fp_ep *ep, int64_t spin_ns);
 const char *fp_error(const fp_ep *ep);
 int fp_errno(const fp_ep *ep);
 int fp_wc_status(const fp_ep *ep);

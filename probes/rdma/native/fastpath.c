@@ -24,6 +24,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <infiniband/verbs.h>
 
@@ -38,13 +40,18 @@
 #define UD_GRH 40
 #define UD_SLOT (UD_GRH + UD_MSG)
 #define CLOCK_EVERY 64 /* empty polls between two clock reads */
-/* A wait busy-polls for SPIN_NS (answers of a working fabric, queueing included, come
- * well inside it), then polls every PAUSE_NS: a lost message, or a peer that is slow or
+/* A wait busy-polls for SPIN_NS, as answers of a working fabric, queueing included, come
+ * well inside it, then polls every PAUSE_NS: a lost message, or a peer that is slow or
  * gone, costs a few % of a core until the deadline instead of all of it, and an answer
  * that late is seen at most PAUSE_NS (plus the timer's slack, set to 1 ns for the loops'
- * thread) after it came. */
+ * thread) after it came. An endpoint given its own spin (fp_set_spin) busy-polls that
+ * long, and then a wait for a receive completion sleeps until the receive CQ's
+ * completion event (BLOCK_NS at most at a time, so that a stop is seen): next to no CPU,
+ * where many loops share few CPUs. An answer found after such a sleep holds the sleep
+ * in its prober delay (the last empty poll was before it). */
 #define SPIN_NS 5000000
 #define PAUSE_NS 50000
+#define BLOCK_NS 10000000
 #define POLL_BATCH 16
 
 struct fp_info {
@@ -57,6 +64,9 @@ typedef struct fp_ep {
     struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_cq *send_cq, *recv_cq;
+    struct ibv_comp_channel *chan; /* the receive CQ's completion events (NULL: none) */
+    int64_t spin_ns;    /* how long a wait busy-polls before it sleeps or pauses */
+    int sleeps;         /* past it, receive waits sleep on completion events (fp_set_spin) */
     struct ibv_mr *mr;
     struct ibv_qp *qp;
     struct ibv_ah *ah;  /* UD: towards the peer (fp_ud_remote) */
@@ -149,8 +159,20 @@ const char *fp_error(const fp_ep *ep) { return ep->err; }
 int fp_errno(const fp_ep *ep) { return ep->err_no; }
 int fp_wc_status(const fp_ep *ep) { return ep->wc_status; }
 
-/* Ask a loop running in another thread to return at its next check (within µs). */
+/* Ask a loop running in another thread to return at its next check (within µs, or a
+ * BLOCK_NS sleep). */
 void fp_stop(fp_ep *ep) { __atomic_store_n(&ep->stop, 1, __ATOMIC_RELAXED); }
+
+/* How long this endpoint's waits busy-poll before receive waits sleep on completion
+ * events (0 ns .. 1 s); without a call they busy-poll SPIN_NS, then pause. */
+int fp_set_spin(fp_ep *ep, int64_t spin_ns)
+{
+    if (spin_ns < 0 || spin_ns > 1000000000)
+        return fail(ep, EINVAL, "spin %lld ns outside 0..1 s", (long long)spin_ns);
+    ep->spin_ns = spin_ns;
+    ep->sleeps = 1;
+    return 0;
+}
 
 /* Release QP, AH, MR, CQs, PD, context, in that order; safe to call twice. */
 void fp_close(fp_ep *ep)
@@ -160,10 +182,12 @@ void fp_close(fp_ep *ep)
     if (ep->mr) ibv_dereg_mr(ep->mr);
     if (ep->send_cq) ibv_destroy_cq(ep->send_cq);
     if (ep->recv_cq) ibv_destroy_cq(ep->recv_cq);
+    if (ep->chan) ibv_destroy_comp_channel(ep->chan);
     if (ep->pd) ibv_dealloc_pd(ep->pd);
     if (ep->ctx) ibv_close_device(ep->ctx);
     free(ep->buf);
     ep->qp = NULL, ep->ah = NULL, ep->mr = NULL, ep->send_cq = ep->recv_cq = NULL;
+    ep->chan = NULL;
     ep->pd = NULL, ep->ctx = NULL, ep->buf = NULL;
     ep->connected = 0;
 }
@@ -221,8 +245,18 @@ static int open_common(fp_ep *ep, const char *device, uint32_t port, int gid_ind
         return fail(ep, errno ? errno : rc, "%s: ibv_query_gid %d", device, gid_index);
     if (!(ep->pd = ibv_alloc_pd(ep->ctx)))
         return fail(ep, errno, "%s: ibv_alloc_pd", device);
+    ep->spin_ns = SPIN_NS;
+    /* a provider without completion events leaves the long waits pausing */
+    ep->chan = ibv_create_comp_channel(ep->ctx);
+    if (ep->chan) {
+        int fl = fcntl(ep->chan->fd, F_GETFL);
+        if (fl < 0 || fcntl(ep->chan->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+            ibv_destroy_comp_channel(ep->chan);
+            ep->chan = NULL;
+        }
+    }
     ep->send_cq = ibv_create_cq(ep->ctx, cqe, NULL, NULL, 0);
-    ep->recv_cq = ibv_create_cq(ep->ctx, cqe, NULL, NULL, 0);
+    ep->recv_cq = ibv_create_cq(ep->ctx, cqe, NULL, ep->chan, 0);
     if (!ep->send_cq || !ep->recv_cq)
         return fail(ep, errno, "%s: ibv_create_cq", device);
     return 0;
@@ -396,15 +430,45 @@ static int reap_send(fp_ep *ep)
 }
 
 struct spin {
-    unsigned polls;  /* empty polls so far */
-    int64_t since;   /* the wait's first clock read (0: none yet) */
-    int64_t last;    /* its newest clock read, just after an empty poll (0: none yet) */
+    unsigned polls;     /* empty polls so far */
+    int64_t since;      /* the wait's first clock read (0: none yet) */
+    int64_t last;       /* its newest clock read, just after an empty poll (0: none yet) */
     int pausing;
+    struct ibv_cq *cq;  /* a receive wait: the CQ whose events it may sleep on (or NULL) */
+    int armed;          /* its event is asked for, and not yet taken */
 };
+
+/* Sleep until the receive CQ's next completion event, DEADLINE or BLOCK_NS from NOW. The
+ * first call only asks for the event: a completion that came before the ask raises
+ * none, so the caller polls once more before the next call sleeps. */
+static void sleep_on_cq(fp_ep *ep, struct spin *s, int64_t now, int64_t deadline)
+{
+    if (!s->armed) {
+        if (ibv_req_notify_cq(s->cq, 0) == 0)
+            s->armed = 1;
+        else
+            s->cq = NULL; /* no events from this CQ: pause instead */
+        return;
+    }
+    int64_t left = deadline - now;
+    if (left > BLOCK_NS)
+        left = BLOCK_NS;
+    struct timespec ts = {left / 1000000000, left % 1000000000};
+    struct pollfd p = {.fd = ep->chan->fd, .events = POLLIN};
+    if (ppoll(&p, 1, &ts, NULL) > 0) {
+        struct ibv_cq *cq;
+        void *ctx;
+        if (ibv_get_cq_event(ep->chan, &cq, &ctx) == 0) {
+            ibv_ack_cq_events(cq, 1);
+            s->armed = 0; /* an event (maybe an earlier wait's): poll, then ask again */
+        }
+    }
+}
 
 /* After an empty poll: 0 to poll again at once, 1 to poll again after the caller's
  * periodic work (a clock check was due), -1 once DEADLINE has passed or a stop was asked.
- * Pauses PAUSE_NS first once the wait is older than SPIN_NS. */
+ * Once the wait is older than the endpoint's spin it sleeps on the receive CQ's events
+ * (a receive wait on an endpoint set to sleep, with events) or pauses PAUSE_NS first. */
 static int spin_on(fp_ep *ep, struct spin *s, int64_t deadline)
 {
     if (!s->pausing && ++s->polls % CLOCK_EVERY)
@@ -415,9 +479,13 @@ static int spin_on(fp_ep *ep, struct spin *s, int64_t deadline)
         return -1;
     if (!s->since)
         s->since = now;
-    if (!s->pausing && now - s->since < SPIN_NS)
+    if (!s->pausing && now - s->since < ep->spin_ns)
         return 1;
     s->pausing = 1;
+    if (s->cq && ep->chan && ep->sleeps) {
+        sleep_on_cq(ep, s, now, deadline);
+        return 1;
+    }
     struct timespec pause = {0, PAUSE_NS};
     nanosleep(&pause, NULL);
     return 1;
@@ -441,7 +509,7 @@ static int wait_send(fp_ep *ep, int limit, int64_t deadline)
 static int wait_recv(fp_ep *ep, int64_t deadline, int64_t *seen)
 {
     struct ibv_wc wc;
-    struct spin s = {0};
+    struct spin s = {.cq = ep->recv_cq};
     for (;;) {
         int n = ibv_poll_cq(ep->recv_cq, 1, &wc);
         if (n > 0) {
@@ -779,7 +847,7 @@ static int ud_receive(fp_ep *ep, int64_t deadline, uint32_t *kind, uint32_t *seq
                       uint64_t *value, int64_t *t, int64_t *empty_at)
 {
     struct ibv_wc wc;
-    struct spin s = {0};
+    struct spin s = {.cq = ep->recv_cq};
     for (;;) {
         int64_t before = empty_at ? now_ns() : 0;
         int n = ibv_poll_cq(ep->recv_cq, 1, &wc);
