@@ -13,7 +13,7 @@ from fabricprobe.agent.probing import Links, ProbeSpec
 from fabricprobe.cli import netem
 from fabricprobe.core.errors import PeerError
 from fabricprobe.probes.control import ControlClient, LinkStale
-from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.measure import LatencyResult, LinkParams
 from fabricprobe.probes.rdma.rc import RcPingLink, rc_bandwidth, rc_latency
 from fabricprobe.probes.rdma.ud import UdEndpoint, UdLink
 from tests.rdma.conftest import rdma_resources, start_responder
@@ -213,6 +213,18 @@ def test_a_link_whose_responder_restarted_is_set_up_again_in_the_same_burst(
 LOSS_CPU_LIMIT = {"native": 0.5, "pyverbs": 0.8}
 
 
+def _wait_out_four_lost(link: UdLink, a, c) -> tuple[LatencyResult, float, float]:
+    """Four probes over LINK with every RoCE packet from A to C dropped (TCP still
+    passes, so the kept link stays up): the result, and the CPU and wall seconds."""
+    netem.impair(a.netdev, c.ip, loss="100%", udp_dport=netem.ROCE_V2_PORT)
+    try:
+        c0, t0 = time.process_time(), time.monotonic()
+        res = link.run(4, warmup=0)
+        return res, time.process_time() - c0, time.monotonic() - t0
+    finally:
+        netem.clear(a.netdev)
+
+
 @pytest.mark.parametrize("engine", ["pyverbs", "native"])
 def test_waiting_out_lost_probes_pauses_between_polls(lane_hosts, responder, engine: str) -> None:
     """Every RoCE packet on the path dropped (TCP still passes, so the kept link stays
@@ -222,13 +234,7 @@ def test_waiting_out_lost_probes_pauses_between_polls(lane_hosts, responder, eng
     there = LinkParams(c.ip, PORT, bind=a.ip, engine=engine, step_s=0.5)
     with UdLink(there, keepalive_s=30) as link:
         assert link.run(3).error is None
-        netem.impair(a.netdev, c.ip, loss="100%", udp_dport=netem.ROCE_V2_PORT)
-        try:
-            c0, t0 = time.process_time(), time.monotonic()
-            res = link.run(4, warmup=0)
-            cpu, wall = time.process_time() - c0, time.monotonic() - t0
-        finally:
-            netem.clear(a.netdev)
+        res, cpu, wall = _wait_out_four_lost(link, a, c)
         after = link.run(3)
     print(f"\n{engine}: 4 lost probes waited out in {wall:.2f} s with {cpu:.2f} s of CPU")
     assert (res.summary.count, res.summary.lost, res.error) == (0, 4, None)
@@ -249,13 +255,7 @@ def test_loops_that_sleep_on_completion_events_answer_every_probe(lane_hosts, re
         r = link.round(100, warmup=1)
         assert r.error is None and len(r.rtt_ns) == 100 and r.lost == 0
         assert all(0 <= p <= w for p, w in zip(r.prober_ns, r.raw_ns, strict=True))
-        netem.impair(a.netdev, c.ip, loss="100%", udp_dport=netem.ROCE_V2_PORT)
-        try:
-            c0, t0 = time.process_time(), time.monotonic()
-            res = link.run(4, warmup=0)
-            cpu, wall = time.process_time() - c0, time.monotonic() - t0
-        finally:
-            netem.clear(a.netdev)
+        res, cpu, wall = _wait_out_four_lost(link, a, c)
     rtts = sorted(r.rtt_ns)
     print(
         f"\nasleep: RC SEND 64 B p50 {rc.summary.p50_us:.1f} us; UD p50 "
