@@ -62,8 +62,7 @@ class LinkParams:
             v = getattr(self, name)
             if v is not None and not 0 < v <= 3600:
                 raise ValueError(f"{name} {v!r} outside (0, 3600] s")
-        if self.spin_s is not None and not 0 <= self.spin_s <= 1:
-            raise ValueError(f"spin_s {self.spin_s!r} outside 0..1 s")
+        check_spin(self.spin_s)
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
 
@@ -72,6 +71,12 @@ class LinkParams:
 
     def step(self, default: float) -> float:
         return default if self.step_s is None else self.step_s
+
+
+def check_spin(spin_s: float | None) -> None:
+    """A compiled loop's busy-poll before it sleeps: None (its own) or 0..1 s."""
+    if spin_s is not None and not 0 <= spin_s <= 1:
+        raise ValueError(f"spin_s {spin_s!r} outside 0..1 s")
 
 
 def clock_pair_ns(rounds: int) -> int:

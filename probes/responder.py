@@ -58,6 +58,7 @@ from fabricprobe.probes.control import (
     session_table,
 )
 from fabricprobe.probes.fleet import FleetToken, canonical_ip
+from fabricprobe.probes.measure import check_spin
 from fabricprobe.probes.threads import name_os_thread
 
 log = logging.getLogger("fabricprobe.responder")
@@ -88,8 +89,7 @@ class Responder:
             raise ValueError("idle_timeout and hello_timeout must be positive")
         if not 0 <= max_keepalive_s <= MAX_KEEPALIVE_S:
             raise ValueError(f"max_keepalive_s outside 0..{MAX_KEEPALIVE_S:g}")
-        if spin_s is not None and not 0 <= spin_s <= 1:
-            raise ValueError("spin_s outside 0..1 s")
+        check_spin(spin_s)
         self.spin_s = spin_s  # the compiled answering loops' busy-poll before they sleep
         self.host, self.port = host, port
         self.max_keepalive_s = max_keepalive_s

@@ -27,6 +27,7 @@ from typing import Any, Self
 
 from fabricprobe.core.errors import NotSupported, PeerError, ProbeError
 from fabricprobe.probes.control import IB_MTUS, RdmaEndpoint
+from fabricprobe.probes.measure import check_spin
 from fabricprobe.probes.native_loop import NativeError, load_extension, loads
 
 PORT = 1
@@ -136,8 +137,7 @@ class _NativeEndpoint:
         5 ms and then pauses 50 µs between polls. A host that runs many probe loops at
         once on few CPUs wants it; an answer found after a sleep carries the sleep in its
         prober delay (its last empty poll came before the sleep)."""
-        if not 0 <= seconds <= 1:
-            raise ValueError(f"spin {seconds} s outside 0..1 s")
+        check_spin(seconds)
         if self._lib.fp_set_spin(self._open_ep(), int(seconds * 1e9)) != 0:
             raise self._error()
 
