@@ -8,10 +8,12 @@ when
   when no fragment named it), and no record of it ended in the last `settle_s` seconds
   (or, for records dated ahead of the collector's clock, none arrived for that long);
 - and its KV transfers can be joined with their paths' figures once and for all: each
-  agent host at their ends has reported a window that ended after them (so the path's
-  window, both ends' references and their counter readings of that time are in), or has
-  been silent for `horizon_s` (no report to wait for), or `horizon_s` has passed since
-  the transfer ended.
+  agent host at their ends has reported a window that ended after them (so both ends'
+  references and their counter readings of that time are in), or has been silent for
+  `horizon_s` (no report to wait for); and the path the join reads has an RTT window
+  that ended after them, or none for `horizon_s` (a host's report need not carry every
+  path: a peer's bulk burst holds its latency bursts back, a loaded host runs them
+  late); or `horizon_s` has passed since the transfer ended.
 The promise of a link is kept when the linker hands the request on, or is done with the
 fragments that made it (linked into a request of another id, or let go of); one that
 is never kept settles after `link_cap_s`. At most `max_open` requests are open; the
@@ -60,6 +62,19 @@ class Open:
     def crossed(self) -> list[StageRecord]:
         """Its KV transfers whose path is known."""
         return [s for s in self.all_stages() if s.stage in FABRIC_STAGES and s.src and s.dst]
+
+
+# the newest end of each probed path's RTT windows, by (src, dst, transport) and, over
+# its transports, by (src, dst, "")
+PathEnds = dict[tuple[str, str, str], int]
+
+
+def path_end(paths: PathEnds, s: StageRecord) -> int | None:
+    """The newest RTT window's end of the path the join reads for transfer S (its
+    transport's, else any; its direction's, else the reverse: an RTT crosses both), None
+    when neither direction is probed."""
+    fwd = paths.get((s.src, s.dst, s.transport))
+    return fwd if fwd is not None else paths.get((s.dst, s.src, s.transport))
 
 
 class RequestAssembly:
@@ -140,11 +155,18 @@ class RequestAssembly:
         quiet = now_ns - o.newest_end >= self.settle_ns or now_ns - o.arrived_ns >= self.settle_ns
         return (o.linked is not None and not o.stages) or quiet
 
-    def settle(self, candidates: list[Open], ends: dict[str, int], now_ns: int) -> list[Open]:
+    def settle(
+        self,
+        candidates: list[Open],
+        ends: dict[str, int],
+        now_ns: int,
+        paths: PathEnds | None = None,
+    ) -> list[Open]:
         """Of CANDIDATES (complete()), those whose KV transfers can be joined now (ENDS:
-        each agent host's newest window's end, read before the history took its reports
-        in), taken out; and those settled early to keep the bound."""
-        ready = [o for o in candidates if self._joinable(o, ends, now_ns)]
+        each agent host's newest window's end; PATHS: each probed path's newest RTT
+        window's end; both read before the history took their reports in), taken out;
+        and those settled early to keep the bound."""
+        ready = [o for o in candidates if self._joinable(o, ends, paths or {}, now_ns)]
         with self.lock:
             out, self._early = self._early, []
             for o in ready:
@@ -153,19 +175,23 @@ class RequestAssembly:
                     out.append(o)
         return out
 
-    def _joinable(self, o: Open, ends: dict[str, int], now_ns: int) -> bool:
+    def _joinable(self, o: Open, ends: dict[str, int], paths: PathEnds, now_ns: int) -> bool:
         for s in o.crossed():
             if now_ns - s.end_ns >= self.horizon_ns:
                 continue
-            for h in (s.src, s.dst):
-                end = ends.get(h)  # None: no agent here (no figures to wait for)
-                if end is not None and s.end_ns - self.horizon_ns <= end < s.end_ns:
-                    return False
+            # None: no agent at a host, no probe on the path (no figures to wait for)
+            got = [ends.get(s.src), ends.get(s.dst), path_end(paths, s)]
+            if any(e is not None and s.end_ns - self.horizon_ns <= e < s.end_ns for e in got):
+                return False
         return True
 
     def hosts(self, candidates: Iterable[Open]) -> set[str]:
         """The hosts at the ends of CANDIDATES' KV transfers."""
         return {h for o in candidates for s in o.crossed() for h in (s.src, s.dst)}
+
+    def pairs(self, candidates: Iterable[Open]) -> set[tuple[str, str]]:
+        """The (src, dst) of CANDIDATES' KV transfers."""
+        return {(s.src, s.dst) for o in candidates for s in o.crossed()}
 
     def snapshot(self, since_ns: int) -> list[Open]:
         """The open requests with a record that ended after SINCE_NS (copies to read)."""

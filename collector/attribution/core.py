@@ -167,10 +167,11 @@ class Attribution:
         added."""
         self.assembly.linked(linked, ids, now_ns)
         candidates = self.assembly.complete(now_ns)
-        # the hosts' newest windows as taken so far: the drain below holds them all
+        # the hosts' and paths' newest windows as taken so far: the drain below holds them
         ends = self.fabric.window_ends(self.assembly.hosts(candidates))
+        paths = self.fabric.path_ends(self.assembly.pairs(candidates))
         added = self.fabric.history.drain(now_ns)
-        due = self.assembly.settle(candidates, ends, now_ns)
+        due = self.assembly.settle(candidates, ends, now_ns, paths)
         if due:
             self._fold(due, now_ns)
         self.fold.advance(now_ns)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 
+from fabricprobe.collector.attribution.assembly import PathEnds
 from fabricprobe.collector.attribution.fabricjoin import FabricIndex
 from fabricprobe.collector.history import CounterRate, FabricHistory, FabricWindow
 from fabricprobe.collector.store import WindowStore, host_pair
@@ -59,6 +60,21 @@ class FabricFeed:
     def window_ends(self, hosts: set[str]) -> dict[str, int]:
         """Each agent host's newest window's end (attribution/assembly.py waits for it)."""
         return self.store.window_ends(hosts) if self.store is not None and hosts else {}
+
+    def path_ends(self, pairs: set[Pair]) -> PathEnds:
+        """The newest end of an RTT window of each path probed between PAIRS, either
+        way (attribution/assembly.py waits for the one a transfer's join reads)."""
+        out: PathEnds = {}
+        if self.store is None:
+            return out
+        for a, b in {host_pair(a, b) for a, b in pairs}:
+            for v in self.store.pair_paths(a, b):
+                if v.rtt is None:
+                    continue  # its newest window held no RTT: the history took none
+                k = v.key
+                for key in ((k.src, k.dst, k.transport), (k.src, k.dst, "")):
+                    out[key] = max(out.get(key, 0), v.last_end_ns)
+        return out
 
     def watch(self, pairs: set[Pair], *, named: bool) -> None:
         """Keep the fabric history of PAIRS (bounded); NAMED: a request's KV transfer

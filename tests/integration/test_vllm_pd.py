@@ -223,6 +223,19 @@ def diagnose(collector: CollectorServer) -> str:
     return "\n".join(lines)
 
 
+def fabric_state(collector: CollectorServer) -> str:
+    """The pair's windows as the join's history holds them and the store's newest, for a
+    failure's message (ends in ns of the collector's clock)."""
+    att = collector.attribution
+    lines = [f"now {att.clock()} settled {att.assembly.forced_total()} forced"]
+    with att.fabric.index_lock:
+        for key, ws in att.fabric.index.any.items():
+            lines.append(f"history {key}: {[(w.op, w.end_ns, w.rtt_p50_s) for w in ws[-8:]]}")
+    for v in collector.store.pair_paths(NAMES[PREFILL], NAMES[DECODE]):
+        lines.append(f"store {tuple(v.key)} end {v.last_end_ns} rtt {v.rtt is not None}")
+    return "\n".join(lines)
+
+
 @pytest.fixture
 def collector() -> Iterator[CollectorServer]:
     # 64 KiB: a tcp_bw probe sends in chunks of the plan's size, and 4 KiB chunks measure
@@ -353,7 +366,13 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
             kv = att.analyse(window_s=600).kv.set_index("request_id").reindex(attributed)
             return bool((kv["rtt_p50_s"] > 0).all() and (kv["fabric_windows"] > 0).all())
 
-        wait_for(joined, 60, "every attributed request's fabric figures")
+        try:
+            wait_for(joined, 60, "every attributed request's fabric figures")
+        finally:
+            kv = att.analyse(window_s=600).kv
+            cols = ["request_id", "start_ns", "end_ns", "rtt_p50_s", "fabric_windows"]
+            print(kv[cols].to_string())
+            print(fabric_state(collector), flush=True)
         # NIXL's telemetry of the decode host, read by its agent, rides along
         wait_for(
             lambda: att.analyse(window_s=600).kv["nixl_mean_bytes"].notna().any(),

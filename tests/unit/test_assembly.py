@@ -140,3 +140,40 @@ def test_a_request_no_join_can_take_costs_only_itself() -> None:
     assert [s.rid for s in att.settler.since(0)] == ["good"]
     assert att.counts().analysis_failures == 2  # the batch, then the bad one alone
     assert not att.assembly.open
+
+
+def test_a_request_waits_for_its_paths_window_not_only_its_hosts_reports() -> None:
+    """A host's report past a transfer need not carry the transfer's path: a peer's bulk
+    burst holds the latency bursts back, a loaded host runs them late. The request waits
+    for the path's window past it, which covers it once in."""
+    store, att, now = fleet()
+    report(store, NOW - 5 * S, 1)
+    att.take(
+        [kv("r0", NOW - S // 2)], [RequestRecord("r0", NOW - S, NOW - S // 2, 0.5, 1.0, 8, 32)]
+    )
+    now[0] = NOW + 5 * S
+    store.take(
+        pb.WindowReport(
+            host="a",
+            epoch=1,
+            seq=2,
+            window_start_unix_ns=NOW + 4 * S,
+            window_end_unix_ns=NOW + 5 * S,
+        )
+    )  # a's report past the transfer, without the path's window
+    att.sync()
+    assert att.assembly.open and not att.settler.since(0)
+    report(store, NOW + 6 * S, 3)
+    att.sync()
+    assert not att.assembly.open
+    assert list(att.analyse(max_age_s=0).kv["fabric_windows"]) == [1]
+    # one that no report comes past is waited for horizon_s at most
+    att.take(
+        [kv("r1", NOW + 7 * S)], [RequestRecord("r1", NOW + 6 * S, NOW + 7 * S, 0.5, 1.0, 8, 32)]
+    )
+    now[0] = NOW + 36 * S
+    att.sync()
+    assert att.assembly.open
+    now[0] = NOW + 37 * S
+    att.sync()
+    assert not att.assembly.open
