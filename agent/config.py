@@ -144,7 +144,8 @@ class AgentConfig:
         -1,
         "Microseconds an RDMA probe loop busy-polls for an answer before it sleeps on the "
         "completion event, where many loops share few CPUs (-1: busy-poll 5 ms, then "
-        "poll every 50 us; an answer found after a sleep carries it in its prober delay).",
+        "poll every 50 us; an answer found after a sleep counts the wake-up's wait for a "
+        "CPU in its prober delay).",
         lo=-1,
         hi=1_000_000,
     )

@@ -113,7 +113,11 @@ def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Pat
                 insecure=True,
                 window_s=WINDOW_S,
                 probe_timeout=2.0,
-                probe_workers=8,
+                probe_workers=4,
+                # four agents' loops on the VM's two CPUs: busy-polling, each made the
+                # others' RTTs tens of ms; asleep on completion events they answer in
+                # about 0.1 ms, and a wake-up's wait for a CPU counts as prober delay
+                probe_spin_us=0,
                 host_reference=False,
                 # the four agents share this process: each would see all four's CPU as
                 # its own and stretch its probing

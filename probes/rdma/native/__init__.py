@@ -135,8 +135,9 @@ class _NativeEndpoint:
         """Busy-poll SECONDS (0..1 s), then let a receive wait sleep on its CQ's
         completion events (another wait pauses between polls). Unset, a wait busy-polls
         5 ms and then pauses 50 µs between polls. A host that runs many probe loops at
-        once on few CPUs wants it; an answer found after a sleep carries the sleep in its
-        prober delay (its last empty poll came before the sleep)."""
+        once on few CPUs wants it. An answer found after a sleep counts in its prober
+        delay the time from the wake-up, and the wake-up's own wait for a CPU where the
+        kernel keeps it (/proc/thread-self/schedstat)."""
         check_spin(seconds)
         if self._lib.fp_set_spin(self._open_ep(), int(seconds * 1e9)) != 0:
             raise self._error()

@@ -47,8 +47,12 @@
  * thread) after it came. An endpoint given its own spin (fp_set_spin) busy-polls that
  * long, and then a wait for a receive completion sleeps until the receive CQ's
  * completion event (BLOCK_NS at most at a time, so that a stop is seen): next to no CPU,
- * where many loops share few CPUs. An answer found after such a sleep holds the sleep
- * in its prober delay (the last empty poll was before it). */
+ * where many loops share few CPUs. A completion that comes during the sleep raises the
+ * event as it is queued, and nothing was seen before the sleep: so the loop takes its
+ * wake-up, less the time the thread then waited for a CPU (the run-queue wait its
+ * /proc/thread-self/schedstat adds up), as the point past which it can have seen the
+ * answer late. The time between the completion and the event (the kernel's) counts as
+ * the path's; without schedstat, the wake-up's own wait for a CPU does too. */
 #define SPIN_NS 5000000
 #define PAUSE_NS 50000
 #define BLOCK_NS 10000000
@@ -436,7 +440,27 @@ struct spin {
     int pausing;
     struct ibv_cq *cq;  /* a receive wait: the CQ whose events it may sleep on (or NULL) */
     int armed;          /* its event is asked for, and not yet taken */
+    int woke;           /* it slept since the last look: LAST is the wake-up's */
 };
+
+/* The calling thread's time spent runnable but waiting for a CPU (ns), -1 if the kernel
+ * does not keep it (schedstat's second field; CONFIG_SCHED_INFO). */
+static int64_t run_queue_ns(void)
+{
+    char b[96];
+    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, b, sizeof b - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    b[n] = 0;
+    unsigned long long ran, waited;
+    if (sscanf(b, "%llu %llu", &ran, &waited) != 2)
+        return -1;
+    return (int64_t)waited;
+}
 
 /* Sleep until the receive CQ's next completion event, DEADLINE or BLOCK_NS from NOW. The
  * first call only asks for the event: a completion that came before the ask raises
@@ -455,7 +479,14 @@ static void sleep_on_cq(fp_ep *ep, struct spin *s, int64_t now, int64_t deadline
         left = BLOCK_NS;
     struct timespec ts = {left / 1000000000, left % 1000000000};
     struct pollfd p = {.fd = ep->chan->fd, .events = POLLIN};
-    if (ppoll(&p, 1, &ts, NULL) > 0) {
+    int64_t q0 = run_queue_ns();
+    int got = ppoll(&p, 1, &ts, NULL);
+    int64_t woke = now_ns(), q1 = run_queue_ns();
+    /* no completion was seen before it: the wake-up is the wait's newest look, less the
+     * wait for a CPU that followed the event (or the timer) */
+    s->last = woke - (q0 >= 0 && q1 >= q0 ? q1 - q0 : 0);
+    s->woke = 1;
+    if (got > 0) {
         struct ibv_cq *cq;
         void *ctx;
         if (ibv_get_cq_event(ep->chan, &cq, &ctx) == 0) {
@@ -877,6 +908,9 @@ static int ud_receive(fp_ep *ep, int64_t deadline, uint32_t *kind, uint32_t *seq
         int r = spin_on(ep, &s, deadline);
         if (r < 0)
             return 0;
+        if (s.woke && empty_at)
+            *empty_at = s.last; /* a sleep's wake-up stands for an empty poll */
+        s.woke = 0;
         if (r && reap_send(ep) < 0)
             return -1;
     }
