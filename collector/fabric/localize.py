@@ -12,8 +12,9 @@ not. The ranking is greedy, as Boolean tomography explains failures: the link cr
 by the most bad classes (and few good ones) is named first, the bad classes it explains
 are set aside, and the next link must explain others. Loss is too sparse to make a
 class bad on its own (2 % of a window's 40 probes is one loss or none), so it has a
-greedy pass of its own on the counts: a link whose classes lost far more than the
-classes that avoid it, beyond what chance gives at the others' rate. Every link gets
+greedy pass of its own on the counts of each class's newest `loss_windows` windows: a
+link whose classes lost far more than the classes that avoid it, beyond what chance
+gives at the others' rate. Every link gets
 its evidence: classes through it, how many went bad, the median rise of those through
 it and their loss.
 
@@ -29,7 +30,7 @@ import statistics
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 
@@ -51,12 +52,18 @@ class LocalizeConfig:
     min_bad: int = 2  # bad classes a suspect link explains, at least
     max_good_share: float = 0.25  # good classes among those through a suspect, at most
     fresh_s: float = 30.0  # a class's newest window counts while it is this young
+    # a class's loss is counted over its newest this many windows (those still fresh):
+    # at 2 % a link's classes lose a handful of probes a window, too few to tell from
+    # chance in one window more often than not
+    loss_windows: int = 2
 
     def __post_init__(self) -> None:
         if self.min_rise_s < 0 or self.noise_k < 0 or not 0 <= self.min_loss < 1:
             raise ValueError("min_rise_s, noise_k >= 0 and 0 <= min_loss < 1")
         if self.baseline_windows < 2 or self.warmup_windows < 1 or self.min_bad < 1:
             raise ValueError("baseline_windows >= 2, warmup_windows >= 1, min_bad >= 1")
+        if not 1 <= self.loss_windows <= 16:
+            raise ValueError("1 <= loss_windows <= 16")
         if not 0 <= self.max_good_share < 1 or not 0 < self.host_bound_share <= 1:
             raise ValueError("0 <= max_good_share < 1, 0 < host_bound_share <= 1")
 
@@ -76,6 +83,7 @@ class ClassWindow:
 @dataclass
 class _Class:
     good: deque[float]
+    counts: deque[tuple[float, int, int]]  # the newest windows' (end_s, sent, lost)
     last: ClassWindow | None = None
     rise_s: float = 0.0
     bad: bool = False
@@ -127,9 +135,13 @@ class Localizer:
                         self.stats.by_reason.get("class table full", 0) + 1
                     )
                     return False
-                c = self._classes[w.key] = _Class(good=deque(maxlen=cfg.baseline_windows))
+                c = self._classes[w.key] = _Class(
+                    good=deque(maxlen=cfg.baseline_windows),
+                    counts=deque(maxlen=cfg.loss_windows),
+                )
             self.stats.windows += 1
             c.last, c.windows = w, c.windows + 1
+            c.counts.append((w.end_s, w.sent, w.lost))
             c.rise_s, c.bad, c.host_bound = 0.0, False, False
             lossy = w.sent > 0 and w.lost / w.sent > cfg.min_loss and w.lost > 0
             if w.p50_s is not None and len(c.good) >= cfg.warmup_windows:
@@ -166,7 +178,7 @@ class Localizer:
         cfg = self.config
         with self._lock:
             fresh: dict[ClassKey, _Fresh] = {
-                k: (c.bad, c.rise_s, c.last)
+                k: (c.bad, c.rise_s, _counted(c.last, c.counts, now_s - cfg.fresh_s))
                 for k, c in self._classes.items()
                 if c.last is not None
                 and not c.host_bound
@@ -281,6 +293,19 @@ class Localizer:
 
 
 _Fresh = tuple[bool, float, ClassWindow]
+
+
+def _counted(
+    last: ClassWindow, counts: Iterable[tuple[float, int, int]], since_s: float
+) -> ClassWindow:
+    """LAST with the probes sent and lost of the COUNTS that ended after SINCE_S."""
+    sent = lost = 0
+    for end, n, k in counts:
+        if end >= since_s:
+            sent, lost = sent + n, lost + k
+    return replace(last, sent=sent, lost=lost)
+
+
 MIN_LOST = 3  # probes lost through a link before loss can name it
 LOSS_FACTOR = 3.0  # its classes' loss rate over the others', at least
 LOSS_P = 2e-4  # chance of so large a share of the losses by chance, at most

@@ -186,7 +186,29 @@ def test_the_degraded_link_is_ranked_first_and_alone(bad: str, how: str) -> None
     if how == "delay":
         assert verdicts[0].rtt_rise_s == pytest.approx(0.003, rel=0.05)
     else:
-        assert verdicts[0].loss == pytest.approx(3 / 100)
+        assert verdicts[0].loss == pytest.approx(3 / 200)  # over its newest two windows
+
+
+@pytest.mark.parametrize("loss_windows", [1, 2])
+def test_sparse_loss_is_counted_over_a_class_s_newest_windows(loss_windows: int) -> None:
+    """Four of the 16 classes through a link lose a probe in each of two windows: one
+    window's four losses are within chance (the link carries a third of the probes), the
+    two windows' eight are not; a window past fresh_s no longer counts."""
+    paths, keys = paths_and_classes(leaf_spine())
+    bad = "leaf0->spine1"
+    through = [k for k in keys if bad in paths[k]]
+    loc = Localizer(LocalizeConfig(min_rise_s=0.0005, loss_windows=loss_windows, fresh_s=10))
+    for w in range(4):
+        feed(loc, keys, float(w), {})
+    feed(loc, keys, 5.0, {}, {k: 1 for k in through[:4]})
+    assert not [v for v in loc.rank(paths, 5.0) if v.suspect]
+    feed(loc, keys, 6.0, {}, {k: 1 for k in through[2:6]})
+    suspects = [v.link for v in loc.rank(paths, 6.0) if v.suspect]
+    assert suspects == ([bad] if loss_windows == 2 else [])
+    feed(loc, keys, 16.5, {})  # 6.0 is past fresh_s: the newest window alone
+    assert not [v for v in loc.rank(paths, 16.5) if v.suspect]
+    with pytest.raises(ValueError):
+        LocalizeConfig(loss_windows=0)
 
 
 def test_two_leaves_cannot_tell_an_uplink_from_the_downlink_after_it() -> None:
