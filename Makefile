@@ -22,10 +22,11 @@ unit:
 
 # RDMA tests run inside the soft-RoCE VM lane; they fail (never skip) without it. The leak
 # test runs 3,000 probe runs here (10,000 take 20-40 minutes under emulation):
-# FABRICPROBE_LEAK_RUNS=10000 make lane-test for the long run. `probe trace` is held to the
-# routers in a second VM whose hosts sit on a routed leaf-spine of two rails
-# (tests/fabric/test_trace.py); `make lane-links` runs the ten link trials there
-# (tests/fabric/test_links.py, 15-25 minutes under emulation, not yet part of `make test`).
+# FABRICPROBE_LEAK_RUNS=10000 make lane-test for the long run. A second VM's hosts sit on a
+# routed leaf-spine of two rails: `probe trace` is held to the routers there
+# (tests/fabric/test_trace.py), and the link trials degrade one leaf-spine link at a time
+# (tests/fabric/test_links.py: ten on rail 0, three across the rails; about 6 minutes);
+# `make lane-links` runs the trials alone.
 lane-test:
 	@mkdir -p test-results
 	@t0=$$SECONDS; rc=0; \
@@ -38,9 +39,9 @@ lane-test:
 	t1=$$SECONDS; \
 	LANE_TIMEOUT=$${LANE_TIMEOUT:-4500} \
 	  lane/run.sh --hosts 4 --fabric leaf-spine --rails 2 --rwdir test-results -- \
-	  $(BIN)/python -m pytest -p no:cacheprovider -s -q tests/fabric/test_trace.py \
+	  $(BIN)/python -m pytest -p no:cacheprovider -s -q tests/fabric \
 	  --junitxml=test-results/fabric-junit.xml || rc=$$?; \
-	echo "lane: boot + leaf-spine + trace tests took $$((SECONDS - t1)) s (exit $$rc)"; exit $$rc
+	echo "lane: boot + leaf-spine + trace and link tests took $$((SECONDS - t1)) s (exit $$rc)"; exit $$rc
 
 lane-links: setup
 	@mkdir -p test-results

@@ -1,10 +1,11 @@
-"""Which link, held to the lane's leaf-spine: agents on rail 0's four hosts probe each
-other over UD in four ECMP classes per peer, trace their classes, and report to a
-collector that knows the fabric file; each trial degrades one leaf-spine link chosen at
-random (netem in its router's namespace: a delay of 1-5 ms or 2 % loss) and the
-collector must rank that link first and flag it alone, within two windows, and flag no
-healthy link at any time. Every trial is printed and written to
-test-results/fabric-links.json."""
+"""Which link, held to the lane's leaf-spine: agents on the four hosts probe each other
+over UD in two ECMP classes per peer, trace their classes, and report to a collector
+that knows the fabric file; each trial degrades one leaf-spine link chosen at random
+(netem in its router's namespace: a delay of 1-5 ms or 2 % loss) and the collector must
+rank that link first and flag it alone, within two windows, and flag no healthy link at
+any time. On rail 0 alone, ten trials; with both rails probed rail by rail, a delay on
+either rail's link is named with its rail. Every trial is printed and written to
+test-results/fabric-links*.json."""
 
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ from fabricprobe.collector.fabric.localize import LocalizeConfig
 from fabricprobe.collector.fabric.plan import coverage
 from fabricprobe.collector.fabric.service import FabricConfig
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
-from tests.fabric.conftest import Fabric
+from tests.fabric.conftest import Fabric, Nic
 
 WINDOW_S = 4.0
 CLASSES = 2
 TRIALS = 10
 SETTLE_S = 1.5  # after a window boundary, for every agent's report to be in
 RESULTS = Path("test-results")
+RAILS = ["192.0.2.0/24=0", "198.51.100.0/24=1"]  # the lane's rail networks
 
 
 def netem(router: str, dev: str, *args: str) -> None:
@@ -76,40 +78,57 @@ def next_boundary(after: float) -> float:
     return (int(after / WINDOW_S) + 1) * WINDOW_S
 
 
-@pytest.mark.timeout(1500)
-def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Path) -> None:
-    hosts = [n for n in fabric.nics if n.rail == 0]
-    server = CollectorServer(
-        ServerConfig(
-            listen="127.0.0.1:0",
-            metrics_listen="",
-            grace=0.5,
-            api=ApiConfig(
-                trust_local_registration=True,  # the lane's hosts call from 127.0.0.1
-                report_interval_ms=int(WINDOW_S * 1000),
-                plan=PlanConfig(
-                    interval_ms=2000, count=60, budget=8, kinds=("rdma_ud",), bursts_per_second=40
+class Fleet:
+    """A collector with the lane's fabric file and an agent on each host, probing the
+    peers on each of RAILS' rails (rail 0 alone when none), in UD classes."""
+
+    def __init__(self, fabric: Fabric, tmp_path: Path, rails: list[int]) -> None:
+        self.fabric = fabric
+        self.hosts = sorted({n.name for n in fabric.nics})
+        self.rails = rails
+        self.server = CollectorServer(
+            ServerConfig(
+                listen="127.0.0.1:0",
+                metrics_listen="",
+                grace=0.5,
+                api=ApiConfig(
+                    trust_local_registration=True,  # the lane's hosts call from 127.0.0.1
+                    report_interval_ms=int(WINDOW_S * 1000),
+                    plan=PlanConfig(
+                        interval_ms=2000,
+                        count=60,
+                        budget=8,
+                        kinds=("rdma_ud",),
+                        bursts_per_second=40 * len(rails),
+                    ),
                 ),
-            ),
-            fabric=FabricConfig(
-                os.environ["LANE_FILE"],
-                LocalizeConfig(min_rise_s=0.0005, fresh_s=3 * WINDOW_S + SETTLE_S),
-                ecmp_classes=CLASSES,
-            ),
+                fabric=FabricConfig(
+                    os.environ["LANE_FILE"],
+                    LocalizeConfig(min_rise_s=0.0005, fresh_s=3 * WINDOW_S + SETTLE_S),
+                    ecmp_classes=CLASSES,
+                ),
+            )
         )
-    )
-    server.start()
-    links = server.api.links
-    assert links is not None
-    agents = [
-        Agent(
+        self.server.start()
+        links = self.server.api.links
+        assert links is not None
+        self.links = links
+        self.agents = [self._agent(h, tmp_path) for h in self.hosts]
+        for a in self.agents:
+            a.start()
+
+    def _agent(self, host: str, tmp_path: Path) -> Agent:
+        nics: list[Nic] = [self.fabric.nic(host, r) for r in self.rails]
+        return Agent(
             AgentConfig(
-                host=h.name,
-                collector=f"127.0.0.1:{server.port}",
-                probe_listen=f"{h.ip}:0",
-                addresses=[h.ip],
-                devices=[h.device],
-                spool_dir=str(tmp_path / h.name),
+                host=host,
+                collector=f"127.0.0.1:{self.server.port}",
+                # one address answers rail 0; with rails, every rail's address answers
+                probe_listen=f"{nics[0].ip}:0" if len(nics) == 1 else "0.0.0.0:0",
+                addresses=[n.ip for n in nics],
+                devices=[n.device for n in nics],
+                rails=RAILS if len(nics) > 1 else [],
+                spool_dir=str(tmp_path / host),
                 insecure=True,
                 window_s=WINDOW_S,
                 # a UD probe waits this for its answers before the next goes, and its
@@ -128,23 +147,24 @@ def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Pat
                 pressure_limit=1.0,
             )
         )
-        for h in hosts
-    ]
-    for a in agents:
-        a.start()
-    uplinks = [
-        f"{c[x]}->{c[y]}"
-        for c in fabric.doc["links"]
-        if c["tier"] == "leaf-spine" and c["rail"] == 0
-        for x, y in (("a", "b"), ("b", "a"))
-    ]
-    trials: list[dict[str, object]] = []
-    try:
-        # every class's way out and back traced, and baselines in place
-        want = 2 * len(hosts) * (len(hosts) - 1) * CLASSES  # out and back
+
+    def uplinks(self, rail: int) -> list[str]:
+        """RAIL's leaf-spine links, each way."""
+        return [
+            f"{c[x]}->{c[y]}"
+            for c in self.fabric.doc["links"]
+            if c["tier"] == "leaf-spine" and c["rail"] == rail
+            for x, y in (("a", "b"), ("b", "a"))
+        ]
+
+    def warm_up(self) -> None:
+        """Every class's way out and back traced, baselines in place, each leaf-spine
+        link covered by two classes, and three quiet windows with nothing flagged."""
+        n = len(self.hosts)
+        want = 2 * n * (n - 1) * CLASSES * len(self.rails)  # out and back
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            snap = links.snapshot()
+            snap = self.links.snapshot()
             print(
                 f"links warm-up: {snap.paths} class paths of {want}, counts {snap.counts}",
                 flush=True,
@@ -152,66 +172,109 @@ def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Pat
             if snap.paths >= want and snap.counts.class_windows >= 2 * want:
                 break
             time.sleep(5)
-        snap = links.snapshot()
+        snap = self.links.snapshot()
         assert snap.paths >= want, (snap.paths, snap.counts)
-        through, short = coverage(links.class_links(), uplinks, k=2)
+        uplinks = [u for r in self.rails for u in self.uplinks(r)]
+        through, short = coverage(self.links.class_links(), uplinks, k=2)
         print("links coverage:", through, flush=True)
         assert not short, through  # k = 2 covers each leaf-spine link
         quiet_flags = []
         for _ in range(3):  # quiet windows: nothing flagged
             time.sleep(next_boundary(time.time()) + SETTLE_S - time.time())
-            verdicts = links.snapshot().verdicts
+            verdicts = self.links.snapshot().verdicts
             quiet = [(v.link, v.classes, v.bad_classes) for v in verdicts[:4]]
             print("links quiet:", quiet, flush=True)
             quiet_flags += [v.link for v in verdicts if v.suspect]
         assert not quiet_flags, quiet_flags
-        rng = random.Random(int(os.environ.get("FABRICPROBE_TRIAL_SEED", "24")))
-        for trial in range(TRIALS):
-            link = rng.choice(uplinks)
-            what = ["delay", f"{rng.randint(1, 5)}ms"] if trial % 2 == 0 else ["loss", "2%"]
-            router, dev = egress(fabric, link)
-            netem(router, dev, *what)
-            t0 = time.time()
-            got: dict[str, object] = {"trial": trial + 1, "link": link, "netem": " ".join(what)}
-            healthy_flagged: set[str] = set()
-            detected = None
-            try:
-                b = next_boundary(t0)
-                for k in range(1, 5):
-                    time.sleep(max(0.0, b + SETTLE_S - time.time()))
-                    verdicts = links.snapshot().verdicts
-                    flagged = [v.link for v in verdicts if v.suspect]
-                    healthy_flagged |= set(flagged) - {link}
-                    if detected is None and verdicts[0].link == link and flagged == [link]:
-                        detected = k
-                        top = verdicts[0]
-                        got.update(
-                            classes=top.classes,
-                            bad_classes=top.bad_classes,
-                            rtt_rise_ms=round(top.rtt_rise_s * 1e3, 3),
-                            loss=round(top.loss, 4),
-                        )
-                    if detected is not None and k >= 2:
-                        break
-                    b += WINDOW_S
-            finally:
-                clear(router, dev)
-            got.update(detected_in_windows=detected, healthy_flagged=sorted(healthy_flagged))
-            trials.append(got)
-            print("links trial", json.dumps(got), flush=True)
-            # recovery: the link's classes come back to their baselines
-            for _ in range(6):
-                time.sleep(next_boundary(time.time()) + SETTLE_S - time.time())
-                if not any(v.suspect for v in links.snapshot().verdicts):
+
+    def trial(self, n: int, link: str, what: list[str]) -> dict[str, object]:
+        """Degrade LINK with netem WHAT for up to four windows: in which window it was
+        ranked first and flagged alone, with its evidence and rail, and every healthy
+        link flagged meanwhile; then wait for the link's classes to come back."""
+        router, dev = egress(self.fabric, link)
+        netem(router, dev, *what)
+        t0 = time.time()
+        got: dict[str, object] = {"trial": n, "link": link, "netem": " ".join(what)}
+        healthy_flagged: set[str] = set()
+        detected = None
+        try:
+            b = next_boundary(t0)
+            for k in range(1, 5):
+                time.sleep(max(0.0, b + SETTLE_S - time.time()))
+                verdicts = self.links.snapshot().verdicts
+                flagged = [v.link for v in verdicts if v.suspect]
+                healthy_flagged |= set(flagged) - {link}
+                if detected is None and verdicts[0].link == link and flagged == [link]:
+                    detected = k
+                    top = verdicts[0]
+                    got.update(
+                        classes=top.classes,
+                        bad_classes=top.bad_classes,
+                        rtt_rise_ms=round(top.rtt_rise_s * 1e3, 3),
+                        loss=round(top.loss, 4),
+                        rail=top.rail,
+                    )
+                if detected is not None and k >= 2:
                     break
-    finally:
-        for a in agents:
+                b += WINDOW_S
+        finally:
+            clear(router, dev)
+        got.update(detected_in_windows=detected, healthy_flagged=sorted(healthy_flagged))
+        print("links trial", json.dumps(got), flush=True)
+        # recovery: the link's classes come back to their baselines
+        for _ in range(6):
+            time.sleep(next_boundary(time.time()) + SETTLE_S - time.time())
+            if not any(v.suspect for v in self.links.snapshot().verdicts):
+                break
+        return got
+
+    def close(self, trials: list[dict[str, object]], name: str) -> None:
+        for a in self.agents:
             a.close()
-        server.stop(0)
+        self.server.stop(0)
         if RESULTS.is_dir():
-            (RESULTS / "fabric-links.json").write_text(json.dumps(trials, indent=1))
-    named = [
-        t for t in trials if t["detected_in_windows"] is not None and t["detected_in_windows"] <= 2
-    ]
-    assert len(named) >= 9, trials
+            (RESULTS / name).write_text(json.dumps(trials, indent=1))
+
+
+def named_in_two(t: dict[str, object]) -> bool:
+    d = t["detected_in_windows"]
+    return isinstance(d, int) and d <= 2
+
+
+@pytest.mark.timeout(1500)
+def test_a_degraded_leaf_spine_link_is_named_alone(fabric: Fabric, tmp_path: Path) -> None:
+    fleet = Fleet(fabric, tmp_path, rails=[0])
+    trials: list[dict[str, object]] = []
+    try:
+        fleet.warm_up()
+        uplinks = fleet.uplinks(0)
+        rng = random.Random(int(os.environ.get("FABRICPROBE_TRIAL_SEED", "24")))
+        for n in range(TRIALS):
+            link = rng.choice(uplinks)
+            what = ["delay", f"{rng.randint(1, 5)}ms"] if n % 2 == 0 else ["loss", "2%"]
+            trials.append(fleet.trial(n + 1, link, what))
+    finally:
+        fleet.close(trials, "fabric-links.json")
+    assert len([t for t in trials if named_in_two(t)]) >= 9, trials
+    assert not [t for t in trials if t["healthy_flagged"]], trials
+
+
+@pytest.mark.timeout(1500)
+def test_a_delay_on_one_rail_is_named_on_that_rail(fabric: Fabric, tmp_path: Path) -> None:
+    """Every host probes its peers on both rails, device to device within a rail; a
+    delay on a leaf-spine link of rail 1, then of rail 0, is named alone, with its rail
+    (rail 1's leaves are leaf3-leaf5, its links share the spines)."""
+    fleet = Fleet(fabric, tmp_path, rails=[0, 1])
+    trials: list[dict[str, object]] = []
+    try:
+        fleet.warm_up()
+        rng = random.Random(int(os.environ.get("FABRICPROBE_TRIAL_SEED", "24")))
+        for n, rail in enumerate((1, 0, 1)):
+            link = rng.choice(fleet.uplinks(rail))
+            got = fleet.trial(n + 1, link, ["delay", f"{rng.randint(2, 4)}ms"])
+            got["on_rail"] = rail
+            trials.append(got)
+    finally:
+        fleet.close(trials, "fabric-links-rails.json")
+    assert all(named_in_two(t) and t["rail"] == t["on_rail"] for t in trials), trials
     assert not [t for t in trials if t["healthy_flagged"]], trials
