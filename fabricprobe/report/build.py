@@ -22,6 +22,7 @@ import pandas as pd
 
 from fabricprobe.core.deadline import Deadline
 from fabricprobe.report import figures, frames, rtt
+from fabricprobe.report.links import links_section
 from fabricprobe.report.page import Picture, Section, esc, number, page, para, table
 from fabricprobe.report.paths import MAX_HOSTS, MAX_PATHS, matrix_sections, rtt_sections
 from fabricprobe.report.sources import HttpAuth, SourceError, fetch_metrics, prometheus_range
@@ -60,6 +61,8 @@ class Gathered:
     generated: float = 0.0
     rtt: dict[str, Any] | None = None  # the Rtt reply (report.sources.rtt_dict)
     rtt_error: str = ""
+    links: dict[str, Any] | None = None  # the Links query's, as `probe why --links` gives
+    links_error: str = ""
 
 
 def rtt_query(q: float, rate_s: float) -> str:
@@ -75,15 +78,22 @@ def rtt_query(q: float, rate_s: float) -> str:
 
 WhyQuery = Callable[[int, float, float], dict[str, Any]]  # (slowest, window_s, timeout)
 RttQuery = Callable[[float], dict[str, Any]]  # (timeout)
+# (the slowest requests, as the Why query gives them; timeout)
+LinksQuery = Callable[[list[dict[str, Any]], float], dict[str, Any]]
 
 
 def gather(
-    opts: ReportOptions, why_query: WhyQuery, paths_query: RttQuery | None = None
+    opts: ReportOptions,
+    why_query: WhyQuery,
+    paths_query: RttQuery | None = None,
+    links_query: LinksQuery | None = None,
 ) -> Gathered:
     """Read every source; SourceError when /metrics cannot be read. PATHS_QUERY asks the
     collector for every path's RTT distribution (the Rtt query, as report.sources.rtt_dict
     gives it), WHY_QUERY for its Why report (the slowest requests with their paths'
-    figures, as `probe why --json` prints it); each raises SourceError when it cannot.
+    figures, as `probe why --json` prints it), LINKS_QUERY for its links ranked and the
+    slowest requests' links (as `probe why --links --json`); each raises SourceError when
+    it cannot.
     All the sources share one deadline, opts.timeout: a silent one leaves the others
     what is left."""
     now = time.time()
@@ -106,6 +116,15 @@ def gather(
         why = why_query(min(opts.slowest, 200), opts.window_s, deadline.remaining())
     except SourceError as e:
         why_error = str(e)
+    links: dict[str, Any] | None = None
+    links_error = "not asked" if links_query is None else ""
+    try:
+        if links_query is not None:
+            if deadline.expired:
+                raise SourceError(f"no time left for the Links query ({opts.timeout:g} s spent)")
+            links = links_query(list((why or {}).get("slowest") or []), deadline.remaining())
+    except SourceError as e:
+        links_error = str(e)
     prom: dict[str, pd.DataFrame] = {}
     prom_error = ""
     if opts.prometheus:
@@ -125,7 +144,9 @@ def gather(
                 prom[what] = frames.range_frame(result)
         except SourceError as e:
             prom_error = str(e)
-    return Gathered(text, why, why_error, prom, prom_error, now, got_rtt, rtt_error)
+    return Gathered(
+        text, why, why_error, prom, prom_error, now, got_rtt, rtt_error, links, links_error
+    )
 
 
 def requests_section(g: Gathered) -> tuple[Section, list[Picture]]:
@@ -246,9 +267,11 @@ def sections(g: Gathered, opts: ReportOptions) -> tuple[list[Section], list[Pict
     expo = frames.parse_exposition(g.metrics_text)
     fabric, pics = fabric_sections(g, expo)
     req, req_pics = requests_section(g)
+    hosts = frames.host_topology(expo)["src"]
+    fab, fab_pics = links_section(g.links, g.links_error, hosts)
     timed, timed_pics = over_time_section(g, opts)
-    out = [*fabric[:2], req, *fabric[2:], *([timed] if timed else []), *hosts_sections(expo)]
-    return out, [*pics, *req_pics, *timed_pics], expo.dropped
+    out = [*fabric[:2], req, *fabric[2:], fab, *([timed] if timed else []), *hosts_sections(expo)]
+    return out, [*pics, *req_pics, *fab_pics, *timed_pics], expo.dropped
 
 
 def fabric_sections(g: Gathered, expo: frames.Exposition) -> tuple[list[Section], list[Picture]]:

@@ -242,3 +242,64 @@ def rtt_over_time(series: pd.DataFrame, order: Sequence[tuple[str, str, str]], w
     if order:
         ax.legend(fontsize=7, loc="upper left")
     return png(fig)
+
+
+def leaf_spine(
+    leaves: Sequence[str],
+    spines: Sequence[str],
+    cables: Mapping[tuple[str, str], Sequence[Mapping[str, object]]],
+    hosts_of: Mapping[str, Sequence[str]],
+) -> bytes:
+    """The leaf-spine: SPINES on top, LEAVES below (each with its HOSTS_OF), a line per
+    cable (leaf, spine) in CABLES, which holds the verdicts of its two directions; a
+    cable with a suspect direction is red and labelled with its rise and loss, the others
+    grey, darker as more of their classes went bad."""
+    width = max(8.0, 0.9 * max(len(leaves), len(spines)) + 2)
+    fig = Figure(figsize=(min(width, 30.0), 5.5), layout="constrained")
+    ax = fig.add_subplot()
+
+    def xs(names: Sequence[str]) -> dict[str, float]:
+        n = len(names)
+        return {name: (i + 0.5) / n for i, name in enumerate(names)}
+
+    lx, sx = xs(leaves), xs(spines)
+    suspects = 0
+    for (leaf, spine), ways in cables.items():
+        if leaf not in lx or spine not in sx:
+            continue
+        x0, x1 = lx[leaf], sx[spine]
+        bad = [w for w in ways if w.get("suspect")]
+        share = max(
+            (float(w["bad_classes"]) / float(w["classes"]) for w in ways if w.get("classes")),  # type: ignore[arg-type]
+            default=0.0,
+        )
+        if bad:
+            suspects += len(bad)
+            ax.plot([x0, x1], [0, 1], color="#d62728", linewidth=3.5, zorder=3)
+            note = "\n".join(
+                f"{w['link']}: +{float(w['rtt_rise_s']) * 1e3:,.2f} ms, "  # type: ignore[arg-type]
+                f"{float(w['loss']) * 100:.1f} % loss"  # type: ignore[arg-type]
+                for w in bad
+            )
+            ax.annotate(tx(note, 200), ((x0 + x1) / 2, 0.5), fontsize=7, color="#d62728",
+                        ha="center", va="center", zorder=5,
+                        bbox={"boxstyle": "round", "fc": "white", "ec": "#d62728"})  # fmt: skip
+        else:
+            grey = 0.8 - 0.6 * min(1.0, share)
+            ax.plot([x0, x1], [0, 1], color=(grey, grey, grey), linewidth=1.0, zorder=1)
+    for names, pos, y in ((spines, sx, 1.0), (leaves, lx, 0.0)):
+        for name in names:
+            ax.text(pos[name], y, tx(name, 16), ha="center", va="center", fontsize=8, zorder=4,
+                    bbox={"boxstyle": "round", "fc": "#eeeeee", "ec": "#555555"})  # fmt: skip
+    for leaf in leaves:
+        hs = list(hosts_of.get(leaf, ()))
+        if hs:
+            more = f" +{len(hs) - 4}" if len(hs) > 4 else ""
+            shown = ", ".join(tx(h, 16) for h in hs[:4]) + more
+            ax.text(lx[leaf], -0.12, shown, ha="center", va="top", fontsize=6, color="#555555")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-0.3, 1.15)
+    ax.axis("off")
+    ax.set_title(f"Leaf–spine links: {suspects} suspect" + (" (red)" if suspects else ""),
+                 fontsize=10)  # fmt: skip
+    return png(fig)

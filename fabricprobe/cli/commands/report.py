@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from fabricprobe.cli.commands.why import query
+from fabricprobe.cli.commands.why import query, query_links
 from fabricprobe.cli.options import (
     CollectorCredentials,
     OneLineCommand,
@@ -59,7 +59,8 @@ def report(
     when it opens): RTT CDFs and percentiles per path from the collector's sketches (1 %
     resolution, min and max exact), each host's own delay apart from the paths, src x dst
     and ToR heatmaps of RTT and loss, the slowest requests' stages beside their path's
-    fabric at the time, counters and validate verdicts per host; and RTT over time when
+    fabric at the time, the leaf-spine with its suspect links drawn (a collector with a
+    fabric file), counters and validate verdicts per host; and RTT over time when
     --prometheus is given. The PNGs and rtt_cdf.csv (the CDFs' buckets) are written
     beside it. The credentials are those of `probe why`; https URLs are checked against
     --ca-file, with the client certificate."""
@@ -116,8 +117,17 @@ def report(
         except grpc.RpcError as e:
             raise SourceError(f"collector {target}: {e.code().name}: {e.details()}") from None
 
+    def links_query(requests: list[dict[str, Any]], deadline: float) -> dict[str, Any]:
+        """The links ranked and the slowest requests' links (`probe why --links`)."""
+        import grpc
+
+        try:
+            return query_links(target, requests, deadline, cc)
+        except grpc.RpcError as e:
+            raise SourceError(f"collector {target}: {e.code().name}: {e.details()}") from None
+
     try:
-        gathered = gather(opts, why_query, rtt_query)
+        gathered = gather(opts, why_query, rtt_query, links_query)
         page = write(gathered, opts)
     except ConfigError as e:
         fail(str(e))
