@@ -13,6 +13,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -89,7 +90,7 @@ class Fleet:
         self.server = CollectorServer(
             ServerConfig(
                 listen="127.0.0.1:0",
-                metrics_listen="",
+                metrics_listen="127.0.0.1:0",  # for `probe report`
                 grace=0.5,
                 api=ApiConfig(
                     trust_local_registration=True,  # the lane's hosts call from 127.0.0.1
@@ -187,10 +188,13 @@ class Fleet:
             quiet_flags += [v.link for v in verdicts if v.suspect]
         assert not quiet_flags, quiet_flags
 
-    def trial(self, n: int, link: str, what: list[str]) -> dict[str, object]:
+    def trial(
+        self, n: int, link: str, what: list[str], report: Path | None = None
+    ) -> dict[str, object]:
         """Degrade LINK with netem WHAT for up to four windows: in which window it was
         ranked first and flagged alone, with its evidence and rail, and every healthy
-        link flagged meanwhile; then wait for the link's classes to come back."""
+        link flagged meanwhile (with REPORT, `probe report` is written there once it is
+        named, the link still degraded); then wait for the link's classes to come back."""
         router, dev = egress(self.fabric, link)
         netem(router, dev, *what)
         t0 = time.time()
@@ -214,6 +218,8 @@ class Fleet:
                         loss=round(top.loss, 4),
                         rail=top.rail,
                     )
+                    if report is not None:
+                        self.report(report)
                 if detected is not None and k >= 2:
                     break
                 b += WINDOW_S
@@ -227,6 +233,15 @@ class Fleet:
             if not any(v.suspect for v in self.links.snapshot().verdicts):
                 break
         return got
+
+    def report(self, out: Path) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "fabricprobe", "report", "--insecure",
+             "--collector", f"127.0.0.1:{self.server.port}",
+             "--metrics-url", f"http://127.0.0.1:{self.server.metrics_port}/metrics",
+             "--out", str(out), "--timeout", "60"],
+            check=True, timeout=120,
+        )  # fmt: skip
 
     def close(self, trials: list[dict[str, object]], name: str) -> None:
         for a in self.agents:
@@ -271,10 +286,21 @@ def test_a_delay_on_one_rail_is_named_on_that_rail(fabric: Fabric, tmp_path: Pat
         rng = random.Random(int(os.environ.get("FABRICPROBE_TRIAL_SEED", "24")))
         for n, rail in enumerate((1, 0, 1)):
             link = rng.choice(fleet.uplinks(rail))
-            got = fleet.trial(n + 1, link, ["delay", f"{rng.randint(2, 4)}ms"])
+            out = tmp_path / "report" if n == 0 else None
+            got = fleet.trial(n + 1, link, ["delay", f"{rng.randint(2, 4)}ms"], out)
             got["on_rail"] = rail
             trials.append(got)
     finally:
         fleet.close(trials, "fabric-links-rails.json")
     assert all(named_in_two(t) and t["rail"] == t["on_rail"] for t in trials), trials
     assert not [t for t in trials if t["healthy_flagged"]], trials
+    # the report drew the leaf-spine of both rails with the first trial's link suspect
+    out = tmp_path / "report"
+    assert (out / "fabric_links.png").stat().st_size > 5000
+    page = (out / "report.html").read_text()
+    section = page[page.index("Fabric links") :]
+    first = str(trials[0]["link"]).replace(">", "&gt;")
+    assert f'<td class="l">{first}</td><td class="l">1</td><td class="l">yes</td>' in section
+    if RESULTS.is_dir():
+        for f in ("report.html", "fabric_links.png"):
+            (RESULTS / f"links-{f}").write_bytes((out / f).read_bytes())

@@ -29,7 +29,7 @@ Examples:
       --key-file me.key --metrics-url http://10.0.0.9:9794/metrics
   probe report --insecure --prometheus http://127.0.0.1:9090 --window 3600""",
 )
-@collector_option("Collector's API, for the Rtt and Why queries.")
+@collector_option("Collector's API, for the Rtt, Why and Links queries.")
 @click.option(
     "--metrics-url", metavar="URL", help="Collector's /metrics [http://HOST:9794/metrics]."
 )
