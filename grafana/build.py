@@ -397,6 +397,85 @@ FABRIC = Dashboard(
             ),
         ),
         Row(
+            "Links and rails",
+            (
+                Panel(
+                    "Suspect links",
+                    (("fabricprobe_link_suspect == 1", "{{link}} (rail {{rail}})"),),
+                    "none",
+                    "bargauge",
+                    instant=True,
+                    description="Leaf-spine links the tomography over the probed ECMP "
+                    "classes names: the classes through the link rose or lost, the classes "
+                    "around it did not. `probe why --links` gives the evidence.",
+                ),
+                Panel(
+                    "Likeliest links at fault",
+                    (
+                        (
+                            "bottomk(10, fabricprobe_link_rank)",
+                            "{{link}} (rail {{rail}})",
+                        ),
+                    ),
+                    "none",
+                    "bargauge",
+                    instant=True,
+                    description="The ten links ranked first (1: the likeliest), suspect or not.",
+                ),
+                Panel(
+                    "RTT rise through each link",
+                    (
+                        (
+                            "topk(10, fabricprobe_link_rtt_rise_seconds)",
+                            "{{link}} (rail {{rail}})",
+                        ),
+                    ),
+                    "s",
+                    description="Median rise of the RTT over its baseline, of the classes "
+                    "crossing the link (the ten highest).",
+                ),
+                Panel(
+                    "Loss through each link",
+                    (
+                        (
+                            "topk(10, fabricprobe_link_loss_ratio)",
+                            "{{link}} (rail {{rail}})",
+                        ),
+                    ),
+                    "percentunit",
+                    description="Lost over sent probes of the classes crossing the link, "
+                    "their newest two windows.",
+                ),
+                Panel(
+                    "Link coverage",
+                    (
+                        ("fabricprobe_link_class_paths", "class paths known"),
+                        ("fabricprobe_links_uncovered", "links under k classes"),
+                    ),
+                    "none",
+                    description="ECMP class paths learned from the agents' traces, and the "
+                    "fabric's links that fewer than k probed classes cross (0 when the "
+                    "plan covers the fabric).",
+                ),
+                Panel(
+                    "Paths standing out per rail",
+                    (
+                        ("fabricprobe_rail_paths_standing_out", "rail {{rail}} standing out"),
+                        ("fabricprobe_rail_paths", "rail {{rail}} probed"),
+                    ),
+                    "none",
+                    description="Host pairs whose RTT on a rail is over twice their other "
+                    "rails', or lost where those did not: a fault on one rail's network.",
+                ),
+                Panel(
+                    "Loss per rail",
+                    (("fabricprobe_rail_loss_ratio", "rail {{rail}}"),),
+                    "percentunit",
+                    description="Lost over sent probes of each rail's paths, newest windows.",
+                ),
+            ),
+        ),
+        Row(
             "Configuration drift",
             (
                 Panel(

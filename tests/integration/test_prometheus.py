@@ -1,8 +1,9 @@
 """The dashboards and rules against a real Prometheus (Debian's 2.42): it scrapes a real
 collector fed by loopback agents (one reading a captured mlx5 sysfs tree and `ethtool -S`
 text whose pause counters rise), RDMA probe windows from a fixture host pair, scheduled
-check verdicts of a fixture ToR whose one host differs, and stage spans from the
-OpenTelemetry SDK. Every panel query, every template variable and every recording rule
+check verdicts of a fixture ToR whose one host differs, traced ECMP classes and class
+and rail windows of a fixture leaf-spine (tests/support/fabricfeed.py), and stage spans
+from the OpenTelemetry SDK. Every panel query, every template variable and every recording rule
 must return data, and every rule must evaluate without error: on a server that scrapes
 the text form (classic RTT buckets) and on one that scrapes protobuf (native RTT
 histograms, --enable-feature=native-histograms).
@@ -10,6 +11,7 @@ histograms, --enable-feature=native-histograms).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -20,13 +22,17 @@ import pytest
 
 from fabricprobe.agent.agent import Agent
 from fabricprobe.agent.config import AgentConfig
+from fabricprobe.collector.fabric.localize import LocalizeConfig
+from fabricprobe.collector.fabric.service import FabricConfig
 from fabricprobe.collector.service import CollectorServer
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.grafana import build
+from tests.support.fabricfeed import fabric_feed, fabric_file
 from tests.support.feeds import fixture_checks, fixture_rdma_windows, live_feed, rising_ethtool
 from tests.support.fleet import (
     FIXTURES,
     HOSTS,
+    fast_server_config,
     free_port,
     loopback_agent_config,
     running_collector,
@@ -50,8 +56,12 @@ def agent_config(tmp: Path, address: str, collector_port: int) -> AgentConfig:
 
 
 @pytest.fixture
-def collector() -> Iterator[CollectorServer]:
-    with running_collector() as server:
+def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CollectorServer]:
+    # a fabric file: the Links and rails row reads a leaf-spine the loopback has not got
+    fabric = FabricConfig(
+        str(fabric_file(tmp_path_factory.mktemp("fabric"))), LocalizeConfig(fresh_s=10.0)
+    )
+    with running_collector(dataclasses.replace(fast_server_config(), fabric=fabric)) as server:
         yield server
 
 
@@ -100,6 +110,7 @@ def test_every_dashboard_query_and_rule_returns_data(
         # (request figures cover the analysis window only: a single batch ages out of it).
         endpoint = f"127.0.0.1:{collector.port}"
         live_feed(stop, lambda: endpoint, collector, names[0], names[1], seq=2)
+        fabric_feed(stop, collector)  # traced classes, class and rail windows
         time.sleep(8.0)  # counters and bandwidth need two windows; a few scrapes and rules
 
         def missing() -> list[str]:
