@@ -227,18 +227,35 @@ class Localizer:
     ) -> list[str]:
         """Greedy over the classes whose RTT rose: the link crossed by the most of them
         (with few classes through it that did not rise) first, then one that explains
-        others."""
+        others. A link whose risen classes all cross another link that more risen
+        classes cross is not named: the other explains them and more. (While a fault is
+        new, a window holds it in part: the faulty link has some classes risen and some
+        not yet, too many good ones to be named, and a link after it with fewer classes
+        can have all of its few risen; it is named a window later, or never.)"""
         cfg = self.config
         left = {k for k, (bad, _, _) in fresh.items() if bad}
+        links_of: dict[ClassKey, list[str]] = {}
+        for link, ks in through.items():
+            for k in ks:
+                if k in left:
+                    links_of.setdefault(k, []).append(link)
         suspects: list[str] = []
         while left:
+            risen = {link: {k for k in ks if k in left} for link, ks in through.items()}
             best: tuple[int, int, str] | None = None
             for link, ks in through.items():
                 if link in suspects:
                     continue
-                nb = sum(1 for k in ks if k in left)
+                mine = risen[link]
+                nb = len(mine)
                 ng = sum(1 for k in ks if not fresh[k][0])
                 if nb < cfg.min_bad or ng > cfg.max_good_share * (nb + ng):
+                    continue
+                # a link that crosses all of MINE crosses any one of them: look no further
+                anyone = next(iter(mine))
+                if any(
+                    o != link and len(risen[o]) > nb and mine <= risen[o] for o in links_of[anyone]
+                ):
                     continue
                 if best is None or (nb, -ng, link) > best:
                     best = (nb, -ng, link)

@@ -189,6 +189,26 @@ def test_the_degraded_link_is_ranked_first_and_alone(bad: str, how: str) -> None
         assert verdicts[0].loss == pytest.approx(3 / 200)  # over its newest two windows
 
 
+def test_a_fault_held_in_part_by_a_window_names_no_link_after_it() -> None:
+    """While a fault is new, a window holds it in part: of the six classes through the
+    faulty leaf0->spine1 three rose, too many good ones for it to be named; the two
+    classes of spine1->leaf1, both through leaf0->spine1 too, both rose. spine1->leaf1 is
+    not named for them (leaf0->spine1 explains them and more), and the next window, the
+    fault whole, names leaf0->spine1 alone."""
+    ks = [ClassKey("h0", f"h{i}", 0xC000 + i) for i in range(1, 9)]
+    paths = {k: ["h0->leaf0", "leaf0->spine1", f"spine1->leaf{2 * (i % 2)}"]
+             for i, k in enumerate(ks[:6])}  # fmt: skip
+    paths[ks[0]] = paths[ks[1]] = ["h0->leaf0", "leaf0->spine1", "spine1->leaf1"]
+    paths[ks[6]] = paths[ks[7]] = ["h0->leaf0", "leaf0->spine0", "spine0->leaf2"]
+    loc = Localizer(LocalizeConfig(min_rise_s=0.0005))
+    for w in range(4):
+        feed(loc, ks, float(w), {})
+    feed(loc, ks, 5.0, {k: 0.004 for k in ks[:3]})
+    assert [v.link for v in loc.rank(paths, 5.0) if v.suspect] == []
+    feed(loc, ks, 6.0, {k: 0.004 for k in ks[:6]})
+    assert [v.link for v in loc.rank(paths, 6.0) if v.suspect] == ["leaf0->spine1"]
+
+
 @pytest.mark.parametrize("loss_windows", [1, 2])
 def test_sparse_loss_is_counted_over_a_class_s_newest_windows(loss_windows: int) -> None:
     """Four of the 16 classes through a link lose a probe in each of two windows: one
