@@ -97,7 +97,7 @@ class Fleet:
                     report_interval_ms=int(WINDOW_S * 1000),
                     plan=PlanConfig(
                         interval_ms=2000,
-                        count=60,
+                        count=120,  # 2 % loss: a link of two classes loses a few a window
                         budget=8,
                         kinds=("rdma_ud",),
                         bursts_per_second=40 * len(rails),
