@@ -47,7 +47,7 @@ from tests.support.fleet import (
     scrape,
     wait_for,
 )
-from tests.support.prom import missing_queries, running_prometheus
+from tests.support.prom import FABRIC_ROWS, missing_queries, running_prometheus
 
 WINDOW_S = 4.0  # the shards' report interval: a dead shard's hosts must move within it
 TTL_S = 2  # the shards' etcd lease
@@ -290,15 +290,19 @@ def test_a_killed_shard_loses_no_window_and_every_query_keeps_data(
                     30,
                     "spans joined on the new owner",
                 )
-                first = missing_queries(prom)
+                first = missing_queries(prom, FABRIC_ROWS)
                 try:
-                    wait_for(lambda: not missing_queries(prom), 40, "every query to return data")
+                    wait_for(
+                        lambda: not missing_queries(prom, FABRIC_ROWS),
+                        40,
+                        "every query to return data",
+                    )
                 except AssertionError:
                     raise AssertionError(
                         "queries without data at the first look:\n"
                         + "\n".join(first)
                         + "\nand at the last:\n"
-                        + "\n".join(missing_queries(prom))
+                        + "\n".join(missing_queries(prom, FABRIC_ROWS))
                         + f"\ntargets: {prom.targets()}"
                     ) from None
             finally:

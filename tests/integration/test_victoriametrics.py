@@ -31,7 +31,7 @@ from tests.support.fleet import (
     loopback_agent_config,
     wait_for,
 )
-from tests.support.prom import Prom, missing_queries, running_prometheus
+from tests.support.prom import FABRIC_ROWS, Prom, missing_queries, running_prometheus
 from tests.support.victoria import (
     doc_block,
     running_victoria,
@@ -118,15 +118,15 @@ class Fleet:
 
 def every_query_answers(store: Prom) -> None:
     """Wait until every dashboard query, variable and recording rule has data in STORE."""
-    first = missing_queries(store)
+    first = missing_queries(store, FABRIC_ROWS)
     try:
-        wait_for(lambda: not missing_queries(store), 150, "every query to return data")
+        wait_for(lambda: not missing_queries(store, FABRIC_ROWS), 150, "every query to return data")
     except AssertionError:
         raise AssertionError(
             "queries without data at the first look:\n"
             + "\n".join(first)
             + "\nand at the last:\n"
-            + "\n".join(missing_queries(store))
+            + "\n".join(missing_queries(store, FABRIC_ROWS))
         ) from None
 
 

@@ -46,11 +46,19 @@ def with_variables(expr: str) -> str:
     return re.sub(r'=~"\$\w+"', '=~".*"', expr)
 
 
-def missing_queries(prom: Prom) -> list[str]:
-    """Dashboard panel queries, template variables and recording rules without data."""
+# rows only a fleet on a routed fabric feeds (a fabric file, traced classes, rails):
+# tests/integration/test_prometheus.py holds them to data from tests/support/fabricfeed.py
+FABRIC_ROWS = frozenset({"Links and rails"})
+
+
+def missing_queries(prom: Prom, without: frozenset[str] = frozenset()) -> list[str]:
+    """Dashboard panel queries, template variables and recording rules without data; the
+    panels of the rows titled in WITHOUT are not asked."""
     out = []
     for d in build.DASHBOARDS:
         for row in d.rows:
+            if row.title in without:
+                continue
             for p in row.panels:
                 for expr, _ in p.exprs:
                     if not prom.query(with_variables(expr)):
