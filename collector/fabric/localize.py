@@ -14,9 +14,8 @@ are set aside, and the next link must explain others. Loss is too sparse to make
 class bad on its own (2 % of a window's 40 probes is one loss or none), so it has a
 greedy pass of its own on the counts of each class's newest `loss_windows` windows: a
 link whose classes lost far more than the classes that avoid it, beyond what chance
-gives at the others' rate. Every link gets
-its evidence: classes through it, how many went bad, the median rise of those through
-it and their loss.
+gives at the others' rate. Every link gets its evidence: classes through it, how many
+went bad, the median rise of those through it and their loss.
 
 Baselines: a class's baseline is the median of its last good windows' medians, and its
 noise their median absolute deviation; a bad window does not enter it, so a link that

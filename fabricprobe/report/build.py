@@ -99,32 +99,21 @@ def gather(
     now = time.time()
     deadline = Deadline(opts.timeout)
     text = fetch_metrics(opts.metrics_url, opts.auth, timeout=deadline)
-    got_rtt: dict[str, Any] | None = None
-    rtt_error = "not asked" if paths_query is None else ""
-    try:
-        if paths_query is not None:
-            if deadline.expired:
-                raise SourceError(f"no time left for the Rtt query ({opts.timeout:g} s spent)")
-            got_rtt = paths_query(deadline.remaining())
-    except SourceError as e:
-        rtt_error = str(e)
-    why: dict[str, Any] | None = None
-    why_error = ""
-    try:
-        if deadline.expired:
-            raise SourceError(f"no time left for the Why query ({opts.timeout:g} s spent)")
-        why = why_query(min(opts.slowest, 200), opts.window_s, deadline.remaining())
-    except SourceError as e:
-        why_error = str(e)
-    links: dict[str, Any] | None = None
-    links_error = "not asked" if links_query is None else ""
-    try:
-        if links_query is not None:
-            if deadline.expired:
-                raise SourceError(f"no time left for the Links query ({opts.timeout:g} s spent)")
-            links = links_query(list((why or {}).get("slowest") or []), deadline.remaining())
-    except SourceError as e:
-        links_error = str(e)
+    got_rtt, rtt_error = _ask("Rtt", paths_query, deadline, opts.timeout)
+    why, why_error = _ask(
+        "Why",
+        lambda left: why_query(min(opts.slowest, 200), opts.window_s, left),
+        deadline,
+        opts.timeout,
+    )
+    links, links_error = _ask(
+        "Links",
+        None
+        if links_query is None
+        else lambda left: links_query(list((why or {}).get("slowest") or []), left),
+        deadline,
+        opts.timeout,
+    )
     prom: dict[str, pd.DataFrame] = {}
     prom_error = ""
     if opts.prometheus:
@@ -147,6 +136,21 @@ def gather(
     return Gathered(
         text, why, why_error, prom, prom_error, now, got_rtt, rtt_error, links, links_error
     )
+
+
+def _ask(
+    name: str, query: Callable[[float], dict[str, Any]] | None, deadline: Deadline, spent: float
+) -> tuple[dict[str, Any] | None, str]:
+    """QUERY's answer within what is left of DEADLINE, or None and why not ("not asked"
+    without one; SPENT: the whole timeout, for the message)."""
+    if query is None:
+        return None, "not asked"
+    try:
+        if deadline.expired:
+            raise SourceError(f"no time left for the {name} query ({spent:g} s spent)")
+        return query(deadline.remaining()), ""
+    except SourceError as e:
+        return None, str(e)
 
 
 def requests_section(g: Gathered) -> tuple[Section, list[Picture]]:
