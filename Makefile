@@ -25,7 +25,8 @@ unit:
 # FABRICPROBE_LEAK_RUNS=10000 make lane-test for the long run. A second VM's hosts sit on a
 # routed leaf-spine of two rails: `probe trace` is held to the routers there
 # (tests/fabric/test_trace.py), and the link trials degrade one leaf-spine link at a time
-# (tests/fabric/test_links.py: ten on rail 0, three across the rails; about 6 minutes);
+# (tests/fabric/test_links.py: ten on rail 0, three across the rails; about 6 minutes), and a
+# workload's requests are given their own QP pair's links (tests/fabric/test_flows.py);
 # `make lane-links` runs the trials alone.
 lane-test:
 	@mkdir -p test-results

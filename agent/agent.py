@@ -26,13 +26,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 
 from fabricprobe.agent.client import CollectorClient
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
-from fabricprobe.agent.exporter import MetricsServer
+from fabricprobe.agent.flows import QpReader
 from fabricprobe.agent.identity import (
     Rails,
     device_messages,
@@ -65,11 +66,15 @@ from fabricprobe.probes.control import SessionTable
 from fabricprobe.probes.ethtool import Runner, run_command
 from fabricprobe.probes.fleet import FleetToken
 from fabricprobe.probes.hostload import CpuPressure
+from fabricprobe.probes.measure import spin_seconds
 from fabricprobe.probes.rails import parse_rails
 from fabricprobe.probes.rdma.sessions import probe_sessions
 from fabricprobe.probes.responder import Responder
 from fabricprobe.probes.sysfs import RdmaDevice
 from fabricprobe.probes.threads import name_os_thread
+
+if TYPE_CHECKING:
+    from fabricprobe.agent.exporter import MetricsServer
 
 log = logging.getLogger("fabricprobe.agent")
 
@@ -121,9 +126,7 @@ class Agent:
         self.epoch = self._window_start = clock()
         self.seq = self.generation = 0
         self.window_s = cfg.window_s
-        self.spool = Spool(
-            cfg.spool_dir, max_windows=cfg.spool_max_windows, max_bytes=cfg.spool_max_bytes
-        )
+        self.spool = _spool(cfg)
         listen_host, listen_port = parse_hostport(cfg.probe_listen, 4793, allow_port_zero=True)
         self.devices, self.rails = _devices(cfg, listen_host)
         self.sampler = _sampler(cfg, self.devices, ethtool_runner)
@@ -145,6 +148,7 @@ class Agent:
         self.metrics = _metrics(cfg, self) if cfg.metrics_listen else None
         self.failures = FailureLog(Path(cfg.spool_dir) / FAILURES_FILE)
         self.tracer = ClassTracer(self.source, rail_sources=self.rails.rail_sources())
+        self.qps = QpReader.of(cfg.qp_interval_s, self.devices, self.rails.rail, ethtool_runner)
 
     @property
     def failure(self) -> str | None:
@@ -300,6 +304,8 @@ class Agent:
             ),
             assignment_generation=self.generation,
         )
+        if (qps := self.qps.due(end / 1e9)) is not None:
+            report.qps.CopyFrom(qps)
         self._window_start = end
         self.last_report, self.latest_counters = report, sample
         if self.metrics is not None:
@@ -364,6 +370,7 @@ class Agent:
             budget=float(a.probe_budget) or None,
         )
         self.generation = a.generation
+        self.qps.wanted = a.list_qps
 
     def reference_spec(self) -> ProbeSpec | None:
         """The host reference: the TCP latency probe against this agent's own responder.
@@ -429,6 +436,10 @@ def assigned_specs(
     return out
 
 
+def _spool(cfg: AgentConfig) -> Spool:
+    return Spool(cfg.spool_dir, max_windows=cfg.spool_max_windows, max_bytes=cfg.spool_max_bytes)
+
+
 def _devices(cfg: AgentConfig, listen_host: str) -> tuple[list[RdmaDevice], Rails]:
     """The RDMA devices the agent uses, and each one's rail (by the configured rule) and
     GPU, with the rails that the responder listening on LISTEN_HOST answers on."""
@@ -457,9 +468,8 @@ def _scheduler(
     sink: Sink,
     runners: Mapping[str, ProbeRunner],
 ) -> Scheduler:
-    context = ProbeContext(
-        source, cfg.probe_timeout, cfg.sysfs_root, token=token, spin_s=_spin_s(cfg)
-    )
+    spin_s = spin_seconds(cfg.probe_spin_us)
+    context = ProbeContext(source, cfg.probe_timeout, cfg.sysfs_root, token=token, spin_s=spin_s)
     return Scheduler(context, sink, jitter=cfg.jitter, workers=cfg.probe_workers, runners=runners)
 
 
@@ -471,14 +481,12 @@ def _self_load(cfg: AgentConfig, readers: Readers | None) -> SelfLoad:
 
 
 def _metrics(cfg: AgentConfig, agent: Agent) -> MetricsServer:
-    """The agent's own /metrics, as node_exporter's."""
+    """The agent's own /metrics, as node_exporter's (its web server and prometheus_client
+    are loaded only then: an agent serving none holds neither in memory)."""
+    from fabricprobe.agent.exporter import MetricsServer
+
     host, port = parse_hostport(cfg.metrics_listen, 9795, allow_port_zero=True)
     return MetricsServer(agent, host, port)
-
-
-def _spin_s(cfg: AgentConfig) -> float | None:
-    """The RDMA loops' busy-poll before they sleep (None: theirs, which never sleeps)."""
-    return None if cfg.probe_spin_us < 0 else cfg.probe_spin_us / 1e6
 
 
 def _responder(
@@ -498,7 +506,7 @@ def _responder(
         max_memory_bytes=MAX_SESSION_MEMORY,
         max_keepalive_s=cfg.probe_max_keepalive_s,
         idle_timeout=10.0,
-        spin_s=_spin_s(cfg),
+        spin_s=spin_seconds(cfg.probe_spin_us),
     )
 
 

@@ -36,6 +36,7 @@ from fabricprobe.core import settings
 from fabricprobe.core.errors import ConfigError
 from fabricprobe.core.settings import FILE, IP, LISTEN, LISTEN_OR_OFF, NAME, PEER, Check, setting
 from fabricprobe.core.shards import parse_endpoints
+from fabricprobe.probes.measure import MAX_SPIN_US, SPIN_US_HELP
 from fabricprobe.probes.rails import MAX_ENTRIES, check_rails
 
 URL = Check(check_url, "URL")
@@ -140,14 +141,15 @@ class AgentConfig:
         1.0, "Seconds a probe waits for its peer.", lo=0.01, hi=600, metavar="SECONDS"
     )
     probe_workers: int = setting(4, "Probes run at once.", lo=1, hi=256)
-    probe_spin_us: int = setting(
-        -1,
-        "Microseconds an RDMA probe loop busy-polls for an answer before it sleeps on the "
-        "completion event, where many loops share few CPUs (-1: busy-poll 5 ms, then "
-        "poll every 50 us; an answer found after a sleep counts the wake-up's wait for a "
-        "CPU in its prober delay).",
-        lo=-1,
-        hi=1_000_000,
+    probe_spin_us: int = setting(-1, SPIN_US_HELP, lo=-1, hi=MAX_SPIN_US)
+    # the live connected QPs on this host's devices (agent/flows.py), for the collector to
+    # learn each KV transfer's links from its 5-tuple
+    qp_interval_s: float = setting(
+        15.0,
+        "Seconds between listings of this host's live QPs (rdma resource show qp); 0: none.",
+        lo=0,
+        hi=3600,
+        metavar="SECONDS",
     )
     insecure: bool = setting(
         False, "Plain text to the collector and an open responder: only when asked for."

@@ -3,16 +3,26 @@
 d, a request's fabric_s must rise by d times the round trips its transfer waited for,
 and its engine wait must not.
 
-Agents on h0 and h1 of the soft-RoCE lane probe each other (RC latency and bandwidth)
-into a collector in this process; the workload (the real pipeline: KV caches moved by
+Agents on h0 and h1 of the soft-RoCE lane, each a `probe agent` process of its own
+(`--inline-agents`: in this process), probe each other (RC latency and bandwidth) into a
+collector in this process; the workload (the real pipeline: KV caches moved by
 RDMA WRITE, `--outstanding` layers in flight) sends its requests h0 -> h1 with their spans
 to the same collector over OTLP, each KV transfer's span saying the round trips it
 waited for (`fabricprobe.round_trips`). Rounds take d = 0, 1 ms and 3 ms in turn, on h0's
 netdev towards h1, so the probes and the transfers cross the same delay. After each
 round the collector's Why (the Query API that `probe why` reads) gives every request's
 kv_wait_s, fabric_s and engine_wait_s; per d the script prints their medians and, against
-d = 0, the rise of fabric_s beside the rise d explains (round trips x d) and the rise of
-engine_wait_s.
+d = 0, the rise of fabric_s beside the rise d explains (round trips x d), the rise the
+delay really gave (round trips x the rise of a lone 64 B RC ping-pong's RTT p50, measured
+on the path at each delay before the transfers: netem under emulation adds more than
+d) and the rise of engine_wait_s.
+
+The agents' probe loops sleep on completion events from the start (`--probe-spin-us 0`,
+as the agent's option advises where many loops share few CPUs): the lane's two CPUs
+carry two agents, the workload and the emulated NICs, and with each loop busy-polling
+up to 5 ms for an answer that netem holds d, a probe's wait for a CPU lifted some
+windows' RTT p50 to 2-3x d before any transfer ran (`--windows` prints them;
+`--probe-spin-us -1` for the busy-polling default).
 
 Runs in the lane (the delay needs the lane's netdevs; the milliseconds are emulation,
 the rises against a known delay are the figure):
@@ -26,8 +36,10 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 from lanefleet import kv_workload, lane_hosts, probing_fleet, workload_host
@@ -38,11 +50,13 @@ from fabricprobe.collector.assign import PlanConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 from fabricprobe.core.models import PRESETS
+from fabricprobe.probes.measure import LinkParams
+from fabricprobe.probes.rdma import rc
 from fabricprobe.probes.responder import Responder
-from fabricprobe.workload.pipeline import run_pipeline
+from fabricprobe.workload.pipeline import Host, run_pipeline
 from fabricprobe.workload.spans import SpanSender
 
-PARTS = ("kv_wait_s", "fabric_s", "engine_wait_s", "rtt_p50_s")
+PARTS = ("kv_wait_s", "fabric_s", "engine_wait_s", "rtt_p50_s", "lone_rtt_s")
 
 
 @dataclass
@@ -56,6 +70,7 @@ class Row:
     engine_wait_s: float
     rtt_p50_s: float  # the path's, as the join matched it
     fabric_source: str
+    lone_rtt_s: float  # a lone RC ping-pong's RTT p50 on the path at this delay
 
 
 def delay_seconds(spec: str) -> float:
@@ -66,7 +81,38 @@ def delay_seconds(spec: str) -> float:
     return float(spec)
 
 
-def split_requests(stub: pb_grpc.QueryStub, ids: dict[str, int], delay_s: float) -> list[Row]:
+def lone_rtt(src: Host, dst: Host, port: int) -> float:
+    """The path's RTT p50 from a lone RC SEND ping-pong of 64 B (a kept link, 200
+    exchanges): what the delay really adds under emulation, beside what it is set to."""
+    link = LinkParams(dst.address, port, bind=src.address)
+    res = rc.rc_latency(link, op="send", size=64, iters=200, warmup=20)
+    if res.error or res.summary.p50_us is None:
+        sys.exit(f"the lone ping-pong failed: {res.error}")
+    return res.summary.p50_us / 1e6
+
+
+def print_windows(server: Any, pair: tuple[str, str], t_a: int, t_b: int) -> None:
+    """The pair's smallest latency windows (both ways) from 6 s before the transfers began
+    (T_A, the collector's clock) to T_B, each one's span in seconds from T_A."""
+    index = server.attribution.fabric.index
+    with server.attribution.fabric.index_lock:
+        ws = [w for key in (pair, pair[::-1]) for w in index.any.get(key, [])]
+    ws = [w for w in ws if w.rtt_p50_s is not None and w.end_ns > t_a - 6e9 and w.start_ns < t_b]
+    if not ws:
+        return
+    size = min(w.size for w in ws)
+    for w in sorted((w for w in ws if w.size == size), key=lambda w: w.end_ns):
+        print(
+            f"  {w.src}->{w.dst} {w.op} {w.size} B [{(w.start_ns - t_a) / 1e9:+6.2f}, "
+            f"{(w.end_ns - t_a) / 1e9:+6.2f}] s: p50 {w.rtt_p50_s * 1e3:.3f} ms, min "
+            f"{(w.rtt_min_s or 0) * 1e3:.3f} ms, {w.samples} samples"
+        )
+    print(f"  transfers: [+0.00, {(t_b - t_a) / 1e9:+6.2f}] s (with the report wait)")
+
+
+def split_requests(
+    stub: pb_grpc.QueryStub, ids: dict[str, int], delay_s: float, lone_s: float
+) -> list[Row]:
     """IDS' requests (id -> round trips) as the collector's Why splits them; waits up to
     60 s for all of them to carry a fabric figure (their path's probe windows arrive a
     report interval after the transfers)."""
@@ -88,6 +134,7 @@ def split_requests(stub: pb_grpc.QueryStub, ids: dict[str, int], delay_s: float)
             engine_wait_s=r.engine_wait_s,
             rtt_p50_s=r.rtt_p50_s,
             fabric_source=r.fabric_source,
+            lone_rtt_s=lone_s,
         )
         for rid, r in got.items()
     ]
@@ -100,6 +147,19 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="requests a round")
     ap.add_argument("--prompt-tokens", type=int, default=1, help="128 KiB of KV a token")
     ap.add_argument("--outstanding", type=int, default=4, help="KV WRITEs (layers) in flight")
+    ap.add_argument(
+        "--probe-spin-us",
+        type=int,
+        default=0,
+        help="the agents' --probe-spin-us (-1: their default busy-poll; 0, as the lane's two "
+        "CPUs shared by two agents and the workload need: sleep on completion events)",
+    )
+    ap.add_argument(
+        "--windows", action="store_true", help="print the path's latency windows each round"
+    )
+    ap.add_argument(
+        "--inline-agents", action="store_true", help="agents in this process, not their own"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     delays = [d.strip() for d in args.delays.split(",")]
@@ -114,7 +174,9 @@ def main() -> None:
     model = PRESETS["Llama-3.1-8B"]
     rows: list[Row] = []
     with (
-        probing_fleet(lane, plan) as server,
+        probing_fleet(
+            lane, plan, processes=not args.inline_agents, spin_us=args.probe_spin_us
+        ) as server,
         Responder("0.0.0.0", 0, sessions=served_sessions(), auth=None) as responder,
         grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
     ):
@@ -128,7 +190,9 @@ def main() -> None:
                         netem.impair(lane[0]["netdev"], h1.address, delay=spec)
                     try:
                         time.sleep(4)  # two probe windows at this delay before the transfers
+                        lone = lone_rtt(h0, h1, responder.port)
                         cfg = kv_workload(model, args, responder.port, seed=r)
+                        t_a = time.time_ns()
                         results = run_pipeline(
                             [(h0, h1)], cfg, on_request=lambda q: sender.emit(q, model.name)
                         )
@@ -137,8 +201,10 @@ def main() -> None:
                         netem.clear(lane[0]["netdev"])
                     sender.provider.force_flush(30_000)
                     ids = {q.request_id: q.kv_round_trips for q in results if not q.error}
-                    got = split_requests(stub, ids, d)
+                    got = split_requests(stub, ids, d, lone)
                     print(f"round {r + 1}, {spec}: {len(got)} of {len(results)} requests split")
+                    if args.windows:
+                        print_windows(server, (h0.name, h1.name), t_a, time.time_ns())
                     rows += got
         finally:
             sender.close()
@@ -167,7 +233,8 @@ def report(rows: list[Row], delays: list[str]) -> None:
         print("no requests at d = 0: no rises to print")
         return
     print(
-        f"\n{'delay':>6} {'fabric_s rise':>14} {'explained':>12} {'ratio':>6} {'engine rise':>12}"
+        f"\n{'delay':>6} {'fabric_s rise':>14} {'trips x d':>12} {'ratio':>6} "
+        f"{'trips x lone':>13} {'ratio':>6} {'engine rise':>12} {'RTT rise':>11}"
     )
     for d, m in med.items():
         if d == 0.0:
@@ -177,9 +244,11 @@ def report(rows: list[Row], delays: list[str]) -> None:
         want = trips * d
         engine = m["engine_wait_s"] - med[0.0]["engine_wait_s"]
         rtt = m["rtt_p50_s"] - med[0.0]["rtt_p50_s"]
+        lone = trips * (m["lone_rtt_s"] - med[0.0]["lone_rtt_s"])
         print(
             f"{d * 1e3:4.0f}ms {rise * 1e3:11.3f} ms {want * 1e3:9.3f} ms {rise / want:6.2f}"
-            f" {engine * 1e3:9.3f} ms {rtt * 1e3:10.3f} ms"
+            f" {lone * 1e3:10.3f} ms {rise / lone if lone > 0 else float('nan'):6.2f}"
+            f" {engine * 1e3:9.3f} ms {rtt * 1e3:8.3f} ms"
         )
     print("(emulated soft-RoCE under QEMU's software CPU: the rises against d are the figure)")
 

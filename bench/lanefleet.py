@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 from argparse import Namespace
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,9 +57,13 @@ def workload_host(h: dict[str, str]) -> Host:
 
 
 @contextmanager
-def probing_fleet(hosts: list[dict[str, str]], plan: PlanConfig) -> Iterator[CollectorServer]:
+def probing_fleet(
+    hosts: list[dict[str, str]], plan: PlanConfig, *, processes: bool = True, spin_us: int = -1
+) -> Iterator[CollectorServer]:
     """A collector (plain text on loopback, /metrics off) planning PLAN over HOSTS, and an
-    agent on each host; everything stopped on the way out."""
+    agent on each host, each a `probe agent` process of its own as on a real host
+    (PROCESSES false: in this process, sharing its interpreter with the workload);
+    everything stopped on the way out."""
     server = CollectorServer(
         ServerConfig(
             listen="127.0.0.1:0",
@@ -68,31 +75,69 @@ def probing_fleet(hosts: list[dict[str, str]], plan: PlanConfig) -> Iterator[Col
     )
     server.start()
     spool = tempfile.mkdtemp(prefix="lane-fleet-")
-    agents = [
-        Agent(
-            AgentConfig(
-                host=h["name"],
-                collector=f"127.0.0.1:{server.port}",
-                probe_listen=f"{h['ip']}:0",
-                addresses=[h["ip"]],
-                devices=[h["device"]],
-                spool_dir=f"{spool}/{h['name']}",
-                insecure=True,
-                window_s=2.0,
-                probe_timeout=2.0,
-                # the agents share one emulated machine: each would count the others'
-                # CPU as its own and throttle
-                cpu_budget=4.0,
-                pressure_limit=1.0,
-            )
+    configs = [
+        AgentConfig(
+            host=h["name"],
+            collector=f"127.0.0.1:{server.port}",
+            probe_listen=f"{h['ip']}:0",
+            addresses=[h["ip"]],
+            devices=[h["device"]],
+            spool_dir=f"{spool}/{h['name']}",
+            insecure=True,
+            window_s=2.0,
+            probe_timeout=2.0,
+            # the agents share one emulated machine: each would count the others'
+            # CPU as its own and throttle
+            cpu_budget=4.0,
+            pressure_limit=1.0,
+            probe_spin_us=spin_us,  # the agent's --probe-spin-us
         )
         for h in hosts
     ]
+    agents: list[Agent] = []
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        for a in agents:
-            a.start()
+        if processes:
+            procs = [subprocess.Popen(agent_argv(c), stdout=subprocess.DEVNULL) for c in configs]
+            wait_registered(server, {c.host for c in configs}, procs)
+        else:
+            agents = [Agent(c) for c in configs]
+            for a in agents:
+                a.start()
         yield server
     finally:
         for a in agents:
             a.close()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         server.stop(0)
+
+
+def agent_argv(c: AgentConfig) -> list[str]:
+    """`probe agent` with C's settings (the port is the agent's to choose: port 0)."""
+    return [
+        str(Path(sys.executable).with_name("probe")), "agent", "--host", c.host,
+        "--collector", c.collector, "--listen", c.probe_listen,
+        *(a for addr in c.addresses for a in ("--address", addr)),
+        *(a for dev in c.devices for a in ("--device", dev)),
+        "--spool-dir", c.spool_dir, "--insecure", "--window", str(c.window_s),
+        "--probe-timeout", str(c.probe_timeout), "--cpu-budget", str(c.cpu_budget),
+        "--pressure-limit", str(c.pressure_limit), "--probe-spin-us", str(c.probe_spin_us),
+    ]  # fmt: skip
+
+
+def wait_registered(
+    server: CollectorServer, names: set[str], procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Until every agent of NAMES has registered with SERVER (at most 120 s)."""
+    deadline = time.monotonic() + 120
+    while not names <= set(server.store.hosts):
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            sys.exit(f"agents did not register: {sorted(names - set(server.store.hosts))}")
+        time.sleep(0.5)

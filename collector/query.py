@@ -94,6 +94,9 @@ def _filled(msg: M, row: dict[str, Any], texts: Names, counts: Names, floats: Na
 def _slow_request(row: dict[str, Any]) -> pb.SlowRequest:
     msg = pb.SlowRequest(host_bound=_finite(row.get("host_bound")) == 1.0)
     _filled(msg, row, _REQUEST_TEXTS, _REQUEST_COUNTS, _REQUEST_FLOATS)
+    for name, field in (("start_ns", "start_unix_ns"), ("end_ns", "end_unix_ns")):
+        if (t := _count(row.get(name))) is not None and t < 2**63:
+            setattr(msg, field, t)
     for name in RATE_FIELDS:
         if (f := _finite(row.get(name))) is not None:
             msg.counter_rates[name] = f
@@ -259,7 +262,17 @@ class QueryServicer(pb_grpc.QueryServicer):
         except CostError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"links: {e}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
-        return links_reply(self.links, src, dst)
+        span = None
+        if request.from_unix_ns or request.to_unix_ns:
+            lo, hi = request.from_unix_ns / 1e9, request.to_unix_ns / 1e9
+            if not 0 < lo <= hi or hi - lo > 86400:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "links: from_unix_ns..to_unix_ns must be a span of at most a day",
+                )
+                raise AssertionError("context.abort returned")  # pragma: no cover
+            span = (lo, hi)
+        return links_reply(self.links, src, dst, span)
 
     def Drift(self, request: pb.DriftRequest, context: grpc.ServicerContext) -> pb.DriftReply:
         if self.drift is None:

@@ -216,6 +216,7 @@ class AgentApi:
             host=host,
             generation=gen,
             probe_budget=self.cfg.plan.bursts_per_second,
+            list_qps=self.links is not None,
             targets=[
                 pb.ProbeTarget(
                     dst=t.dst,

@@ -1,8 +1,3 @@
 """fabricprobe: RDMA fabric telemetry for LLM inference clusters."""
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("fabricprobe")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0+unknown"
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it from here

@@ -221,6 +221,17 @@ def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
     return CommandResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_tool(argv: Sequence[str], runner: Runner, timeout: float, package: str) -> CommandResult:
+    """ARGV run by RUNNER: ToolMissing (install PACKAGE) when its program is not there,
+    ProbeError when it does not finish in TIMEOUT seconds."""
+    try:
+        return runner(argv, timeout)
+    except FileNotFoundError as e:
+        raise ToolMissing(argv[0], package) from e
+    except subprocess.TimeoutExpired as e:
+        raise ProbeError(f"`{' '.join(argv)}` did not finish in {timeout:g} s") from e
+
+
 def read_ethtool_stats(
     netdev: str, runner: Runner = run_command, timeout: float = ETHTOOL_TIMEOUT
 ) -> EthtoolStats:
@@ -229,13 +240,7 @@ def read_ethtool_stats(
     Raises NotSupported when ethtool is missing or the device offers no statistics, and
     ProbeError when the device does not exist, ethtool times out or fails otherwise.
     """
-    argv = ["ethtool", "-S", netdev]
-    try:
-        res = runner(argv, timeout)
-    except FileNotFoundError as e:
-        raise ToolMissing("ethtool", "ethtool") from e
-    except subprocess.TimeoutExpired as e:
-        raise ProbeError(f"`ethtool -S {netdev}` did not finish in {timeout:g} s") from e
+    res = run_tool(["ethtool", "-S", netdev], runner, timeout, "ethtool")
     out = (res.stdout + res.stderr).strip()
     if res.returncode != 0 or HEADER not in res.stdout:
         if "no stats available" in out or "Operation not supported" in out:

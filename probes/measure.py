@@ -73,6 +73,20 @@ class LinkParams:
         return default if self.step_s is None else self.step_s
 
 
+SPIN_US_HELP = (
+    "Microseconds an RDMA probe loop busy-polls for an answer before it sleeps on the "
+    "completion event, where many loops share few CPUs (-1: busy-poll 5 ms, then "
+    "poll every 50 us; an answer found after a sleep counts the wake-up's wait for a "
+    "CPU in its prober delay)."
+)
+MAX_SPIN_US = 1_000_000
+
+
+def spin_seconds(spin_us: int) -> float | None:
+    """A --spin-us setting as a loop's spin_s: None (-1, the loop's own), else seconds."""
+    return None if spin_us < 0 else spin_us / 1e6
+
+
 def check_spin(spin_s: float | None) -> None:
     """A compiled loop's busy-poll before it sleeps: None (its own) or 0..1 s."""
     if spin_s is not None and not 0 <= spin_s <= 1:

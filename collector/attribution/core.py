@@ -54,6 +54,11 @@ from fabricprobe.collector.price import AnswerCounts
 from fabricprobe.collector.store import WindowStore
 
 HORIZON_S = 30.0  # a KV transfer waits this long at most for its hosts' reports
+# a request with one side in waits this long after that side arrived for the other: two
+# engines' OTLP exporters flush on timers of their own (the SDK's batch delay is 5 s by
+# default), so the two sides of one request can arrive that far apart and more
+LINK_WAIT_S = 10.0
+SETTLE_S = 5.0  # a request settles once no record of it ended in this long
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ class Attribution:
         max_records: int = MAX_RECORDS,
         clock: Callable[[], int] = time.time_ns,
         match: MatchConfig | None = None,
-        link_wait_s: float = 5.0,
+        link_wait_s: float = LINK_WAIT_S,
         pair_wait_s: float = 300.0,
         kv_models: dict[str, KvShape] | None = None,
         why_requests: int = WHY_REQUESTS,
@@ -104,7 +109,7 @@ class Attribution:
         self.settler = Settler(self.fold, self.cfg, keep=why_requests)
         link_cap = max(120.0, 4 * link_wait_s, 2 * pair_wait_s)  # the linker's horizon
         self.assembly = RequestAssembly(
-            settle_s=link_wait_s, horizon_s=HORIZON_S, link_cap_s=link_cap, max_open=max_records
+            settle_s=SETTLE_S, horizon_s=HORIZON_S, link_cap_s=link_cap, max_open=max_records
         )
         self.syncer = Sync(self.linker, self.fabric, self.histograms, self.cache, self.directory)
         self.syncer.settle = self._settle
@@ -121,8 +126,8 @@ class Attribution:
         whose figures are out of range (records.stage_ok, request_ok) are counted and
         dropped. The fabric of the paths their KV transfers crossed is watched from now."""
         stages, requests = self.records.keep(stages, requests, self.clock())
-        self.linker.add(fragments or [])
         now = self.clock()
+        self.linker.add(fragments or [], now)
         self.assembly.records(stages, requests, now)
         self.assembly.promised(fragments or [], now)
         measured = [s for s in stages if not s.derived]

@@ -63,13 +63,19 @@ class Completed:
 class _Open:
     """One open request: its fragments, its keys, and its link while nothing changed."""
 
-    __slots__ = ("fragments", "keys", "last_ns", "linked")
+    __slots__ = ("arrived_ns", "fragments", "keys", "last_ns", "linked")
 
     def __init__(self) -> None:
         self.fragments: list[Fragment] = []
         self.keys: set[str] = set()
         self.last_ns = 0  # the newest fragment's end
+        self.arrived_ns = 0  # when the newest fragment arrived (0: not told)
         self.linked: Linked | None = None  # linked again when a fragment comes
+
+
+def _newest(o: _Open) -> int:
+    """When an open request last changed: its newest fragment's end or arrival."""
+    return max(o.last_ns, o.arrived_ns)
 
 
 def _keys(f: Fragment) -> list[str]:
@@ -106,19 +112,24 @@ class RequestLinker:
         with self.lock:
             return [f for o in self._open.values() for f in o.fragments]
 
-    def add(self, fragments: list[Fragment]) -> None:
+    def add(self, fragments: list[Fragment], now_ns: int = 0) -> None:
+        """Take FRAGMENTS, arrived at NOW_NS: a request's wait runs from its newest
+        fragment's arrival or end, whichever is later. Two engines' OTLP exporters send on
+        timers of their own (the SDK's batch delay, 5 s by default), so one side of a
+        request can arrive seconds after the other ended; a wait from the end alone
+        would give that side none."""
         if not fragments:
             return
         with self.lock:
             for f in fragments:
-                self._add(f)
+                self._add(f, now_ns)
             self._unlooked.extend(fragments)
             while self._held > self.max_fragments and self._open:
                 gid = next(iter(self._open))
                 self.dropped += len(self._open[gid].fragments)
                 self._forget(gid)
 
-    def _add(self, f: Fragment) -> None:
+    def _add(self, f: Fragment, now_ns: int) -> None:
         keys = _keys(f)
         gids = {g for g in (self._owner.get(k) for k in keys) if g is not None}
         if not gids:
@@ -134,12 +145,14 @@ class RequestLinker:
                 into.fragments += o.fragments
                 into.keys |= o.keys
                 into.last_ns = max(into.last_ns, o.last_ns)
+                into.arrived_ns = max(into.arrived_ns, o.arrived_ns)
                 for k in o.keys:
                     self._owner[k] = gid
         o = self._open[gid]
         o.fragments.append(f)
         o.keys.update(keys)
         o.last_ns = max(o.last_ns, f.end_ns)
+        o.arrived_ns = max(o.arrived_ns, now_ns)
         o.linked = None
         for k in keys:
             self._owner[k] = gid
@@ -193,12 +206,13 @@ class RequestLinker:
         shortest = min(self.link_wait_s, self.pair_wait_s)
         with self.lock:
             changed, self._changed = self._changed, set()
-            for gid in [g for g, o in self._open.items() if o.last_ns < now_ns - horizon * 1e9]:
+            old = now_ns - horizon * 1e9
+            for gid in [g for g, o in self._open.items() if _newest(o) < old]:
                 self._forget(gid)  # too old to be waited for (and never seen whole)
             due = [
                 (gid, o)
                 for gid, o in self._open.items()
-                if gid in changed or (now_ns - o.last_ns) / 1e9 >= shortest
+                if gid in changed or (now_ns - _newest(o)) / 1e9 >= shortest
             ]
         out = Completed(0, [], [], [])
         if not due:
@@ -217,7 +231,7 @@ class RequestLinker:
                     continue
                 known = self._path_known(lk)
                 wait = self.pair_wait_s if p.pending else self.link_wait_s
-                waited = (now_ns - p.last_ns) / 1e9 >= wait
+                waited = (now_ns - max(p.last_ns, o.arrived_ns)) / 1e9 >= wait
                 if not (gid in changed and known and p.path_known) and not waited:
                     continue
                 self._forget(gid)

@@ -7,6 +7,11 @@ source port, and rail: a rail host's classes to one peer, one set per rail, are 
 and traced again when a route may have changed: the class lost probes, its hop count
 changed, or the path is older than `refresh_s`. The request rides on the Ack
 of the host's next report (Ack.retrace). Everything done is counted (LinkCounts).
+
+Flows (collector/fabric/flows.py): the connected QP pairs the agents list are paired
+across hosts, and each flow's source port is traced from its host as a class's is; a
+flow's path is its own, never a class the localizer judges. A request's links are then
+its flow's (`flow_links`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fabricprobe.collector.fabric.flows import FlowTable
 from fabricprobe.collector.fabric.localize import (
     ClassKey,
     ClassWindow,
@@ -37,6 +43,7 @@ MAX_RETRACE_PER_ACK = 64
 MAX_HOPS = 32
 MAX_CLASSES_PER_HOST = 16 * 1024  # 16 classes to each of 1,024 peers
 ASK_AGAIN_S = 30.0  # a trace asked for and not yet come is not asked again before this
+MAX_FLOWS = 16  # flows answered per request
 
 
 @dataclass
@@ -89,6 +96,8 @@ class FabricLinks:
         self._addresses: dict[tuple[str, Rail], str] = {}  # (host, rail) -> its address
         self._asked: OrderedDict[ClassKey, float] = OrderedDict()  # when last asked
         self._per_host: dict[str, set[tuple[str, int, Rail]]] = {}  # each host's classes
+        self._flow_only: set[ClassKey] = set()  # paths traced for flows alone
+        self.flows = FlowTable()
         self.counts = LinkCounts()
 
     # ------------------------------------------------------------------ intake
@@ -99,6 +108,12 @@ class FabricLinks:
             self._learn(host, cp, now)
         for w in report.class_windows:
             self._window(host, w, report.window_end_unix_ns / 1e9)
+        if report.HasField("qps"):
+            flows = self.flows.take(host, report.qps, report.window_end_unix_ns / 1e9)
+            with self._lock:
+                for f in flows:
+                    if f.out.sport:
+                        self._want_flow(ClassKey(f.src, f.dst, f.out.sport, f.rail), now)
 
     def _learn(self, host: str, cp: pb.ClassPath, now: float) -> None:
         if not 0 < cp.sport <= 0xFFFF or len(cp.hops) > MAX_HOPS:
@@ -139,6 +154,7 @@ class FabricLinks:
                 self.counts.class_windows_refused += 1  # one host cannot fill the table
                 return
             mine.add((key.dst, key.sport, key.rail))
+            self._flow_only.discard(key)
         try:
             rtt = from_wire(w.rtt)
             delay_sk = from_wire(w.prober_delay) if w.HasField("prober_delay") else None
@@ -154,40 +170,51 @@ class FabricLinks:
         with self._lock:
             self.counts.class_windows += 1
             if w.return_sport:
-                self._returns[key] = ClassKey(w.dst, host, w.return_sport, key.rail)
+                back = self._returns[key] = ClassKey(w.dst, host, w.return_sport, key.rail)
+                self._flow_only.discard(back)
             self._want_traces(key, lost > 0 or bad, now)
 
     def _want_traces(self, key: ClassKey, suspect: bool, now: float) -> None:
         """Queue traces for KEY's way out and way back where they are missing, old, or
         may have changed (the class lost probes or went bad). Under the lock."""
         for k in (key, self._returns.get(key)):
-            if k is None:
-                continue
-            p = self._paths.get(k)
-            why = (
-                "new"
-                if p is None
-                else "old"
-                if now - p.learned_s > self.refresh_s
-                else "suspect"
-                if suspect
-                else ""
+            if k is not None:
+                self._want(k, suspect, now)
+
+    def _want_flow(self, key: ClassKey, now: float) -> None:
+        """Queue a trace of flow KEY's way where it is missing or old. Under the lock."""
+        if key[1:] not in self._per_host.get(key.src, ()) and (
+            key in self._flow_only or len(self._flow_only) < MAX_PATHS
+        ):
+            self._flow_only.add(key)
+        self._want(key, False, now, new="flow")
+
+    def _want(self, k: ClassKey, suspect: bool, now: float, new: str = "new") -> None:
+        p = self._paths.get(k)
+        why = (
+            new
+            if p is None
+            else "old"
+            if now - p.learned_s > self.refresh_s
+            else "suspect"
+            if suspect
+            else ""
+        )
+        if not why or now - self._asked.get(k, -ASK_AGAIN_S) < ASK_AGAIN_S:
+            return
+        address = p.dst_ip if p else self._addresses.get((k.dst, k.rail), "")
+        if not address:
+            return  # the peer's address is learned from its own traces
+        queue = self._retrace.setdefault(k.src, {})
+        if k[1:] not in queue and len(queue) < MAX_RETRACE_PER_ACK:
+            queue[(k.dst, k.sport, k.rail)] = pb.Retrace(
+                dst=k.dst, address=address, sport=k.sport, rail=k.rail
             )
-            if not why or now - self._asked.get(k, -ASK_AGAIN_S) < ASK_AGAIN_S:
-                continue
-            address = p.dst_ip if p else self._addresses.get((k.dst, k.rail), "")
-            if not address:
-                continue  # the peer's address is learned from its own traces
-            queue = self._retrace.setdefault(k.src, {})
-            if k[1:] not in queue and len(queue) < MAX_RETRACE_PER_ACK:
-                queue[(k.dst, k.sport, k.rail)] = pb.Retrace(
-                    dst=k.dst, address=address, sport=k.sport, rail=k.rail
-                )
-                self.counts.retraces_asked[why] = self.counts.retraces_asked.get(why, 0) + 1
-                self._asked[k] = now
-                self._asked.move_to_end(k)
-                while len(self._asked) > MAX_PATHS:
-                    self._asked.popitem(last=False)
+            self.counts.retraces_asked[why] = self.counts.retraces_asked.get(why, 0) + 1
+            self._asked[k] = now
+            self._asked.move_to_end(k)
+            while len(self._asked) > MAX_PATHS:
+                self._asked.popitem(last=False)
 
     def retraces(self, host: str) -> list[pb.Retrace]:
         """The traces HOST is asked for on its next Ack (each asked once)."""
@@ -199,6 +226,8 @@ class FabricLinks:
         with self._lock:
             out = {}
             for k, p in self._paths.items():
+                if k in self._flow_only:
+                    continue
                 back = self._returns.get(k)
                 rp = self._paths.get(back) if back else None
                 out[k] = p.links + (rp.links if rp else ())
@@ -231,6 +260,43 @@ class FabricLinks:
             ((k.sport, v, k.rail) for k, v in paths.items() if k.src == src and k.dst == dst),
             key=lambda c: (-1 if c[2] is None else c[2], c[0]),
         )
+
+    def flow_links(
+        self, src: str, dst: str, from_s: float, to_s: float
+    ) -> tuple[list[pb.FlowLinks], str]:
+        """The flows from SRC to DST live between FROM_S and TO_S with their links (way
+        out, then back where traced), and why no flow's links are known when none are;
+        each lookup is counted by its outcome."""
+        flows, why, outcome = self.flows.flows(src, dst, from_s, to_s)
+        out = []
+        now = self.clock()
+        with self._lock:
+            for f in flows[:MAX_FLOWS]:
+                p = self._paths.get(ClassKey(f.src, f.dst, f.out.sport, f.rail))
+                b = self._paths.get(ClassKey(f.dst, f.src, f.back.sport, f.rail))
+                if f.out.sport and p is None:
+                    self._want_flow(ClassKey(f.src, f.dst, f.out.sport, f.rail), now)
+                out.append(
+                    pb.FlowLinks(
+                        sport=f.out.sport,
+                        links=list(p.links if p else ()) + list(b.links if p and b else ()),
+                        rail=f.rail,
+                        src_qpn=f.out.lqpn,
+                        dst_qpn=f.back.lqpn,
+                        src_comm=f.out.comm,
+                        dst_comm=f.back.comm,
+                        traced=p is not None,
+                        psn_gap=f.gap,
+                    )
+                )
+        if any(f.traced for f in out):
+            outcome, why = "flow", ""
+        elif any(f.sport for f in out):
+            outcome, why = "not traced", "its flow's trace is asked for and not in yet"
+        elif out:
+            outcome, why = "no source-port rule", "its QPs' driver has no known source-port rule"
+        self.flows.counted(outcome)
+        return out, why
 
 
 def rails_of(topology: Topology, paths: Mapping[ClassKey, Sequence[str]]) -> dict[str, int | None]:

@@ -31,6 +31,9 @@ class FabricConfig:
             raise ValueError("refresh_s must be 10..86400")
 
 
+FLOW_SPAN_S = 60.0  # a flow lookup with no span: the flows of the last minute
+
+
 def attach_links(cfg: FabricConfig | None, registry: CollectorRegistry) -> FabricLinks | None:
     """The collector's FabricLinks for CFG (None: no fabric file, no links), its
     families registered."""
@@ -100,6 +103,12 @@ class LinkCollector(Collector):
             fams["bad"].add_metric(key, v.bad_classes)
         yield from fams.values()
         c = snap.counts
+        f = self.links.flows.counts
+        yield GaugeMetricFamily(
+            "fabricprobe_link_live_qps",
+            "Connected QPs the agents listed and the collector holds, to pair into flows.",
+            value=self.links.flows.live(),
+        )
         yield GaugeMetricFamily(
             "fabricprobe_link_class_paths", "ECMP class paths known.", value=snap.paths
         )
@@ -108,7 +117,7 @@ class LinkCollector(Collector):
             "Links of the fabric file crossed by fewer known classes than a suspect needs.",
             value=len(snap.uncovered),
         )
-        counted = (
+        counted: tuple[tuple[str, str, str, dict[str, int]], ...] = (
             (
                 "paths",
                 "outcome",
@@ -124,7 +133,8 @@ class LinkCollector(Collector):
             (
                 "retraces",
                 "reason",
-                "Traces asked of agents: new, old (past the refresh) or suspect (a loss, a rise).",
+                "Traces asked of agents: new, old (past the refresh), suspect (a loss, a rise), "
+                "or flow (a request's QP pair).",
                 c.retraces_asked,
             ),
             (
@@ -138,6 +148,27 @@ class LinkCollector(Collector):
                 },
             ),
         )
+        counted += (
+            (
+                "qp_listings",
+                "outcome",
+                "QP listings the agents sent: read, or failed (the agent said why).",
+                {"ok": f.listings - f.listings_failed, "failed": f.listings_failed},
+            ),
+            (
+                "qps_left",
+                "reason",
+                "Listed QPs not held: refused (malformed) or dropped (past a bound).",
+                {"refused": f.qps_refused, "dropped": f.qps_dropped},
+            ),
+            (
+                "flow_lookups",
+                "outcome",
+                "Requests' flows looked up: flow (links known), not traced, no source-port "
+                "rule, no pair (no live QP pair), no listing.",
+                f.lookups,
+            ),
+        )
         for name, label, help_text, values in counted:
             fam = CounterMetricFamily(f"fabricprobe_link_{name}", help_text, labels=[label])
             for value, n in sorted(values.items()):
@@ -145,8 +176,15 @@ class LinkCollector(Collector):
             yield fam
 
 
-def links_reply(links: FabricLinks | None, src: str = "", dst: str = "") -> pb.LinksReply:
-    """The Query answer: every link ranked, and the classes from SRC to DST when asked."""
+def links_reply(
+    links: FabricLinks | None,
+    src: str = "",
+    dst: str = "",
+    span_s: tuple[float, float] | None = None,
+) -> pb.LinksReply:
+    """The Query answer: every link ranked; with SRC and DST, the classes from SRC to DST
+    and the flows between them live in SPAN_S (from, to; the last FLOW_SPAN_S when
+    None)."""
     if links is None:
         return pb.LinksReply(configured=False)
     snap = links.snapshot()
@@ -157,4 +195,8 @@ def links_reply(links: FabricLinks | None, src: str = "", dst: str = "") -> pb.L
     if src and dst:
         for sport, path, on in links.links_of(src, dst):
             reply.classes.append(pb.ClassLinks(sport=sport, links=list(path), rail=on))
+        now = links.clock()
+        lo, hi = span_s or (now - FLOW_SPAN_S, now)
+        flows, reply.flows_reason = links.flow_links(src, dst, lo, hi)
+        reply.flows.extend(flows)
     return reply

@@ -89,10 +89,15 @@ def loss_estimate_lines(e: LossEstimate, margin: float = 0.01) -> list[str]:
 
 
 def retransmit_lines(
-    device: str, port: int, changes: Mapping[str, CounterDelta] | None, ack_timeout_s: float
+    device: str,
+    port: int,
+    changes: Mapping[str, CounterDelta] | None,
+    ack_timeout_s: float,
+    *,
+    stream: bool = False,
 ) -> list[str]:
     """The retransmit counters' changes over an RC run (None: the port has no
-    hw_counters/), and what RC does with loss."""
+    hw_counters/), and what RC does with loss: in a ping-pong, or a STREAM's goodput."""
     where = f"{device} port {port}"
     if changes is None:
         lines = [f"retransmit counters: {where} has no hw_counters/, they cannot be read here"]
@@ -111,8 +116,13 @@ def retransmit_lines(
     lines.append(
         "RC hides loss as delay: the NIC sends a dropped packet again (after a sequence "
         f"NAK, or when its ACK timer of {ack_timeout_s * 1e3:.0f} ms runs out), so every "
-        "exchange completes and loss reads 0, while each resend lands in one RTT sample and "
-        "lifts p99. `probe lat --qp ud` counts loss as loss."
+        + (
+            "operation completes, while each resend (and a go-back-N's resent window) is "
+            "bytes sent again: the goodput above is what arrived once."
+            if stream
+            else "exchange completes and loss reads 0, while each resend lands in one RTT "
+            "sample and lifts p99. `probe lat --qp ud` counts loss as loss."
+        )
     )
     return lines
 

@@ -139,13 +139,24 @@ def links_section(
     if hit:
         parts.append(
             table(
-                ["request", "path", "suspect links it may cross"],
+                ["request", "path", "suspect links", "its links known from"],
                 [
-                    [r.get("request_id", ""), f"{r['src']} → {r['dst']}", ", ".join(r["suspect"])]
+                    [
+                        r.get("request_id", ""),
+                        f"{r['src']} → {r['dst']}",
+                        ", ".join(r["suspect"]),
+                        str(r.get("links_of", "")),
+                    ]
                     for r in hit
                 ],
-                left=3,
+                left=4,
             )
         )
-        parts.append(para("A request's links are those of its pair's probed ECMP classes."))
+        parts.append(
+            para(
+                "A request's links are its own flow's where its hosts' agents listed the QP "
+                "pair that carried it and its source port was traced; else those of its "
+                "pair's probed ECMP classes, which it may or may not cross."
+            )
+        )
     return Section(title, parts), pics

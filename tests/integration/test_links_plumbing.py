@@ -90,6 +90,7 @@ def test_class_windows_and_traces_reach_the_collector(tmp_path: Path) -> None:
                 host_reference=False,
                 sysfs_root=str(tmp_path / h / "sys"),
                 validate_interval_s=0,
+                qp_interval_s=0.5,
             ),
             runners={"rdma_ud": ud_stand_in},
         )
@@ -119,6 +120,18 @@ def test_class_windows_and_traces_reach_the_collector(tmp_path: Path) -> None:
         assert sum(w.rtt.count for w in report.class_windows) == sum(
             w.rtt.count for w in report.probes
         )
+        # asked to list their QPs (the collector has a fabric file); this host has no RDMA
+        # netlink, so each listing says why it could not be read, and a request between
+        # them keeps its pair's classes with that reason
+        assert all(a.qps.wanted for a in agents)
+        flows = links.flows.counts
+        while time.monotonic() < deadline:  # a listing a window once an agent is assigned
+            got, why = links.flow_links("h0", "h1", time.time() - 60, time.time())
+            if flows.listings >= 3 and "cannot list" in why:
+                break
+            time.sleep(0.2)
+        assert flows.listings >= 3 and flows.listings_failed == flows.listings
+        assert not got and why.startswith("h0 cannot list its QPs ("), why
     finally:
         for a in agents:
             a.close()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from fabricprobe import __version__
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / "build" / "wheel-venv"
 FIXTURE = ROOT / "tests" / "fixtures" / "sys" / "mlx5"
@@ -76,7 +78,15 @@ def test_wheel_installs_and_runs_outside_the_checkout(wheel: Path, tmp_path: Pat
         (site / "distro-pyverbs.pth").write_text(f"{VENV / 'pyverbs-dist'}\n")
     probe = VENV / "bin" / "probe"
     version = run(probe, "--version", cwd=tmp_path)
-    assert version.returncode == 0 and "fabricprobe, version" in version.stdout
+    assert version.returncode == 0 and f"fabricprobe, version {__version__}" in version.stdout
+    # the wheel's own metadata carries the version the source writes (pyproject.toml reads it)
+    meta = run(
+        VENV / "bin" / "python",
+        "-c",
+        "import importlib.metadata as m; print(m.version('fabricprobe'))",
+        cwd=tmp_path,
+    )
+    assert meta.stdout.strip() == __version__, meta.stdout + meta.stderr
     where = run(
         VENV / "bin" / "python",
         "-c",

@@ -84,6 +84,11 @@ def test_a_live_run_shows_every_stage_the_workload_sent(collector: CollectorServ
     # `probe why` reads the same figures, from the Query service's message
     reply = reply_dict(why_reply(collector.attribution.analyse(max_age_s=0), slowest=8))
     assert view_mismatches(results, pd.DataFrame(reply["slowest"])) == []
+    # with each request's span of time, first stage start to last end (its flows' lookup)
+    ends = {r.request_id: (min(b for b, _ in r.stages.values()), r.end_ns) for r in results}
+    for r in reply["slowest"]:
+        got = (r["start_unix_ns"], r["end_unix_ns"])
+        assert got == pytest.approx(ends[r["request_id"]], abs=1e3), r["request_id"]
     # and `probe why`'s table prints each stage under its own heading
     table = requests_table(reply["slowest"])
     cells = {str(c.header): list(c.cells) for c in table.columns}

@@ -30,8 +30,9 @@ def loaded() -> Attribution:
     store = WindowStore(clock=lambda: NOW)
     for host in ("h0", "h1"):
         store.register(pb.HostInfo(host=host))
-    a = Attribution(store, clock=lambda: NOW)
-    # the spans arrive first (their export is prompt, a window ends later)
+    # the spans arrived first, 10 s ago (link_wait_s: their export is prompt, a window
+    # ends later)
+    a = Attribution(store, clock=lambda: NOW - 10 * S)
     spans = []
     for i in range(4):
         t = NOW - 15 * S + i * S
@@ -54,6 +55,7 @@ def loaded() -> Attribution:
     spans.append(span("queue", 2 * S, S))  # rejected
     res = a.ingest.export(batch(*spans))
     assert res.rejected == 1
+    a.clock = lambda: NOW
     seq = 0
     # two windows per path: the second one's RTT is higher (h0->h1 much higher)
     for end, scale in ((NOW - 13 * S, 1), (NOW, 2)):

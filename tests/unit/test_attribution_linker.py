@@ -126,3 +126,23 @@ def test_fragments_past_the_bound_go_with_their_request_counted() -> None:
     lk.add(pair("a", 111, NOW - S) + pair("b", 112, NOW - S))
     assert [f.request_id for f in lk.fragments] == ["b", "b"] and lk.dropped == 2
     assert lk.complete(NOW + 10 * S, directory).ids == {"a", "b"}
+
+
+def test_a_side_that_arrives_late_is_waited_for_from_its_arrival() -> None:
+    """Each engine's exporter flushes on its own timer: the decode side of a request that
+    ended 8 s ago arrives now, the prefill side 4 s later. The wait runs from the
+    arrival, so the two are one request with its path; from the end alone the decode side
+    would have been counted alone at once (a CI run of the real vLLM pair: one request of
+    eight "one side only")."""
+    lk = linker()
+    pre, dec = pair("late", 113, NOW - 9 * S)
+    lk.add([dec], NOW)
+    assert lk.complete(NOW + S, directory).requests == 0
+    lk.add([pre], NOW + 4 * S)
+    done = lk.complete(NOW + 4 * S, directory)
+    assert done.requests == 1 and lk.counts().known == 1
+    alone = linker()
+    alone.add([dec], NOW)
+    assert alone.complete(NOW + 4 * S, directory).requests == 0
+    assert alone.complete(NOW + 5 * S, directory).requests == 1  # link_wait_s after arrival
+    assert {r.reason: r.requests for r in alone.counts().unknown}["one side only"] == 1

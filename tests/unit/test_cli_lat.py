@@ -263,6 +263,7 @@ def test_rc_latency_with_tcp_beside(fake_rc: dict[str, Any]) -> None:
     assert doc["retransmit_counters"]["device"] == "rxe0"
     link, kw = fake_rc["rdma"]
     assert (link.bind, link.timeout, link.step_s, link.engine) == ("192.0.2.1", 4.0, 4.0, "pyverbs")
+    assert link.spin_s is None  # the compiled loop's own busy-poll
     assert link.sysfs_root == sysfs and kw["size"] == 2 and kw["iters"] == 1000
     tcp, kw = fake_rc["tcp"]
     assert (tcp.bind, tcp.timeout, tcp.step_s, tcp.engine, tcp.device) == (
@@ -282,14 +283,26 @@ def test_rc_latency_with_tcp_beside(fake_rc: dict[str, Any]) -> None:
 
 def test_rc_bandwidth_with_tcp_beside(fake_rc: dict[str, Any]) -> None:
     args = ["192.0.2.2", "--size", "4K", "--iters", "2048", "--tcp"]
+    args += ["--sysfs", str(fake_rc["sysfs"])]
     res = CliRunner().invoke(main, ["bw", *args, "--json"])
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["rdma_to_tcp_ratio"] == 2.0
+    # the port the stream went out of, its retransmit counters read around it
+    counters = doc["retransmit_counters"]
+    assert (counters["device"], counters["source"]) == ("rxe0", "hw_counters")
+    assert counters["deltas"]["completer_retry_err"] == 0
     link, kw = fake_rc["rdma"]
     assert (link.timeout, link.step_s, kw["size"], kw["iters"]) == (None, None, 4096, 2048)
+    res = CliRunner().invoke(main, ["bw", *args, "--spin-us", "250000", "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert fake_rc["rdma"][0].spin_s == 0.25  # busy-poll a quarter second, then sleep
+    res = CliRunner().invoke(main, ["bw", *args, "--spin-us", "-2"])
+    assert res.exit_code == 2 and "--spin-us" in res.stderr
     _, kw = fake_rc["tcp"]
     assert (kw["total_bytes"], kw["chunk_size"], kw["duration"]) == (4096 * 2048, 4096, None)
     res = CliRunner().invoke(main, ["bw", *args])
     assert res.exit_code == 0, res.stderr
-    assert "TCP same bytes: 1,048.58 MB/s; RDMA/TCP 2.00x" in " ".join(res.stdout.split())
+    text = " ".join(res.stdout.split())
+    assert "TCP same bytes: 1,048.58 MB/s; RDMA/TCP 2.00x" in text
+    assert "goodput" in text and "the goodput above is what arrived once" in text

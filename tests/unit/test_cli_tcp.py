@@ -111,6 +111,11 @@ def test_serve_settings_come_from_the_file_the_environment_and_flags(tmp_path: P
     cfg = settings.load(ServeConfig, "serve", file=conf, env=env, flags={"max_memory_mib": 8})
     assert (cfg.max_sessions, cfg.idle_timeout_s, cfg.insecure) == (6, 5.0, True)
     assert cfg.max_memory_mib == 8 and cfg.listen == "0.0.0.0:4793" and cfg.token_file == ""
+    assert cfg.spin_us == -1  # the compiled loops' own busy-poll, unless told
+    cfg = settings.load(ServeConfig, "serve", file=None, env={}, flags={"spin_us": 0})
+    assert cfg.spin_us == 0
+    code, _, err = run("serve", "--spin-us", "2000000", "--insecure")
+    assert code == 2 and "spin" in err
     conf.write_text('[serve]\nlisten = "127.0.0.1:0"\nmax_sessions = 0\n')
     code, _, err = run("serve", "--config", str(conf), "--insecure")
     assert code == 2 and "serve.toml:3" in err and "max_sessions" in err

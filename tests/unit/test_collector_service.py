@@ -182,6 +182,7 @@ def test_silent_hosts_are_forgotten_and_the_fleet_replanned() -> None:
     for h in ("h1", "h2", "h3"):
         api.register(info(h))
     before = api.assignments("h1")
+    assert not before.list_qps  # no fabric file: the agents list no QPs
     assert {t.dst for t in before.targets} == {"h2", "h3"}
     now[0] = 50 * 10**9
     api.report(window("h1", 1))  # h1 keeps reporting; h2 and h3 fall silent

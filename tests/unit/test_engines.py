@@ -153,6 +153,9 @@ def test_single_vllm_instance_is_one_side_only_and_keeps_its_stages() -> None:
         export((PRE, [vllm_request(NOW - 9 * S, "solo", 7, queue=0.01, e2e=0.5, out=5)]))
     )
     a.sync()
+    assert a.linker.path_unknown_total["one side only"] == 0  # the other side may come
+    a.clock = lambda: NOW + 10 * S  # link_wait_s after it arrived
+    a.sync()
     r = a.analyse().requests.set_index("request_id").loc["solo"]
     assert r["path"] == "unknown" and r["path_reason"] == "one side only"
     assert math.isclose(r["queue_s"], 0.01) and math.isclose(r["e2e_s"], 0.5)

@@ -39,7 +39,14 @@ from fabricprobe.probes.counters import (
     read_port_counters,
 )
 from fabricprobe.probes.loss import LossEstimate
-from fabricprobe.probes.measure import BandwidthResult, LatencyResult, LinkParams
+from fabricprobe.probes.measure import (
+    MAX_SPIN_US,
+    SPIN_US_HELP,
+    BandwidthResult,
+    LatencyResult,
+    LinkParams,
+    spin_seconds,
+)
 from fabricprobe.probes.sysfs import SysfsError, read_device
 
 T = TypeVar("T")
@@ -73,6 +80,7 @@ class RdmaPeer(Peer):
     device: str | None = None
     sysfs_root: str = "/sys"
     engine: str = "auto"
+    spin_s: float | None = None  # the compiled loop's busy-poll before it sleeps
 
     def link(self, step_s: float | None) -> LinkParams:
         """The RDMA link to the peer; a bad value exits 2. The timeout bounds the setup and
@@ -84,6 +92,7 @@ class RdmaPeer(Peer):
                 device=self.device,
                 sysfs_root=self.sysfs_root,
                 engine=self.engine,
+                spin_s=self.spin_s,
             )
         except ValueError as e:
             fail(str(e))
@@ -95,14 +104,24 @@ def rdma_peer_options(f: Callable[..., None]) -> Callable[..., None]:
     one RdmaPeer, its first argument, and --tcp and --json as `with_tcp` and `as_json`."""
 
     @functools.wraps(f)
-    def command(to: Peer, *, device: str | None, engine: str, sysfs_root: str, **rest: Any) -> None:
+    def command(
+        to: Peer, *, device: str | None, engine: str, sysfs_root: str, spin_us: int, **rest: Any
+    ) -> None:
         f(
-            RdmaPeer(to.host, to.port, to.bind, to.timeout, to.token, device, sysfs_root, engine),
+            RdmaPeer(
+                to.host, to.port, to.bind, to.timeout, to.token, device, sysfs_root, engine,
+                spin_seconds(spin_us),
+            ),
             **rest,
-        )
+        )  # fmt: skip
 
     timeout = timeout_option(None, "30 for the RDMA setup; 2 per exchange, lat; 5, bw")
-    return peer_options(timeout, device_option, engine_option, tcp_option)(sysfs_option(command))
+    spin = click.option(
+        "--spin-us", type=click.IntRange(-1, MAX_SPIN_US), default=-1, help=SPIN_US_HELP
+    )
+    return peer_options(timeout, device_option, engine_option, tcp_option)(
+        spin(sysfs_option(command))
+    )
 
 
 def _measure(call: Callable[[], T]) -> T:
@@ -175,6 +194,22 @@ class PortWatch:
         if self.before.hw is None or after.hw is None:
             return None
         return hw_counter_changes(self.before, after, RETRANSMIT_COUNTERS, self.driver)
+
+
+def _port_watch(rc: Any, to: RdmaPeer) -> tuple[str, PortWatch]:
+    """The device an RC run to TO will go out of, as the probe itself picks it, and its
+    port's retransmit counters read now."""
+    from fabricprobe.probes.rdma.verbs import PORT
+
+    try:
+        dev, _ = _measure(
+            lambda: rc.local_device(
+                to.sysfs_root, rc.source_address(to.host, to.port, to.bind), to.device
+            )
+        )
+    except OSError as e:
+        fail(f"no route to {to.host}: {e.strerror or e}", 1)
+    return dev, PortWatch(to.sysfs_root, dev, PORT)
 
 
 def retransmit_json(
@@ -273,15 +308,7 @@ def lat(
     from fabricprobe.probes.rdma.verbs import ACK_TIMEOUT_S, PORT  # pyverbs is there now
 
     link = to.link(to.timeout)
-    try:  # the device the run will go out of, as the probe itself picks it
-        dev, _ = _measure(
-            lambda: rc.local_device(
-                to.sysfs_root, rc.source_address(to.host, to.port, to.bind), to.device
-            )
-        )
-    except OSError as e:
-        fail(f"no route to {to.host}: {e.strerror or e}", 1)
-    watch = PortWatch(to.sysfs_root, dev, PORT)
+    dev, watch = _port_watch(rc, to)
     with progress_bar(not as_json and iters >= 5000, f"RDMA {op} ping-pong", "iterations") as bar:
         res = _measure(
             lambda: rc.rc_latency(link, op=op, size=size, iters=iters, warmup=warmup, progress=bar)
@@ -411,9 +438,13 @@ Examples:
 def bw(
     to: RdmaPeer, op: str, size: int, iters: int, outstanding: int, with_tcp: bool, as_json: bool
 ) -> None:
-    """RC bandwidth to PEER: ITERS operations of SIZE bytes, OUTSTANDING in flight."""
+    """RC bandwidth to PEER: ITERS operations of SIZE bytes, OUTSTANDING in flight; the
+    goodput (bytes completed over the run's time), with the port's retransmit counters."""
     rc = _rc()
+    from fabricprobe.probes.rdma.verbs import ACK_TIMEOUT_S, PORT  # pyverbs is there now
+
     link = to.link(to.timeout)
+    dev, watch = _port_watch(rc, to)
     with progress_bar(not as_json and iters >= 2000, f"RDMA {op} bandwidth", "operations") as bar:
         res = _measure(
             lambda: rc.rc_bandwidth(
@@ -425,7 +456,11 @@ def bw(
                 progress=bar,
             )
         )
-    out: dict[str, Any] = {"rdma": res.as_dict()}
+    changes = watch.changes()
+    out: dict[str, Any] = {
+        "rdma": res.as_dict(),
+        "retransmit_counters": retransmit_json(dev, PORT, changes),
+    }
     errors = [res.error] if res.error else []
     if with_tcp:
         t = _beside(
@@ -446,8 +481,11 @@ def bw(
             res,
             link,
             f"{size:,} B x {res.completed:,}/{iters:,} in {res.duration_s:.3f} s = "
-            f"{res.bytes_per_second / 1e6:,.2f} MB/s ({res.bytes_per_second * 8 / 1e9:.3f} Gb/s)",
+            f"{res.bytes_per_second / 1e6:,.2f} MB/s ({res.bytes_per_second * 8 / 1e9:.3f} Gb/s)"
+            " goodput",
         )
+        for line in retransmit_lines(dev, PORT, changes, ACK_TIMEOUT_S, stream=True):
+            console.print(line, highlight=False)
         if with_tcp:
             tcp_mbps = out["tcp"]["bytes_per_second"] / 1e6
             ratio = _times(out["rdma_to_tcp_ratio"])

@@ -13,6 +13,7 @@ from fabricprobe.core.hostport import DEFAULT_PORT, format_hostport, parse_hostp
 from fabricprobe.core.settings import LISTEN, setting
 from fabricprobe.probes.control import MAX_KEEPALIVE_S
 from fabricprobe.probes.fleet import FleetToken
+from fabricprobe.probes.measure import MAX_SPIN_US, SPIN_US_HELP, spin_seconds
 from fabricprobe.probes.responder import Responder, log
 
 
@@ -59,6 +60,7 @@ class ServeConfig:
         "", "The fleet's probe token: only probers that hold it are served.", metavar="FILE"
     )
     insecure: bool = setting(False, "Serve anyone, without a token (a lab, loopback).")
+    spin_us: int = setting(-1, SPIN_US_HELP, lo=-1, hi=MAX_SPIN_US)
 
 
 EXAMPLES = """\b
@@ -90,6 +92,7 @@ def serve(cfg: ServeConfig, log_level: str) -> None:
         max_keepalive_s=cfg.max_keepalive_s,
         hello_timeout=cfg.hello_timeout_s,
         idle_timeout=cfg.idle_timeout_s,
+        spin_s=spin_seconds(cfg.spin_us),
     )
     try:
         bound = responder.start()

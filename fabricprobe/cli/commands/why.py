@@ -90,13 +90,16 @@ def query_links(
     creds: CollectorCredentials | None = None,
 ) -> dict[str, Any]:
     """The collector's links ranked, and for each of REQUESTS (the Why report's slowest)
-    the links its pair's probed ECMP classes cross, the suspect ones among them."""
+    the links it crossed, the suspect ones among them: its own flow's (the QP pair live
+    between its hosts while it ran, traced on its 5-tuple) where the collector knows it,
+    else those its pair's probed ECMP classes cross, and why."""
     from fabricprobe.core.api import fabricprobe_pb2 as pb
 
     got = creds or CollectorCredentials(insecure=True)
 
-    def ask(src: str = "", dst: str = "") -> Any:
-        return got.call(collector, "Links", pb.LinksRequest(src=src, dst=dst), timeout)
+    def ask(src: str = "", dst: str = "", lo: int = 0, hi: int = 0) -> Any:
+        request = pb.LinksRequest(src=src, dst=dst, from_unix_ns=lo, to_unix_ns=hi)
+        return got.call(collector, "Links", request, timeout)
 
     whole = ask()
     links = [
@@ -113,22 +116,34 @@ def query_links(
         for v in whole.links
     ]
     suspects = {v["link"] for v in links if v["suspect"]}
-    pairs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     out = []
     for r in requests:
         src, dst = r.get("src") or "", r.get("dst") or ""
         if not src or not dst or src == dst:
             continue
-        if (src, dst) not in pairs:
-            pairs[(src, dst)] = [
-                {
-                    "sport": c.sport,
-                    "links": list(c.links),
-                    "rail": c.rail if c.HasField("rail") else None,
-                }
-                for c in ask(src, dst).classes
-            ]
-        crossed = sorted({link for c in pairs[(src, dst)] for link in c["links"]})
+        lo, hi = int(r.get("start_unix_ns") or 0), int(r.get("end_unix_ns") or 0)
+        reply = ask(src, dst, lo, hi) if 0 < lo <= hi else ask(src, dst)
+        classes = [
+            {
+                "sport": c.sport,
+                "links": list(c.links),
+                "rail": c.rail if c.HasField("rail") else None,
+            }
+            for c in reply.classes
+        ]
+        flows = [flow_dict(f) for f in reply.flows]
+        traced = [f for f in flows if f["traced"]]
+        if traced:
+            crossed = sorted({link for f in traced for link in f["links"]})
+            links_of = (
+                f"its flow: QP {traced[0]['src_qpn']} -> {traced[0]['dst_qpn']}, "
+                f"source port {traced[0]['sport']}"
+                if len(traced) == 1
+                else f"its {len(traced)} flows live between its hosts while it ran"
+            )
+        else:
+            crossed = sorted({link for c in classes for link in c["links"]})
+            links_of = f"its pair's probed classes ({reply.flows_reason or 'no flow known'})"
         out.append(
             {
                 "request_id": r.get("request_id", ""),
@@ -136,8 +151,9 @@ def query_links(
                 "dst": dst,
                 "links": crossed,
                 "suspect": [link for link in crossed if link in suspects],
-                "classes": pairs[(src, dst)],
-                "links_of": "its pair's probed classes (the request's own 5-tuple is not known)",
+                "classes": classes,
+                "flows": flows,
+                "links_of": links_of,
             }
         )
     return {
@@ -145,6 +161,21 @@ def query_links(
         "class_paths": whole.class_paths,
         "links": links,
         "requests": out,
+    }
+
+
+def flow_dict(f: Any) -> dict[str, Any]:
+    """A FlowLinks with every field named."""
+    return {
+        "sport": f.sport,
+        "links": list(f.links),
+        "rail": f.rail if f.HasField("rail") else None,
+        "src_qpn": f.src_qpn,
+        "dst_qpn": f.dst_qpn,
+        "src_comm": f.src_comm,
+        "dst_comm": f.dst_comm,
+        "traced": f.traced,
+        "psn_gap": f.psn_gap,
     }
 
 
@@ -162,6 +193,23 @@ def links_table(doc: dict[str, Any]) -> Table:
             str(v["bad_classes"]),
             _ms(v["rtt_rise_s"]),
             f"{v['loss']:.2%}",
+        )
+    return t
+
+
+def request_links_table(rows: list[dict[str, Any]]) -> Table:
+    """The slowest requests' links, suspect ones first, and where they were known from."""
+    t = Table(title="the slowest requests' links")
+    for col in ("request", "path", "suspect", "links", "known from"):
+        t.add_column(col)
+    for r in rows[:30]:
+        rest = [link for link in r["links"] if link not in r["suspect"]]
+        t.add_row(
+            r["request_id"][:24],
+            f"{r['src']}->{r['dst']}",
+            ", ".join(r["suspect"]) or "-",
+            ", ".join(rest[:8]) + (" ..." if len(rest) > 8 else ""),
+            r["links_of"],
         )
     return t
 
@@ -358,7 +406,10 @@ def why(
     report = ask_collector(collector, ask)
     empty = report.get("empty_reason") or ""
     if with_links and not as_json:
-        Console(width=max(120, Console().width)).print(links_table(report))
+        wide = Console(width=max(120, Console().width))
+        wide.print(links_table(report))
+        if report.get("requests"):
+            wide.print(request_links_table(report["requests"]))
     if with_links and report.get("links"):
         empty = ""  # the links are something to show
     rails = report.get("rails") or []

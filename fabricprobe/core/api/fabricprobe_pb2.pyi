@@ -121,16 +121,18 @@ class AssignmentsRequest(_message.Message):
     def __init__(self, host: _Optional[str] = ..., known_generation: _Optional[int] = ...) -> None: ...
 
 class Assignments(_message.Message):
-    __slots__ = ("host", "generation", "targets", "probe_budget")
+    __slots__ = ("host", "generation", "targets", "probe_budget", "list_qps")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     PROBE_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    LIST_QPS_FIELD_NUMBER: _ClassVar[int]
     host: str
     generation: int
     targets: _containers.RepeatedCompositeFieldContainer[ProbeTarget]
     probe_budget: int
-    def __init__(self, host: _Optional[str] = ..., generation: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., probe_budget: _Optional[int] = ...) -> None: ...
+    list_qps: bool
+    def __init__(self, host: _Optional[str] = ..., generation: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., probe_budget: _Optional[int] = ..., list_qps: _Optional[bool] = ...) -> None: ...
 
 class Sketch(_message.Message):
     __slots__ = ("kind", "count", "lost", "min_ns", "max_ns", "sum_ns", "slots", "counts")
@@ -280,7 +282,7 @@ class AgentStats(_message.Message):
     def __init__(self, cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., probes: _Optional[int] = ..., probe_rate: _Optional[float] = ..., spool_depth: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., links: _Optional[int] = ..., sessions: _Optional[int] = ..., sessions_refused: _Optional[int] = ..., spool_write_failures: _Optional[int] = ..., spool_quarantined: _Optional[int] = ..., spool_memory_windows: _Optional[int] = ..., thread_failures: _Optional[int] = ..., sessions_refused_by_reason: _Optional[_Mapping[str, int]] = ..., self_throttle: _Optional[float] = ..., cpu_share: _Optional[float] = ..., cpu_pressure: _Optional[float] = ...) -> None: ...
 
 class WindowReport(_message.Message):
-    __slots__ = ("host", "epoch", "seq", "window_start_unix_ns", "window_end_unix_ns", "probes", "counters", "agent", "assignment_generation", "class_windows", "class_paths", "rail_windows")
+    __slots__ = ("host", "epoch", "seq", "window_start_unix_ns", "window_end_unix_ns", "probes", "counters", "agent", "assignment_generation", "class_windows", "class_paths", "rail_windows", "qps")
     HOST_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +295,7 @@ class WindowReport(_message.Message):
     CLASS_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     CLASS_PATHS_FIELD_NUMBER: _ClassVar[int]
     RAIL_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    QPS_FIELD_NUMBER: _ClassVar[int]
     host: str
     epoch: int
     seq: int
@@ -305,7 +308,46 @@ class WindowReport(_message.Message):
     class_windows: _containers.RepeatedCompositeFieldContainer[ProbeWindow]
     class_paths: _containers.RepeatedCompositeFieldContainer[ClassPath]
     rail_windows: _containers.RepeatedCompositeFieldContainer[ProbeWindow]
-    def __init__(self, host: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[CounterReading, _Mapping]]] = ..., agent: _Optional[_Union[AgentStats, _Mapping]] = ..., assignment_generation: _Optional[int] = ..., class_windows: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., class_paths: _Optional[_Iterable[_Union[ClassPath, _Mapping]]] = ..., rail_windows: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ...) -> None: ...
+    qps: QpList
+    def __init__(self, host: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[CounterReading, _Mapping]]] = ..., agent: _Optional[_Union[AgentStats, _Mapping]] = ..., assignment_generation: _Optional[int] = ..., class_windows: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., class_paths: _Optional[_Iterable[_Union[ClassPath, _Mapping]]] = ..., rail_windows: _Optional[_Iterable[_Union[ProbeWindow, _Mapping]]] = ..., qps: _Optional[_Union[QpList, _Mapping]] = ...) -> None: ...
+
+class LiveQp(_message.Message):
+    __slots__ = ("device", "lqpn", "rqpn", "type", "state", "sq_psn", "rq_psn", "pid", "comm", "sport", "own", "rail")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    LQPN_FIELD_NUMBER: _ClassVar[int]
+    RQPN_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SQ_PSN_FIELD_NUMBER: _ClassVar[int]
+    RQ_PSN_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    COMM_FIELD_NUMBER: _ClassVar[int]
+    SPORT_FIELD_NUMBER: _ClassVar[int]
+    OWN_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    lqpn: int
+    rqpn: int
+    type: str
+    state: str
+    sq_psn: int
+    rq_psn: int
+    pid: int
+    comm: str
+    sport: int
+    own: bool
+    rail: int
+    def __init__(self, device: _Optional[str] = ..., lqpn: _Optional[int] = ..., rqpn: _Optional[int] = ..., type: _Optional[str] = ..., state: _Optional[str] = ..., sq_psn: _Optional[int] = ..., rq_psn: _Optional[int] = ..., pid: _Optional[int] = ..., comm: _Optional[str] = ..., sport: _Optional[int] = ..., own: _Optional[bool] = ..., rail: _Optional[int] = ...) -> None: ...
+
+class QpList(_message.Message):
+    __slots__ = ("qps", "error", "dropped")
+    QPS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    qps: _containers.RepeatedCompositeFieldContainer[LiveQp]
+    error: str
+    dropped: int
+    def __init__(self, qps: _Optional[_Iterable[_Union[LiveQp, _Mapping]]] = ..., error: _Optional[str] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("epoch", "seq", "duplicate", "assignment_generation", "retrace")
@@ -332,7 +374,7 @@ class WhyRequest(_message.Message):
     def __init__(self, slowest: _Optional[int] = ..., window_s: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
 
 class SlowRequest(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "transport", "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s", "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "loss_ratio", "output_tokens", "kv_bytes", "fabric_windows", "counter_rates", "path_reason", "engine", "kv_source", "host_delay_s", "host_bound", "kv_wait_s", "fabric_s", "transfer_stack_s", "engine_wait_s", "over_explained_s", "kv_share_ttft", "kv_share_e2e", "fabric_source", "transfer_stack_source", "kv_bytes_source")
+    __slots__ = ("request_id", "src", "dst", "transport", "queue_s", "prefill_s", "kv_transfer_s", "decode_s", "detokenize_s", "deliver_s", "ttft_s", "itl_s", "e2e_s", "fabric_share_ttft", "fabric_share_e2e", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "loss_ratio", "output_tokens", "kv_bytes", "fabric_windows", "counter_rates", "path_reason", "engine", "kv_source", "host_delay_s", "host_bound", "kv_wait_s", "fabric_s", "transfer_stack_s", "engine_wait_s", "over_explained_s", "kv_share_ttft", "kv_share_e2e", "fabric_source", "transfer_stack_source", "kv_bytes_source", "start_unix_ns", "end_unix_ns")
     class CounterRatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -378,6 +420,8 @@ class SlowRequest(_message.Message):
     FABRIC_SOURCE_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_STACK_SOURCE_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     src: str
     dst: str
@@ -416,7 +460,9 @@ class SlowRequest(_message.Message):
     fabric_source: str
     transfer_stack_source: str
     kv_bytes_source: str
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., kv_transfer_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., deliver_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., fabric_share_ttft: _Optional[float] = ..., fabric_share_e2e: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., output_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., fabric_windows: _Optional[int] = ..., counter_rates: _Optional[_Mapping[str, float]] = ..., path_reason: _Optional[str] = ..., engine: _Optional[str] = ..., kv_source: _Optional[str] = ..., host_delay_s: _Optional[float] = ..., host_bound: _Optional[bool] = ..., kv_wait_s: _Optional[float] = ..., fabric_s: _Optional[float] = ..., transfer_stack_s: _Optional[float] = ..., engine_wait_s: _Optional[float] = ..., over_explained_s: _Optional[float] = ..., kv_share_ttft: _Optional[float] = ..., kv_share_e2e: _Optional[float] = ..., fabric_source: _Optional[str] = ..., transfer_stack_source: _Optional[str] = ..., kv_bytes_source: _Optional[str] = ...) -> None: ...
+    start_unix_ns: int
+    end_unix_ns: int
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., kv_transfer_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., deliver_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., fabric_share_ttft: _Optional[float] = ..., fabric_share_e2e: _Optional[float] = ..., rtt_min_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., output_tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., fabric_windows: _Optional[int] = ..., counter_rates: _Optional[_Mapping[str, float]] = ..., path_reason: _Optional[str] = ..., engine: _Optional[str] = ..., kv_source: _Optional[str] = ..., host_delay_s: _Optional[float] = ..., host_bound: _Optional[bool] = ..., kv_wait_s: _Optional[float] = ..., fabric_s: _Optional[float] = ..., transfer_stack_s: _Optional[float] = ..., engine_wait_s: _Optional[float] = ..., over_explained_s: _Optional[float] = ..., kv_share_ttft: _Optional[float] = ..., kv_share_e2e: _Optional[float] = ..., fabric_source: _Optional[str] = ..., transfer_stack_source: _Optional[str] = ..., kv_bytes_source: _Optional[str] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ...) -> None: ...
 
 class PathRank(_message.Message):
     __slots__ = ("rank", "src", "dst", "transport", "transfers", "kv_median_s", "kv_ratio", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "rtt_ratio", "congestion_per_s", "explained_s", "fabric_bound", "host_bound", "host_delay_s", "fabric_fault")
@@ -666,12 +712,16 @@ class KvCostReply(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., reason: _Optional[str] = ..., p50_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., age_s: _Optional[float] = ..., transport: _Optional[str] = ..., rtts: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class LinksRequest(_message.Message):
-    __slots__ = ("src", "dst")
+    __slots__ = ("src", "dst", "from_unix_ns", "to_unix_ns")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
+    FROM_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    TO_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     src: str
     dst: str
-    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ...) -> None: ...
+    from_unix_ns: int
+    to_unix_ns: int
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., from_unix_ns: _Optional[int] = ..., to_unix_ns: _Optional[int] = ...) -> None: ...
 
 class LinkVerdict(_message.Message):
     __slots__ = ("link", "rank", "suspect", "classes", "bad_classes", "rtt_rise_s", "loss", "rail")
@@ -704,16 +754,42 @@ class ClassLinks(_message.Message):
     def __init__(self, sport: _Optional[int] = ..., links: _Optional[_Iterable[str]] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class LinksReply(_message.Message):
-    __slots__ = ("configured", "links", "class_paths", "classes")
+    __slots__ = ("configured", "links", "class_paths", "classes", "flows", "flows_reason")
     CONFIGURED_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     CLASS_PATHS_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
+    FLOWS_FIELD_NUMBER: _ClassVar[int]
+    FLOWS_REASON_FIELD_NUMBER: _ClassVar[int]
     configured: bool
     links: _containers.RepeatedCompositeFieldContainer[LinkVerdict]
     class_paths: int
     classes: _containers.RepeatedCompositeFieldContainer[ClassLinks]
-    def __init__(self, configured: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkVerdict, _Mapping]]] = ..., class_paths: _Optional[int] = ..., classes: _Optional[_Iterable[_Union[ClassLinks, _Mapping]]] = ...) -> None: ...
+    flows: _containers.RepeatedCompositeFieldContainer[FlowLinks]
+    flows_reason: str
+    def __init__(self, configured: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkVerdict, _Mapping]]] = ..., class_paths: _Optional[int] = ..., classes: _Optional[_Iterable[_Union[ClassLinks, _Mapping]]] = ..., flows: _Optional[_Iterable[_Union[FlowLinks, _Mapping]]] = ..., flows_reason: _Optional[str] = ...) -> None: ...
+
+class FlowLinks(_message.Message):
+    __slots__ = ("sport", "links", "rail", "src_qpn", "dst_qpn", "src_comm", "dst_comm", "traced", "psn_gap")
+    SPORT_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    SRC_QPN_FIELD_NUMBER: _ClassVar[int]
+    DST_QPN_FIELD_NUMBER: _ClassVar[int]
+    SRC_COMM_FIELD_NUMBER: _ClassVar[int]
+    DST_COMM_FIELD_NUMBER: _ClassVar[int]
+    TRACED_FIELD_NUMBER: _ClassVar[int]
+    PSN_GAP_FIELD_NUMBER: _ClassVar[int]
+    sport: int
+    links: _containers.RepeatedScalarFieldContainer[str]
+    rail: int
+    src_qpn: int
+    dst_qpn: int
+    src_comm: str
+    dst_comm: str
+    traced: bool
+    psn_gap: int
+    def __init__(self, sport: _Optional[int] = ..., links: _Optional[_Iterable[str]] = ..., rail: _Optional[int] = ..., src_qpn: _Optional[int] = ..., dst_qpn: _Optional[int] = ..., src_comm: _Optional[str] = ..., dst_comm: _Optional[str] = ..., traced: _Optional[bool] = ..., psn_gap: _Optional[int] = ...) -> None: ...
 
 class RttRequest(_message.Message):
     __slots__ = ("max_paths", "cdf_paths", "max_buckets", "src", "dst")
