@@ -274,18 +274,26 @@ class Localizer:
         times the others', and so large a share of all the losses would fall on its
         probes by chance (each loss landing on a probe at random) less often than
         LOSS_P. The one that lost most is named, its classes are set aside, and the next
-        must explain what is left."""
+        must explain what is left.
+
+        Two links can hold the very same losing classes (early in a fault a handful of
+        losses can all fall on the classes an uplink and the downlink after it share):
+        then the counts tell them apart only by their clean probes. L losses on the S
+        probes of one link and none on the S' - S more of the other are (S'/S)^L times as
+        likely were the smaller link the lossy one; it is named only when that is e^LOSS_LR
+        or more, and otherwise neither is until more losses come."""
         cfg = self.config
         left = {k for k, (_, _, w) in fresh.items() if w.sent}
         suspects: list[str] = []
+        undecided: set[str] = set()  # links the counts cannot tell apart yet
         while True:
             total_lost = sum(fresh[k][2].lost for k in left)
             total_sent = sum(fresh[k][2].sent for k in left)
             if total_lost < MIN_LOST:
                 return suspects
-            best: tuple[int, float, str] | None = None
+            passed: list[tuple[int, float, str, int, frozenset[ClassKey]]] = []
             for link, ks in through.items():
-                if link in suspects:
+                if link in suspects or link in undecided:
                     continue
                 mine = [k for k in ks if k in left]
                 lost = sum(fresh[k][2].lost for k in mine)
@@ -300,12 +308,19 @@ class Localizer:
                 # would follow its share of the probes
                 if binomial_tail(lost, total_lost, sent / total_sent) > LOSS_P:
                     continue
-                if best is None or (lost, rate, link) > best:
-                    best = (lost, rate, link)
-            if best is None:
+                losing = frozenset(k for k in mine if fresh[k][2].lost)
+                passed.append((lost, rate, link, sent, losing))
+            if not passed:
                 return suspects
-            suspects.append(best[2])
-            left -= set(through[best[2]])
+            lost, _, link, sent, losing = max(passed, key=lambda c: c[:3])
+            twins = [c for c in passed if c[2] != link and c[4] == losing]
+            if twins and lost * math.log(min(c[3] for c in twins) / sent) < LOSS_LR:
+                undecided.update(c[2] for c in twins)
+                undecided.add(link)
+                left -= losing  # what they lost names no other link either
+                continue
+            suspects.append(link)
+            left -= set(through[link])
 
 
 _Fresh = tuple[bool, float, ClassWindow]
@@ -325,6 +340,7 @@ def _counted(
 MIN_LOST = 3  # probes lost through a link before loss can name it
 LOSS_FACTOR = 3.0  # its classes' loss rate over the others', at least
 LOSS_P = 2e-4  # chance of so large a share of the losses by chance, at most
+LOSS_LR = 3.0  # log of how much likelier one of two links with the same losses must be
 
 
 def binomial_tail(k: int, n: int, p: float) -> float:

@@ -400,6 +400,27 @@ def test_sparse_loss_on_one_link_is_named_by_its_counts() -> None:
             assert flagged == ([] if background_only else [bad]), (bad, background_only)
 
 
+@pytest.mark.parametrize(("lost_each", "named"), [(2, []), (12, ["spine1->leaf2"])])
+def test_two_links_with_the_same_losing_classes_wait_for_the_clean_probes(
+    lost_each: int, named: list[str]
+) -> None:
+    """An uplink's 12 classes and the downlink after it, 10 of them: the losses fall on
+    3 classes the two share. Six losses on their 2,000 and 2,400 probes are about as
+    likely either way (1.2^6 = 3): neither is named (the downlink, whose rate is the
+    higher, was: CI's trials flagged a healthy downlink so); 36 are 700 times likelier
+    on the downlink, which alone is named."""
+    up = [ClassKey("h0", f"h{i}", 0xC000 + i) for i in range(12)]
+    others = [ClassKey("h9", f"h{i}", 0xC100 + i) for i in range(60)]
+    paths = {k: ["leaf0->spine1", "spine1->leaf2" if i < 10 else "spine1->leaf3"]
+             for i, k in enumerate(up)}  # fmt: skip
+    paths.update({k: ["leaf1->spine0", f"spine0->leaf{2 + i % 2}"] for i, k in enumerate(others)})
+    loc = Localizer(LocalizeConfig(min_rise_s=0.0005))
+    for w in range(4):
+        feed(loc, [*up, *others], float(w), {})
+    feed(loc, [*up, *others], 5.0, {}, {k: lost_each for k in up[:3]})
+    assert [v.link for v in loc.rank(paths, 5.0) if v.suspect] == named
+
+
 def test_binomial_tail() -> None:
     import math
 
