@@ -71,6 +71,7 @@ class AttributionCounts:
     analysis_failures: int
     path_known: int  # engine requests counted with their path found
     path_unknown: tuple[ReasonCount, ...]  # ... and without, by reason
+    late_fragments: int  # engine spans that came after their request was counted
     fold_dropped: tuple[tuple[str, int], ...]  # what the bounds left out, by what
 
 
@@ -261,6 +262,7 @@ class Attribution:
             analysis_failures=self.cache.failures_total(),
             path_known=paths.known,
             path_unknown=paths.unknown,
+            late_fragments=paths.late,
             fold_dropped=(
                 *sorted(self.fold.dropped_total().items()),
                 ("request", self.assembly.forced_total()),

@@ -97,6 +97,7 @@ class AttributionCollector(Collector):
             f["engine_spans"].add_metric([e.engine], float(e.spans))
         for e in ing.unmapped:
             f["unmapped"].add_metric([e.engine], float(e.spans))
+        f["late"].add_metric([], float(counts.late_fragments))
         f["path_known"].add_metric([], float(counts.path_known))
         for r in counts.path_unknown:
             f["path_unknown"].add_metric([r.reason], float(r.requests))

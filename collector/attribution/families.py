@@ -121,6 +121,12 @@ ATTRIBUTION_FAMILIES = (
         ("engine",),
     ),
     Family(
+        "late",
+        "counter",
+        "otlp_engine_spans_late",
+        "Engine request spans that came after their request was counted without them.",
+    ),
+    Family(
         "path_known",
         "counter",
         "requests_path_known",

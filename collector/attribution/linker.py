@@ -46,6 +46,7 @@ class PathCounts:
 
     known: int
     unknown: tuple[ReasonCount, ...]  # every reason of linking.REASONS, in that order
+    late: int = 0  # fragments that came after their request was counted without them
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class RequestLinker:
         self.engine_hosts: set[str] = set()  # agent hosts an engine side runs on
         self.path_known_total = 0
         self.path_unknown_total: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self.late_total = 0  # fragments that came after their request was counted
 
     @property
     def fragments(self) -> list[Fragment]:
@@ -227,6 +229,7 @@ class RequestLinker:
                 if gid not in self._open:
                     continue
                 if p.request_id in self._final:
+                    self.late_total += len(o.fragments)
                     self._forget(gid)  # a late fragment of a request counted already
                     continue
                 known = self._path_known(lk)
@@ -277,4 +280,4 @@ class RequestLinker:
     def counts(self) -> PathCounts:
         with self.lock:
             unknown = tuple(ReasonCount(r, n) for r, n in self.path_unknown_total.items())
-            return PathCounts(self.path_known_total, unknown)
+            return PathCounts(self.path_known_total, unknown, self.late_total)

@@ -146,3 +146,6 @@ def test_a_side_that_arrives_late_is_waited_for_from_its_arrival() -> None:
     assert alone.complete(NOW + 4 * S, directory).requests == 0
     assert alone.complete(NOW + 5 * S, directory).requests == 1  # link_wait_s after arrival
     assert {r.reason: r.requests for r in alone.counts().unknown}["one side only"] == 1
+    alone.add([pre], NOW + 6 * S)  # too late: counted, never counted twice
+    assert alone.complete(NOW + 6 * S, directory).requests == 0
+    assert alone.counts().late == 1 and alone.fragments == []
