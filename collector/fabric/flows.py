@@ -121,6 +121,10 @@ class FlowTable:
                     seen = mine[key] = _Seen(q, at_s, at_s)
                     self._index.setdefault((q.lqpn, q.rqpn), {}).setdefault(host, set()).add(key)
                 else:
+                    if not q.comm and q.pid == seen.qp.pid:
+                        # the tool reads a QP's task name from /proc as it lists: the
+                        # thread that made the QP may have ended since, its QP still live
+                        q.comm = seen.qp.comm
                     seen.qp, seen.last_s = q, at_s
                 now_live.append(seen)
             self._expire(host, mine, at_s)

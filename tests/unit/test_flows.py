@@ -157,6 +157,18 @@ def test_qps_pair_across_hosts_by_their_numbers_and_psns() -> None:
     )
 
 
+def test_a_qp_keeps_its_task_s_name_once_that_thread_has_ended() -> None:
+    """The tool names a QP's task from /proc as it lists: a later listing of the same QP
+    whose thread has ended names none (a lane CI run's workload QP, made by a worker
+    thread that had finished its share) and the name listed before stays."""
+    t = FlowTable()
+    t.take("h0", listing(qp("rxe0", 29, 29, 5000, 9000, comm="probe")), 100.0)
+    t.take("h3", listing(qp("rxe3", 29, 29, 9000, 5000, comm="answer")), 100.0)
+    t.take("h0", listing(qp("rxe0", 29, 29, 5400, 9000, comm="")), 102.0)
+    [f] = t.flows("h0", "h3", 101.0, 103.0)[0]
+    assert (f.out.comm, f.back.comm, f.out.sq_psn) == ("probe", "answer", 5400)
+
+
 def test_the_agents_own_qps_are_no_flow_and_a_half_own_pair_is() -> None:
     t = FlowTable()
     t.take("h0", listing(qp("rxe0", 17, 17, 10, 20, own=True)), 100.0)
