@@ -234,7 +234,7 @@ class RequestLinker:
                     continue
                 known = self._path_known(lk)
                 wait = self.pair_wait_s if p.pending else self.link_wait_s
-                waited = (now_ns - max(p.last_ns, o.arrived_ns)) / 1e9 >= wait
+                waited = (now_ns - _newest(o)) / 1e9 >= wait
                 if not (gid in changed and known and p.path_known) and not waited:
                     continue
                 self._forget(gid)
