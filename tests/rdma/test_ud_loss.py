@@ -18,7 +18,11 @@ Wilson interval at the expected ratio lies within ±1 point (fabricprobe.probes.
 1,931 at 2 %, 3,743 at 5 %, 657 at 0), so the ±1-point check fails an honest
 measurement about once in a hundred, and a wrong one (P read as 1 - (1 - P)^2, or loss
 that goes uncounted) nearly always. The h1 -> h0 direction runs at the same time for as
-long, and its expectation must lie inside its 99 % interval (at 5 %, P itself must not).
+long, and its expectation must lie inside its 99.9 % interval (at 5 %, P itself must
+not). Its exchanges are not sized for a bound of their own, so at 99 % its checks beside
+the six above failed an honest run now and then (one CI run: 268 of 3,200 lost, 8.38 %
+against 9.75 %, 2.6 deviations); at 99.9 % the interval at 5 % is still about ±1.6
+points, far from P.
 
 Pace. One probe is out at a time; each waits STEP_S for its ACKs before the next goes,
 and late answers are still taken until a second after a round's last probe (a busy
@@ -61,6 +65,7 @@ LOSSES = (0.0, 0.02, 0.05)
 WINDOW_S = 2.0
 SLACK_S = 4.0  # a window starting this long after netem changed holds no burst from before
 PHASE_S = 150.0  # bound of one loss setting
+REVERSE_CONF = 0.999  # the h1 -> h0 direction's interval (see the module docstring)
 
 
 def needed(expected: float) -> int:
@@ -122,7 +127,7 @@ def probe_lat(a: LaneHost, b: LaneHost, token: Path, *args: str) -> dict[str, An
 
 def show(label: str, want: float, e: LossEstimate) -> str:
     return (
-        f"{label}: {e.lost:,} of {e.sent:,} lost = {e.ratio:.2%} (99 % Wilson "
+        f"{label}: {e.lost:,} of {e.sent:,} lost = {e.ratio:.2%} ({e.confidence:.1%} Wilson "
         f"{e.low:.2%} .. {e.high:.2%}; expected {want:.2%}, off by "
         f"{(e.ratio - want) * 100:+.2f} points)"
     )
@@ -213,7 +218,7 @@ def test_ud_loss_reads_the_injected_loss(lane_hosts: list[LaneHost], tmp_path: P
             assert cli_est.sent == n
             for how, e in (("cli", cli_est), ("agent", fwd)):
                 results.append((p, how, LossEstimate.of(e.lost, e.sent, 0.99)))
-            results.append((p, "agent reverse", LossEstimate.of(rev.lost, rev.sent, 0.99)))
+            results.append((p, "agent reverse", LossEstimate.of(rev.lost, rev.sent, REVERSE_CONF)))
             print(
                 f"\nnetem loss {p:.0%} on h0->h1 ({time.monotonic() - t_phase:.0f} s): "
                 f"CLI RTT p50 {doc['rdma']['rtt']['p50_us']} µs p99 {doc['rdma']['rtt']['p99_us']} "
