@@ -200,10 +200,31 @@ def engine(
         "--kv-transfer-config", json.dumps(cfg),
         "--otlp-traces-endpoint", otel["endpoint"],
     ]  # fmt: skip
-    # its own session: the engine core and workers it spawns go with it at the end
+    # Its own process group, so the engine core and workers it spawns go with it at the
+    # end; not its own session: with the kernel's autogroup scheduling (on by default)
+    # every session is a group of its own that competes with this process's at equal
+    # weight whatever its nice value, and the nice 19 above counted for nothing
     return subprocess.Popen(
-        args, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        args, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, process_group=0
     )
+
+
+def autogroups(procs: list[subprocess.Popen]) -> dict[int, str]:
+    """The scheduler's autogroup of every process in the engines' process groups, where
+    the kernel has autogroups (empty where it has none)."""
+    groups = {p.pid for p in procs}
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            # the process group is the stat line's fifth field, after "(comm)"
+            pgid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[2])
+            if pgid in groups:
+                found[int(d.name)] = (d / "autogroup").read_text().split()[0]
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -325,6 +346,13 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
         wait_for(lambda: all(up(u + "/health") for u in urls.values()), 480, "engines", procs)
         t_up = time.monotonic() - t0
         print(f"engines up in {t_up:.0f} s", flush=True)
+        if Path("/proc/self/autogroup").exists():
+            # the engines' workers yield to this process at nice 19 only inside its own
+            # autogroup (see engine())
+            ours = Path("/proc/self/autogroup").read_text().split()[0]
+            theirs = autogroups(procs)
+            assert len(theirs) >= 2 * 3, theirs  # API server, engine core, worker each
+            assert set(theirs.values()) == {ours}, (ours, theirs)
         proxy = PdProxy(urls[PREFILL], urls[DECODE])
 
         def one(i: int) -> str:
