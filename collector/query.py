@@ -35,6 +35,7 @@ from fabricprobe.core.api import fabricprobe_pb2 as pb
 from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 
 MAX_WHY = 200
+MAX_LINK_SPANS = MAX_WHY  # a Links ask's spans: `probe why --links`'s slowest requests
 M = TypeVar("M", pb.SlowRequest, pb.PathRank)
 Names = tuple[str, ...]
 SORT_KEYS = ("e2e_s", "ttft_s", "kv_transfer_s", "itl_s", "kv_wait_s", "fabric_s")
@@ -255,24 +256,26 @@ class QueryServicer(pb_grpc.QueryServicer):
         return got.reply()
 
     def Links(self, request: pb.LinksRequest, context: grpc.ServicerContext) -> pb.LinksReply:
-        """The links ranked (collector/fabric); the classes from src to dst when asked."""
+        """The links ranked (collector/fabric); the classes and flows from src to dst when
+        asked, and those of each of the request's spans."""
         try:
             src = check_host(request.src, "src") if request.src else ""
             dst = check_host(request.dst, "dst") if request.dst else ""
+            span = check_span(request.from_unix_ns, request.to_unix_ns)
+            if len(request.spans) > MAX_LINK_SPANS:
+                raise CostError(f"at most {MAX_LINK_SPANS} spans in one ask")
+            spans = [
+                (
+                    check_host(s.src, f"spans[{i}].src"),
+                    check_host(s.dst, f"spans[{i}].dst"),
+                    check_span(s.from_unix_ns, s.to_unix_ns, f"spans[{i}]: "),
+                )
+                for i, s in enumerate(request.spans)
+            ]
         except CostError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"links: {e}")
             raise AssertionError("context.abort returned") from None  # pragma: no cover
-        span = None
-        if request.from_unix_ns or request.to_unix_ns:
-            lo, hi = request.from_unix_ns / 1e9, request.to_unix_ns / 1e9
-            if not 0 < lo <= hi or hi - lo > 86400:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "links: from_unix_ns..to_unix_ns must be a span of at most a day",
-                )
-                raise AssertionError("context.abort returned")  # pragma: no cover
-            span = (lo, hi)
-        return links_reply(self.links, src, dst, span)
+        return links_reply(self.links, src, dst, span, spans)
 
     def Drift(self, request: pb.DriftRequest, context: grpc.ServicerContext) -> pb.DriftReply:
         if self.drift is None:
@@ -281,6 +284,17 @@ class QueryServicer(pb_grpc.QueryServicer):
         if len(request.host) > 256:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "drift: host name too long")
         return self.drift.reply(request.host, request.include_waived)
+
+
+def check_span(from_ns: int, to_ns: int, where: str = "") -> tuple[float, float] | None:
+    """A Links ask's span in seconds: None for 0 and 0 (the last minute); CostError
+    unless it is a span of at most a day."""
+    if not from_ns and not to_ns:
+        return None
+    lo, hi = from_ns / 1e9, to_ns / 1e9
+    if not 0 < lo <= hi or hi - lo > MAX_WINDOW_S:
+        raise CostError(f"{where}from_unix_ns..to_unix_ns must be a span of at most a day")
+    return lo, hi
 
 
 def add_query_service(

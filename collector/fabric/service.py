@@ -3,7 +3,7 @@ series per directed link, never per pair or class) and their Query answer."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,6 +32,9 @@ class FabricConfig:
 
 
 FLOW_SPAN_S = 60.0  # a flow lookup with no span: the flows of the last minute
+# a Links reply's bound: under gRPC's default 4 MiB a client takes, with room to spare
+REPLY_BYTES = 3 * 2**20
+LEFT_OUT = "left out of this reply: its size bound (ask for fewer spans)"
 
 
 def attach_links(cfg: FabricConfig | None, registry: CollectorRegistry) -> FabricLinks | None:
@@ -181,22 +184,47 @@ def links_reply(
     src: str = "",
     dst: str = "",
     span_s: tuple[float, float] | None = None,
+    spans: Sequence[tuple[str, str, tuple[float, float] | None]] = (),
 ) -> pb.LinksReply:
     """The Query answer: every link ranked; with SRC and DST, the classes from SRC to DST
     and the flows between them live in SPAN_S (from, to; the last FLOW_SPAN_S when
-    None)."""
+    None); and as much for each of SPANS (src, dst, span), in order, while the reply
+    stays within REPLY_BYTES (the spans past that say so and carry nothing)."""
     if links is None:
-        return pb.LinksReply(configured=False)
+        return pb.LinksReply(configured=False, spans=[pb.SpanLinks() for _ in spans])
     snap = links.snapshot()
     reply = pb.LinksReply(configured=True, class_paths=snap.paths)
     for v in snap.verdicts:  # the same fields; a link on no rail has rail -1
         rail = -1 if v.rail is None else v.rail
         reply.links.append(pb.LinkVerdict(**(asdict(v) | {"rail": rail})))
     if src and dst:
-        for sport, path, on in links.links_of(src, dst):
-            reply.classes.append(pb.ClassLinks(sport=sport, links=list(path), rail=on))
-        now = links.clock()
-        lo, hi = span_s or (now - FLOW_SPAN_S, now)
-        flows, reply.flows_reason = links.flow_links(src, dst, lo, hi)
-        reply.flows.extend(flows)
+        one = pair_links(links, src, dst, span_s)
+        reply.classes.extend(one.classes)
+        reply.flows.extend(one.flows)
+        reply.flows_reason = one.flows_reason
+    left_out = pb.SpanLinks(flows_reason=LEFT_OUT)
+    # room held for every span to say it was left out; a field's tag and length <= 8 B
+    room = REPLY_BYTES - reply.ByteSize() - len(spans) * (left_out.ByteSize() + 8)
+    for a, b, span in spans:
+        got = left_out
+        if room > 0:
+            got = pair_links(links, a, b, span)
+            room -= got.ByteSize() + 8
+            if room < 0:
+                got = left_out
+        reply.spans.append(got)
     return reply
+
+
+def pair_links(
+    links: FabricLinks, src: str, dst: str, span_s: tuple[float, float] | None
+) -> pb.SpanLinks:
+    """The classes known from SRC to DST, and the flows between them live in SPAN_S."""
+    out = pb.SpanLinks()
+    for sport, path, on in links.links_of(src, dst):
+        out.classes.append(pb.ClassLinks(sport=sport, links=list(path), rail=on))
+    now = links.clock()
+    lo, hi = span_s or (now - FLOW_SPAN_S, now)
+    flows, out.flows_reason = links.flow_links(src, dst, lo, hi)
+    out.flows.extend(flows)
+    return out

@@ -284,3 +284,160 @@ def test_a_flow_s_source_port_is_traced_and_answers_the_request_s_links() -> Non
     assert all(k.sport == 0xC000 for k in links.class_links())
     assert links.snapshot().counts.retraces_asked["flow"] == 2
     assert links.flows.counts.lookups == {"no listing": 1, "not traced": 1, "flow": 1}
+
+
+def flows_fabric() -> tuple[FabricLinks, pb.LiveQp]:
+    """A leaf-spine whose h0 -> h2 engine flow is traced (out over spine 1), as the test
+    above builds it, at a frozen clock of 1000 s."""
+    doc = leaf_spine()
+    links = FabricLinks(Topology.from_doc(doc), LocalizeConfig(), clock=lambda: 1000.0)
+    ip = {n["name"]: n["ip"] for n in doc["nics"]}
+
+    def path(src: str, dst: str, sport: int, spine: int) -> pb.ClassPath:
+        return pb.ClassPath(dst=dst, sport=sport, src_ip=ip[src], dst_ip=ip[dst],
+                            hops=hops(doc, src, dst, spine), rail=0)  # fmt: skip
+
+    out, back = qp("rxe0", 17, 18, 500, 900), qp("rxe2", 18, 17, 900, 500)
+    for host, live, paths in (
+        ("h0", out, [path("h0", "h2", 0xC000, 0), path("h0", "h2", out.sport, 1)]),
+        ("h2", back, [path("h2", "h0", 0xC000, 0), path("h2", "h0", back.sport, 0)]),
+    ):
+        for _ in range(2):  # the listing first teaches the flow, then its trace comes
+            r = pb.WindowReport(host=host, window_end_unix_ns=int(1000 * 1e9))
+            r.qps.CopyFrom(listing(live))
+            r.class_paths.extend(paths)
+            links.take(host, r)
+    return links, out
+
+
+@pytest.fixture
+def links_served() -> object:
+    """The Query service on loopback over flows_fabric()'s links."""
+    from concurrent import futures
+
+    import grpc
+
+    from fabricprobe.collector.attribution.core import Attribution
+    from fabricprobe.collector.query import add_query_service
+    from fabricprobe.collector.store import WindowStore
+
+    links, _ = flows_fabric()
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    add_query_service(server, Attribution(WindowStore()), links=links)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", links
+    server.stop(0)
+
+
+def test_the_slowest_requests_links_come_in_one_ask_as_each_alone(links_served) -> None:
+    from fabricprobe.cli.commands.why import query_links
+
+    target, links = links_served
+    out = qp("rxe0", 17, 18, 500, 900)
+    during, lo, hi = (999.0, 1001.0), int(999e9), int(1001e9)
+    requests = [
+        {"request_id": "r1", "src": "h0", "dst": "h2", "start_unix_ns": lo, "end_unix_ns": hi},
+        {"request_id": "r2", "src": "h2", "dst": "h0", "start_unix_ns": lo, "end_unix_ns": hi},
+        {"request_id": "self", "src": "h0", "dst": "h0"},  # no fabric between: left out
+        {"request_id": "r3", "src": "h0", "dst": "h2"},  # no span: the last minute
+        {"request_id": "r4", "src": "h0", "dst": "h3", "start_unix_ns": lo, "end_unix_ns": hi},
+    ]
+    asked_before = sum(links.flows.counts.lookups.values())
+    got = query_links(target, requests, timeout=10)
+    assert [r["request_id"] for r in got["requests"]] == ["r1", "r2", "r3", "r4"]
+    r1, r2, r3, r4 = got["requests"]
+    assert r1["links_of"] == f"its flow: QP 17 -> 18, source port {out.sport}"
+    assert r1["links"] == sorted([
+        "h0->leaf0", "leaf0->spine1", "spine1->leaf1", "leaf1->h2",
+        "h2->leaf1", "leaf1->spine0", "spine0->leaf0", "leaf0->h0",
+    ])  # fmt: skip
+    assert r3["links"] == r1["links"]  # the flow of the last minute is the same one
+    assert r2["links_of"].startswith("its flow: QP 18 -> 17")  # the ACKs' way, traced too
+    assert r4["links"] == [] and "no QP listing from h3" in r4["links_of"]
+    # one lookup each, as each pair asked alone would make
+    assert sum(links.flows.counts.lookups.values()) - asked_before == 4
+    for r, (src, dst, span) in zip(
+        (r1, r2, r4),
+        (("h0", "h2", during), ("h2", "h0", during), ("h0", "h3", during)),
+        strict=True,
+    ):
+        alone = links_reply(links, src, dst, span)
+        assert [c["sport"] for c in r["classes"]] == [c.sport for c in alone.classes]
+        assert [f["links"] for f in r["flows"]] == [list(f.links) for f in alone.flows]
+
+
+def test_a_links_ask_with_hostile_spans_is_refused_whole(links_served) -> None:
+    import grpc
+
+    from fabricprobe.collector.query import MAX_LINK_SPANS
+    from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
+
+    target, _ = links_served
+    ok = pb.LinksSpan(src="h0", dst="h2")
+    with grpc.insecure_channel(target) as ch:
+        stub = pb_grpc.QueryStub(ch)
+        assert len(stub.Links(pb.LinksRequest(spans=[ok] * MAX_LINK_SPANS), timeout=10).spans) == (
+            MAX_LINK_SPANS
+        )
+        for spans, said in (
+            ([ok] * (MAX_LINK_SPANS + 1), "at most 200 spans"),
+            ([ok, pb.LinksSpan(src="h0")], "spans[1].dst is required"),
+            ([pb.LinksSpan(src="h0\n", dst="h2")], "spans[0].src is not a host name"),
+            ([pb.LinksSpan(src="h0", dst="h2", from_unix_ns=5, to_unix_ns=4)], "spans[0]: "),
+            ([pb.LinksSpan(src="h0", dst="h2", to_unix_ns=1 << 62)], "at most a day"),
+        ):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Links(pb.LinksRequest(spans=spans), timeout=10)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert said in e.value.details()
+
+
+def test_a_links_reply_past_its_size_bound_says_which_spans_it_left_out(monkeypatch) -> None:
+    from fabricprobe.collector.fabric import service
+
+    links, _ = flows_fabric()
+    base = links_reply(links).ByteSize()
+    [alone] = links_reply(links, spans=[("h0", "h2", (999.0, 1001.0))]).spans
+    # room for the ranked links and two spans' answers, not a third's
+    mark = pb.SpanLinks(flows_reason=service.LEFT_OUT).ByteSize() + 8
+    monkeypatch.setattr(service, "REPLY_BYTES", base + 2 * (alone.ByteSize() + 8) + 4 * mark)
+    got = links_reply(links, spans=[("h0", "h2", (999.0, 1001.0))] * 4)
+    assert [s.flows_reason == service.LEFT_OUT for s in got.spans] == [False, False, True, True]
+    assert got.spans[0] == alone and not got.spans[3].flows and not got.spans[3].classes
+    assert got.ByteSize() <= service.REPLY_BYTES
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    spans=st.lists(
+        st.builds(
+            pb.LinksSpan,
+            src=st.text(max_size=40),
+            dst=st.sampled_from(["h0", "h2", "h3", "", "x" * 300]),
+            from_unix_ns=st.integers(-(1 << 63), (1 << 63) - 1),
+            to_unix_ns=st.integers(-(1 << 63), (1 << 63) - 1),
+        ),
+        max_size=5,
+    )
+)
+def test_any_links_ask_is_answered_or_refused_never_raises_otherwise(spans) -> None:
+    from fabricprobe.collector.attribution.core import Attribution
+    from fabricprobe.collector.query import QueryServicer
+    from fabricprobe.collector.store import WindowStore
+
+    class Refused(Exception):
+        pass
+
+    class Context:  # what the servicer asks of gRPC's: abort with a status
+        def abort(self, code, details):
+            raise Refused(code, details)
+
+    links, _ = flows_fabric()
+    servicer = QueryServicer(Attribution(WindowStore()), None, links)
+    try:
+        reply = servicer.Links(pb.LinksRequest(spans=spans), Context())
+    except Refused as e:
+        assert str(e.args[1]).startswith("links: ")
+        return
+    assert len(reply.spans) == len(spans)

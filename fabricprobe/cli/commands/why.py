@@ -96,12 +96,32 @@ def query_links(
     from fabricprobe.core.api import fabricprobe_pb2 as pb
 
     got = creds or CollectorCredentials(insecure=True)
-
-    def ask(src: str = "", dst: str = "", lo: int = 0, hi: int = 0) -> Any:
-        request = pb.LinksRequest(src=src, dst=dst, from_unix_ns=lo, to_unix_ns=hi)
-        return got.call(collector, "Links", request, timeout)
-
-    whole = ask()
+    asked = []
+    for r in requests:
+        src, dst = r.get("src") or "", r.get("dst") or ""
+        if not src or not dst or src == dst:
+            continue
+        lo, hi = int(r.get("start_unix_ns") or 0), int(r.get("end_unix_ns") or 0)
+        if not 0 < lo <= hi:
+            lo = hi = 0  # no span known: the flows of the last minute
+        asked.append((r, pb.LinksSpan(src=src, dst=dst, from_unix_ns=lo, to_unix_ns=hi)))
+    # one ask for all: the links ranked once, and each request's pair and span answered
+    whole = got.call(collector, "Links", pb.LinksRequest(spans=[s for _, s in asked]), timeout)
+    answers: list[Any] = list(whole.spans)
+    if len(answers) != len(asked):
+        # a collector from before the spans were asked together: each pair on its own
+        # (its reply has the same classes, flows and flows_reason)
+        answers = [
+            got.call(
+                collector,
+                "Links",
+                pb.LinksRequest(
+                    src=s.src, dst=s.dst, from_unix_ns=s.from_unix_ns, to_unix_ns=s.to_unix_ns
+                ),
+                timeout,
+            )
+            for _, s in asked
+        ]
     links = [
         {
             "link": v.link,
@@ -117,12 +137,8 @@ def query_links(
     ]
     suspects = {v["link"] for v in links if v["suspect"]}
     out = []
-    for r in requests:
-        src, dst = r.get("src") or "", r.get("dst") or ""
-        if not src or not dst or src == dst:
-            continue
-        lo, hi = int(r.get("start_unix_ns") or 0), int(r.get("end_unix_ns") or 0)
-        reply = ask(src, dst, lo, hi) if 0 < lo <= hi else ask(src, dst)
+    for (r, span), reply in zip(asked, answers, strict=True):
+        src, dst = span.src, span.dst
         classes = [
             {
                 "sport": c.sport,

@@ -712,6 +712,20 @@ class KvCostReply(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., reason: _Optional[str] = ..., p50_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., rtt_p50_s: _Optional[float] = ..., rtt_p99_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ..., loss_ratio: _Optional[float] = ..., age_s: _Optional[float] = ..., transport: _Optional[str] = ..., rtts: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class LinksRequest(_message.Message):
+    __slots__ = ("src", "dst", "from_unix_ns", "to_unix_ns", "spans")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    FROM_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    TO_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    src: str
+    dst: str
+    from_unix_ns: int
+    to_unix_ns: int
+    spans: _containers.RepeatedCompositeFieldContainer[LinksSpan]
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., from_unix_ns: _Optional[int] = ..., to_unix_ns: _Optional[int] = ..., spans: _Optional[_Iterable[_Union[LinksSpan, _Mapping]]] = ...) -> None: ...
+
+class LinksSpan(_message.Message):
     __slots__ = ("src", "dst", "from_unix_ns", "to_unix_ns")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -754,20 +768,32 @@ class ClassLinks(_message.Message):
     def __init__(self, sport: _Optional[int] = ..., links: _Optional[_Iterable[str]] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class LinksReply(_message.Message):
-    __slots__ = ("configured", "links", "class_paths", "classes", "flows", "flows_reason")
+    __slots__ = ("configured", "links", "class_paths", "classes", "flows", "flows_reason", "spans")
     CONFIGURED_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     CLASS_PATHS_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
     FLOWS_FIELD_NUMBER: _ClassVar[int]
     FLOWS_REASON_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
     configured: bool
     links: _containers.RepeatedCompositeFieldContainer[LinkVerdict]
     class_paths: int
     classes: _containers.RepeatedCompositeFieldContainer[ClassLinks]
     flows: _containers.RepeatedCompositeFieldContainer[FlowLinks]
     flows_reason: str
-    def __init__(self, configured: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkVerdict, _Mapping]]] = ..., class_paths: _Optional[int] = ..., classes: _Optional[_Iterable[_Union[ClassLinks, _Mapping]]] = ..., flows: _Optional[_Iterable[_Union[FlowLinks, _Mapping]]] = ..., flows_reason: _Optional[str] = ...) -> None: ...
+    spans: _containers.RepeatedCompositeFieldContainer[SpanLinks]
+    def __init__(self, configured: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkVerdict, _Mapping]]] = ..., class_paths: _Optional[int] = ..., classes: _Optional[_Iterable[_Union[ClassLinks, _Mapping]]] = ..., flows: _Optional[_Iterable[_Union[FlowLinks, _Mapping]]] = ..., flows_reason: _Optional[str] = ..., spans: _Optional[_Iterable[_Union[SpanLinks, _Mapping]]] = ...) -> None: ...
+
+class SpanLinks(_message.Message):
+    __slots__ = ("classes", "flows", "flows_reason")
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    FLOWS_FIELD_NUMBER: _ClassVar[int]
+    FLOWS_REASON_FIELD_NUMBER: _ClassVar[int]
+    classes: _containers.RepeatedCompositeFieldContainer[ClassLinks]
+    flows: _containers.RepeatedCompositeFieldContainer[FlowLinks]
+    flows_reason: str
+    def __init__(self, classes: _Optional[_Iterable[_Union[ClassLinks, _Mapping]]] = ..., flows: _Optional[_Iterable[_Union[FlowLinks, _Mapping]]] = ..., flows_reason: _Optional[str] = ...) -> None: ...
 
 class FlowLinks(_message.Message):
     __slots__ = ("sport", "links", "rail", "src_qpn", "dst_qpn", "src_comm", "dst_comm", "traced", "psn_gap")
