@@ -34,6 +34,7 @@ class FabricConfig:
 FLOW_SPAN_S = 60.0  # a flow lookup with no span: the flows of the last minute
 # a Links reply's bound: under gRPC's default 4 MiB a client takes, with room to spare
 REPLY_BYTES = 3 * 2**20
+LINKS_BYTES = 2 * 2**20  # of that, the ranked links': a fabric's lowest ranked past it
 LEFT_OUT = "left out of this reply: its size bound (ask for fewer spans)"
 
 
@@ -194,9 +195,15 @@ def links_reply(
         return pb.LinksReply(configured=False, spans=[pb.SpanLinks() for _ in spans])
     snap = links.snapshot()
     reply = pb.LinksReply(configured=True, class_paths=snap.paths)
-    for v in snap.verdicts:  # the same fields; a link on no rail has rail -1
+    size = 0
+    for i, v in enumerate(snap.verdicts):  # the same fields; a link on no rail has rail -1
         rail = -1 if v.rail is None else v.rail
-        reply.links.append(pb.LinkVerdict(**(asdict(v) | {"rail": rail})))
+        verdict = pb.LinkVerdict(**(asdict(v) | {"rail": rail}))
+        size += verdict.ByteSize() + 8  # with the field's tag and length
+        if size > LINKS_BYTES:
+            reply.links_left_out = len(snap.verdicts) - i
+            break
+        reply.links.append(verdict)
     if src and dst:
         one = pair_links(links, src, dst, span_s)
         reply.classes.extend(one.classes)

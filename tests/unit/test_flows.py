@@ -408,6 +408,20 @@ def test_a_links_reply_past_its_size_bound_says_which_spans_it_left_out(monkeypa
     assert got.ByteSize() <= service.REPLY_BYTES
 
 
+def test_a_fabric_s_links_past_the_reply_s_bound_are_its_lowest_ranked(monkeypatch) -> None:
+    from fabricprobe.collector.fabric import service
+
+    links, _ = flows_fabric()
+    whole = links_reply(links)
+    assert whole.links_left_out == 0 and len(whole.links) > 10
+    each = [v.ByteSize() + 8 for v in whole.links]
+    monkeypatch.setattr(service, "LINKS_BYTES", sum(each[:10]))
+    got = links_reply(links, spans=[("h0", "h2", (999.0, 1001.0))])
+    assert list(got.links) == list(whole.links[:10])
+    assert got.links_left_out == len(whole.links) - 10
+    assert got.spans[0].flows  # the spans keep the room the links left
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     spans=st.lists(

@@ -175,6 +175,7 @@ def query_links(
     return {
         "configured": whole.configured,
         "class_paths": whole.class_paths,
+        "links_left_out": whole.links_left_out,  # the lowest ranked, past the reply's bound
         "links": links,
         "requests": out,
     }

@@ -768,7 +768,7 @@ class ClassLinks(_message.Message):
     def __init__(self, sport: _Optional[int] = ..., links: _Optional[_Iterable[str]] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class LinksReply(_message.Message):
-    __slots__ = ("configured", "links", "class_paths", "classes", "flows", "flows_reason", "spans")
+    __slots__ = ("configured", "links", "class_paths", "classes", "flows", "flows_reason", "spans", "links_left_out")
     CONFIGURED_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     CLASS_PATHS_FIELD_NUMBER: _ClassVar[int]
@@ -776,6 +776,7 @@ class LinksReply(_message.Message):
     FLOWS_FIELD_NUMBER: _ClassVar[int]
     FLOWS_REASON_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
+    LINKS_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     configured: bool
     links: _containers.RepeatedCompositeFieldContainer[LinkVerdict]
     class_paths: int
@@ -783,7 +784,8 @@ class LinksReply(_message.Message):
     flows: _containers.RepeatedCompositeFieldContainer[FlowLinks]
     flows_reason: str
     spans: _containers.RepeatedCompositeFieldContainer[SpanLinks]
-    def __init__(self, configured: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkVerdict, _Mapping]]] = ..., class_paths: _Optional[int] = ..., classes: _Optional[_Iterable[_Union[ClassLinks, _Mapping]]] = ..., flows: _Optional[_Iterable[_Union[FlowLinks, _Mapping]]] = ..., flows_reason: _Optional[str] = ..., spans: _Optional[_Iterable[_Union[SpanLinks, _Mapping]]] = ...) -> None: ...
+    links_left_out: int
+    def __init__(self, configured: _Optional[bool] = ..., links: _Optional[_Iterable[_Union[LinkVerdict, _Mapping]]] = ..., class_paths: _Optional[int] = ..., classes: _Optional[_Iterable[_Union[ClassLinks, _Mapping]]] = ..., flows: _Optional[_Iterable[_Union[FlowLinks, _Mapping]]] = ..., flows_reason: _Optional[str] = ..., spans: _Optional[_Iterable[_Union[SpanLinks, _Mapping]]] = ..., links_left_out: _Optional[int] = ...) -> None: ...
 
 class SpanLinks(_message.Message):
     __slots__ = ("classes", "flows", "flows_reason")
