@@ -248,14 +248,9 @@ def test_a_flow_s_source_port_is_traced_and_answers_the_request_s_links() -> Non
         r.class_paths.extend(paths)
         links.take(host, r)
 
-    def path(src: str, dst: str, sport: int, spine: int) -> pb.ClassPath:
-        ip = {n["name"]: n["ip"] for n in doc["nics"]}
-        return pb.ClassPath(dst=dst, sport=sport, src_ip=ip[src], dst_ip=ip[dst],
-                            hops=hops(doc, src, dst, spine), rail=0)  # fmt: skip
-
     # the hosts' addresses, as their own traces teach them
-    report("h0", paths=[path("h0", "h2", 0xC000, 0)])
-    report("h2", paths=[path("h2", "h0", 0xC000, 0)])
+    report("h0", paths=[class_path(doc, "h0", "h2", 0xC000, 0)])
+    report("h2", paths=[class_path(doc, "h2", "h0", 0xC000, 0)])
     engine_out, engine_back = qp("rxe0", 17, 18, 500, 900), qp("rxe2", 18, 17, 900, 500)
     reply = links_reply(links, "h0", "h2", (999.0, 1001.0))
     assert not reply.flows and "no QP listing from h0" in reply.flows_reason
@@ -269,8 +264,8 @@ def test_a_flow_s_source_port_is_traced_and_answers_the_request_s_links() -> Non
     reply = links_reply(links, "h0", "h2", (999.0, 1001.0))
     assert [(f.sport, f.traced) for f in reply.flows] == [(engine_out.sport, False)]
     assert reply.flows_reason == "its flow's trace is asked for and not in yet"
-    report("h0", engine_out, paths=[path("h0", "h2", engine_out.sport, 1)])
-    report("h2", engine_back, paths=[path("h2", "h0", engine_back.sport, 0)])
+    report("h0", engine_out, paths=[class_path(doc, "h0", "h2", engine_out.sport, 1)])
+    report("h2", engine_back, paths=[class_path(doc, "h2", "h0", engine_back.sport, 0)])
     reply = links_reply(links, "h0", "h2", (999.0, 1001.0))
     [f] = reply.flows
     assert (
@@ -286,28 +281,38 @@ def test_a_flow_s_source_port_is_traced_and_answers_the_request_s_links() -> Non
     assert links.flows.counts.lookups == {"no listing": 1, "not traced": 1, "flow": 1}
 
 
-def flows_fabric() -> tuple[FabricLinks, pb.LiveQp]:
+def class_path(doc: dict, src: str, dst: str, sport: int, spine: int) -> pb.ClassPath:
+    """The trace of class SPORT from SRC to DST over SPINE in the leaf-spine DOC."""
+    ip = {n["name"]: n["ip"] for n in doc["nics"]}
+    return pb.ClassPath(dst=dst, sport=sport, src_ip=ip[src], dst_ip=ip[dst],
+                        hops=hops(doc, src, dst, spine), rail=0)  # fmt: skip
+
+
+def flows_fabric() -> FabricLinks:
     """A leaf-spine whose h0 -> h2 engine flow is traced (out over spine 1), as the test
     above builds it, at a frozen clock of 1000 s."""
     doc = leaf_spine()
     links = FabricLinks(Topology.from_doc(doc), LocalizeConfig(), clock=lambda: 1000.0)
-    ip = {n["name"]: n["ip"] for n in doc["nics"]}
-
-    def path(src: str, dst: str, sport: int, spine: int) -> pb.ClassPath:
-        return pb.ClassPath(dst=dst, sport=sport, src_ip=ip[src], dst_ip=ip[dst],
-                            hops=hops(doc, src, dst, spine), rail=0)  # fmt: skip
 
     out, back = qp("rxe0", 17, 18, 500, 900), qp("rxe2", 18, 17, 900, 500)
     for host, live, paths in (
-        ("h0", out, [path("h0", "h2", 0xC000, 0), path("h0", "h2", out.sport, 1)]),
-        ("h2", back, [path("h2", "h0", 0xC000, 0), path("h2", "h0", back.sport, 0)]),
+        (
+            "h0",
+            out,
+            [class_path(doc, "h0", "h2", 0xC000, 0), class_path(doc, "h0", "h2", out.sport, 1)],
+        ),
+        (
+            "h2",
+            back,
+            [class_path(doc, "h2", "h0", 0xC000, 0), class_path(doc, "h2", "h0", back.sport, 0)],
+        ),
     ):
         for _ in range(2):  # the listing first teaches the flow, then its trace comes
             r = pb.WindowReport(host=host, window_end_unix_ns=int(1000 * 1e9))
             r.qps.CopyFrom(listing(live))
             r.class_paths.extend(paths)
             links.take(host, r)
-    return links, out
+    return links
 
 
 @pytest.fixture
@@ -321,7 +326,7 @@ def links_served() -> object:
     from fabricprobe.collector.query import add_query_service
     from fabricprobe.collector.store import WindowStore
 
-    links, _ = flows_fabric()
+    links = flows_fabric()
     server = grpc.server(futures.ThreadPoolExecutor(2))
     add_query_service(server, Attribution(WindowStore()), links=links)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -396,7 +401,7 @@ def test_a_links_ask_with_hostile_spans_is_refused_whole(links_served) -> None:
 def test_a_links_reply_past_its_size_bound_says_which_spans_it_left_out(monkeypatch) -> None:
     from fabricprobe.collector.fabric import service
 
-    links, _ = flows_fabric()
+    links = flows_fabric()
     base = links_reply(links).ByteSize()
     [alone] = links_reply(links, spans=[("h0", "h2", (999.0, 1001.0))]).spans
     # room for the ranked links and two spans' answers, not a third's
@@ -411,7 +416,7 @@ def test_a_links_reply_past_its_size_bound_says_which_spans_it_left_out(monkeypa
 def test_a_fabric_s_links_past_the_reply_s_bound_are_its_lowest_ranked(monkeypatch) -> None:
     from fabricprobe.collector.fabric import service
 
-    links, _ = flows_fabric()
+    links = flows_fabric()
     whole = links_reply(links)
     assert whole.links_left_out == 0 and len(whole.links) > 10
     each = [v.ByteSize() + 8 for v in whole.links]
@@ -447,7 +452,7 @@ def test_any_links_ask_is_answered_or_refused_never_raises_otherwise(spans) -> N
         def abort(self, code, details):
             raise Refused(code, details)
 
-    links, _ = flows_fabric()
+    links = flows_fabric()
     servicer = QueryServicer(Attribution(WindowStore()), None, links)
     try:
         reply = servicer.Links(pb.LinksRequest(spans=spans), Context())
