@@ -209,9 +209,16 @@ def engine(
     )
 
 
+def autogroup(proc: Path) -> str:
+    """A process's autogroup, by name; "" for the root group, whose processes (those of
+    init's session, as a service manager's children may be) the kernel shows no name for."""
+    text = (proc / "autogroup").read_text().split()
+    return text[0] if text else ""
+
+
 def autogroups(procs: list[subprocess.Popen]) -> dict[int, str]:
     """The scheduler's autogroup of every process in the engines' process groups, where
-    the kernel has autogroups (empty where it has none)."""
+    the kernel has autogroups."""
     groups = {p.pid for p in procs}
     found = {}
     for d in Path("/proc").iterdir():
@@ -221,7 +228,7 @@ def autogroups(procs: list[subprocess.Popen]) -> dict[int, str]:
             # the process group is the stat line's fifth field, after "(comm)"
             pgid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[2])
             if pgid in groups:
-                found[int(d.name)] = (d / "autogroup").read_text().split()[0]
+                found[int(d.name)] = autogroup(d)
         except (OSError, IndexError, ValueError):
             continue
     return found
@@ -349,7 +356,7 @@ def test_real_vllm_pd_pair_is_attributed_to_its_path(
         if Path("/proc/self/autogroup").exists():
             # the engines' workers yield to this process at nice 19 only inside its own
             # autogroup (see engine())
-            ours = Path("/proc/self/autogroup").read_text().split()[0]
+            ours = autogroup(Path("/proc/self"))
             theirs = autogroups(procs)
             assert len(theirs) >= 2 * 3, theirs  # API server, engine core, worker each
             assert set(theirs.values()) == {ours}, (ours, theirs)
