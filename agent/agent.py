@@ -28,9 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-
-from fabricprobe.agent.client import CollectorClient
+from fabricprobe.agent.client import CallError, CollectorClient
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.counters import ChangeFilter, CounterSampler, netdevs_of
 from fabricprobe.agent.flows import QpReader
@@ -226,7 +224,7 @@ class Agent:
             try:
                 if not self.sender.send_batch():
                     break
-            except grpc.RpcError:
+            except CallError:
                 break  # the spool keeps what is left for the next start
             except Exception as e:
                 log.error("flush at shutdown stopped: %s", e)

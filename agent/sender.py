@@ -13,9 +13,7 @@ import threading
 import time
 from typing import Protocol
 
-import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
-
-from fabricprobe.agent.client import CollectorClient, build_client
+from fabricprobe.agent.client import CallError, CollectorClient, Status, build_client
 from fabricprobe.agent.config import AgentConfig
 from fabricprobe.agent.handoff import Handoff
 from fabricprobe.agent.spool import Spool, SpoolCorrupt, SpoolKey, decode_window
@@ -93,13 +91,13 @@ class Sender:
             return
         try:
             self.client.report_checks(msg)
-        except grpc.RpcError as e:
-            if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED):
+        except CallError as e:
+            if e.code() in (Status.INVALID_ARGUMENT, Status.UNIMPLEMENTED):
                 # the collector will never take this one: say so once and drop it
                 log.error("collector refused the checks: %s", _rpc_reason(e))
                 self.parts.checks.sent_ok(msg)
                 return
-            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            if e.code() == Status.FAILED_PRECONDITION:
                 self.forgotten()  # the verdicts stay pending
             raise
         self.parts.checks.sent_ok(msg)
@@ -148,10 +146,10 @@ class Sender:
             del todo[: len(acks)]
             if err is None:
                 continue
-            if err.code() == grpc.StatusCode.INVALID_ARGUMENT and todo:
+            if err.code() == Status.INVALID_ARGUMENT and todo:
                 del todo[0]  # never taken anywhere: do not hold the others up
                 continue
-            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            if err.code() == Status.FAILED_PRECONDITION:
                 self.registered = False  # the shard forgot us meanwhile: register again
             raise err
 
@@ -176,7 +174,7 @@ class Sender:
                 ok = self.send_batch()
                 if ok and not self.parts.spool.depth:
                     self.client.release()  # idle until the next window: see CollectorClient
-            except grpc.RpcError as e:
+            except CallError as e:
                 log.warning("collector %s: %s", self.target, _rpc_reason(e))
                 ok = False
             if not ok and was_registered and not self.registered:
@@ -228,9 +226,9 @@ class Sender:
         if err is None:
             return True
         code = err.code()
-        if code == grpc.StatusCode.FAILED_PRECONDITION:
+        if code == Status.FAILED_PRECONDITION:
             self.forgotten()
-        elif code == grpc.StatusCode.INVALID_ARGUMENT and len(acks) < len(keys):
+        elif code == Status.INVALID_ARGUMENT and len(acks) < len(keys):
             bad = keys[len(acks)]
             self.parts.spool.ack(bad)  # it will never be taken: do not block the ones behind it
             self.rejected += 1
@@ -240,8 +238,5 @@ class Sender:
         return False
 
 
-def _rpc_reason(e: grpc.RpcError) -> str:
-    try:
-        return f"{e.code().name}: {e.details()}"
-    except Exception:
-        return str(e)
+def _rpc_reason(e: CallError) -> str:
+    return f"{e.code().name}: {e.details()}"

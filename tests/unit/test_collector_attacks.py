@@ -12,7 +12,7 @@ import grpc  # type: ignore[import-untyped]
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from fabricprobe.agent.client import CollectorClient
+from fabricprobe.agent.client import CallError, CollectorClient, Status
 from fabricprobe.collector.assign import Planner
 from fabricprobe.collector.auth import TokenAuth, read_token_file
 from fabricprobe.collector.service import (
@@ -253,9 +253,9 @@ def test_registration_cannot_aim_the_fleet(tmp_path: Path) -> None:
     server.start()
     try:
         c = CollectorClient(f"127.0.0.1:{server.port}", token=TOKENS["h1"], timeout=5)
-        with pytest.raises(grpc.RpcError) as e:  # its own token, someone else's address
+        with pytest.raises(CallError) as e:  # its own token, someone else's address
             c.register(pb.HostInfo(host="h1", addresses=["10.99.99.99"]))
-        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert e.value.code() == Status.PERMISSION_DENIED
         assert "10.99.99.99 is not this host's" in e.value.details()
         assert "h1" not in server.store.hosts
         assert c.register(pb.HostInfo(host="h1", addresses=["127.0.0.1"])).report_interval_ms

@@ -14,7 +14,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from fabricprobe.agent.client import CollectorClient
+from fabricprobe.agent.client import CallError, CollectorClient, Status
 from fabricprobe.collector.auth import GateConfig, Limits, TokenAuth, read_token_file
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
@@ -171,9 +171,9 @@ def test_why_needs_a_reader_identity(server: CollectorServer) -> None:
 def test_a_reader_or_ingest_token_speaks_for_no_host(server: CollectorServer) -> None:
     for name in ("vllm", "grafana"):
         c = CollectorClient(f"127.0.0.1:{server.port}", token=TOKENS[name][0], timeout=3)
-        with pytest.raises(grpc.RpcError) as e:
+        with pytest.raises(CallError) as e:
             c.register(info(name))
-        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert e.value.code() == Status.PERMISSION_DENIED
 
 
 def test_the_limits_table_is_bounded_and_counts_evictions() -> None:

@@ -11,10 +11,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from fabricprobe.agent.client import CollectorClient
+from fabricprobe.agent.client import CallError, CollectorClient, Status
 from fabricprobe.collector.auth import GateConfig, TokenAuth, read_token_file
 from fabricprobe.collector.service import ApiConfig, CollectorServer, ServerConfig
 from fabricprobe.core.api import fabricprobe_pb2 as pb
+from fabricprobe.core.api import fabricprobe_pb2_grpc as pb_grpc
 from fabricprobe.core.sketchwire import to_wire
 from fabricprobe.core.stats import LatencySketch
 
@@ -69,29 +70,37 @@ def test_register_assign_report_ack(server: CollectorServer) -> None:
     assert err is None
     assert [(x.seq, x.duplicate) for x in acks] == [(1, False), (2, False), (1, True)]
     assert server.store.paths[("h1", "h2", "tcp", "pingpong", 64)].rtt.count == 2
-    (one,), err = c1.send([window("h1", 3)])  # a single window goes as a unary call
+    (one,), err = c1.send([window("h1", 3)])
     assert err is None and (one.seq, one.duplicate) == (3, False)
+    # the agent sends each window as a unary call; the Report stream serves other clients
+    stub = pb_grpc.CollectorStub(grpc.insecure_channel(f"127.0.0.1:{server.port}"))
+    streamed = stub.Report(
+        iter([window("h1", 4), window("h1", 3)]),
+        timeout=5,
+        metadata=(("authorization", f"Bearer {TOKENS['h1']}"),),
+    )
+    assert [(x.seq, x.duplicate) for x in streamed] == [(4, False), (3, True)]
     codes = server.rpc_stats.snapshot()[2]
-    assert codes[("ReportWindow", "OK")] == 1 and codes[("Report", "OK")] == 1
+    assert codes[("ReportWindow", "OK")] == 4 and codes[("Report", "OK")] == 1
 
 
 def test_a_host_reports_only_as_itself(server: CollectorServer) -> None:
     c1 = client(server, "h1")
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(CallError) as e:
         c1.register(info("h2"))
-    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert e.value.code() == Status.PERMISSION_DENIED
     assert "only as itself" in e.value.details()
     c1.register(info("h1"))
     acks, err = c1.send([window("h2", 1)])
-    assert not acks and err.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert not acks and err.code() == Status.PERMISSION_DENIED
     bad = CollectorClient(f"127.0.0.1:{server.port}", token="not-a-known-token-xyz")
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(CallError) as e:
         bad.register(info("h1"))
-    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert e.value.code() == Status.UNAUTHENTICATED
     anon = CollectorClient(f"127.0.0.1:{server.port}")
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(CallError) as e:
         anon.assignments("h1", 0)
-    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert e.value.code() == Status.UNAUTHENTICATED
     codes = server.rpc_stats.snapshot()[2]
     assert codes[("Register", "PERMISSION_DENIED")] == 1
     assert codes[("Register", "OK")] == 1 and codes[("GetAssignments", "UNAUTHENTICATED")] == 1
@@ -100,28 +109,28 @@ def test_a_host_reports_only_as_itself(server: CollectorServer) -> None:
 def test_misuse_gets_clear_errors(server: CollectorServer) -> None:
     c1 = client(server, "h1")
     acks, err = c1.send([window("h1", 1)])
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION  # not registered yet
+    assert err.code() == Status.FAILED_PRECONDITION  # not registered yet
     c1.register(info("h1"))
     broken = window("h1", 1)
     broken.probes[0].rtt.kind = "garbage"
     acks, err = c1.send([window("h1", 1), broken])
-    assert len(acks) == 1 and err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(acks) == 1 and err.code() == Status.INVALID_ARGUMENT
     assert "malformed latency sketch" in err.details()
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(CallError) as e:
         c1.register(pb.HostInfo(host="h1", addresses=["a"] * 100))
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.code() == Status.INVALID_ARGUMENT
 
 
 def test_report_rate_and_message_size_are_limited(server: CollectorServer) -> None:
     c1 = client(server, "h1")
     c1.register(info("h1"))
     acks, err = c1.send([window("h1", s) for s in range(1, 20)])
-    assert err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err is not None and err.code() == Status.RESOURCE_EXHAUSTED
     assert 6 <= len(acks) <= 10  # a burst of 8 calls and messages, less the Register
     huge = window("h1", 100)
     huge.probes[0].op = "x" * (5 << 20)
     acks, err = c1.send([huge])
-    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # over the 4 MiB message limit
+    assert err.code() == Status.RESOURCE_EXHAUSTED  # over the 4 MiB message limit
 
 
 def test_health_and_reflection(server: CollectorServer) -> None:
