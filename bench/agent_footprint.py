@@ -7,16 +7,17 @@ With a budget of 32 the plan is a full mesh, so the measured agent probes 32 pee
 answers 32 peers' probes, at the default schedule (one 10-exchange burst per peer every
 10 s, 10 s windows). After a warm-up, its CPU time and RSS are sampled.
 Targets: at most 0.25 % of one core and 48 MB RSS. RSS counts the pages of shared
-libraries the process has touched (grpcio's core, libpython), which other processes
-share; the unique and proportional sets (USS, PSS) are printed beside it.
+libraries the process has touched (libpython, libcrypto), which other processes share;
+the unique and proportional sets (USS, PSS) are printed beside it.
 
 The CPU is also split by part of the agent: each thread's run time (schedstat, in ns)
 grouped by the kernel name the agent gives it (fabricprobe.probes.threads). Bursts on
 kept links that answer quickly run in the scheduling thread itself
 (fabricprobe.agent.probing.INLINE_KINDS), so `scheduler` holds nearly all the probing
 and `probe workers` only link setups and slow bursts; `answering peers` is the echo of
-the 33 probers' exchanges (32 peers and the host reference); what threads that ended
-used (the gRPC library's, started and stopped with each window's channel) is the rest.
+the 33 probers' exchanges (32 peers and the host reference); `sender` is the collector
+client's work as well (its calls run in that thread); what threads that ended used is
+the rest.
 
 The self-throttle is lifted on every agent here (a budget of 4 cores, a pressure limit
 of 100 %): the 32 peers share this process, whose CPU is not theirs, and on a busy host
@@ -77,7 +78,7 @@ def by_part(
     start: dict[int, tuple[str, float]], end: dict[int, tuple[str, float]]
 ) -> dict[str, float]:
     """CPU seconds between two thread_cpu() reads by part of the agent (THREAD_PARTS;
-    a thread of another name, such as the gRPC library's, stands as itself)."""
+    a thread of another name stands as itself)."""
     parts: dict[str, float] = {}
     for tid, (name, cpu) in end.items():
         part = THREAD_PARTS.get(name.rstrip("0123456789_"), name)
