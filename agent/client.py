@@ -1,9 +1,9 @@
 """The agent's end of the collector API: register, poll assignments, send windows.
 
 The client speaks gRPC over grpclib, a pure-Python HTTP/2 client, rather than grpcio:
-the agent runs on every GPU host, and grpcio's core library alone holds about 12 MiB
-more resident memory than grpclib for the same calls (docs/figures.md). The collector
-serves with grpcio; both ends speak the same protocol and messages.
+the agent runs on every GPU host, and with grpcio it held 11 MiB more resident memory
+(docs/figures.md). The collector serves with grpcio; both ends speak the same protocol
+and messages.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class CollectorClient:
             ) as e:
                 self._drop()
                 raise CallError(
-                    Status.UNAVAILABLE, f"{self.target}: {e or type(e).__name__}"
+                    Status.UNAVAILABLE, f"{self.target}: {str(e) or type(e).__name__}"
                 ) from None
 
     async def _unary(self, channel: Channel, method: str, request: Message, reply: type[R]) -> R:
