@@ -62,6 +62,10 @@ class _ReplyTooBig(CallError):
     """A reply over the bound, refused from its length prefix."""
 
 
+# what a connection that is gone raises (ssl.SSLError is an OSError too)
+_BROKEN = (OSError, EOFError, StreamTerminatedError, ProtocolError, h2.exceptions.H2Error)
+
+
 def tls_context(ca_file: str, cert_file: str = "", key_file: str = "") -> ssl.SSLContext:
     """TLS to the collector, trusting CA_FILE alone, with a client certificate when
     CERT_FILE/KEY_FILE are given."""
@@ -76,10 +80,19 @@ def tls_context(ca_file: str, cert_file: str = "", key_file: str = "") -> ssl.SS
 class CollectorClient:
     """The collector's agent API, one call at a time, with a deadline on every call.
 
-    The connection opens at the first call and `release()` closes it until the next: the
-    agent releases it once its spool is sent, so that nothing of the client runs between
-    windows. Calls run on the client's own event loop, in the calling thread, one at a
-    time (a lock orders them); the loop runs only during a call.
+    The connection opens at the first call and is kept for the next ones (`release()`
+    closes it). Calls run on the client's own event loop, in the calling thread, one at a
+    time (a lock orders them); the loop runs only during a call, so nothing of the client
+    runs between windows, and a kept connection costs nothing until it is used. Keeping
+    it spares the agent and the collector a TCP and TLS handshake a window: 3.5 ms of the
+    agent's CPU a window with mutual TLS where a kept connection takes 0.9 ms; an idle
+    connection holds about 18 KiB at the collector.
+
+    A kept connection may have died meanwhile (the collector restarted, or closed it while
+    the loop was not running to answer it): a call that fails on one with a connection
+    error is made once more on a new connection. Every call of the agent API may be made
+    twice: a window is taken once by its epoch and sequence number, and registration,
+    assignments and check verdicts replace what the collector held.
 
     A call that does not return raises CallError with its gRPC status.
     """
@@ -106,6 +119,7 @@ class CollectorClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channel: Channel | None = None
         self.opened = 0  # connections opened so far
+        self.stale = 0  # kept connections found dead at a call, and replaced
         self.metadata = {"authorization": f"Bearer {token}"} if token else {}
         self.timeout = timeout
 
@@ -127,34 +141,43 @@ class CollectorClient:
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
+            if self._channel is not None:
+                try:
+                    return self._loop.run_until_complete(call())
+                except TimeoutError as e:  # an OSError, but not a broken connection
+                    raise self._error(e) from None
+                except _BROKEN:
+                    self._drop()  # a kept connection that died while idle: once more, anew
+                    self.stale += 1
+                except Exception as e:
+                    raise self._error(e) from None
             try:
                 return self._loop.run_until_complete(call())
-            except GRPCError as e:
-                raise CallError(e.status, e.message or e.status.name) from None
-            except DecodeError as e:
-                self._drop()  # whatever answers there is not the collector
-                raise CallError(
-                    Status.INTERNAL, f"{self.target}: reply not understood: {e}"
-                ) from None
-            except _ReplyTooBig as e:
-                self._drop()  # the rest of it may still be on its way: not kept either
-                raise CallError(e.status, e.details()) from None
-            except TimeoutError:
-                self._drop()  # a connection that hung is not kept for the next call
-                raise CallError(
-                    Status.DEADLINE_EXCEEDED, f"no answer from {self.target} in {self.timeout:g} s"
-                ) from None
-            except (
-                OSError,  # refused, reset, TLS (ssl.SSLError is an OSError)
-                EOFError,
-                StreamTerminatedError,
-                ProtocolError,
-                h2.exceptions.H2Error,
-            ) as e:
-                self._drop()
-                raise CallError(
-                    Status.UNAVAILABLE, f"{self.target}: {str(e) or type(e).__name__}"
-                ) from None
+            except Exception as e:
+                raise self._error(e) from None
+
+    def _error(self, e: Exception) -> Exception:
+        """The CallError for what a call raised (anything else as it is), with the
+        connection let go where it cannot be trusted with the next call."""
+        if isinstance(e, _ReplyTooBig):
+            self._drop()  # the rest of it may still be on its way
+            return CallError(e.status, e.details())
+        if isinstance(e, CallError):
+            return e
+        if isinstance(e, GRPCError):
+            return CallError(e.status, e.message or e.status.name)
+        if isinstance(e, DecodeError):
+            self._drop()  # whatever answers there is not the collector
+            return CallError(Status.INTERNAL, f"{self.target}: reply not understood: {e}")
+        if isinstance(e, TimeoutError):
+            self._drop()  # a connection that hung is not kept for the next call
+            return CallError(
+                Status.DEADLINE_EXCEEDED, f"no answer from {self.target} in {self.timeout:g} s"
+            )
+        if isinstance(e, _BROKEN):
+            self._drop()
+            return CallError(Status.UNAVAILABLE, f"{self.target}: {str(e) or type(e).__name__}")
+        return e
 
     async def _unary(self, channel: Channel, method: str, request: Message, reply: type[R]) -> R:
         if (size := request.ByteSize()) > MAX_MESSAGE_BYTES:

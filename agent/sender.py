@@ -172,8 +172,6 @@ class Sender:
                     wake.clear()
                     continue
                 ok = self.send_batch()
-                if ok and not self.parts.spool.depth:
-                    self.client.release()  # idle until the next window: see CollectorClient
             except CallError as e:
                 log.warning("collector %s: %s", self.target, _rpc_reason(e))
                 ok = False

@@ -1,15 +1,17 @@
-"""The agent's collector client holds its gRPC channel only while it talks: it opens at
-the first call, `release()` closes it, the next call opens a new one; an agent releases
-it once a window is sent (an open channel keeps gRPC's threads waking)."""
+"""The agent's collector client (grpclib): one connection, opened at the first call and
+kept across windows, made anew when a kept one died meanwhile; bounds on what a server
+may answer, and a gRPC status for every way a call can fail."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import grpc  # type: ignore[import-untyped]
@@ -52,7 +54,7 @@ def test_the_channel_opens_on_use_and_closes_on_release(server: CollectorServer)
     assert not c.connected
 
 
-def test_an_agent_lets_the_channel_go_between_windows(
+def test_an_agent_keeps_one_connection_across_windows(
     server: CollectorServer, tmp_path: Path
 ) -> None:
     cfg = loopback_agent_config(tmp_path, "127.0.0.31", server.port)
@@ -63,14 +65,57 @@ def test_an_agent_lets_the_channel_go_between_windows(
         while agent.sender.acked < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert agent.sender.acked >= 2, "the agent's windows did not reach the collector"
-        # each sent window ends with the channel released; the next opens a new one
-        assert agent.sender.client.opened >= 2
-        deadline = time.monotonic() + 5
-        while agent.sender.client.connected and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not agent.sender.client.connected
+        assert agent.sender.client.opened == 1 and agent.sender.client.connected
     finally:
         agent.close(flush_timeout=0.5)
+
+
+def test_a_kept_connection_to_a_collector_that_restarted_is_made_anew() -> None:
+    """The collector goes away and comes back on its port between two calls: the second
+    call does not fail for the dead connection it kept."""
+    cfg = ServerConfig(
+        listen="127.0.0.1:0", metrics_listen="", api=ApiConfig(trust_local_registration=True)
+    )
+    first = CollectorServer(cfg)
+    first.start()
+    port = first.port
+    c = CollectorClient(f"127.0.0.1:{port}", timeout=5)
+    second = None
+    try:
+        c.register(pb.HostInfo(host="h1"))
+        first.stop(0)
+        second = CollectorServer(replace(cfg, listen=f"127.0.0.1:{port}"))
+        second.start()
+        t0 = time.monotonic()
+        assert c.register(pb.HostInfo(host="h1")).report_interval_ms
+        assert time.monotonic() - t0 < 4  # not after a deadline
+        second.stop(0)  # and a collector that is gone is UNAVAILABLE
+        with pytest.raises(CallError) as e:
+            c.register(pb.HostInfo(host="h1"))
+        assert e.value.code() == Status.UNAVAILABLE and not c.connected
+    finally:
+        c.close()
+        first.stop(0)
+        if second is not None:
+            second.stop(0)
+
+
+def test_a_kept_connection_that_died_unnoticed_is_replaced(server: CollectorServer) -> None:
+    """A kept connection whose socket was shut while the client's loop was not running
+    (nothing has read the news): the call fails on it, and is made once more anew."""
+    c = CollectorClient(f"127.0.0.1:{server.port}", timeout=5)
+    try:
+        c.register(pb.HostInfo(host="h1"))
+        assert c._channel is not None
+        sock = c._channel._protocol.connection._transport.get_extra_info("socket")
+        with socket.socket(fileno=os.dup(sock.fileno())) as same:
+            same.shutdown(socket.SHUT_RDWR)
+        t0 = time.monotonic()
+        assert c.assignments("h1", 0) is not None
+        assert time.monotonic() - t0 < 4
+        assert (c.opened, c.stale) == (2, 1)
+    finally:
+        c.close()
 
 
 class Hostile:
