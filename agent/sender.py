@@ -94,7 +94,7 @@ class Sender:
         except CallError as e:
             if e.code() in (Status.INVALID_ARGUMENT, Status.UNIMPLEMENTED):
                 # the collector will never take this one: say so once and drop it
-                log.error("collector refused the checks: %s", _rpc_reason(e))
+                log.error("collector refused the checks: %s", e)
                 self.parts.checks.sent_ok(msg)
                 return
             if e.code() == Status.FAILED_PRECONDITION:
@@ -173,7 +173,7 @@ class Sender:
                     continue
                 ok = self.send_batch()
             except CallError as e:
-                log.warning("collector %s: %s", self.target, _rpc_reason(e))
+                log.warning("collector %s: %s", self.target, e)
                 ok = False
             if not ok and was_registered and not self.registered:
                 # a collector that forgot us answers: register again soon, not after the
@@ -230,11 +230,7 @@ class Sender:
             bad = keys[len(acks)]
             self.parts.spool.ack(bad)  # it will never be taken: do not block the ones behind it
             self.rejected += 1
-            log.error("collector refused window %s: %s", bad, _rpc_reason(err))
+            log.error("collector refused window %s: %s", bad, err)
             return True
-        log.warning("collector %s: %s", self.target, _rpc_reason(err))
+        log.warning("collector %s: %s", self.target, err)
         return False
-
-
-def _rpc_reason(e: CallError) -> str:
-    return f"{e.code().name}: {e.details()}"

@@ -173,7 +173,7 @@ def test_a_reply_that_is_not_the_message_is_an_error() -> None:
 
 def test_a_peer_that_closes_or_says_nothing() -> None:
     """Whatever listens there: closing at once is UNAVAILABLE, silence is the deadline,
-    and the client is ready for the next call either way."""
+    and either way the connection is let go."""
     with socket.socket() as closes, socket.socket() as silent:
         for s in (closes, silent):
             s.bind(("127.0.0.1", 0))
