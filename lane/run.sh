@@ -11,10 +11,12 @@
 # Before COMMAND, lane/guest-fabric.sh builds N hosts (default 3) on a bridge, or on a
 # routed leaf-spine of network namespaces (--fabric leaf-spine, at least 4 hosts, 3 leaves a
 # rail unless --leaves; --rails 2 gives each host a second device on a second rail
-# network); COMMAND gets the LANE_* variables it writes. Exit status: COMMAND's; 99 when the fabric could not be
-# built; 124 when LANE_TIMEOUT (default 1800 s) ran out.
+# network); COMMAND gets the LANE_* variables it writes. Exit status: COMMAND's; 99 when the
+# fabric could not be built; 98 when the VM was not ready twice (see the watchdog below);
+# 124 when LANE_TIMEOUT (default 1800 s) ran out.
 #
-# Environment: LANE_CPUS (2), LANE_MEM (1G), LANE_TIMEOUT, LANE_KVER, LANE_VERBOSE=1,
+# Environment: LANE_CPUS (2), LANE_MEM (1G), LANE_TIMEOUT, LANE_READY_TIMEOUT (240 s),
+#   LANE_KVER, LANE_VERBOSE=1,
 #   LANE_ENV (more variable names to pass in; PATH, VIRTUAL_ENV, PYTHONPATH, CI, HOME,
 #   TERM and every LANE_* are passed), LANE_ACCEL=kvm (only where /dev/kvm runs stock kernels),
 #   LANE_CPU (the emulated CPU model under TCG; see below).
@@ -68,26 +70,35 @@ fi
 kernel=$LANE_CACHE/vmlinux-$kver
 [ -s "$kernel" ] || kernel=/boot/vmlinuz-$kver
 
-# The guest runs a script it reads from the host's /tmp (visible through the 9p root).
+# The guest runs a script it reads from the host's /tmp (visible through the 9p root); the
+# same directory is mounted writable in the guest, where the script leaves two marks for
+# the watchdog below: `booted` as it starts, `ready` once the fabric is built.
 work=$(mktemp -d /tmp/lane.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-{
-  echo '#!/bin/bash'
-  for v in PATH VIRTUAL_ENV PYTHONPATH CI HOME TERM ${LANE_ENV:-} $(compgen -e | grep '^LANE_' || true); do
-    [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
-  done
-  printf 'export LANE_HOSTS=%q LANE_FABRIC=%q LANE_RAILS=%q LANE_LEAVES=%q LANE_BOOT_T0=%q\n' \
-    "$hosts" "$shape" "$rails" "$leaves" "$(date +%s.%N)"
-  printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
-  if ((fabric)); then
-    printf '%q || { echo "lane: building the fabric failed" >&2; exit 99; }\n' "$here/guest-fabric.sh"
-    echo '. /run/fabricprobe-lane.env'
-  fi
-  printf 'exec'; printf ' %q' "$@"; echo
-} > "$work/cmd.sh"
+write_cmd() { # TRACE COMMAND...: TRACE 1 runs the fabric's build under `bash -x`
+  local trace=$1
+  shift
+  {
+    echo '#!/bin/bash'
+    printf ': > %q/booted\n' "$work"
+    for v in PATH VIRTUAL_ENV PYTHONPATH CI HOME TERM ${LANE_ENV:-} $(compgen -e | grep '^LANE_' || true); do
+      [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
+    done
+    printf 'export LANE_HOSTS=%q LANE_FABRIC=%q LANE_RAILS=%q LANE_LEAVES=%q LANE_BOOT_T0=%q\n' \
+      "$hosts" "$shape" "$rails" "$leaves" "$(date +%s.%N)"
+    printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
+    if ((fabric)); then
+      if ((trace)); then printf 'bash -x '; fi
+      printf '%q || { echo "lane: building the fabric failed" >&2; exit 99; }\n' "$here/guest-fabric.sh"
+      echo '. /run/fabricprobe-lane.env'
+    fi
+    printf ': > %q/ready\n' "$work"
+    printf 'exec'; printf ' %q' "$@"; echo
+  } > "$work/cmd.sh"
+}
 
 args=(--run "$kernel" --force-9p --cpus "${LANE_CPUS:-2}" --memory "${LANE_MEM:-1G}"
-      --cwd / "${rwdirs[@]}" --exec "bash $work/cmd.sh")
+      --cwd / "${rwdirs[@]}" --rwdir "$work" --exec "bash $work/cmd.sh")
 # vng uses KVM whenever /dev/kvm is usable; the /dev/kvm here runs only PVM guests and a
 # stock kernel hangs in it, so software emulation is the default.
 if [ "${LANE_ACCEL:-tcg}" != kvm ]; then
@@ -110,12 +121,37 @@ export PATH="$LANE_CACHE/bin:$LANE_VENV/bin:$PATH"
 # (which sees this namespace's / through QEMU's 9p server); the host's mounts stay as
 # they are. QEMU reopens /proc/self/fd/1 and 2 itself, so both go through pipes to keep
 # a caller's `> log 2>&1` intact.
+#
+# The watchdog: the fabric is ready 8-15 s into the guest's uptime (20-30 s of wall time).
+# A VM that has not built it within LANE_READY_TIMEOUT (default 240 s) is stopped and
+# booted once more, that time with its boot console and the fabric's build traced on
+# stderr, so that a second failure says where it stuck; LANE_TIMEOUT bounds both
+# attempts together.
+deadline=$((SECONDS + ${LANE_TIMEOUT:-1800}))
+ready_s=${LANE_READY_TIMEOUT:-240}
 set +e
-timeout -k 15 "${LANE_TIMEOUT:-1800}" unshare -m --propagation private bash -c '
-  cache=$1; shift
-  [ -d /usr/lib/udev/rules.d ] && mount --bind "$cache/udev" /usr/lib/udev/rules.d
-  [ -e /usr/bin/systemd-tmpfiles ] && mount --bind "$cache/empty" /usr/bin/systemd-tmpfiles
-  exec "$@"' _ "$LANE_CACHE" vng "${args[@]}" < /dev/null > >(cat) 2> >(cat >&2)
-rc=$?
+for attempt in 1 2; do
+  write_cmd "$((attempt > 1))" "$@"
+  rm -f "$work/booted" "$work/ready"
+  timeout -k 15 "$((deadline - SECONDS))" unshare -m --propagation private bash -c '
+    cache=$1; shift
+    [ -d /usr/lib/udev/rules.d ] && mount --bind "$cache/udev" /usr/lib/udev/rules.d
+    [ -e /usr/bin/systemd-tmpfiles ] && mount --bind "$cache/empty" /usr/bin/systemd-tmpfiles
+    exec "$@"' _ "$LANE_CACHE" vng "${args[@]}" < /dev/null > >(cat) 2> >(cat >&2) &
+  vm=$! t0=$SECONDS
+  while [ ! -e "$work/ready" ] && kill -0 "$vm" 2> /dev/null && ((SECONDS - t0 < ready_s)); do
+    sleep 1
+  done
+  if [ -e "$work/ready" ] || ! kill -0 "$vm" 2> /dev/null; then
+    wait "$vm"; rc=$?
+    break
+  fi
+  what="did not boot"; [ -e "$work/booted" ] && what="booted but did not build its fabric"
+  echo "lane: the VM $what within ${ready_s} s (attempt $attempt of 2); stopping it" >&2
+  kill -TERM "$vm"; wait "$vm"
+  rc=98
+  ((deadline - SECONDS > ready_s)) || break
+  args+=(--verbose)
+done
 wait
 exit $rc
