@@ -223,23 +223,31 @@ class FabricLinks:
 
     # ------------------------------------------------------------------ answers
     def class_links(self) -> dict[ClassKey, tuple[str, ...]]:
+        return self._class_paths()[0]
+
+    def _class_paths(self) -> tuple[dict[ClassKey, tuple[str, ...]], set[ClassKey]]:
+        """Each class's links, out then back, and the classes whose answers come back on
+        a source port whose way is not traced yet (their way out alone)."""
         with self._lock:
-            out = {}
+            out, partial = {}, set()
             for k, p in self._paths.items():
                 if k in self._flow_only:
                     continue
                 back = self._returns.get(k)
                 rp = self._paths.get(back) if back else None
                 out[k] = p.links + (rp.links if rp else ())
-            return out
+                if back and rp is None:
+                    partial.add(k)
+            return out, partial
 
     def snapshot(self) -> LinksSnapshot:
-        paths = self.class_links()
+        paths, partial = self._class_paths()
         verdicts = self.localizer.rank(
             paths,
             self.clock(),
             links=self.topology.links(),
             rail_of=rails_of(self.topology, paths),
+            partial=partial,
         )
         with self._lock:
             counts = LinkCounts(

@@ -221,6 +221,7 @@ class Fleet:
         t0 = time.time()
         got: dict[str, object] = {"trial": n, "link": link, "netem": " ".join(what)}
         healthy_flagged: set[str] = set()
+        tops: list[list[tuple[str, int, int, float, bool]]] = []
         detected = None
         try:
             b = next_boundary(t0)
@@ -229,6 +230,14 @@ class Fleet:
                 verdicts = self.links.snapshot().verdicts
                 flagged = [v.link for v in verdicts if v.suspect]
                 healthy_flagged |= set(flagged) - {link}
+                # each window's first four, for a trial that goes wrong: (link, classes,
+                # bad classes, rise in ms, suspect)
+                tops.append(
+                    [
+                        (v.link, v.classes, v.bad_classes, round(v.rtt_rise_s * 1e3, 2), v.suspect)
+                        for v in verdicts[:4]
+                    ]
+                )
                 if detected is None and verdicts[0].link == link and flagged == [link]:
                     detected = k
                     top = verdicts[0]
@@ -246,7 +255,9 @@ class Fleet:
                 b += WINDOW_S
         finally:
             clear(router, dev)
-        got.update(detected_in_windows=detected, healthy_flagged=sorted(healthy_flagged))
+        got.update(
+            detected_in_windows=detected, healthy_flagged=sorted(healthy_flagged), windows=tops
+        )
         print("links trial", json.dumps(got), flush=True)
         # recovery: the link's classes come back to their baselines
         for _ in range(6):
