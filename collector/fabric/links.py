@@ -71,6 +71,7 @@ class LinksSnapshot:
     counts: LinkCounts
     paths: int
     uncovered: tuple[str, ...] = ()  # links crossed by fewer than min_bad known classes
+    partial: int = 0  # classes whose way back is not traced yet (their way out alone)
 
 
 class FabricLinks:
@@ -259,7 +260,7 @@ class FabricLinks:
                 self.counts.class_windows_refused,
             )
         _, short = coverage(paths, self.topology.links(), self.localizer.config.min_bad)
-        return LinksSnapshot(tuple(verdicts), counts, len(paths), tuple(short))
+        return LinksSnapshot(tuple(verdicts), counts, len(paths), tuple(short), len(partial))
 
     def links_of(self, src: str, dst: str) -> list[tuple[int, tuple[str, ...], Rail]]:
         """(source port, links, rail) of every class known from SRC to DST."""

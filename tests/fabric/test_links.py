@@ -221,21 +221,32 @@ class Fleet:
         t0 = time.time()
         got: dict[str, object] = {"trial": n, "link": link, "netem": " ".join(what)}
         healthy_flagged: set[str] = set()
-        tops: list[list[tuple[str, int, int, float, bool]]] = []
+        tops: list[list[tuple[object, ...]]] = []
         detected = None
         try:
             b = next_boundary(t0)
             for k in range(1, 5):
                 time.sleep(max(0.0, b + SETTLE_S - time.time()))
-                verdicts = self.links.snapshot().verdicts
+                snap = self.links.snapshot()
+                verdicts = snap.verdicts
                 flagged = [v.link for v in verdicts if v.suspect]
                 healthy_flagged |= set(flagged) - {link}
                 # each window's first four, for a trial that goes wrong: (link, classes,
-                # bad classes, rise in ms, suspect)
+                # bad classes, rise in ms, suspect), and how many classes wait for their
+                # way back to be traced
                 tops.append(
                     [
-                        (v.link, v.classes, v.bad_classes, round(v.rtt_rise_s * 1e3, 2), v.suspect)
-                        for v in verdicts[:4]
+                        *(
+                            (
+                                v.link,
+                                v.classes,
+                                v.bad_classes,
+                                round(v.rtt_rise_s * 1e3, 2),
+                                v.suspect,
+                            )
+                            for v in verdicts[:4]
+                        ),
+                        ("partial", snap.partial),
                     ]
                 )
                 if detected is None and verdicts[0].link == link and flagged == [link]:
