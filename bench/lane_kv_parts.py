@@ -148,6 +148,13 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=1, help="128 KiB of KV a token")
     ap.add_argument("--outstanding", type=int, default=4, help="KV WRITEs (layers) in flight")
     ap.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="requests a second (Poisson; 0: back to back, the transfers filling the probe "
+        "windows they run in)",
+    )
+    ap.add_argument(
         "--probe-spin-us",
         type=int,
         default=0,

@@ -37,7 +37,8 @@ def lane_hosts(n: int = 3) -> list[dict[str, str]]:
 def kv_workload(model: ModelShape, args: Namespace, port: int, *, seed: int) -> WorkloadConfig:
     """The benchmarks' workload: ARGS.requests requests of ARGS.prompt_tokens moved over
     RDMA to the responder on PORT, ARGS.outstanding WRITEs in flight, prefill and decode
-    all but free (the KV transfer is what is measured)."""
+    all but free (the KV transfer is what is measured); back to back, or ARGS.rate a
+    second where the script has that option."""
     return WorkloadConfig(
         model=model,
         prompt_tokens=args.prompt_tokens,
@@ -45,6 +46,7 @@ def kv_workload(model: ModelShape, args: Namespace, port: int, *, seed: int) -> 
         prefill_s_per_token=0.0,
         decode_step_s=0.001,
         requests=args.requests,
+        rate=getattr(args, "rate", 0.0),
         transport="rdma",
         outstanding=args.outstanding,
         port=port,

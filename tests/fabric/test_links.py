@@ -347,7 +347,11 @@ def test_a_delay_on_one_rail_is_named_on_that_rail(fabric: Fabric, tmp_path: Pat
         rng = random.Random(int(os.environ.get("FABRICPROBE_TRIAL_SEED", "24")))
         for n, rail in enumerate((1, 0, 1)):
             link = rng.choice(fleet.covered(rail))
-            out = tmp_path / "report" if n == 0 else None
+            # the report in the last trial: a new Python process loads the VM's two CPUs
+            # for about two minutes, and the windows after it were no quiet fabric (with it
+            # in the first trial, the second failed twice in four runs: once every class
+            # into two hosts rose 4-5 ms and the links into them were flagged)
+            out = tmp_path / "report" if n == 2 else None
             got = fleet.trial(n + 1, link, ["delay", f"{rng.randint(2, 4)}ms"], out)
             got["on_rail"] = rail
             trials.append(got)
