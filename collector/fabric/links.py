@@ -71,7 +71,7 @@ class LinksSnapshot:
     counts: LinkCounts
     paths: int
     uncovered: tuple[str, ...] = ()  # links crossed by fewer than min_bad known classes
-    partial: int = 0  # classes whose way back is not traced yet (their way out alone)
+    partial: int = 0  # classes whose way back is not traced yet (ranked on their way out)
 
 
 class FabricLinks:
@@ -228,7 +228,7 @@ class FabricLinks:
 
     def _class_paths(self) -> tuple[dict[ClassKey, tuple[str, ...]], set[ClassKey]]:
         """Each class's links, out then back, and the classes whose answers come back on
-        a source port whose way is not traced yet (their way out alone)."""
+        a source port whose way is not traced yet (ranked on their way out alone)."""
         with self._lock:
             out, partial = {}, set()
             for k, p in self._paths.items():
@@ -248,7 +248,6 @@ class FabricLinks:
             self.clock(),
             links=self.topology.links(),
             rail_of=rails_of(self.topology, paths),
-            partial=partial,
         )
         with self._lock:
             counts = LinkCounts(

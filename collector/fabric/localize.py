@@ -20,11 +20,6 @@ went bad, the median rise of those through it and their loss.
 Baselines: a class's baseline is the median of its last good windows' medians, and its
 noise their median absolute deviation; a bad window does not enter it, so a link that
 stays bad stays named.
-
-A class whose answers come back on a source port not traced yet (a responder's QP made
-anew) has its way out alone: while it is so, a rise or a loss of its own names nothing,
-since the fault may be on the way back (two links it never crossed), and its quiet
-windows still clear the links it did.
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ import math
 import statistics
 import threading
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -175,14 +170,10 @@ class Localizer:
         now_s: float,
         links: Iterable[str] = (),
         rail_of: Mapping[str, int | None] | None = None,
-        partial: Collection[ClassKey] = (),
     ) -> list[LinkVerdict]:
         """Every link crossed by a fresh class (and every one of LINKS), ranked: the
         suspects first, in the order they explain the bad classes, then the rest by the
-        share of bad classes through them. PARTIAL: classes whose answers come back on a
-        way not traced yet (PATHS holds their way out alone). A quiet window of theirs
-        clears the links it crossed; a rise or a loss may be on the way back, so it is
-        laid on no link and the class sits out until its way back is known."""
+        share of bad classes through them."""
         cfg = self.config
         with self._lock:
             fresh: dict[ClassKey, _Fresh] = {
@@ -193,10 +184,6 @@ class Localizer:
                 and now_s - c.last.end_s <= cfg.fresh_s
                 and k in paths
             }
-        for k in set(partial).intersection(fresh):
-            bad, _, w = fresh[k]
-            if bad or w.lost:
-                del fresh[k]
         through: dict[str, list[ClassKey]] = {link: [] for link in links}
         for k in fresh:
             for link in dict.fromkeys(paths[k]):
