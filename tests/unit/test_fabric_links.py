@@ -272,6 +272,18 @@ def window_report(
     )
 
 
+def traced(doc: dict, host: str, dst: str, sport: int, spine: int, t: float) -> pb.WindowReport:
+    """HOST's report at T holding one class path: to DST on SPORT, through SPINE."""
+    r = pb.WindowReport(host=host, window_end_unix_ns=int(t * 1e9))
+    r.class_paths.append(
+        pb.ClassPath(
+            dst=dst, sport=sport, src_ip=HOSTS[host][1], dst_ip=HOSTS[dst][1],
+            hops=hops(doc, host, dst, spine),
+        )
+    )  # fmt: skip
+    return r
+
+
 def test_fabric_links_learn_paths_ask_for_traces_and_export(tmp_path: Path) -> None:
     doc = leaf_spine()
     clock = [1000.0]
@@ -296,17 +308,7 @@ def test_fabric_links_learn_paths_ask_for_traces_and_export(tmp_path: Path) -> N
         )
     )
     links.take("h0", r)
-    r2 = pb.WindowReport(host="h2", window_end_unix_ns=int(clock[0] * 1e9))
-    r2.class_paths.append(
-        pb.ClassPath(
-            dst="h1",
-            sport=0xC009,
-            src_ip="192.0.2.3",
-            dst_ip="192.0.2.2",
-            hops=hops(doc, "h2", "h1", 0),
-        )
-    )
-    links.take("h2", r2)
+    links.take("h2", traced(doc, "h2", "h1", 0xC009, 0, clock[0]))
     # the way back of h0's class is h2's to trace, towards h0's address
     assert [(x.dst, x.address, x.sport) for x in links.retraces("h2")] == [
         ("h0", "192.0.2.1", 0xC002)
@@ -354,17 +356,7 @@ def test_fabric_links_learn_paths_ask_for_traces_and_export(tmp_path: Path) -> N
     # counted as partial, and whole once that trace is in
     key = ClassKey("h0", "h2", 0xC001)
     assert links._class_paths()[1] == {key} and links.snapshot().partial == 1
-    r3 = pb.WindowReport(host="h2", window_end_unix_ns=int(clock[0] * 1e9))
-    r3.class_paths.append(
-        pb.ClassPath(
-            dst="h0",
-            sport=0xC002,
-            src_ip="192.0.2.3",
-            dst_ip="192.0.2.1",
-            hops=hops(doc, "h2", "h0", 0),
-        )
-    )
-    links.take("h2", r3)
+    links.take("h2", traced(doc, "h2", "h0", 0xC002, 0, clock[0]))
     paths, partial = links._class_paths()
     assert (
         not partial
