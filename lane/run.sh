@@ -127,6 +127,9 @@ export PATH="$LANE_CACHE/bin:$LANE_VENV/bin:$PATH"
 # booted once more, that time with its boot console and the fabric's build traced on
 # stderr, so that a second failure says where it stuck; LANE_TIMEOUT bounds both
 # attempts together.
+for v in LANE_TIMEOUT LANE_READY_TIMEOUT; do
+  [[ ${!v:-1} =~ ^[1-9][0-9]{0,5}$ ]] || { echo "lane/run.sh: $v must be whole seconds" >&2; exit 2; }
+done
 deadline=$((SECONDS + ${LANE_TIMEOUT:-1800}))
 ready_s=${LANE_READY_TIMEOUT:-240}
 set +e
