@@ -148,4 +148,4 @@ def test_kv_share_metric_is_the_median_of_the_requests_shares(
         wait_for(settled_share, what="the KV share of every request on /metrics")
     finally:
         print("last KV share line:", share_line(), "want", want)
-    assert 0.0 < statistics.median(shares) < 1.0
+    assert 0.0 < want < 1.0
