@@ -1,8 +1,10 @@
 """RDMA probe runners for the agent: a kind -> runner table when pyverbs and the RDMA
 probes load (`rdma_runners()`), and the whole table the agent runs (`all_runners()`).
 
-`rdma_rc_lat` runs an RC SEND/RECV ping-pong burst (fabricprobe.probes.rdma.rc) against the peer's
-responder; `rdma_ud` sends COUNT UD probes with two ACKs each (fabricprobe.probes.rdma.ud, the
+`rdma_rc_lat` runs an RC SEND/RECV ping-pong burst (fabricprobe.probes.rdma.rc) against the
+peer's responder; `rdma_rc_read` a burst of one-sided RDMA READs from the peer's region (the
+peer's NIC answers: no software of the peer's in the RTT, as in a KV transfer's own READs and
+WRITEs); `rdma_ud` sends COUNT UD probes with two ACKs each (fabricprobe.probes.rdma.ud, the
 R-Pingmesh manner) and keeps the network RTT with the responder's delay taken out;
 `rdma_rc_bw` streams COUNT RDMA WRITEs of SIZE bytes and reports the bytes completed
 (planned, like `tcp_bw`, only on request). The source address picks the local RDMA
@@ -109,6 +111,15 @@ def rdma_runners() -> dict[str, Runner]:
             ("rdma", "send"),
             lambda params, spec: RcPingLink(
                 params, op="send", size=spec.size, keepalive_s=keepalive_for(spec)
+            ),
+            lambda link, count: link.round(count, warmup=1),
+            SETUP_TIMEOUT_S,
+        ),
+        # COUNT one-sided RDMA READs of SIZE bytes, one at a time: the peer's NIC answers
+        "rdma_rc_read": kept_runner(
+            ("rdma", "read"),
+            lambda params, spec: RcPingLink(
+                params, op="read", size=spec.size, keepalive_s=keepalive_for(spec)
             ),
             lambda link, count: link.round(count, warmup=1),
             SETUP_TIMEOUT_S,

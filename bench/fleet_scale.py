@@ -39,6 +39,7 @@ from fabricprobe.collector.assign import DEFAULT_KINDS, HostSpec, PlanConfig, pl
 KIND_WIRE = {  # plan kind -> (transport, op) of its windows (agent/probing.py)
     "tcp_lat": ("tcp", "pingpong"),
     "rdma_rc_lat": ("rdma", "send"),
+    "rdma_rc_read": ("rdma", "read"),
     "rdma_ud": ("rdma", "ud"),
 }
 

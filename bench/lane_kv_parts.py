@@ -4,25 +4,29 @@ d, a request's fabric_s must rise by d times the round trips its transfer waited
 and its engine wait must not.
 
 Agents on h0 and h1 of the soft-RoCE lane, each a `probe agent` process of its own
-(`--inline-agents`: in this process), probe each other (RC latency and bandwidth) into a
-collector in this process; the workload (the real pipeline: KV caches moved by
-RDMA WRITE, `--outstanding` layers in flight) sends its requests h0 -> h1 with their spans
-to the same collector over OTLP, each KV transfer's span saying the round trips it
-waited for (`fabricprobe.round_trips`). Rounds take d = 0, 1 ms and 3 ms in turn, on h0's
-netdev towards h1, so the probes and the transfers cross the same delay. After each
-round the collector's Why (the Query API that `probe why` reads) gives every request's
-kv_wait_s, fabric_s and engine_wait_s; per d the script prints their medians and, against
-d = 0, the rise of fabric_s beside the rise d explains (round trips x d), the rise the
-delay really gave (round trips x the rise of a lone 64 B RC ping-pong's RTT p50, measured
-on the path at each delay before the transfers: netem under emulation adds more than
-d) and the rise of engine_wait_s.
+(`--inline-agents`: in this process), probe each other into a collector in this process:
+one-sided RC READs of 64 B for the RTT (`rdma_rc_read`, which the join takes before any
+ping-pong: the peer's NIC answers them, as it answers the transfers' WRITEs) and 64 KiB
+RC WRITE streams for the bandwidth (`--kinds`). The workload (the real pipeline: KV
+caches moved by RDMA WRITE, `--outstanding` layers in flight) sends its requests
+h0 -> h1 with their spans to the same collector over OTLP, each KV transfer's span
+saying the round trips it waited for (`fabricprobe.round_trips`). Rounds take d = 0,
+1 ms and 3 ms in turn, on h0's netdev towards h1, so the probes and the transfers cross
+the same delay. After each round the collector's Why (the Query API that `probe why`
+reads) gives every request's kv_wait_s, fabric_s and engine_wait_s; per d the script
+prints their medians and, against d = 0, the rise of fabric_s beside the rise d
+explains (round trips x d), the rise the delay really gave (round trips x the rise of
+200 lone 64 B READs' RTT p50, measured on the path at each delay before the transfers:
+netem under emulation adds more than d) and the rise of engine_wait_s.
 
-The agents' probe loops sleep on completion events from the start (`--probe-spin-us 0`,
-as the agent's option advises where many loops share few CPUs): the lane's two CPUs
-carry two agents, the workload and the emulated NICs, and with each loop busy-polling
-up to 5 ms for an answer that netem holds d, a probe's wait for a CPU lifted some
-windows' RTT p50 to 2-3x d before any transfer ran (`--windows` prints them;
-`--probe-spin-us -1` for the busy-polling default).
+The agents' probe loops busy-poll as they do by default (`--probe-spin-us -1`: 5 ms,
+then a poll every 50 us). A READ has no loop on the peer, so one prober's poll is all
+the CPU a probe takes. A loop asleep on completion events (`--probe-spin-us 0`) counts
+its wake-up into every RTT that netem held, and into none at d = 0, where the READ
+completes before the loop would sleep. With the two-sided ping-pong
+(`--kinds rdma_rc_lat,rdma_rc_bw`), busy-polling loops at both ends of both directions
+fought for the lane's two CPUs and lifted some windows' RTT p50 to 2-3x d before any
+transfer ran (`--windows` prints them); sleeping loops were the better choice there.
 
 Runs in the lane (the delay needs the lane's netdevs; the milliseconds are emulation,
 the rises against a known delay are the figure):
@@ -82,10 +86,10 @@ def delay_seconds(spec: str) -> float:
 
 
 def lone_rtt(src: Host, dst: Host, port: int) -> float:
-    """The path's RTT p50 from a lone RC SEND ping-pong of 64 B (a kept link, 200
-    exchanges): what the delay really adds under emulation, beside what it is set to."""
+    """The path's RTT p50 from 200 lone one-sided RDMA READs of 64 B: what the delay
+    really adds under emulation, beside what it is set to."""
     link = LinkParams(dst.address, port, bind=src.address)
-    res = rc.rc_latency(link, op="send", size=64, iters=200, warmup=20)
+    res = rc.rc_latency(link, op="read", size=64, iters=200, warmup=20)
     if res.error or res.summary.p50_us is None:
         sys.exit(f"the lone ping-pong failed: {res.error}")
     return res.summary.p50_us / 1e6
@@ -157,9 +161,14 @@ def main() -> None:
     ap.add_argument(
         "--probe-spin-us",
         type=int,
-        default=0,
-        help="the agents' --probe-spin-us (-1: their default busy-poll; 0, as the lane's two "
-        "CPUs shared by two agents and the workload need: sleep on completion events)",
+        default=-1,
+        help="the agents' --probe-spin-us (-1: their default, busy-poll 5 ms then poll every "
+        "50 us; 0: sleep on completion events at once)",
+    )
+    ap.add_argument(
+        "--kinds",
+        default="rdma_rc_read,rdma_rc_bw",
+        help="the probe kinds planned (rdma_rc_lat for the two-sided ping-pong's RTT)",
     )
     ap.add_argument(
         "--windows", action="store_true", help="print the path's latency windows each round"
@@ -176,7 +185,11 @@ def main() -> None:
     # 64 B probes for the RTT, 64 KiB ones for the bandwidth (the join and the price take
     # each from its own size)
     plan = PlanConfig(
-        interval_ms=1000, count=10, budget=8, sizes=(64, 65536), kinds=("rdma_rc_lat", "rdma_rc_bw")
+        interval_ms=1000,
+        count=10,
+        budget=8,
+        sizes=(64, 65536),
+        kinds=tuple(args.kinds.split(",")),
     )
     model = PRESETS["Llama-3.1-8B"]
     rows: list[Row] = []

@@ -8,7 +8,9 @@ Run it inside the VM lane (it needs two lane hosts and perftest):
 In alternating rounds on one path (h0 -> h1), each figure measured by perftest and by
 fabricprobe back to back, with the same size, iterations and depth:
   * RC SEND and WRITE latency from 2 B to 1 MiB (`ib_send_lat`, `ib_write_lat`):
-    perftest's typical one-way figure against fabricprobe's RTT p50 / 2;
+    perftest's typical one-way figure against fabricprobe's RTT p50 / 2; RDMA READ
+    latency (`ib_read_lat`, which reports the READ's whole round trip) against
+    fabricprobe's one-sided READ RTT p50;
   * UD latency (`ib_send_lat -c UD`, a 20 B ping-pong) against fabricprobe's UD probe
     (20 B, one out at a time, the next as soon as the last is answered): its network
     RTT p50 / 2 (the responder's own delay taken out, as the agent reports it), and its
@@ -179,7 +181,7 @@ def figures(a: dict[str, object], b: dict[str, object], engine: str, args: Any) 
         spin_s=spin_seconds(args.spin_us),
     )
     out: list[Figure] = []
-    for op in ("send", "write"):
+    for op in ("send", "write", "read"):
         for size in LAT_SIZES:
             n = lat_iters(args.iters, size)
 
@@ -188,11 +190,15 @@ def figures(a: dict[str, object], b: dict[str, object], engine: str, args: Any) 
                     f"{op}_lat {size}",
                     lambda: rc.rc_latency(link, op=op, size=size, iters=n, warmup=min(200, n)),
                 )
-                return half(res.summary.p50_us), res.loop_overhead_ns
+                p50 = res.summary.p50_us
+                rtt = op == "read"  # ib_read_lat reports the whole round trip
+                return (p50 if rtt and p50 is not None else half(p50)), res.loop_overhead_ns
 
-            # ib_*_lat columns: bytes, iters, t_min, t_max, t_typical (one-way, us)
+            # ib_*_lat columns: bytes, iters, t_min, t_max, t_typical (us: one-way, but
+            # the round trip for read_lat)
+            unit = "us RTT" if op == "read" else "us one-way"
             out.append(
-                Figure(f"rc {op}_lat {size} B [{engine}]", "us one-way", f"ib_{op}_lat",
+                Figure(f"rc {op}_lat {size} B [{engine}]", unit, f"ib_{op}_lat",
                        ("-s", str(size), "-n", str(n)), 4, lat)
             )  # fmt: skip
 

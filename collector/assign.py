@@ -30,7 +30,14 @@ MAX_REPLAN_WAIT_S = 5.0
 DEFAULT_KINDS: tuple[str, ...] = ("tcp_lat", "rdma_rc_lat", "rdma_ud")
 # Every kind an agent can run (agent/probing.py TCP_RUNNERS, agent/rdma_runners.py); a
 # test holds the two lists together.
-PROBE_KINDS: tuple[str, ...] = ("tcp_lat", "tcp_bw", "rdma_rc_lat", "rdma_rc_bw", "rdma_ud")
+PROBE_KINDS: tuple[str, ...] = (
+    "tcp_lat",
+    "tcp_bw",
+    "rdma_rc_lat",
+    "rdma_rc_read",
+    "rdma_rc_bw",
+    "rdma_ud",
+)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ Example file::
     probe_interval_s = 10.0
     probe_count = 10
     sizes = [64, 4096]
-    kinds = ["tcp_lat", "rdma_rc_lat", "rdma_ud", "tcp_bw"]  # tcp_bw is off by default
+    # tcp_bw and rdma_rc_read are off by default; the KV join and the price take the
+    # one-sided READs' RTT where a path has them
+    kinds = ["tcp_lat", "rdma_rc_lat", "rdma_rc_read", "rdma_ud", "tcp_bw"]
     stale_after_s = 30.0
     otlp_http_listen = "0.0.0.0:4318"   # OTLP over HTTP beside the gRPC receiver
     http_body_timeout_s = 30.0  # HTTP bounds (fabricprobe/core/web.py Limits)

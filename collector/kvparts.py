@@ -39,6 +39,10 @@ import pandas as pd
 # the request, the data after it, and the notification.
 PROTOCOL_RTTS: dict[str, int] = {"rdma": 2, "tcp": 3}
 DEFAULT_RTTS = 2  # transport not given: the RDMA count, the fewest a transfer can take
+# The op of one-sided latency windows (rdma_rc_read): an RDMA READ's RTT holds the two
+# NICs and the path, and no software on the far end, as a KV transfer's READs and WRITEs
+# do. A path's price and a transfer's join take these before its ping-pongs.
+ONE_SIDED_OP = "read"
 MTU_BYTES = 4096  # RoCE's largest MTU: the fewest packets, so the fewest retransmits
 PAUSED_MAX = 0.99  # a link paused more than this share of the time moves nothing
 

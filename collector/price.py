@@ -25,7 +25,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fabricprobe.collector.kvparts import DEFAULT_RTTS, PROTOCOL_RTTS, fabric_seconds
+from fabricprobe.collector.kvparts import (
+    DEFAULT_RTTS,
+    ONE_SIDED_OP,
+    PROTOCOL_RTTS,
+    fabric_seconds,
+)
 from fabricprobe.collector.store import PathView, WindowStore
 from fabricprobe.core.price import Price
 from fabricprobe.core.web import Call, Reply, Route
@@ -95,17 +100,19 @@ def check_bytes(value: object, cfg: PriceConfig = PriceConfig()) -> int:
 
 
 def _newest(cands: Sequence[PathView], *, smallest: bool) -> PathView | None:
-    """The candidate of the best transport (TRANSPORT_ORDER), then of the smallest probe
+    """The candidate of the best transport (TRANSPORT_ORDER), then one-sided (an RDMA
+    READ's RTT: no far-end software in it, ONE_SIDED_OP), then of the smallest probe
     size (SMALLEST: an RTT, whose larger sizes add their own serialization) or the
     largest (a bandwidth, which small messages hold to their message rate), newest
     within it."""
     if not cands:
         return None
 
-    def rank(v: PathView) -> tuple[int, int, int]:
+    def rank(v: PathView) -> tuple[int, bool, int, int]:
         t = v.key.transport
         order = TRANSPORT_ORDER.index(t) if t in TRANSPORT_ORDER else len(TRANSPORT_ORDER)
-        return (-order, -v.key.size if smallest else v.key.size, v.last_end_ns)
+        one_sided = v.key.op == ONE_SIDED_OP  # no software on the far end in its RTT
+        return (-order, one_sided, -v.key.size if smallest else v.key.size, v.last_end_ns)
 
     return max(cands, key=rank)
 

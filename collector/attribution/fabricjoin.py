@@ -20,8 +20,10 @@ answer came, probes/rdma/rc.py): where a path's windows carry it, what it takes 
 the path's quietest prober delay is the prober end's estimate in full, in place of half
 the prober's reference; the responder end keeps half its reference (a UD RTT has the
 responder's processing taken out already, but not the time its loop took to see the
-probe). A window is host-bound when the estimate is at least HOST_SHARE of what the
-path's RTT rose above its own floor at its median, or when the prober's own delay,
+probe), and the far end of a one-sided RTT (an RDMA READ, which the far end's NIC answers)
+has no share: where a path has one-sided windows, the join takes them. A window is
+host-bound when the estimate is at least HOST_SHARE of what the path's RTT rose above its
+own floor at its median, or when the prober's own delay,
 measured on the path, is that share of its p99's rise (a prober spinning on a shared CPU
 sees most answers at once and loses a slice now and then: its tail is the host's while
 its median is the path's). A reference's tail is no such measure: a quiet host's
@@ -43,6 +45,7 @@ from fabricprobe.collector.history import (
     CounterRate,
     FabricWindow,
 )
+from fabricprobe.collector.kvparts import ONE_SIDED_OP
 
 NAN = math.nan
 HOST_SHARE = 0.5
@@ -239,11 +242,16 @@ def windows_over(
 
 
 def smallest_probes(ws: list[FabricWindow]) -> list[FabricWindow]:
-    """WS's windows of its smallest probe size: the path's RTT per round trip. A larger
-    probe's RTT carries its own serialization, which a transfer's bytes are charged for
-    apart (at the path's bandwidth), so a fleet probing several sizes counts it once."""
+    """WS's windows of one kind of probe: one-sided ones (ONE_SIDED_OP) where there are
+    any, as a KV transfer's own READs and WRITEs have no far-end software in their round
+    trips either; of those, the smallest probe size: the path's RTT per round trip. A
+    larger probe's RTT carries its own serialization, which a transfer's bytes are
+    charged for apart (at the path's bandwidth), so a fleet probing several sizes counts
+    it once."""
     if not ws:
         return ws
+    one_sided = [w for w in ws if w.op == ONE_SIDED_OP]
+    ws = one_sided or ws
     size = min(w.size for w in ws)
     return [w for w in ws if w.size == size]
 
@@ -357,17 +365,20 @@ def join_transfer(
     prober, own50, own99 = prober_excess(index, w)
     ends = []
     measured99 = NAN  # the prober's own tail, where it measured it on the path
+    one_sided = bool(w) and w[0].op == ONE_SIDED_OP
     for h in (src, dst):
         if h == prober and not math.isnan(own50):
             ends.append((own50, own99))
             measured99 = own99
+        elif one_sided and h != prober:
+            ends.append((0.0, 0.0))  # the far end's NIC answered: none of its host's delay
         else:
             e = host_excess(index, h, start, end, slack, horizon)
             ends.append((e[0] / 2, e[1] / 2))
     known = [e for e in ends if not math.isnan(e[0])]
     delay = sum(e[0] for e in known) if known else NAN
     delay99 = sum(e[1] for e in known) if known else NAN
-    floor = _min(x.rtt_min_s for x in pw if x.size == w[0].size) if w else NAN
+    floor = _min(x.rtt_min_s for x in pw if x.size == w[0].size and x.op == w[0].op) if w else NAN
     rise, rise99 = p50 - floor, p99 - floor
     out["host_delay_s"] = delay
     out["rtt_p50_net_s"] = max(rmin, p50 - delay) if known and w else p50

@@ -1,5 +1,7 @@
 """RC probes: ping-pong latency (SEND/RECV, or RDMA WRITE with memory polling as perftest's
-write_lat does) and bandwidth (WRITE or SEND with several operations in flight).
+write_lat does), one-sided latency (RDMA READ, as perftest's read_lat: the peer's NIC
+answers, no software on the peer takes part) and bandwidth (WRITE or SEND with several
+operations in flight).
 
 A probe is a session on the responder (`probe serve`): the prober's hello carries its
 RdmaEndpoint and the run's shape; the responder builds its QP on the device that owns
@@ -47,7 +49,7 @@ from fabricprobe.probes.measure import (
 from fabricprobe.probes.rdma.links import RdmaLink, pick_engine, responder_engine
 from fabricprobe.probes.rdma.verbs import RcEndpoint, Spin, device_for_address
 
-LAT_OPS = ("send", "write")
+LAT_OPS = ("send", "write", "read")
 BW_OPS = ("write", "send")
 MIN_SIZE, MAX_SIZE = 1, 1 << 20
 MAX_ITERS = 10_000_000
@@ -184,6 +186,31 @@ def _write_pingpong(ep: RcEndpoint, remote: RdmaEndpoint, loop: PingPong) -> Loo
     return LoopOutcome(total)
 
 
+def _read_probe(ep: RcEndpoint, remote: RdmaEndpoint, loop: PingPong) -> LoopOutcome:
+    """The pyverbs one-sided loop: one signaled RDMA READ at a time, timed from its post
+    to its completion."""
+    total, step_s, samples, own = loop.total, loop.step_s, loop.samples, loop.own
+    wr = ep.read_wr(remote, loop.size)
+    clock, mono, poll, post = time.perf_counter_ns, time.monotonic, ep.poll, ep.post
+    i = 0
+    try:
+        for i in range(total):
+            t0 = clock()
+            post(wr)
+            if not poll(ep.send_cq, 1, mono() + step_s):
+                return LoopOutcome(i, f"no READ response within {step_s:g} s")
+            t1 = clock()
+            if samples is not None:
+                samples[i] = t1 - t0
+            if own is not None:
+                own[i] = t1 - max(int(ep.last_empty * 1e9), t0)
+            if loop.progress is not None and i & 0x3FF == 0:
+                loop.progress(i, total)
+    except (PeerError, TimeoutError) as err:
+        return LoopOutcome(i, str(err))
+    return LoopOutcome(total)
+
+
 def loop_overhead_ns(engine: str = "pyverbs", rounds: int = 2000) -> int:
     """Median cost of what the timed part of a sample holds besides the verbs calls: the
     two clock reads (and, in Python, the store into the sample array). Reported beside
@@ -214,7 +241,7 @@ def _endpoint(engine: str, device: str, size: int, gid_index: int, op: str, rece
     """An RC endpoint of ENGINE; pyverbs' gets RECEIVES pre-posted (native posts its own).
     Its QP is asked for SIZE bytes of inline data (up to MAX_INLINE_ASK), and takes what
     the provider grants."""
-    remote_access = op == "write"
+    remote_access = op in ("write", "read")
     inline = min(size, MAX_INLINE_ASK)
     if engine == "native":
         from fabricprobe.probes.rdma.native import NativeRcEndpoint
@@ -229,15 +256,21 @@ def _endpoint(engine: str, device: str, size: int, gid_index: int, op: str, rece
 
 
 def _pingpong(engine: str, ep: Any, op: str, remote: RdmaEndpoint, loop: PingPong) -> LoopOutcome:
+    if op == "read" and not loop.first:
+        raise ValueError("an RDMA READ has no answering loop: its peer's NIC answers")
     if engine == "pyverbs":
         if op == "send":
             return _send_pingpong(ep, loop)
+        if op == "read":
+            return _read_probe(ep, remote, loop)
         return _write_pingpong(ep, remote, loop)
     size, total, first, step_s = loop.size, loop.total, loop.first, loop.step_s
     samples, own = loop.samples, loop.own
     try:  # the native loop runs to the end in C: no progress callbacks
         if op == "send":
             done = ep.send_pingpong(size, total, first, step_s, samples, own)
+        elif op == "read":
+            done = ep.read_probe(remote, size, total, step_s, samples, own)
         else:
             done = ep.write_pingpong(remote, size, total, first, step_s, samples, own)
     except PeerError as err:
@@ -293,14 +326,14 @@ class RcPingLink(RdmaLink):
     """An RC ping-pong link: several rounds over one connected QP on each end, instead of
     a device context, PD, CQs, MR and QP built and torn down for each. Only SEND links
     carry several rounds (a WRITE round's marker sequence restarts, so it could be
-    mistaken for the last round's)."""
+    mistaken for the last round's), and READ links (nothing on the peer counts)."""
 
     def __init__(
         self, params: LinkParams, *, op: str = "send", size: int = 2, keepalive_s: float = 0.0
     ) -> None:
         check_shape(op, size, 1, LAT_OPS)
-        if keepalive_s and op != "send":
-            raise ValueError("only SEND ping-pong links carry several rounds")
+        if keepalive_s and op == "write":
+            raise ValueError("WRITE ping-pong links carry one round")
         super().__init__(params, keepalive_s=keepalive_s)
         self.op, self.size = op, size
         self._overhead_ns: int | None = None
@@ -503,9 +536,17 @@ def _session_endpoint(
 
 def serve_rc_latency(session: Session) -> dict[str, Any]:
     op, size, iters, step_s, engine, remote = _session_shape(session, LAT_OPS)
-    if session.keepalive and op != "send":
-        raise ProtocolError("only SEND ping-pong sessions carry several rounds")
+    if session.keepalive and op == "write":
+        raise ProtocolError("WRITE ping-pong sessions carry one round")
     ep = _session_endpoint(session, engine, size, op, op == "send", remote)
+    if op == "read":  # the NIC answers: hold the QP and region until the last round's done
+        while (nxt := session.next_round()) is not None:
+            require_int(nxt, "iters", 1, MAX_ITERS, where="again.params.")
+            session.go()
+        if not session.keepalive:  # a round of ITERS READs, READ_WAIT_S each at the slowest
+            wait = min(MAX_STREAM_WAIT_S, step_s + iters * READ_WAIT_S)
+            session.wait_done(max(session.step_timeout, wait))
+        return {"answered": 0, "error": None, "engine": engine}
     answered = 0
     while True:  # one round, or one per `again` of a kept link
         out = _pingpong(engine, ep, op, remote, PingPong(size, iters, False, step_s))
@@ -523,6 +564,7 @@ def serve_rc_latency(session: Session) -> dict[str, Any]:
 # The slowest stream a WRITE target waits out: it sees none of the WRITEs land, so it
 # holds its QP and region for as long as ITERS x SIZE take at this rate (plus a step).
 STREAM_FLOOR_BPS = 1 << 20
+READ_WAIT_S = 0.01  # the slowest READ a one-round READ session's target waits out
 MAX_STREAM_WAIT_S = 900.0
 
 

@@ -345,6 +345,15 @@ class RcEndpoint(VerbsEndpoint):
         wr.set_wr_rdma(remote.rkey, remote.addr)
         return wr
 
+    def read_wr(self, remote: RdmaEndpoint, length: int) -> Any:
+        """A signaled RDMA READ of LENGTH bytes from REMOTE's receive half into ours."""
+        sge = SGE(self.mr.buf + self.size, length, self.mr.lkey)
+        wr = SendWR(
+            wr_id=1, opcode=e.IBV_WR_RDMA_READ, num_sge=1, sg=[sge], send_flags=e.IBV_SEND_SIGNALED
+        )
+        wr.set_wr_rdma(remote.rkey, remote.addr)
+        return wr
+
     def post(self, wr: Any) -> None:
         self.qp.post_send(wr)
 

@@ -1,5 +1,5 @@
-"""Agents on the hosts of the soft-RoCE VM lane probing each other over RDMA (RC, UD) and
-TCP, end to end into /metrics (runs in the lane: `make lane-test`)."""
+"""Agents on the hosts of the soft-RoCE VM lane probing each other over RDMA (RC ping-pong,
+one-sided RC READs, UD) and TCP, end to end into /metrics (runs in the lane: `make lane-test`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,12 @@ def test_lane_hosts_rdma_and_tcp_into_metrics(lane_hosts, tmp_path: Path) -> Non
             api=ApiConfig(
                 trust_local_registration=True,  # the lane's hosts call from 127.0.0.1
                 report_interval_ms=2000,
-                plan=PlanConfig(interval_ms=1000, count=20, budget=8),
+                plan=PlanConfig(
+                    interval_ms=1000,
+                    count=20,
+                    budget=8,
+                    kinds=("tcp_lat", "rdma_rc_lat", "rdma_rc_read", "rdma_ud"),
+                ),
             ),
         )
     )
@@ -46,7 +51,8 @@ def test_lane_hosts_rdma_and_tcp_into_metrics(lane_hosts, tmp_path: Path) -> Non
     ]
     for a in agents:
         a.start()
-        assert {"rdma_rc_lat", "rdma_ud"} <= set(a.probe_kinds()), "RDMA runners did not load"
+        kinds = {"rdma_rc_lat", "rdma_rc_read", "rdma_ud"}
+        assert kinds <= set(a.probe_kinds()), "RDMA runners did not load"
     try:
         names = [h["name"] for h in hosts]
         want = [
@@ -55,7 +61,7 @@ def test_lane_hosts_rdma_and_tcp_into_metrics(lane_hosts, tmp_path: Path) -> Non
             for s in names
             for d in names
             if s != d
-            for tr, op in (("rdma", "send"), ("rdma", "ud"), ("tcp", "pingpong"))
+            for tr, op in (("rdma", "send"), ("rdma", "read"), ("rdma", "ud"), ("tcp", "pingpong"))
         ]
         url = f"http://127.0.0.1:{server.metrics_port}/metrics"
         # three agents, their responders and the collector share one emulated machine:

@@ -30,7 +30,7 @@ def responder(lane_hosts) -> Iterator[None]:
     assert proc.wait(timeout=30) == 0
 
 
-@pytest.mark.parametrize("op", ["send", "write"])
+@pytest.mark.parametrize("op", ["send", "write", "read"])
 def test_rc_latency_counts_every_round_trip(lane_hosts, responder, op: str) -> None:
     a, b = lane_hosts[0], lane_hosts[1]
     res = rc_latency(LinkParams(b.ip, PORT, bind=a.ip), op=op, size=2, iters=300, warmup=20)
@@ -139,7 +139,9 @@ def settle_qps(want: int, limit: float = 30.0) -> int:
     return n
 
 
-@pytest.mark.parametrize("kind", ["rc pyverbs", "rc native", "ud pyverbs", "ud native"])
+@pytest.mark.parametrize(
+    "kind", ["rc pyverbs", "rc native", "read pyverbs", "read native", "ud pyverbs", "ud native"]
+)
 def test_a_kept_link_carries_rounds_over_one_qp_on_each_end(
     lane_hosts, responder, kind: str
 ) -> None:
@@ -150,7 +152,9 @@ def test_a_kept_link_carries_rounds_over_one_qp_on_each_end(
     if kind.startswith("ud"):
         link = UdLink(LinkParams(b.ip, PORT, bind=a.ip, engine=engine), keepalive_s=30)
     else:
-        link = RcPingLink(LinkParams(b.ip, PORT, bind=a.ip, engine=engine), size=64, keepalive_s=30)
+        op = "read" if kind.startswith("read") else "send"
+        params = LinkParams(b.ip, PORT, bind=a.ip, engine=engine)
+        link = RcPingLink(params, op=op, size=64, keepalive_s=30)
     counts, errors, during = [], [], set()
     t0 = time.monotonic()
     with link:
@@ -167,7 +171,7 @@ def test_a_kept_link_carries_rounds_over_one_qp_on_each_end(
 
 def test_a_write_link_is_one_round_only(lane_hosts, responder) -> None:
     b = lane_hosts[1]
-    with pytest.raises(ValueError, match="only SEND"):
+    with pytest.raises(ValueError, match="WRITE ping-pong links carry one round"):
         RcPingLink(LinkParams(b.ip, PORT), op="write", keepalive_s=30)
 
 
@@ -262,3 +266,27 @@ def test_loops_that_sleep_on_completion_events_answer_every_probe(lane_hosts, re
     )
     assert (res.summary.count, res.summary.lost, res.error) == (0, 4, None)
     assert wall >= 4 * 0.5
+
+
+def test_a_read_rtt_holds_no_software_of_the_peer(lane_hosts, responder) -> None:
+    """One-sided READs against the same responder as a SEND ping-pong, both probers asleep
+    on completion events: the peer's NIC answers a READ, so its RTT holds neither the
+    peer's wake-up nor its loop, and is below the ping-pong's; a delay on the path lifts
+    it by at least the delay."""
+    a, b = lane_hosts[0], lane_hosts[1]
+    asleep = LinkParams(b.ip, PORT, bind=a.ip, engine="native", spin_s=0.0)
+    read = rc_latency(asleep, op="read", size=64, iters=300, warmup=10)
+    send = rc_latency(asleep, op="send", size=64, iters=300, warmup=10)
+    netem.impair(a.netdev, b.ip, delay="2ms")
+    try:
+        delayed = rc_latency(asleep, op="read", size=64, iters=100, warmup=5)
+    finally:
+        netem.clear(a.netdev)
+    print(
+        f"\n64 B p50: READ {read.summary.p50_us:.1f} us, SEND ping-pong "
+        f"{send.summary.p50_us:.1f} us, READ with 2 ms {delayed.summary.p50_us:.1f} us"
+    )
+    for res in (read, send, delayed):
+        assert res.error is None and res.summary.lost == 0
+    assert read.summary.p50_us < send.summary.p50_us
+    assert delayed.summary.min_us >= 2000 + read.summary.min_us

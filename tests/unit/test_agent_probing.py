@@ -358,7 +358,7 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     from fabricprobe.agent import rdma_runners as mod
 
     runners = mod.rdma_runners()
-    assert sorted(runners) == ["rdma_rc_bw", "rdma_rc_lat", "rdma_ud"]
+    assert sorted(runners) == ["rdma_rc_bw", "rdma_rc_lat", "rdma_rc_read", "rdma_ud"]
     runner = runners["rdma_rc_lat"]
     ctx = ProbeContext(bind="10.0.0.1", timeout=1.0, sysfs_root="/x")
     b = ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_lat", 64, 2, 10.0)
@@ -384,6 +384,17 @@ def test_rdma_runners_keep_links_between_bursts(monkeypatch: pytest.MonkeyPatch)
     assert len(ctx.links) == 1 and (links[0].closed, links[1].closed, links[2].closed) == (1, 0, 1)
     ctx.links.close()
     assert len(ctx.links) == 0 and links[1].closed == 1
+
+    read = runners["rdma_rc_read"](
+        ProbeSpec("e", "10.0.0.5", 4793, "rdma_rc_read", 64, 2, 10.0), ctx
+    )
+    assert (read.transport, read.op, read.failed, read.rtt_ns) == (
+        "rdma",
+        "read",
+        False,
+        [3000] * 2,
+    )
+    assert links[-1].kw == {"op": "read", "size": 64, "keepalive_s": 30.0}
 
     bw = runners["rdma_rc_bw"](ProbeSpec("b", "10.0.0.2", 4793, "rdma_rc_bw", 65536, 8, 10.0), ctx)
     assert (bw.op, bw.bytes_moved, bw.busy_seconds) == ("write_stream", 8 * 65536, 0.5)

@@ -106,3 +106,34 @@ def test_hosts_without_a_reference_keep_the_raw_figures() -> None:
     assert (kv["rtt_p50_net_s"] == kv["rtt_p50_s"]).all()
     paths = rank_paths(kv).set_index(["src", "dst"])
     assert paths.loc[("b", "c"), "fabric_bound"] and not paths["host_bound"].any()
+
+
+def one_sided(src: str, dst: str, start: int, end: int, p50_us: float) -> FabricWindow:
+    """A window of one-sided READs (rdma_rc_read): the far end's NIC answers them."""
+    return FabricWindow(
+        src, dst, "rdma", "read", 64, start, end, 0.9 * p50_us * US, p50_us * US, 2 * p50_us * US,
+        0.0, 50,
+    )  # fmt: skip
+
+
+def test_a_path_with_one_sided_windows_is_joined_on_them_and_its_far_end_has_no_share() -> None:
+    """A busy responder (b) lifts the ping-pong's RTT and its own reference; the READs'
+    RTT, which b's NIC answers, stays. The join takes the READs, charges none of b's
+    delay to them, and keeps the path off host-bound and off fabric-bound."""
+    st, ws = fleet(busy="b", delayed=None)
+    quiet = windows_frame(
+        [one_sided("a", "b", 0, 10 * S, 12), one_sided("a", "b", 10 * S, 30 * S, 12)]
+    )
+    both = windows_frame(
+        [
+            *(FabricWindow(**r) for r in ws.to_dict("records")),
+            *(one_sided("a", "b", t, t + 10 * S, 12) for t in (0, 10 * S, 20 * S)),
+        ]
+    )
+    ab = join_fabric(st, both, rates_frame([]), slack_s=0.0).set_index("request_id").loc["ab0"]
+    assert ab["rtt_p50_s"] == pytest.approx(12 * US)  # the READs', not the ping-pong's 995
+    assert ab["rtt_min_s"] == pytest.approx(10.8 * US)
+    assert ab["host_delay_s"] == pytest.approx(5 * US / 2)  # a's half; b's NIC answered
+    assert ab["host_bound"] == 0.0
+    alone = join_fabric(st, quiet, rates_frame([]), slack_s=0.0).set_index("request_id")
+    assert alone.loc["ab0", "rtt_p50_s"] == pytest.approx(12 * US)

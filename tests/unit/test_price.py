@@ -92,6 +92,26 @@ def test_the_rtt_is_the_smallest_probes_and_the_bandwidth_the_largest() -> None:
     assert p.bandwidth_bytes_per_s == 2e9
 
 
+def test_the_rtt_is_the_one_sided_probes_where_the_path_has_them() -> None:
+    """A path probed by SEND ping-pongs and by one-sided READs (rdma_rc_read): the READs'
+    RTT has no software of the far end in it, as a KV transfer's has none; the price takes
+    it, even from an older window and a larger probe."""
+    store, _ = store_with(rtt_ns=None, end_ns=NOW - S // 2)
+    for seq, op, size, rtt in ((2, "read", 256, 20_000), (3, "send", 64, 400_000)):
+        start = NOW - S // 2 if op == "read" else NOW - S // 4
+        r = pb.WindowReport(
+            host="a", epoch=1, seq=seq, window_start_unix_ns=start - S // 4,
+            window_end_unix_ns=start,
+        )  # fmt: skip
+        sk = LatencySketch()
+        sk.record_many([rtt] * 100)
+        r.probes.add(dst="b", transport="rdma", op=op, size=size, rtt=to_wire(sk))
+        store.take(r)
+    p = kv_price(store, "a", "b", 524_288)
+    assert p.known and p.transport == "rdma"
+    assert p.rtt_p50_s == pytest.approx(20e-6, rel=0.01)
+
+
 def test_loss_and_a_slow_tail_raise_the_price() -> None:
     store, _ = store_with(rtt_ns=30_000, lost=5)
     p = kv_price(store, "a", "b", 4096 * 100)

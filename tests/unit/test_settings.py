@@ -130,8 +130,8 @@ def test_key_lines(text: str, want: dict[tuple[str, ...], int]) -> None:
 BAD_VALUES = [
     # (section, source, setting, value, the error it must give)
     ("collector", "file", "kinds", ["rdma_rc_latt"],
-     "agent.toml:2: kinds must be one of tcp_lat, tcp_bw, rdma_rc_lat, rdma_rc_bw, rdma_ud, "
-     "not 'rdma_rc_latt' (did you mean 'rdma_rc_lat'?)"),
+     "agent.toml:2: kinds must be one of tcp_lat, tcp_bw, rdma_rc_lat, rdma_rc_read, "
+     "rdma_rc_bw, rdma_ud, not 'rdma_rc_latt' (did you mean 'rdma_rc_lat'?)"),
     ("collector", "file", "sizes", ["64"], "agent.toml:2: sizes must be a list of integers"),
     ("collector", "file", "sizes", [64, 1 << 30], "sizes must be within 1..1048576"),
     ("collector", "file", "sizes", [], "sizes must have 1..16 items, not 0"),

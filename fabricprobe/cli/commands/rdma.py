@@ -263,9 +263,10 @@ Examples:
 )
 @shown_option(
     "--op",
-    click.Choice(["send", "write"]),
+    click.Choice(["send", "write", "read"]),
     "send",
-    "SEND/RECV ping-pong, or RDMA WRITE with memory polling (perftest's write_lat).",
+    "SEND/RECV ping-pong, RDMA WRITE with memory polling (perftest's write_lat), or "
+    "one-sided RDMA READs that the peer's NIC answers (perftest's read_lat).",
 )
 @shown_option("--size", SIZE, "2", "Message size, 1 B..1 MiB.")
 @shown_option("--iters", click.IntRange(1, 10_000_000), 1000)

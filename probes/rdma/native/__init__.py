@@ -5,8 +5,8 @@ Why: under emulation each Python-level verbs call costs more than the fabric rou
 it times, and pyverbs exposes no raw pointers, so a compiled loop has to own its verbs
 resources. `NativeRcEndpoint` mirrors `fabricprobe.probes.rdma.verbs.RcEndpoint` as rc.py uses it
 (same constructor, `endpoint()`, `connect()`, `close()`, context manager) and adds whole
-loops: `send_pingpong`, `write_pingpong`, `bandwidth`. `NativeUdEndpoint` does the same
-for ud.py's UdEndpoint, with `probe` (a prober's round) and `answer` (a responder's).
+loops: `send_pingpong`, `write_pingpong`, `read_probe`, `bandwidth`. `NativeUdEndpoint`
+does the same for ud.py's UdEndpoint, with `probe` (a prober's round) and `answer` (a responder's).
 Each call runs one loop in C with the GIL released, so a responder and a prober can
 share a process as two threads.
 
@@ -317,6 +317,29 @@ class NativeRcEndpoint(_NativeEndpoint):
             done = int(
                 self._lib.fp_write_pingpong(
                     ep, remote.addr, remote.rkey, size, total, int(first), step_ns, rtt, own
+                )
+            )
+            return self._finish(done, total)
+
+    def read_probe(
+        self,
+        remote: RdmaEndpoint,
+        size: int,
+        total: int,
+        step_s: float,
+        out: array[int] | None = None,
+        prober: array[int] | None = None,
+    ) -> int:
+        """TOTAL RDMA READs of SIZE bytes from the peer's receive half, one at a time
+        (perftest's read_lat method): no software on the peer takes part. The peer's
+        region needs remote access. OUT and PROBER as send_pingpong's."""
+        step_ns = self._check_loop(size, total, step_s)
+        with self._busy:
+            ep, rtt = self._open_ep(), self._rtt_buffer(out, total)
+            own = self._rtt_buffer(prober, total)
+            done = int(
+                self._lib.fp_read_probe(
+                    ep, remote.addr, remote.rkey, size, total, step_ns, rtt, own
                 )
             )
             return self._finish(done, total)

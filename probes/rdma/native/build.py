@@ -47,6 +47,8 @@ int64_t fp_send_pingpong(fp_ep *ep, uint32_t size, int64_t total, int first,
 int64_t fp_write_pingpong(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t size,
                           int64_t total, int first, int64_t step_ns, int64_t *rtt_ns,
                           int64_t *prober_ns);
+int64_t fp_read_probe(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t size, int64_t total,
+                      int64_t step_ns, int64_t *rtt_ns, int64_t *prober_ns);
 int64_t fp_bandwidth(fp_ep *ep, int write, uint64_t raddr, uint32_t rkey, uint32_t size,
                      int64_t iters, uint32_t outstanding, int64_t step_ns,
                      int64_t *elapsed_ns);

@@ -259,7 +259,8 @@ static int open_common(fp_ep *ep, const char *device, uint32_t port, int gid_ind
             ep->chan = NULL;
         }
     }
-    ep->send_cq = ibv_create_cq(ep->ctx, cqe, NULL, NULL, 0);
+    /* both CQs raise events on the one channel; only a CQ a wait asks (arms) raises any */
+    ep->send_cq = ibv_create_cq(ep->ctx, cqe, NULL, ep->chan, 0);
     ep->recv_cq = ibv_create_cq(ep->ctx, cqe, NULL, ep->chan, 0);
     if (!ep->send_cq || !ep->recv_cq)
         return fail(ep, errno, "%s: ibv_create_cq", device);
@@ -522,17 +523,27 @@ static int spin_on(fp_ep *ep, struct spin *s, int64_t deadline)
     return 1;
 }
 
-/* Wait until at most LIMIT send WRs are outstanding: 1 done, 0 deadline/stop, -1 error. */
-static int wait_send(fp_ep *ep, int limit, int64_t deadline)
+/* Wait until at most LIMIT send WRs are outstanding: 1 done, 0 deadline/stop, -1 error.
+ * With SEEN (not NULL) the wait is an answer's (an RDMA READ's data): it may sleep on the
+ * send CQ's events as a receive wait does on its own, and SEEN gets the wait's last clock
+ * read after an empty poll (0: none), as wait_recv's. */
+static int wait_send_seen(fp_ep *ep, int limit, int64_t deadline, int64_t *seen)
 {
-    struct spin s = {0};
+    struct spin s = {.cq = seen ? ep->send_cq : NULL};
     while (ep->sq_used > limit) {
         if (reap_send(ep) < 0)
             return -1;
         if (ep->sq_used > limit && spin_on(ep, &s, deadline) < 0)
             return 0;
     }
+    if (seen)
+        *seen = s.last;
     return 1;
+}
+
+static int wait_send(fp_ep *ep, int limit, int64_t deadline)
+{
+    return wait_send_seen(ep, limit, deadline, NULL);
 }
 
 /* Wait for one receive completion and re-post it: 1 got one, 0 deadline/stop, -1 error.
@@ -680,6 +691,34 @@ int64_t fp_write_pingpong(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t siz
                              .send_flags = size <= ep->inline_size ? IBV_SEND_INLINE : 0,
                              .wr.rdma = {.remote_addr = raddr, .rkey = rkey}};
     return pingpong(ep, &wr, size, total, first, step_ns, rtt_ns, prober_ns);
+}
+
+/* One-sided latency (perftest's read_lat method): TOTAL RDMA READs of SIZE bytes from the
+ * peer's RADDR/RKEY (its receive half, registered with remote access), one at a time,
+ * each signaled; its completion means the data came back. No software on the peer takes
+ * part: the RTT is the two NICs' and the path's, and this host's own delay in seeing the
+ * completion (PROBER_NS, as pingpong's). RTT_NS and PROBER_NS as pingpong's. */
+int64_t fp_read_probe(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t size, int64_t total,
+                      int64_t step_ns, int64_t *rtt_ns, int64_t *prober_ns)
+{
+    if (loop_ready(ep, size))
+        return 0;
+    struct ibv_sge sge = {(uintptr_t)(ep->buf + ep->size), size, ep->mr->lkey};
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+                             .wr.rdma = {.remote_addr = raddr, .rkey = rkey}};
+    for (int64_t i = 0; i < total; i++) {
+        int64_t t0 = now_ns(), seen = 0;
+        if (stopped(ep) || post_send(ep, &wr, 1))
+            return i;
+        if (wait_send_seen(ep, 0, t0 + step_ns, &seen) <= 0)
+            return i;
+        int64_t t1 = now_ns();
+        if (rtt_ns)
+            rtt_ns[i] = t1 - t0;
+        if (prober_ns)
+            prober_ns[i] = t1 - (seen > t0 ? seen : t0);
+    }
+    return total;
 }
 
 /* Bandwidth: ITERS operations of SIZE bytes (WRITE into RADDR/RKEY when WRITE, else
