@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bw-iters", type=int, default=1000, help="bandwidth iterations at 64 KiB")
     ap.add_argument("--engines", default="", help="pyverbs,native (default: the one auto picks)")
     ap.add_argument("--skip-tcp", action="store_true")
+    ap.add_argument("--only", default="", help="only the figures whose name holds this text")
     ap.add_argument(
         "--spin-us",
         type=int,
@@ -289,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     engines = (
         args.engines.split(",") if args.engines else ["native" if native.available() else "pyverbs"]
     )
-    figs = [f for e in engines for f in figures(a, b, e, args)]
+    figs = [f for e in engines for f in figures(a, b, e, args) if args.only in f.name]
+    if not figs:
+        raise SystemExit(f"no figure's name holds {args.only!r}")
     serve = subprocess.Popen(
         open_serve_argv(f"0.0.0.0:{PROBE_PORT}", "--spin-us", str(args.spin_us)),
         stderr=subprocess.DEVNULL,

@@ -23,11 +23,11 @@ responder's processing taken out already, but not the time its loop took to see 
 probe), and the far end of a one-sided RTT (an RDMA READ, which the far end's NIC answers)
 has no share: where a path has one-sided windows, the join takes them. A window is
 host-bound when the estimate is at least HOST_SHARE of what the path's RTT rose above its
-own floor at its median, or when the prober's own delay,
-measured on the path, is that share of its p99's rise (a prober spinning on a shared CPU
-sees most answers at once and loses a slice now and then: its tail is the host's while
-its median is the path's). A reference's tail is no such measure: a quiet host's
-loopback TCP has tens of µs of it, an RDMA path's p99 a few.
+own floor at its median, or when the prober's own delay, measured on the path, is that
+share of its p99's rise (a prober spinning on a shared CPU sees most answers at once and
+loses a slice now and then: its tail is the host's while its median is the path's). A
+reference's tail is no such measure: a quiet host's loopback TCP has tens of µs of it, an
+RDMA path's p99 a few.
 """
 
 from __future__ import annotations
