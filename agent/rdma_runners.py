@@ -105,25 +105,20 @@ def rdma_runners() -> dict[str, Runner]:
             name_class(out, ports[0], ctx.sysfs_root)
         return out
 
+    def rc_links(op: str) -> Runner:
+        """COUNT RC round trips of SIZE bytes of OP over kept links; RTTs into the burst."""
+        return kept_runner(
+            ("rdma", op),
+            lambda params, spec: RcPingLink(
+                params, op=op, size=spec.size, keepalive_s=keepalive_for(spec)
+            ),
+            lambda link, count: link.round(count, warmup=1),
+            SETUP_TIMEOUT_S,
+        )
+
     return {
-        # COUNT RC SEND/RECV round trips of SIZE bytes; RTTs into the burst's sketch
-        "rdma_rc_lat": kept_runner(
-            ("rdma", "send"),
-            lambda params, spec: RcPingLink(
-                params, op="send", size=spec.size, keepalive_s=keepalive_for(spec)
-            ),
-            lambda link, count: link.round(count, warmup=1),
-            SETUP_TIMEOUT_S,
-        ),
-        # COUNT one-sided RDMA READs of SIZE bytes, one at a time: the peer's NIC answers
-        "rdma_rc_read": kept_runner(
-            ("rdma", "read"),
-            lambda params, spec: RcPingLink(
-                params, op="read", size=spec.size, keepalive_s=keepalive_for(spec)
-            ),
-            lambda link, count: link.round(count, warmup=1),
-            SETUP_TIMEOUT_S,
-        ),
+        "rdma_rc_lat": rc_links("send"),  # SEND/RECV ping-pongs
+        "rdma_rc_read": rc_links("read"),  # one-sided READs, one at a time: the NIC answers
         "rdma_rc_bw": rc_write_stream,
         "rdma_ud": ud_probes,
     }

@@ -111,9 +111,18 @@ class PingPong:
     progress: Progress | None = None
 
 
+def _keep(loop: PingPong, i: int, t0: int, t1: int, last_s: float) -> None:
+    """Round trip I's RTT (T0 to T1, ns) into LOOP's samples, and into its prober delays
+    the time from the wait's last clock read (LAST_S, monotonic s; T0 when earlier)."""
+    if loop.samples is not None:
+        loop.samples[i] = t1 - t0
+    if loop.own is not None:
+        loop.own[i] = t1 - max(int(last_s * 1e9), t0)
+
+
 def _send_pingpong(ep: RcEndpoint, loop: PingPong) -> LoopOutcome:
     size, total, first, step_s = loop.size, loop.total, loop.first, loop.step_s
-    samples, own, progress = loop.samples, loop.own, loop.progress
+    progress = loop.progress
     send_cq, recv_cq = ep.send_cq, ep.recv_cq
     signaled, quiet = ep.send_wr(size, True), ep.send_wr(size, False)
     clock, mono, poll, post = time.perf_counter_ns, time.monotonic, ep.poll, ep.post
@@ -131,11 +140,7 @@ def _send_pingpong(ep: RcEndpoint, loop: PingPong) -> LoopOutcome:
                 if not poll(recv_cq, 1, deadline):
                     return LoopOutcome(i, f"no request within {step_s:g} s")
                 post(wr)
-            t1 = clock()
-            if samples is not None:
-                samples[i] = t1 - t0
-            if own is not None:
-                own[i] = t1 - max(int(ep.last_empty * 1e9), t0)
+            _keep(loop, i, t0, clock(), ep.last_empty)
             ep.post_recv()
             if wr is signaled:
                 ep.poll_or_raise(send_cq, 1, deadline)
@@ -148,7 +153,7 @@ def _send_pingpong(ep: RcEndpoint, loop: PingPong) -> LoopOutcome:
 
 def _write_pingpong(ep: RcEndpoint, remote: RdmaEndpoint, loop: PingPong) -> LoopOutcome:
     size, total, first, step_s = loop.size, loop.total, loop.first, loop.step_s
-    samples, own, progress = loop.samples, loop.own, loop.progress
+    progress = loop.progress
     signaled, quiet = ep.write_wr(remote, size, True), ep.write_wr(remote, size, False)
     last = size - 1
     sbuf, rbuf = ep.send_buf, ep.recv_buf
@@ -172,11 +177,7 @@ def _write_pingpong(ep: RcEndpoint, remote: RdmaEndpoint, loop: PingPong) -> Loo
                 while rbuf[last] != mark:
                     if spin.expired():
                         return LoopOutcome(i, f"no reply within {step_s:g} s")
-            t1 = clock()
-            if samples is not None:
-                samples[i] = t1 - t0
-            if own is not None:
-                own[i] = t1 - max(int(spin.last * 1e9), t0)
+            _keep(loop, i, t0, clock(), spin.last)
             if wr is signaled:
                 ep.poll_or_raise(ep.send_cq, 1, deadline)
             if progress is not None and i & 0x3FF == 0:
@@ -189,7 +190,7 @@ def _write_pingpong(ep: RcEndpoint, remote: RdmaEndpoint, loop: PingPong) -> Loo
 def _read_probe(ep: RcEndpoint, remote: RdmaEndpoint, loop: PingPong) -> LoopOutcome:
     """The pyverbs one-sided loop: one signaled RDMA READ at a time, timed from its post
     to its completion."""
-    total, step_s, samples, own = loop.total, loop.step_s, loop.samples, loop.own
+    total, step_s = loop.total, loop.step_s
     wr = ep.read_wr(remote, loop.size)
     clock, mono, poll, post = time.perf_counter_ns, time.monotonic, ep.poll, ep.post
     i = 0
@@ -199,11 +200,7 @@ def _read_probe(ep: RcEndpoint, remote: RdmaEndpoint, loop: PingPong) -> LoopOut
             post(wr)
             if not poll(ep.send_cq, 1, mono() + step_s):
                 return LoopOutcome(i, f"no READ response within {step_s:g} s")
-            t1 = clock()
-            if samples is not None:
-                samples[i] = t1 - t0
-            if own is not None:
-                own[i] = t1 - max(int(ep.last_empty * 1e9), t0)
+            _keep(loop, i, t0, clock(), ep.last_empty)
             if loop.progress is not None and i & 0x3FF == 0:
                 loop.progress(i, total)
     except (PeerError, TimeoutError) as err:

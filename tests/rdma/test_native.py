@@ -123,6 +123,19 @@ def test_write_pingpong_1000(write_pair: Any) -> None:
     print("\n" + describe("native WRITE ping-pong 2 B", rtts))
 
 
+def test_read_probe_needs_no_loop_on_the_peer(write_pair: Any) -> None:
+    """1000 one-sided READs from the peer's region while the peer's side runs nothing at
+    all (no loop, no thread): its NIC answers every one, and each READ brings back what
+    the peer's region holds."""
+    qa, qb = write_pair
+    qb.recv_view()[:SIZE] = b"\x5a" * SIZE  # what the READs must bring back
+    rtts, own = array("q", bytes(8 * ITERS)), array("q", bytes(8 * ITERS))
+    assert qa.read_probe(qb.endpoint(), SIZE, ITERS, STEP_S, rtts, own) == ITERS
+    assert bytes(qa.recv_view()[:SIZE]) == b"\x5a" * SIZE
+    assert min(rtts) > 0 and all(0 <= o <= r for o, r in zip(own, rtts, strict=True))
+    print("\n" + describe("native READ 2 B", rtts))
+
+
 def test_write_bandwidth_completes_every_op(bw_pair: Any) -> None:
     qa, _ = bw_pair
     assert qa.endpoint().mtu >= BW_SIZE

@@ -321,6 +321,14 @@ class NativeRcEndpoint(_NativeEndpoint):
             )
             return self._finish(done, total)
 
+    def recv_view(self) -> memoryview:
+        """The receive half of the registered buffer: where a peer's WRITEs land and where
+        READs put what they bring back (a peer's READs take theirs from it). Valid while
+        the endpoint is open."""
+        self._open_ep()
+        half = self._ffi.cast("uint8_t *", self.recv_addr)
+        return memoryview(self._ffi.buffer(half, self.size))
+
     def read_probe(
         self,
         remote: RdmaEndpoint,

@@ -624,6 +624,18 @@ static int drain(fp_ep *ep, int64_t step_ns)
 
 /* ------------------------------------------------------------------ the loops */
 
+/* Round trip I's RTT (T0 to T1) into RTT_NS, and into PROBER_NS how late the prober can
+ * have seen its answer: from SEEN, the wait's last clock read after an empty poll (or T0
+ * when it read none after T0). Either may be NULL. */
+static inline void keep_sample(int64_t *rtt_ns, int64_t *prober_ns, int64_t i, int64_t t0,
+                               int64_t t1, int64_t seen)
+{
+    if (rtt_ns)
+        rtt_ns[i] = t1 - t0;
+    if (prober_ns)
+        prober_ns[i] = t1 - (seen > t0 ? seen : t0);
+}
+
 /* The ping-pong both latency loops share. FIRST posts and waits for the answer; the other
  * side waits and answers. A SEND is answered by a receive completion; a WRITE by the marker
  * i % 255 + 1 landing in the last byte of the receive half (perftest's write_lat method).
@@ -656,11 +668,7 @@ static int64_t pingpong(fp_ep *ep, struct ibv_send_wr *wr, uint32_t size, int64_
             return i;
         if (first && wait_answer(ep, write, in_mark, mark, deadline, &seen) <= 0)
             return i;
-        int64_t t1 = now_ns();
-        if (rtt_ns)
-            rtt_ns[i] = t1 - t0;
-        if (prober_ns)
-            prober_ns[i] = t1 - (seen > t0 ? seen : t0);
+        keep_sample(rtt_ns, prober_ns, i, t0, now_ns(), seen);
         if (reap_send(ep) < 0)
             return first ? i + 1 : i;
     }
@@ -712,11 +720,7 @@ int64_t fp_read_probe(fp_ep *ep, uint64_t raddr, uint32_t rkey, uint32_t size, i
             return i;
         if (wait_send_seen(ep, 0, t0 + step_ns, &seen) <= 0)
             return i;
-        int64_t t1 = now_ns();
-        if (rtt_ns)
-            rtt_ns[i] = t1 - t0;
-        if (prober_ns)
-            prober_ns[i] = t1 - (seen > t0 ? seen : t0);
+        keep_sample(rtt_ns, prober_ns, i, t0, now_ns(), seen);
     }
     return total;
 }
