@@ -134,7 +134,7 @@ done
 # every netem delay's end). Under TCG the vCPU threads take whole host CPUs while the guest
 # is busy, and a main thread at their priority waited 2-3 ms for a CPU: a 1 ms netem
 # delay then took 3-4 ms under a busy guest, against 1.4 ms in a quiet one. At nice -10
-# the same busy guest gives 1.7-1.8 ms. Needs root (CAP_SYS_NICE); without it the lane
+# the same busy guest gives 1.65-1.72 ms. Needs root (CAP_SYS_NICE); without it the lane
 # runs as before, and says so.
 timers_first() { # the QEMU of this lane's work directory: its main thread at nice -10
   local pid
