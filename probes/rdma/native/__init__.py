@@ -6,7 +6,8 @@ it times, and pyverbs exposes no raw pointers, so a compiled loop has to own its
 resources. `NativeRcEndpoint` mirrors `fabricprobe.probes.rdma.verbs.RcEndpoint` as rc.py uses it
 (same constructor, `endpoint()`, `connect()`, `close()`, context manager) and adds whole
 loops: `send_pingpong`, `write_pingpong`, `read_probe`, `bandwidth`. `NativeUdEndpoint`
-does the same for ud.py's UdEndpoint, with `probe` (a prober's round) and `answer` (a responder's).
+does the same for ud.py's UdEndpoint, with `probe` (a prober's round) and `answer` (a
+responder's).
 Each call runs one loop in C with the GIL released, so a responder and a prober can
 share a process as two threads.
 
@@ -23,6 +24,7 @@ import ipaddress
 import random
 import threading
 from array import array
+from collections.abc import Callable
 from typing import Any, Self
 
 from fabricprobe.core.errors import NotSupported, PeerError, ProbeError
@@ -276,6 +278,24 @@ class NativeRcEndpoint(_NativeEndpoint):
             raise ValueError(f"step_s {step_s} must be > 0")
         return int(step_s * 1e9)
 
+    def _latency_loop(
+        self,
+        size: int,
+        total: int,
+        step_s: float,
+        out: array[int] | None,
+        prober: array[int] | None,
+        run: Callable[[Any, int, Any, Any], int],
+    ) -> int:
+        """The frame the latency loops share: the shape checked, the endpoint held,
+        RUN(ep, step_ns, rtt, own) called with the sample buffers (OUT and PROBER, or
+        none), and its round trips done counted against TOTAL."""
+        step_ns = self._check_loop(size, total, step_s)
+        with self._busy:
+            ep, rtt = self._open_ep(), self._rtt_buffer(out, total)
+            own = self._rtt_buffer(prober, total)
+            return self._finish(int(run(ep, step_ns, rtt, own)), total)
+
     def send_pingpong(
         self,
         size: int,
@@ -290,12 +310,12 @@ class NativeRcEndpoint(_NativeEndpoint):
         (fastpath.c pingpong: from the wait's newest clock read, taken every 64 empty
         polls, to the answer).
         Returns round trips done (fewer only at a deadline)."""
-        step_ns = self._check_loop(size, total, step_s)
-        with self._busy:
-            ep, rtt = self._open_ep(), self._rtt_buffer(out, total)
-            own = self._rtt_buffer(prober, total)
-            done = int(self._lib.fp_send_pingpong(ep, size, total, int(first), step_ns, rtt, own))
-            return self._finish(done, total)
+        return self._latency_loop(
+            size, total, step_s, out, prober,
+            lambda ep, step_ns, rtt, own: self._lib.fp_send_pingpong(
+                ep, size, total, int(first), step_ns, rtt, own
+            ),
+        )  # fmt: skip
 
     def write_pingpong(
         self,
@@ -310,16 +330,12 @@ class NativeRcEndpoint(_NativeEndpoint):
         """RDMA WRITE ping-pong polling the last byte of the receive half (perftest's
         write_lat method); needs remote_access on both ends. As send_pingpong otherwise.
         Once per connection: the markers restart at 1 and the receive half keeps the last."""
-        step_ns = self._check_loop(size, total, step_s)
-        with self._busy:
-            ep, rtt = self._open_ep(), self._rtt_buffer(out, total)
-            own = self._rtt_buffer(prober, total)
-            done = int(
-                self._lib.fp_write_pingpong(
-                    ep, remote.addr, remote.rkey, size, total, int(first), step_ns, rtt, own
-                )
-            )
-            return self._finish(done, total)
+        return self._latency_loop(
+            size, total, step_s, out, prober,
+            lambda ep, step_ns, rtt, own: self._lib.fp_write_pingpong(
+                ep, remote.addr, remote.rkey, size, total, int(first), step_ns, rtt, own
+            ),
+        )  # fmt: skip
 
     def recv_view(self) -> memoryview:
         """The receive half of the registered buffer: where a peer's WRITEs land and where
@@ -341,16 +357,12 @@ class NativeRcEndpoint(_NativeEndpoint):
         """TOTAL RDMA READs of SIZE bytes from the peer's receive half, one at a time
         (perftest's read_lat method): no software on the peer takes part. The peer's
         region needs remote access. OUT and PROBER as send_pingpong's."""
-        step_ns = self._check_loop(size, total, step_s)
-        with self._busy:
-            ep, rtt = self._open_ep(), self._rtt_buffer(out, total)
-            own = self._rtt_buffer(prober, total)
-            done = int(
-                self._lib.fp_read_probe(
-                    ep, remote.addr, remote.rkey, size, total, step_ns, rtt, own
-                )
-            )
-            return self._finish(done, total)
+        return self._latency_loop(
+            size, total, step_s, out, prober,
+            lambda ep, step_ns, rtt, own: self._lib.fp_read_probe(
+                ep, remote.addr, remote.rkey, size, total, step_ns, rtt, own
+            ),
+        )  # fmt: skip
 
     def bandwidth(
         self,
