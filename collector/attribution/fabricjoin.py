@@ -241,7 +241,7 @@ def windows_over(
     return [ws[j]] if j < len(ws) and ws[j].end_ns <= end_ns + horizon else []
 
 
-def smallest_probes(ws: list[FabricWindow]) -> list[FabricWindow]:
+def rtt_probes(ws: list[FabricWindow]) -> list[FabricWindow]:
     """WS's windows of one kind of probe: one-sided ones (ONE_SIDED_OP) where there are
     any, as a KV transfer's own READs and WRITEs have no far-end software in their round
     trips either; of those, the smallest probe size: the path's RTT per round trip. A
@@ -353,7 +353,7 @@ def join_transfer(
             if not math.isnan(nx["nixl_bytes_per_s"]):
                 break
     pw = index.path(src, dst, stage.transport)
-    w = smallest_probes(windows_over(pw, start, end, slack, horizon))
+    w = rtt_probes(windows_over(pw, start, end, slack, horizon))
     rmin, p50 = _min(x.rtt_min_s for x in w), _mean(x.rtt_p50_s for x in w)
     p99 = _max(x.rtt_p99_s for x in w)
     out.update(
