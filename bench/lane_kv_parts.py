@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import statistics
 import sys
 import time
@@ -57,10 +58,19 @@ from fabricprobe.core.models import PRESETS
 from fabricprobe.probes.measure import LinkParams
 from fabricprobe.probes.rdma import rc
 from fabricprobe.probes.responder import Responder
-from fabricprobe.workload.pipeline import Host, run_pipeline
+from fabricprobe.workload.pipeline import Host, RequestResult, run_pipeline
 from fabricprobe.workload.spans import SpanSender
 
-PARTS = ("kv_wait_s", "fabric_s", "engine_wait_s", "rtt_p50_s", "lone_rtt_s")
+PARTS = (
+    "kv_wait_s",
+    "fabric_s",
+    "transfer_stack_s",
+    "engine_wait_s",
+    "library_s",
+    "cpu_wait_s",
+    "rtt_p50_s",
+    "lone_rtt_s",
+)
 
 
 @dataclass
@@ -71,7 +81,10 @@ class Row:
     round_trips: int
     kv_wait_s: float
     fabric_s: float
+    transfer_stack_s: float  # the transfer's own time beyond fabric_s (NaN: none given)
     engine_wait_s: float
+    library_s: float  # the transfer's own time, first post to last completion
+    cpu_wait_s: float  # the transferring thread's wait for a CPU during it (NaN: unknown)
     rtt_p50_s: float  # the path's, as the join matched it
     fabric_source: str
     lone_rtt_s: float  # a lone RC ping-pong's RTT p50 on the path at this delay
@@ -115,27 +128,32 @@ def print_windows(server: Any, pair: tuple[str, str], t_a: int, t_b: int) -> Non
 
 
 def split_requests(
-    stub: pb_grpc.QueryStub, ids: dict[str, int], delay_s: float, lone_s: float
+    stub: pb_grpc.QueryStub, done: dict[str, RequestResult], delay_s: float, lone_s: float
 ) -> list[Row]:
-    """IDS' requests (id -> round trips) as the collector's Why splits them; waits up to
-    60 s for all of them to carry a fabric figure (their path's probe windows arrive a
-    report interval after the transfers)."""
+    """DONE's requests (by id) as the collector's Why splits them; waits up to 60 s for
+    all of them to carry a fabric figure (their path's probe windows arrive a report
+    interval after the transfers)."""
     deadline = time.monotonic() + 60
     while True:
         reply = stub.Why(pb.WhyRequest(slowest=200, window_s=600, by="e2e_s"), timeout=30)
         got = {
-            r.request_id: r for r in reply.slowest if r.request_id in ids and r.HasField("fabric_s")
+            r.request_id: r
+            for r in reply.slowest
+            if r.request_id in done and r.HasField("fabric_s")
         }
-        if len(got) == len(ids) or time.monotonic() > deadline:
+        if len(got) == len(done) or time.monotonic() > deadline:
             break
         time.sleep(2)
     return [
         Row(
             delay_s=delay_s,
-            round_trips=ids[rid],
+            round_trips=done[rid].kv_round_trips,
             kv_wait_s=r.kv_wait_s,
             fabric_s=r.fabric_s,
+            transfer_stack_s=r.transfer_stack_s if r.HasField("transfer_stack_s") else math.nan,
             engine_wait_s=r.engine_wait_s,
+            library_s=done[rid].kv_library_s,
+            cpu_wait_s=math.nan if done[rid].kv_cpu_wait_s is None else done[rid].kv_cpu_wait_s,
             rtt_p50_s=r.rtt_p50_s,
             fabric_source=r.fabric_source,
             lone_rtt_s=lone_s,
@@ -157,6 +175,13 @@ def main() -> None:
         default=0.0,
         help="requests a second (Poisson; 0: back to back, the transfers filling the probe "
         "windows they run in)",
+    )
+    ap.add_argument(
+        "--kv-poll-ms",
+        type=float,
+        default=5.0,
+        help="the decode side learns its KV has landed at its next scheduler step, every "
+        "this many ms (0: at once)",
     )
     ap.add_argument(
         "--probe-spin-us",
@@ -220,8 +245,8 @@ def main() -> None:
                     finally:
                         netem.clear(lane[0]["netdev"])
                     sender.provider.force_flush(30_000)
-                    ids = {q.request_id: q.kv_round_trips for q in results if not q.error}
-                    got = split_requests(stub, ids, d, lone)
+                    done = {q.request_id: q for q in results if not q.error}
+                    got = split_requests(stub, done, d, lone)
                     print(f"round {r + 1}, {spec}: {len(got)} of {len(results)} requests split")
                     if args.windows:
                         print_windows(server, (h0.name, h1.name), t_a, time.time_ns())
@@ -229,6 +254,12 @@ def main() -> None:
         finally:
             sender.close()
     report(rows, delays)
+
+
+def median(values: list[float]) -> float:
+    """The median of VALUES' known figures (NaN: none known)."""
+    known = [v for v in values if not math.isnan(v)]
+    return statistics.median(known) if known else math.nan
 
 
 def report(rows: list[Row], delays: list[str]) -> None:
@@ -241,20 +272,20 @@ def report(rows: list[Row], delays: list[str]) -> None:
         if not rs:
             print(f"{d * 1e3:4.0f}ms        0")
             continue
-        med[d] = {p: statistics.median(getattr(r, p) for r in rs) for p in PARTS}
+        med[d] = {p: median([getattr(r, p) for r in rs]) for p in PARTS}
         trips = statistics.median(r.round_trips for r in rs)
         print(
             f"{d * 1e3:4.0f}ms {len(rs):8d} {trips:11.0f}"
             + "".join(f" {med[d][p] * 1e3:11.3f} ms" for p in PARTS)
         )
-    sources = sorted({r.fabric_source for r in rows})
-    print(f"fabric_source: {', '.join(sources)}")
+    print(f"fabric_source: {', '.join(sorted({r.fabric_source for r in rows}))}")
     if 0.0 not in med:
         print("no requests at d = 0: no rises to print")
         return
     print(
         f"\n{'delay':>6} {'fabric_s rise':>14} {'trips x d':>12} {'ratio':>6} "
-        f"{'trips x lone':>13} {'ratio':>6} {'engine rise':>12} {'RTT rise':>11}"
+        f"{'trips x lone':>13} {'ratio':>6} {'stack rise':>11} {'engine rise':>12} "
+        f"{'CPU wait rise':>14} {'RTT rise':>11}"
     )
     for d, m in med.items():
         if d == 0.0:
@@ -262,13 +293,16 @@ def report(rows: list[Row], delays: list[str]) -> None:
         trips = statistics.median(r.round_trips for r in by[d])
         rise = m["fabric_s"] - med[0.0]["fabric_s"]
         want = trips * d
+        stack = m["transfer_stack_s"] - med[0.0]["transfer_stack_s"]
         engine = m["engine_wait_s"] - med[0.0]["engine_wait_s"]
+        cpu = m["cpu_wait_s"] - med[0.0]["cpu_wait_s"]
         rtt = m["rtt_p50_s"] - med[0.0]["rtt_p50_s"]
         lone = trips * (m["lone_rtt_s"] - med[0.0]["lone_rtt_s"])
         print(
             f"{d * 1e3:4.0f}ms {rise * 1e3:11.3f} ms {want * 1e3:9.3f} ms {rise / want:6.2f}"
             f" {lone * 1e3:10.3f} ms {rise / lone if lone > 0 else float('nan'):6.2f}"
-            f" {engine * 1e3:9.3f} ms {rtt * 1e3:8.3f} ms"
+            f" {stack * 1e3:8.3f} ms {engine * 1e3:9.3f} ms {cpu * 1e3:11.3f} ms"
+            f" {rtt * 1e3:8.3f} ms"
         )
     print("(emulated soft-RoCE under QEMU's software CPU: the rises against d are the figure)")
 

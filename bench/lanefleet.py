@@ -38,7 +38,8 @@ def kv_workload(model: ModelShape, args: Namespace, port: int, *, seed: int) -> 
     """The benchmarks' workload: ARGS.requests requests of ARGS.prompt_tokens moved over
     RDMA to the responder on PORT, ARGS.outstanding WRITEs in flight, prefill and decode
     all but free (the KV transfer is what is measured); back to back, or ARGS.rate a
-    second where the script has that option."""
+    second, and the decode side polling its transfers every ARGS.kv_poll_ms, where the
+    script has those options."""
     return WorkloadConfig(
         model=model,
         prompt_tokens=args.prompt_tokens,
@@ -49,6 +50,7 @@ def kv_workload(model: ModelShape, args: Namespace, port: int, *, seed: int) -> 
         rate=getattr(args, "rate", 0.0),
         transport="rdma",
         outstanding=args.outstanding,
+        kv_poll_s=getattr(args, "kv_poll_ms", 0.0) / 1e3,
         port=port,
         seed=seed,
     )

@@ -11,10 +11,11 @@ the engine's. Pure pandas over the joined KV frame (collector/attribution/join.p
   hosts' own delay taken out), the bytes at the path's measured bandwidth, the
   retransmits its probe loss predicts, and the time PFC pauses held the link while the
   bytes were on it. Estimated, never measured: `fabric_source` says from what.
-- `transfer_stack_s`: the transfer library's own measured time beyond fabric_s: NIXL's
-  mean seconds per transfer on the decode host over the counter window the transfer ran
-  in, less fabric_s (`transfer_stack_source` "nixl-host-rate"; "" when NIXL's telemetry
-  is not there).
+- `transfer_stack_s`: the transfer library's own measured time beyond fabric_s: the
+  span's own figure for its transfer where it gives one (`fabricprobe.library_seconds`,
+  `transfer_stack_source` "span"), else NIXL's mean seconds per transfer on the decode
+  host over the counter window the transfer ran in ("nixl-host-rate"), less fabric_s
+  ("" when neither is there).
 - `engine_wait_s`: the rest, kv_wait_s - fabric_s - transfer_stack_s. A remainder below
   0 is reported as engine_wait_s = 0 with `over_explained_s` holding by how much the two
   estimates exceed the wait (path figures or bytes that do not fit the transfer).
@@ -129,13 +130,17 @@ def split_parts(kv: pd.DataFrame) -> pd.DataFrame:
         ),
         index=kv.index,
     ).where(~(fabric.notna() & said.notna()), lambda f: f + ";round-trips=span")
-    # NIXL's own time per transfer on the host, beyond what the fabric explains, and no
-    # more than the wait left after the fabric
-    lib = _col(kv, "nixl_mean_xfer_s")
+    # the transfer library's own time for the transfer (the span's, else NIXL's mean on
+    # the host), beyond what the fabric explains, and no more than the wait left after it
+    own = _col(kv, "library_s").where(lambda s: s > 0)
+    lib = own.fillna(_col(kv, "nixl_mean_xfer_s"))
     room = (wait - fabric).clip(lower=0.0)
     stack = (lib - fabric).clip(lower=0.0)
     stack = stack.where(stack <= room, room).where(lib.notna() & fabric.notna())
-    stack_source = pd.Series(np.where(stack.notna(), "nixl-host-rate", ""), index=kv.index)
+    stack_source = pd.Series(
+        np.select([stack.isna(), own.notna()], ["", "span"], default="nixl-host-rate"),
+        index=kv.index,
+    )
     rest = wait - fabric - stack.fillna(0.0)
     return kv.assign(
         kv_wait_s=wait,

@@ -54,6 +54,7 @@ STAGE_COLUMNS = [
     "transport",
     "bytes",
     "round_trips",
+    "library_s",
     "derived",
 ]
 REQUEST_COLUMNS = [

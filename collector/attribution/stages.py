@@ -24,6 +24,7 @@ from fabricprobe.collector.attribution.spanattrs import (
     MAX_NAME,
     SpanError,
     int_attr,
+    seconds_attr,
     span_attributes,
     span_times,
     str_attr,
@@ -36,6 +37,9 @@ TRANSPORTS = frozenset({"rdma", "tcp"})
 # a KV transfer's round trips as its span gives them: one per layer of the deepest model
 # a few times over is plenty; more is a bad span
 MAX_ROUND_TRIPS = 1 << 16
+# how far a transfer's library time may run past its span's end (the two are read from
+# different clocks of the same host)
+LIBRARY_SLACK_S = 1e-3
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class StageRecord:
     transport: str = ""
     bytes: int = 0
     round_trips: int = 0  # the transfer protocol's, where the span says (0: not said)
+    library_s: float = 0.0  # the transfer library's own time, where the span says (0: not)
     derived: bool = False  # computed from an llm_request span, not measured as a span
 
     @property
@@ -120,6 +125,11 @@ def parse_span(span: trace_pb2.Span) -> Parsed:
     rid = _request_id(span, attrs)
     path = _path(stage, attrs)
     rec = StageRecord(request_id=rid, stage=stage, start_ns=start, end_ns=end, **path)
+    if rec.library_s > rec.duration_s + LIBRARY_SLACK_S:
+        raise SpanError(
+            f"fabricprobe.library_seconds = {rec.library_s} s, longer than its span "
+            f"({rec.duration_s:.6f} s)"
+        )
     return [rec], _request_from_attrs(rid, start, end, attrs) if _has_latency(attrs) else None
 
 
@@ -143,6 +153,7 @@ def _path(stage: str, attrs: dict[str, Any]) -> dict[str, Any]:
         "transport": transport,
         "bytes": int_attr(attrs, "fabricprobe.bytes") or 0,
         "round_trips": round_trips,
+        "library_s": seconds_attr(attrs, "fabricprobe.library_seconds") or 0.0,
     }
 
 

@@ -51,6 +51,10 @@ class WorkloadConfig:
     output_tokens: int = 32
     prefill_s_per_token: float = 20e-6
     decode_step_s: float = 0.005
+    # the decode side learns its KV has landed at its scheduler's next step, every
+    # kv_poll_s on the worker's clock, as an engine that polls its transfers does
+    # (vLLM's scheduler asks its connector each step); 0: at once
+    kv_poll_s: float = 0.0
     requests: int = 30
     rate: float = 0.0  # requests per second over all paths; 0 = back to back
     concurrency: int = 1
@@ -77,6 +81,9 @@ class RequestResult:
     kv_bytes: int
     arrival_ns: int
     kv_round_trips: int = 0  # what the transfer's protocol waited for (KvChannel.round_trips)
+    kv_library_s: float = 0.0  # the transfer's own time, first post to last completion
+    # the transferring thread's wait for a CPU during the transfer (None: not kept)
+    kv_cpu_wait_s: float | None = None
     stages: dict[str, tuple[int, int]] = field(default_factory=dict)
     first_token_ns: int = 0
     error: str | None = None
@@ -105,6 +112,21 @@ def layer_chunk(model: ModelShape, tokens: int) -> int:
     return max(1, min(MAX_CHUNK, model.kv_bytes(tokens) // model.layers))
 
 
+def run_queue_wait_ns() -> int | None:
+    """The calling thread's time runnable but not running so far, in ns (the second
+    field of /proc/thread-self/schedstat); None where the kernel does not keep it."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def next_step(now: float, epoch: float, step_s: float) -> float:
+    """The first step boundary (EPOCH + k * STEP_S) at or after NOW."""
+    return epoch + math.ceil((now - epoch) / step_s) * step_s
+
+
 @contextmanager
 def _stage(res: RequestResult, name: str) -> Iterator[None]:
     t0 = time.time_ns()
@@ -131,6 +153,7 @@ class _Worker:
         self.owned = channels is None
         self.channels: dict[tuple[str, str], KvChannel] = {} if channels is None else channels
         self.deliver_a, self.deliver_b = socket.socketpair()
+        self.epoch = time.monotonic()  # the decode scheduler's step clock
 
     def channel(self, src: Host, dst: Host) -> KvChannel:
         key = (src.name, dst.name)
@@ -152,7 +175,14 @@ class _Worker:
             chunk = layer_chunk(cfg.model, res.prompt_tokens)
             res.kv_round_trips = ch.round_trips(res.kv_bytes, chunk)
             with _stage(res, "kv_transfer"):
-                ch.send(res.kv_bytes, chunk)
+                waited = run_queue_wait_ns()
+                res.kv_library_s = ch.send(res.kv_bytes, chunk)
+                now = run_queue_wait_ns()
+                if waited is not None and now is not None:
+                    res.kv_cpu_wait_s = (now - waited) / 1e9
+                if cfg.kv_poll_s > 0:
+                    t = time.monotonic()
+                    time.sleep(next_step(t, self.epoch, cfg.kv_poll_s) - t)
         except Exception:
             # an RC QP that saw an error completion is in the error state: the next
             # request on this path gets a fresh session

@@ -3,7 +3,10 @@
 Each request is one `llm_request` span carrying the `gen_ai.*` attributes vLLM puts on
 its own (so the collector reads the workload as it reads vLLM), with one child span per
 stage following the stage conventions: the KV transfer's child carries its path
-(`fabricprobe.src.host`, `.dst.host`, `.src.device`, `.transport`, `.bytes`).
+(`fabricprobe.src.host`, `.dst.host`, `.src.device`, `.transport`, `.bytes`), the round
+trips its transfer waited for (`fabricprobe.round_trips`) and the transfer's own time
+from its first post to its last completion (`fabricprobe.library_seconds`), which the
+span's wait holds with the decode side's polling.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ def emit_request(tracer: Any, res: RequestResult, model: str) -> None:
             }
             if res.kv_round_trips:
                 attrs["fabricprobe.round_trips"] = res.kv_round_trips
+            if res.kv_library_s > 0:
+                attrs["fabricprobe.library_seconds"] = res.kv_library_s
             if res.device:
                 attrs["fabricprobe.src.device"] = res.device
         span = tracer.start_span(stage, context=ctx, start_time=start, attributes=attrs)

@@ -92,6 +92,19 @@ def test_nixl_time_beyond_the_fabric_is_the_stack_and_the_rest_the_engines() -> 
     assert parts == pytest.approx(r["kv_wait_s"])
 
 
+def test_the_spans_own_library_time_stands_before_nixls_host_mean() -> None:
+    fabric = 2 * 30e-6 + 1e-4
+    r = split_parts(frame(library_s=0.009, nixl_mean_xfer_s=0.004)).iloc[0]
+    assert r["transfer_stack_s"] == pytest.approx(0.009 - fabric)
+    assert r["transfer_stack_source"] == "span"
+    assert r["engine_wait_s"] == pytest.approx(0.1 - 0.009)
+    # not said (0) is not a figure: NIXL's mean stands
+    r = split_parts(frame(library_s=0.0, nixl_mean_xfer_s=0.004)).iloc[0]
+    assert r["transfer_stack_source"] == "nixl-host-rate"
+    r = split_parts(frame(library_s=0.0)).iloc[0]
+    assert math.isnan(r["transfer_stack_s"]) and r["transfer_stack_source"] == ""
+
+
 def test_a_wait_shorter_than_the_fabric_says_so_and_never_goes_negative() -> None:
     # 10 MB at 1 GB/s is 10 ms; the engine says it waited 2 ms
     r = split_parts(frame(duration_s=0.002, bytes=10_000_000, bandwidth_bytes_per_s=1e9)).iloc[0]

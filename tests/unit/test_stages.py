@@ -28,6 +28,16 @@ def test_kv_transfer_span_may_say_its_round_trips() -> None:
     assert parse_span(said)[0][0].round_trips == 32
 
 
+def test_kv_transfer_span_may_say_its_librarys_own_time() -> None:
+    sp = kv_span("r1", 10 * S, 0.25, "h0", "h1", 4096)
+    assert parse_span(sp)[0][0].library_s == 0  # not said
+    said = span("kv_transfer", S, 2 * S, **{
+        "gen_ai.request.id": "r1", "fabricprobe.src.host": "h0", "fabricprobe.dst.host": "h1",
+        "fabricprobe.library_seconds": 0.75,
+    })  # fmt: skip
+    assert parse_span(said)[0][0].library_s == 0.75
+
+
 def test_stage_attribute_names_the_stage_and_trace_id_ties_the_request() -> None:
     (rec,), _ = parse_span(span("forward", S, 2 * S, **{"fabricprobe.stage": "decode"}))
     assert rec.stage == "decode"
@@ -96,6 +106,20 @@ def test_vllm_llm_request_derives_stages_and_request_figures() -> None:
                 "fabricprobe.round_trips": -3,
             }),
             "non-negative",
+        ),
+        (
+            span("kv_transfer", S, 2 * S, **{
+                "fabricprobe.src.host": "a", "fabricprobe.dst.host": "b",
+                "fabricprobe.library_seconds": 1.5,
+            }),
+            "longer than its span",
+        ),
+        (
+            span("kv_transfer", S, 2 * S, **{
+                "fabricprobe.src.host": "a", "fabricprobe.dst.host": "b",
+                "fabricprobe.library_seconds": "fast",
+            }),
+            "must be a number",
         ),
     ],
 )  # fmt: skip

@@ -9,12 +9,20 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fabricprobe.cli import main
 from fabricprobe.collector.service import CollectorServer, ServerConfig
 from fabricprobe.core.models import PRESETS, model_shape
 from fabricprobe.probes.responder import Responder
-from fabricprobe.workload.pipeline import STAGE_ORDER, Host, WorkloadConfig, run_pipeline
+from fabricprobe.workload.pipeline import (
+    STAGE_ORDER,
+    Host,
+    WorkloadConfig,
+    next_step,
+    run_pipeline,
+)
 from fabricprobe.workload.summary import summarise
 from fabricprobe.workload.transfer import TcpKvChannel, write_round_trips
 from tests.support.fleet import open_responder
@@ -104,10 +112,36 @@ def test_pipeline_times_every_stage_on_loopback(responder: Responder) -> None:
         assert 0 < r.ttft_s < r.e2e_s
         assert r.kv_bytes == cfg.model.kv_bytes(r.prompt_tokens)
         assert r.kv_round_trips == 1  # over TCP: the frame out, the sink's byte back
+        assert 0 < r.kv_library_s <= r.seconds("kv_transfer")
+        assert r.kv_cpu_wait_s is None or r.kv_cpu_wait_s >= 0
     assert len({r.request_id for r in results + run_pipeline([(a, b)], cfg)}) == 12
     s = summarise(results)
     assert list(s["dst"]) == ["b", "c"] and list(s["requests"]) == [3, 3]
     assert (s["kv_bytes_per_s"] > 0).all()
+
+
+@given(
+    now=st.floats(0, 1e6, allow_nan=False),
+    back=st.floats(0, 1e3, allow_nan=False),
+    step=st.floats(1e-4, 1.0, allow_nan=False),
+)
+def test_the_decode_side_learns_of_its_kv_at_its_next_step(
+    now: float, back: float, step: float
+) -> None:
+    epoch = now - back
+    t = next_step(now, epoch, step)
+    assert now - 1e-6 <= t < now + step + 1e-6
+    k = (t - epoch) / step
+    assert abs(k - round(k)) < 1e-6 * max(1.0, k)
+
+
+def test_a_polling_decode_side_waits_past_the_transfer(responder: Responder) -> None:
+    cfg = WorkloadConfig(model=PRESETS["Mistral-7B"], prompt_tokens=4, output_tokens=1,
+                         requests=3, kv_poll_s=0.02, transport="tcp",
+                         port=responder.port)  # fmt: skip
+    for r in run_pipeline([(Host("a", "127.0.0.1"), Host("b", "127.0.0.1"))], cfg):
+        assert r.error is None
+        assert 0 < r.kv_library_s <= r.seconds("kv_transfer")
 
 
 def test_unreachable_decode_host_fails_the_request_not_the_run() -> None:
