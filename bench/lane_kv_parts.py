@@ -12,12 +12,18 @@ caches moved by RDMA WRITE, `--outstanding` layers in flight) sends its requests
 h0 -> h1 with their spans to the same collector over OTLP, each KV transfer's span
 saying the round trips it waited for (`fabricprobe.round_trips`). Rounds take d = 0,
 1 ms and 3 ms in turn, on h0's netdev towards h1, so the probes and the transfers cross
-the same delay. After each round the collector's Why (the Query API that `probe why`
-reads) gives every request's kv_wait_s, fabric_s and engine_wait_s; per d the script
-prints their medians and, against d = 0, the rise of fabric_s beside the rise d
-explains (round trips x d), the rise the delay really gave (round trips x the rise of
-200 lone 64 B READs' RTT p50, measured on the path at each delay before the transfers:
-netem under emulation adds more than d) and the rise of engine_wait_s.
+the same delay. Each transfer's span gives its own time from the first WRITE posted to
+the last completion (`fabricprobe.library_seconds`), and the decode side learns of
+its KV at its next scheduler step (`--kv-poll-ms`), as an engine that polls its
+transfers does: the wait holds the transfer and that polling. After each round the
+collector's Why (the Query API that `probe why` reads) gives every request's
+kv_wait_s, fabric_s, transfer_stack_s and engine_wait_s; per d the script prints their
+medians, with the transfer's own time and the transferring thread's wait for a CPU
+during it and during the poll after it (schedstat), and, against d = 0, the rise of
+fabric_s beside the rise d explains (round trips x d), the rise the delay really gave
+(round trips x the rise of 200 lone 64 B READs' RTT p50, measured on the path at each
+delay before the transfers: netem under emulation adds more than d) and the rises of
+transfer_stack_s, engine_wait_s and the two CPU waits.
 
 The agents' probe loops busy-poll as they do by default (`--probe-spin-us -1`: 5 ms,
 then a poll every 50 us). A READ has no loop on the peer, so one prober's poll is all
@@ -68,6 +74,7 @@ PARTS = (
     "engine_wait_s",
     "library_s",
     "cpu_wait_s",
+    "poll_cpu_wait_s",
     "rtt_p50_s",
     "lone_rtt_s",
 )
@@ -85,6 +92,7 @@ class Row:
     engine_wait_s: float
     library_s: float  # the transfer's own time, first post to last completion
     cpu_wait_s: float  # the transferring thread's wait for a CPU during it (NaN: unknown)
+    poll_cpu_wait_s: float  # its wait for a CPU in the decode side's poll after it
     rtt_p50_s: float  # the path's, as the join matched it
     fabric_source: str
     lone_rtt_s: float  # a lone RC ping-pong's RTT p50 on the path at this delay
@@ -127,6 +135,10 @@ def print_windows(server: Any, pair: tuple[str, str], t_a: int, t_b: int) -> Non
     print(f"  transfers: [+0.00, {(t_b - t_a) / 1e9:+6.2f}] s (with the report wait)")
 
 
+def known(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
 def split_requests(
     stub: pb_grpc.QueryStub, done: dict[str, RequestResult], delay_s: float, lone_s: float
 ) -> list[Row]:
@@ -153,7 +165,8 @@ def split_requests(
             transfer_stack_s=r.transfer_stack_s if r.HasField("transfer_stack_s") else math.nan,
             engine_wait_s=r.engine_wait_s,
             library_s=done[rid].kv_library_s,
-            cpu_wait_s=math.nan if done[rid].kv_cpu_wait_s is None else done[rid].kv_cpu_wait_s,
+            cpu_wait_s=known(done[rid].kv_cpu_wait_s),
+            poll_cpu_wait_s=known(done[rid].kv_poll_cpu_wait_s),
             rtt_p50_s=r.rtt_p50_s,
             fabric_source=r.fabric_source,
             lone_rtt_s=lone_s,
@@ -285,7 +298,7 @@ def report(rows: list[Row], delays: list[str]) -> None:
     print(
         f"\n{'delay':>6} {'fabric_s rise':>14} {'trips x d':>12} {'ratio':>6} "
         f"{'trips x lone':>13} {'ratio':>6} {'stack rise':>11} {'engine rise':>12} "
-        f"{'CPU wait rise':>14} {'RTT rise':>11}"
+        f"{'CPU wait rise':>14} {'poll CPU wait rise':>19} {'RTT rise':>11}"
     )
     for d, m in med.items():
         if d == 0.0:
@@ -296,12 +309,14 @@ def report(rows: list[Row], delays: list[str]) -> None:
         stack = m["transfer_stack_s"] - med[0.0]["transfer_stack_s"]
         engine = m["engine_wait_s"] - med[0.0]["engine_wait_s"]
         cpu = m["cpu_wait_s"] - med[0.0]["cpu_wait_s"]
+        poll_cpu = m["poll_cpu_wait_s"] - med[0.0]["poll_cpu_wait_s"]
         rtt = m["rtt_p50_s"] - med[0.0]["rtt_p50_s"]
         lone = trips * (m["lone_rtt_s"] - med[0.0]["lone_rtt_s"])
         print(
             f"{d * 1e3:4.0f}ms {rise * 1e3:11.3f} ms {want * 1e3:9.3f} ms {rise / want:6.2f}"
             f" {lone * 1e3:10.3f} ms {rise / lone if lone > 0 else float('nan'):6.2f}"
             f" {stack * 1e3:8.3f} ms {engine * 1e3:9.3f} ms {cpu * 1e3:11.3f} ms"
+            f" {poll_cpu * 1e3:16.3f} ms"
             f" {rtt * 1e3:8.3f} ms"
         )
     print("(emulated soft-RoCE under QEMU's software CPU: the rises against d are the figure)")

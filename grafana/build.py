@@ -604,8 +604,9 @@ REQUESTS = Dashboard(
                     ),
                     "s",
                     description="fabric: estimated from the path's figures at the time; "
-                    "transfer stack: NIXL's own time beyond it (its telemetry on the "
-                    "decode host); engine wait: the rest of the wait (scheduling, polling).",
+                    "transfer stack: the transfer library's own time beyond it (the span's "
+                    "own figure, else NIXL's telemetry on the decode host); engine wait: the "
+                    "rest of the wait (scheduling, polling).",
                 ),
                 Panel(
                     "Goodput under SLO beside throughput",

@@ -82,8 +82,10 @@ class RequestResult:
     arrival_ns: int
     kv_round_trips: int = 0  # what the transfer's protocol waited for (KvChannel.round_trips)
     kv_library_s: float = 0.0  # the transfer's own time, first post to last completion
-    # the transferring thread's wait for a CPU during the transfer (None: not kept)
+    # the transferring thread's wait for a CPU during the transfer, and during the decode
+    # side's poll after it (None: not kept)
     kv_cpu_wait_s: float | None = None
+    kv_poll_cpu_wait_s: float | None = None
     stages: dict[str, tuple[int, int]] = field(default_factory=dict)
     first_token_ns: int = 0
     error: str | None = None
@@ -175,14 +177,16 @@ class _Worker:
             chunk = layer_chunk(cfg.model, res.prompt_tokens)
             res.kv_round_trips = ch.round_trips(res.kv_bytes, chunk)
             with _stage(res, "kv_transfer"):
-                waited = run_queue_wait_ns()
+                before = run_queue_wait_ns()
                 res.kv_library_s = ch.send(res.kv_bytes, chunk)
-                now = run_queue_wait_ns()
-                if waited is not None and now is not None:
-                    res.kv_cpu_wait_s = (now - waited) / 1e9
+                sent = run_queue_wait_ns()
                 if cfg.kv_poll_s > 0:
                     t = time.monotonic()
                     time.sleep(next_step(t, self.epoch, cfg.kv_poll_s) - t)
+                noticed = run_queue_wait_ns()
+            if before is not None and sent is not None and noticed is not None:
+                res.kv_cpu_wait_s = (sent - before) / 1e9
+                res.kv_poll_cpu_wait_s = (noticed - sent) / 1e9
         except Exception:
             # an RC QP that saw an error completion is in the error state: the next
             # request on this path gets a fresh session

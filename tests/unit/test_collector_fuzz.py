@@ -222,7 +222,8 @@ values = (
 )
 attr_keys = st.sampled_from(
     ["gen_ai.request.id", "fabricprobe.bytes", "fabricprobe.src.host", "fabricprobe.dst.host",
-     "fabricprobe.transport", "fabricprobe.stage", "gen_ai.latency.time_to_first_token",
+     "fabricprobe.transport", "fabricprobe.stage", "fabricprobe.round_trips",
+     "fabricprobe.library_seconds", "gen_ai.latency.time_to_first_token",
      "gen_ai.usage.completion_tokens", "gen_ai.latency.e2e"]
 )  # fmt: skip
 spans = st.builds(

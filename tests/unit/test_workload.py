@@ -142,6 +142,7 @@ def test_a_polling_decode_side_waits_past_the_transfer(responder: Responder) -> 
     for r in run_pipeline([(Host("a", "127.0.0.1"), Host("b", "127.0.0.1"))], cfg):
         assert r.error is None
         assert 0 < r.kv_library_s <= r.seconds("kv_transfer")
+        assert r.kv_poll_cpu_wait_s is None or r.kv_poll_cpu_wait_s >= 0
 
 
 def test_unreachable_decode_host_fails_the_request_not_the_run() -> None:

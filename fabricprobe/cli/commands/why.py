@@ -400,7 +400,8 @@ def why(
     the paths ranked by the stage time they explain. Each request's KV wait is split in
     three: fabric (what the path's RTTs, bandwidth, loss and pauses explain for its
     bytes: estimated, marked ~), stack (the transfer library's own time beyond it, from
-    NIXL's telemetry) and engine (the rest; "!" when the two estimates exceed the wait).
+    the span's own figure or NIXL's telemetry) and engine (the rest; "!" when the two
+    estimates exceed the wait).
     KV bytes are marked s (span), m (model shape) or n (NIXL's mean per transfer).
     RTTs hold the hosts' own delay (host: what the ends' reference probes say they
     add); a path whose slowness that delay

@@ -116,6 +116,9 @@ Presets: """
               "Simulated prefill compute per prompt token.")  # fmt: skip
 @shown_option("--decode-ms-per-token", click.FloatRange(0, 1e4), 5.0,
               "Simulated decode step per output token.")  # fmt: skip
+@shown_option("--kv-poll-ms", click.FloatRange(0, 1e4), 0.0,
+              "The decode side learns its KV has landed at its next scheduler step, every"
+              " this many ms, as an engine that polls its transfers does; 0: at once.")  # fmt: skip
 @shown_option("--transport", click.Choice(["rdma", "tcp", "both"]), "rdma")
 @click.option("--host", "host_specs", multiple=True, metavar="NAME=ADDR",
               help="A host: its agent name and responder address (repeat).")  # fmt: skip
@@ -147,6 +150,7 @@ def workload(
     concurrency: int,
     prefill_us_per_token: float,
     decode_ms_per_token: float,
+    kv_poll_ms: float,
     transport: str,
     host_specs: tuple[str, ...],
     path_specs: tuple[str, ...],
@@ -213,6 +217,7 @@ def workload(
         output_tokens=output_tokens,
         prefill_s_per_token=prefill_us_per_token * 1e-6,
         decode_step_s=decode_ms_per_token * 1e-3,
+        kv_poll_s=kv_poll_ms * 1e-3,
         requests=requests,
         rate=rate,
         concurrency=concurrency,
