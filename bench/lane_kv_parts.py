@@ -12,8 +12,8 @@ caches moved by RDMA WRITE, `--outstanding` layers in flight) sends its requests
 h0 -> h1 with their spans to the same collector over OTLP, each KV transfer's span
 saying the round trips it waited for (`fabricprobe.round_trips`). Rounds take d = 0,
 1 ms and 3 ms in turn, on h0's netdev towards h1, so the probes and the transfers cross
-the same delay. Each transfer's span gives its own time from the first WRITE posted to
-the last completion (`fabricprobe.library_seconds`), and the decode side learns of
+the same delay. Each transfer's span gives its own time from the call that starts it
+to its last completion (`fabricprobe.library_seconds`), and the decode side learns of
 its KV at its next scheduler step (`--kv-poll-ms`), as an engine that polls its
 transfers does: the wait holds the transfer and that polling. After each round the
 collector's Why (the Query API that `probe why` reads) gives every request's
@@ -90,7 +90,7 @@ class Row:
     fabric_s: float
     transfer_stack_s: float  # the transfer's own time beyond fabric_s (NaN: none given)
     engine_wait_s: float
-    library_s: float  # the transfer's own time, first post to last completion
+    library_s: float  # the transfer's own time, its call to its last completion
     cpu_wait_s: float  # the transferring thread's wait for a CPU during it (NaN: unknown)
     poll_cpu_wait_s: float  # its wait for a CPU in the decode side's poll after it
     rtt_p50_s: float  # the path's, as the join matched it

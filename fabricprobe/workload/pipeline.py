@@ -81,7 +81,7 @@ class RequestResult:
     kv_bytes: int
     arrival_ns: int
     kv_round_trips: int = 0  # what the transfer's protocol waited for (KvChannel.round_trips)
-    kv_library_s: float = 0.0  # the transfer's own time, first post to last completion
+    kv_library_s: float = 0.0  # the transfer's own time, its call to its last completion
     # the transferring thread's wait for a CPU during the transfer, and during the decode
     # side's poll after it (None: not kept)
     kv_cpu_wait_s: float | None = None

@@ -5,8 +5,8 @@ its own (so the collector reads the workload as it reads vLLM), with one child s
 stage following the stage conventions: the KV transfer's child carries its path
 (`fabricprobe.src.host`, `.dst.host`, `.src.device`, `.transport`, `.bytes`), the round
 trips its transfer waited for (`fabricprobe.round_trips`) and the transfer's own time
-from its first post to its last completion (`fabricprobe.library_seconds`), which the
-span's wait holds with the decode side's polling.
+from the call that starts it to its last completion (`fabricprobe.library_seconds`),
+which the span's wait holds with the decode side's polling.
 """
 
 from __future__ import annotations

@@ -187,10 +187,11 @@ class RdmaKvChannel(_KvSession):
         return write_round_trips(nbytes, min(chunk or self.buffer, self.buffer), self.outstanding)
 
     def send(self, nbytes: int, chunk: int | None = None) -> float:
-        """Move NBYTES as WRITEs of CHUNK bytes (default: the whole buffer); seconds until
-        the last one completed."""
+        """Move NBYTES as WRITEs of CHUNK bytes (default: the whole buffer); seconds from
+        the call until the last one completed."""
         if not 0 < nbytes <= _MAX_TRANSFER:
             raise ValueError(f"transfer of {nbytes} bytes")
+        t0 = time.perf_counter()  # the work requests' making is the transfer's own time
         chunk = min(chunk or self.buffer, self.buffer)
         ops, tail = divmod(nbytes, chunk)
         full_wr = self.ep.write_wr(self.remote, chunk, True)
@@ -198,7 +199,6 @@ class RdmaKvChannel(_KvSession):
         total = ops + (1 if tail else 0)
         posted = done = 0
         ep, poll, cq = self.ep, self.ep.poll, self.ep.send_cq
-        t0 = time.perf_counter()
         while done < total:
             while posted < total and posted - done < self.outstanding:
                 ep.post(full_wr if posted < ops else tail_wr)
