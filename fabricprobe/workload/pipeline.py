@@ -19,6 +19,7 @@ cannot keep up.
 from __future__ import annotations
 
 import math
+import os
 import queue
 import random
 import secrets
@@ -114,14 +115,29 @@ def layer_chunk(model: ModelShape, tokens: int) -> int:
     return max(1, min(MAX_CHUNK, model.kv_bytes(tokens) // model.layers))
 
 
-def run_queue_wait_ns() -> int | None:
-    """The calling thread's time runnable but not running so far, in ns (the second
-    field of /proc/thread-self/schedstat); None where the kernel does not keep it."""
-    try:
-        with open("/proc/thread-self/schedstat", "rb") as f:
-            return int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+class RunQueueWait:
+    """The time the thread that made it has been runnable but not running, in ns: the
+    second field of its /proc/thread-self/schedstat, kept open so that a reading costs
+    one pread. None where the kernel does not keep it."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+
+    def read(self) -> int | None:
+        if self.fd is None:
+            return None
+        try:
+            return int(os.pread(self.fd, 256, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def next_step(now: float, epoch: float, step_s: float) -> float:
@@ -156,6 +172,7 @@ class _Worker:
         self.channels: dict[tuple[str, str], KvChannel] = {} if channels is None else channels
         self.deliver_a, self.deliver_b = socket.socketpair()
         self.epoch = time.monotonic()  # the decode scheduler's step clock
+        self.run_queue = RunQueueWait()  # made in the worker's own thread
 
     def channel(self, src: Host, dst: Host) -> KvChannel:
         key = (src.name, dst.name)
@@ -177,13 +194,13 @@ class _Worker:
             chunk = layer_chunk(cfg.model, res.prompt_tokens)
             res.kv_round_trips = ch.round_trips(res.kv_bytes, chunk)
             with _stage(res, "kv_transfer"):
-                before = run_queue_wait_ns()
+                before = self.run_queue.read()
                 res.kv_library_s = ch.send(res.kv_bytes, chunk)
-                sent = run_queue_wait_ns()
+                sent = self.run_queue.read()
                 if cfg.kv_poll_s > 0:
                     t = time.monotonic()
                     time.sleep(next_step(t, self.epoch, cfg.kv_poll_s) - t)
-                noticed = run_queue_wait_ns()
+                noticed = self.run_queue.read()
             if before is not None and sent is not None and noticed is not None:
                 res.kv_cpu_wait_s = (sent - before) / 1e9
                 res.kv_poll_cpu_wait_s = (noticed - sent) / 1e9
@@ -211,6 +228,7 @@ class _Worker:
             close_channels(self.channels)
         self.deliver_a.close()
         self.deliver_b.close()
+        self.run_queue.close()
 
 
 def close_channels(channels: dict[tuple[str, str], KvChannel]) -> None:

@@ -19,6 +19,7 @@ from fabricprobe.probes.responder import Responder
 from fabricprobe.workload.pipeline import (
     STAGE_ORDER,
     Host,
+    RunQueueWait,
     WorkloadConfig,
     next_step,
     run_pipeline,
@@ -133,6 +134,20 @@ def test_the_decode_side_learns_of_its_kv_at_its_next_step(
     assert now - 1e-6 <= t < now + step + 1e-6
     k = (t - epoch) / step
     assert abs(k - round(k)) < 1e-6 * max(1.0, k)
+
+
+def test_a_threads_wait_for_a_cpu_only_grows_and_ends_with_its_reader() -> None:
+    clock = RunQueueWait()
+    try:
+        first = clock.read()
+        if first is None:  # a kernel without CONFIG_SCHED_INFO keeps none
+            assert clock.fd is None or clock.read() is None
+            return
+        assert 0 <= first <= (clock.read() or 0)
+    finally:
+        clock.close()
+    assert clock.read() is None
+    clock.close()  # twice is harmless
 
 
 def test_a_polling_decode_side_waits_past_the_transfer(responder: Responder) -> None:
