@@ -95,7 +95,7 @@ class Row:
     poll_cpu_wait_s: float  # its wait for a CPU in the decode side's poll after it
     rtt_p50_s: float  # the path's, as the join matched it
     fabric_source: str
-    lone_rtt_s: float  # a lone RC ping-pong's RTT p50 on the path at this delay
+    lone_rtt_s: float  # 200 lone RDMA READs' RTT p50 on the path at this delay
 
 
 def delay_seconds(spec: str) -> float:

@@ -108,6 +108,18 @@ def test_a_spans_round_trips_reach_the_fabric_part() -> None:
     assert out.loc["a", "fabric_rtt_s"] == pytest.approx(4 * out.loc["b", "fabric_rtt_s"])
 
 
+def test_a_spans_own_transfer_time_reaches_the_stack() -> None:
+    said = StageRecord("a", "kv_transfer", 2 * S, 2 * S + S // 10, "h0", "h1", transport="rdma",
+                       bytes=1000, library_s=0.05)  # fmt: skip
+    out = join_fabric(stages_frame([said, kv("b", 3 * S, 0.1)]), WINDOWS, RATES, slack_s=0.0,
+                      bandwidth={("h0", "h1"): 1e9})  # fmt: skip
+    out = out.set_index("request_id")
+    assert out.loc["a", "transfer_stack_source"] == "span"
+    assert out.loc["a", "transfer_stack_s"] == pytest.approx(0.05 - out.loc["a", "fabric_s"])
+    assert out.loc["a", "engine_wait_s"] == pytest.approx(0.1 - 0.05)
+    assert out.loc["b", "transfer_stack_source"] != "span"
+
+
 def test_the_rtt_is_the_smallest_probes_of_the_path() -> None:
     """A fleet probing 64 B and 64 KiB: the larger probe's RTT carries its own
     serialization, which the transfer's bytes are charged for apart."""
