@@ -18,24 +18,21 @@ def test_kv_transfer_span_carries_its_path() -> None:
     assert req is None
 
 
-def test_kv_transfer_span_may_say_its_round_trips() -> None:
+@pytest.mark.parametrize(
+    ("key", "field", "value"),
+    [("fabricprobe.round_trips", "round_trips", 32),
+     ("fabricprobe.library_seconds", "library_s", 0.75)],
+)  # fmt: skip
+def test_kv_transfer_span_may_say_its_round_trips_and_its_own_time(
+    key: str, field: str, value: float
+) -> None:
     sp = kv_span("r1", 10 * S, 0.25, "h0", "h1", 4096)
-    assert parse_span(sp)[0][0].round_trips == 0  # not said
+    assert getattr(parse_span(sp)[0][0], field) == 0  # not said
     said = span("kv_transfer", S, 2 * S, **{
         "gen_ai.request.id": "r1", "fabricprobe.src.host": "h0", "fabricprobe.dst.host": "h1",
-        "fabricprobe.round_trips": 32,
+        key: value,
     })  # fmt: skip
-    assert parse_span(said)[0][0].round_trips == 32
-
-
-def test_kv_transfer_span_may_say_its_librarys_own_time() -> None:
-    sp = kv_span("r1", 10 * S, 0.25, "h0", "h1", 4096)
-    assert parse_span(sp)[0][0].library_s == 0  # not said
-    said = span("kv_transfer", S, 2 * S, **{
-        "gen_ai.request.id": "r1", "fabricprobe.src.host": "h0", "fabricprobe.dst.host": "h1",
-        "fabricprobe.library_seconds": 0.75,
-    })  # fmt: skip
-    assert parse_span(said)[0][0].library_s == 0.75
+    assert getattr(parse_span(said)[0][0], field) == value
 
 
 def test_stage_attribute_names_the_stage_and_trace_id_ties_the_request() -> None:
