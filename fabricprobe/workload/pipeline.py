@@ -199,7 +199,9 @@ class _Worker:
                 sent = self.run_queue.read()
                 if cfg.kv_poll_s > 0:
                     t = time.monotonic()
-                    time.sleep(next_step(t, self.epoch, cfg.kv_poll_s) - t)
+                    # never below 0: sleep() refuses a negative length, and the step's
+                    # float arithmetic can land an ulp under T
+                    time.sleep(max(0.0, next_step(t, self.epoch, cfg.kv_poll_s) - t))
                 noticed = self.run_queue.read()
             if before is not None and sent is not None and noticed is not None:
                 res.kv_cpu_wait_s = (sent - before) / 1e9
